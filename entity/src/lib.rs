@@ -1,0 +1,1 @@
+//! sea-orm entities.

@@ -1,0 +1,41 @@
+//! What the core knows about a conversation besides its state: its fixed settings and limits.
+
+use std::path::PathBuf;
+
+/// Bounds of one user turn (desi-gateway-design.md: bounded runs). Exceeding one ends the
+/// turn in `Error { error_kind: Limit }` with the message chain still valid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TurnLimits {
+    /// LLM steps (requests, not counting retries) per user turn.
+    pub max_llm_steps: u32,
+    /// Tool calls per user turn.
+    pub max_tool_calls: u32,
+    /// Tasks in one spawn_sub_agents call.
+    pub max_sub_agents: u32,
+}
+
+impl Default for TurnLimits {
+    fn default() -> Self {
+        Self {
+            max_llm_steps: 50,
+            max_tool_calls: 200,
+            max_sub_agents: 8,
+        }
+    }
+}
+
+/// The conversation's settings, handed to every transition by the runtime.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConvContext {
+    pub conversation_id: String,
+    /// REQ-BED-010: fixed at creation; every tool starts here.
+    pub working_dir: PathBuf,
+    pub model_id: String,
+    /// REQ-BED-009: sub-agents get submit_result and never spawn_sub_agents.
+    pub is_sub_agent: bool,
+    pub limits: TurnLimits,
+    /// The model's context window in tokens (0 when unknown: no warnings).
+    pub context_window: u64,
+    /// Tokens the conversation occupied after the last LLM response (REQ-BED-012).
+    pub context_tokens: u64,
+}

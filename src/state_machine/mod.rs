@@ -1,0 +1,37 @@
+//! The pure core: every decision about a conversation, with no I/O.
+//!
+//! `transition(&state, &ctx, event)` returns the next state and the effects the runtime must
+//! carry out. This module must not import tokio, ractor, axum, sea-orm, async-openai or
+//! reqwest, read a clock or make ids: time and fresh ids come in through events and the
+//! context (`tests::boundary` checks the imports). Everything in the seeds' transition
+//! matrix is a unit test in `tests`, the invariants are properties in `properties`.
+
+mod chain;
+mod context;
+mod effect;
+mod event;
+mod message;
+mod state;
+mod transition;
+
+#[cfg(test)]
+mod properties;
+#[cfg(test)]
+mod sim;
+#[cfg(test)]
+mod tests;
+
+pub use chain::{ChainError, validate_chain};
+pub use context::{ConvContext, TurnLimits};
+pub use effect::{Effect, SubAgentTask};
+pub use event::{Event, Interruption, LlmFailure, LlmReply, LlmRequestTag, ToolOutcome, Usage};
+pub use message::{ImageRef, MessageContent, MessageType, ToolResult};
+pub use state::{
+    BackgroundResult, ConvState, ErrorKind, MAX_LLM_ATTEMPTS, SubAgentOutcome, SubAgentSlot,
+    ToolUse, Turn, TurnId,
+};
+pub use transition::{
+    CANCELLED_BY_USER, InvalidTransition, RETRY_AFTER_CAP_MS, RETRY_BASE_DELAY_MS,
+    RETRY_DELAY_CAP_MS, Rejection, SKIPPED_BY_CANCEL, SPAWN_SUB_AGENTS, SUBMIT_REMINDER,
+    SUBMIT_RESULT, TransitionResult, retry_delay_ms, transition,
+};

@@ -1,0 +1,201 @@
+//! The core's invariants as properties over random event sequences (REQ-BED-001, -005, -006).
+
+use proptest::prelude::*;
+
+use super::sim::{Op, World};
+use super::*;
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => Just(Op::UserMessage),
+        2 => Just(Op::Cancel),
+        4 => Just(Op::Continue),
+        3 => (any::<bool>(), any::<u16>()).prop_map(|(end_turn, tokens)| Op::LlmText { end_turn, tokens }),
+        4 => proptest::collection::vec(any::<u8>(), 1..4).prop_map(|names| Op::LlmTools { names }),
+        2 => (any::<u8>(), proptest::option::of(0u16..40_000)).prop_map(|(kind, retry_after)| Op::LlmError { kind, retry_after }),
+        2 => Just(Op::AbortAck),
+        2 => Just(Op::RetryFires),
+        5 => any::<bool>().prop_map(|ok| Op::ToolDone { ok }),
+        2 => Just(Op::SpawnAck),
+        3 => (any::<u8>(), any::<bool>()).prop_map(|(pick, success)| Op::SubAgentDone { pick, success }),
+        1 => any::<bool>().prop_map(|wake| Op::Background { wake }),
+        1 => Just(Op::Restart),
+        2 => any::<u16>().prop_map(|pick| Op::Stale { pick }),
+    ]
+}
+
+/// Brings the world to rest the way a user would: cancel, then the gateway's abort answer.
+fn settle(world: &mut World) {
+    let _ = world.apply(Event::UserCancel);
+    if let ConvState::Cancelling { turn } = &world.state {
+        let request = LlmRequestTag {
+            turn: turn.id.clone(),
+            step: turn.llm_steps,
+            attempt: 1,
+        };
+        world
+            .apply(Event::LlmAborted { request })
+            .expect("the abort answer ends cancelling");
+    }
+}
+
+fn events_for_every_kind(world: &mut World) -> Vec<Event> {
+    let ops = [
+        Op::UserMessage,
+        Op::Cancel,
+        Op::Continue,
+        Op::LlmText {
+            end_turn: true,
+            tokens: 900,
+        },
+        Op::LlmTools {
+            names: vec![0, 3, 5],
+        },
+        Op::LlmError {
+            kind: 2,
+            retry_after: None,
+        },
+        Op::AbortAck,
+        Op::RetryFires,
+        Op::ToolDone { ok: false },
+        Op::SpawnAck,
+        Op::SubAgentDone {
+            pick: 0,
+            success: true,
+        },
+        Op::Background { wake: true },
+        Op::Restart,
+        Op::Stale { pick: 7 },
+    ];
+    ops.iter().filter_map(|op| world.event_for(op)).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 384, ..ProptestConfig::default() })]
+
+    /// REQ-BED-001 determinism, and every invariant after every step of a random run.
+    #[test]
+    fn invariants_hold_over_random_runs(is_sub_agent in any::<bool>(), ops in proptest::collection::vec(op(), 1..80)) {
+        let mut world = World::new(is_sub_agent);
+        for op in &ops {
+            let Some(event) = world.event_for(op) else { continue };
+
+            // Determinism: the same inputs give the same outputs.
+            let first = transition(&world.state, &world.ctx, event.clone());
+            let second = transition(&world.state, &world.ctx, event.clone());
+            prop_assert_eq!(&first, &second);
+
+            // A busy state rejects a user message and stays as it is.
+            if world.state.is_busy() {
+                let user = Event::UserMessage { turn: TurnId::new("x"), text: "x".into(), images: vec![] };
+                let got = transition(&world.state, &world.ctx, user);
+                prop_assert!(matches!(got, Err(InvalidTransition::Rejected(_))), "busy state accepted a message: {got:?}");
+            }
+
+            // Cancel from any state reaches Idle (a completed sub-agent stays completed).
+            let mut probe = World::new(is_sub_agent);
+            probe.state = world.state.clone();
+            probe.ctx = world.ctx.clone();
+            settle(&mut probe);
+            prop_assert!(matches!(probe.state, ConvState::Idle | ConvState::Completed), "cancel left {:?}", probe.state);
+
+            let before = world.state.clone();
+            let outcome = world.apply(event);
+            if let Err(InvalidTransition::Rejected(_)) = outcome {
+                prop_assert_eq!(&world.state, &before);
+            }
+
+            // Attempts never exceed 3.
+            if let ConvState::LlmRequesting { attempt, .. } = world.state {
+                prop_assert!((1..=MAX_LLM_ATTEMPTS).contains(&attempt));
+            }
+            // The chain is valid at every step, with the current turn's calls still open.
+            prop_assert_eq!(validate_chain(&world.log, true), Ok(()));
+        }
+        // Every tool_use persisted gets exactly one tool_result once the conversation rests.
+        settle(&mut world);
+        prop_assert_eq!(validate_chain(&world.log, false), Ok(()));
+    }
+
+    /// No event of any kind panics in any reachable state.
+    #[test]
+    fn no_event_panics_in_any_reachable_state(is_sub_agent in any::<bool>(), ops in proptest::collection::vec(op(), 0..60)) {
+        let mut world = World::new(is_sub_agent);
+        for op in &ops {
+            for event in events_for_every_kind(&mut world) {
+                let _ = transition(&world.state, &world.ctx, event);
+            }
+            if let Some(event) = world.event_for(op) {
+                let _ = world.apply(event);
+            }
+        }
+    }
+
+    /// A restart at any moment leaves an idle conversation whose chain is complete (REQ-BED-007).
+    #[test]
+    fn restart_at_any_moment_leaves_a_valid_chain(is_sub_agent in any::<bool>(), ops in proptest::collection::vec(op(), 1..60)) {
+        let mut world = World::new(is_sub_agent);
+        for op in &ops {
+            if let Some(event) = world.event_for(op) {
+                let _ = world.apply(event);
+            }
+        }
+        let _ = world.apply(Event::Interrupted(Interruption::Restart));
+        prop_assert!(!world.state.is_busy());
+        prop_assert_eq!(validate_chain(&world.log, false), Ok(()));
+    }
+}
+
+/// The random runs above are not vacuous: with a fixed seed they reach every state, and
+/// every kind of event is applied somewhere.
+#[test]
+fn random_runs_reach_every_state() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    use std::collections::BTreeSet;
+
+    let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]);
+    let mut runner = TestRunner::new_with_rng(Config::default(), rng);
+    let strategy = (any::<bool>(), proptest::collection::vec(op(), 1..80));
+    let mut states = BTreeSet::new();
+    let mut applied = BTreeSet::new();
+    for _ in 0..300 {
+        let (is_sub_agent, ops) = strategy.new_tree(&mut runner).expect("a sample").current();
+        let mut world = World::new(is_sub_agent);
+        for op in &ops {
+            if let Some(event) = world.event_for(op) {
+                let name = event.name();
+                if world.apply(event).is_ok() {
+                    applied.insert(name);
+                }
+                states.insert(world.state.kind());
+            }
+        }
+    }
+    let all_states = [
+        "idle",
+        "awaiting_llm",
+        "llm_requesting",
+        "tool_executing",
+        "cancelling",
+        "awaiting_sub_agents",
+        "error",
+        "completed",
+    ];
+    assert_eq!(states, all_states.into_iter().collect());
+    let all_events = [
+        "user_message",
+        "user_cancel",
+        "continue",
+        "llm_response",
+        "llm_error",
+        "llm_aborted",
+        "retry_timeout",
+        "tool_complete",
+        "sub_agents_spawned",
+        "sub_agent_result",
+        "background_result",
+        "interrupted",
+    ];
+    assert_eq!(applied, all_events.into_iter().collect());
+}

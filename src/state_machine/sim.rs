@@ -1,0 +1,292 @@
+//! A model of the runtime for the property tests: it applies transitions, carries out the
+//! effects as a log of persisted messages and a set of outstanding work, and turns random
+//! choices into events (well-timed, late, or plain wrong).
+
+use std::path::PathBuf;
+
+use serde_json::json;
+
+use super::*;
+
+/// A random choice of what happens next. Indices pick among outstanding work, modulo its size.
+#[derive(Clone, Debug)]
+pub enum Op {
+    UserMessage,
+    Cancel,
+    Continue,
+    LlmText {
+        end_turn: bool,
+        tokens: u16,
+    },
+    LlmTools {
+        names: Vec<u8>,
+    },
+    LlmError {
+        kind: u8,
+        retry_after: Option<u16>,
+    },
+    AbortAck,
+    RetryFires,
+    ToolDone {
+        ok: bool,
+    },
+    SpawnAck,
+    SubAgentDone {
+        pick: u8,
+        success: bool,
+    },
+    Background {
+        wake: bool,
+    },
+    Restart,
+    /// Replays an event of earlier work (a late answer).
+    Stale {
+        pick: u16,
+    },
+}
+
+/// The world the core lives in.
+#[derive(Debug)]
+pub struct World {
+    pub state: ConvState,
+    pub ctx: ConvContext,
+    /// Every message persisted, in order.
+    pub log: Vec<MessageContent>,
+    /// Every event delivered so far, for late replays.
+    pub delivered: Vec<Event>,
+    pending_continue: Option<TurnId>,
+    llm_request: Option<LlmRequestTag>,
+    retry: Option<LlmRequestTag>,
+    abort: Option<LlmRequestTag>,
+    tool: Option<(TurnId, String)>,
+    spawn: Option<(TurnId, String, usize)>,
+    agents: Vec<String>,
+    next_id: u64,
+}
+
+const KINDS: [ErrorKind; 6] = [
+    ErrorKind::Auth,
+    ErrorKind::RateLimit,
+    ErrorKind::Network,
+    ErrorKind::InvalidRequest,
+    ErrorKind::Limit,
+    ErrorKind::Unknown,
+];
+
+impl World {
+    pub fn new(is_sub_agent: bool) -> Self {
+        Self {
+            state: ConvState::Idle,
+            ctx: ConvContext {
+                conversation_id: "c".into(),
+                working_dir: PathBuf::from("/w"),
+                model_id: "m".into(),
+                is_sub_agent,
+                limits: TurnLimits {
+                    max_llm_steps: 4,
+                    max_tool_calls: 5,
+                    max_sub_agents: 3,
+                },
+                context_window: 1000,
+                context_tokens: 0,
+            },
+            log: Vec::new(),
+            delivered: Vec::new(),
+            pending_continue: None,
+            llm_request: None,
+            retry: None,
+            abort: None,
+            tool: None,
+            spawn: None,
+            agents: Vec::new(),
+            next_id: 0,
+        }
+    }
+
+    fn fresh(&mut self, prefix: &str) -> String {
+        self.next_id += 1;
+        format!("{prefix}{}", self.next_id)
+    }
+
+    /// Turns a random choice into an event, or `None` when it makes no sense right now.
+    pub fn event_for(&mut self, op: &Op) -> Option<Event> {
+        Some(match op {
+            Op::UserMessage => Event::UserMessage {
+                turn: TurnId::new(self.fresh("turn")),
+                text: "hello".into(),
+                images: vec![],
+            },
+            Op::Cancel => Event::UserCancel,
+            Op::Continue => Event::Continue {
+                turn: self.pending_continue.clone()?,
+            },
+            Op::LlmText { end_turn, tokens } => Event::LlmResponse {
+                request: self.llm_request.clone()?,
+                reply: LlmReply {
+                    text: Some("text".into()),
+                    tool_uses: vec![],
+                    end_turn: *end_turn,
+                    usage: Usage {
+                        input_tokens: u64::from(*tokens) % 1100,
+                        output_tokens: 1,
+                    },
+                },
+            },
+            Op::LlmTools { names } => {
+                let request = self.llm_request.clone()?;
+                let tool_uses = names.iter().map(|n| self.tool_use(*n)).collect();
+                Event::LlmResponse {
+                    request,
+                    reply: LlmReply {
+                        text: None,
+                        tool_uses,
+                        end_turn: true,
+                        usage: Usage::default(),
+                    },
+                }
+            }
+            Op::LlmError { kind, retry_after } => Event::LlmError {
+                request: self.llm_request.clone()?,
+                error: LlmFailure {
+                    kind: KINDS[usize::from(*kind) % KINDS.len()],
+                    message: "e".into(),
+                    retry_after_ms: retry_after.map(u64::from),
+                },
+            },
+            Op::AbortAck => Event::LlmAborted {
+                request: self.abort.clone()?,
+            },
+            Op::RetryFires => Event::RetryTimeout {
+                request: self.retry.clone()?,
+            },
+            Op::ToolDone { ok } => {
+                let (turn, tool_use_id) = self.tool.clone()?;
+                Event::ToolComplete {
+                    turn,
+                    tool_use_id,
+                    outcome: ToolOutcome {
+                        ok: *ok,
+                        output: "out".into(),
+                    },
+                }
+            }
+            Op::SpawnAck => {
+                let (turn, tool_use_id, count) = self.spawn.clone()?;
+                let agent_ids = (0..count).map(|_| self.fresh("agent")).collect();
+                Event::SubAgentsSpawned {
+                    turn,
+                    tool_use_id,
+                    agent_ids,
+                }
+            }
+            Op::SubAgentDone { pick, success } => {
+                if self.agents.is_empty() {
+                    return None;
+                }
+                let agent_id = self.agents[usize::from(*pick) % self.agents.len()].clone();
+                Event::SubAgentResult {
+                    agent_id,
+                    outcome: SubAgentOutcome {
+                        success: *success,
+                        result: "r".into(),
+                    },
+                }
+            }
+            Op::Background { wake } => Event::BackgroundResult {
+                result: BackgroundResult {
+                    task_id: self.fresh("task"),
+                    tool_name: "bash".into(),
+                    ok: true,
+                    output: "bg".into(),
+                },
+                wake: wake.then(|| TurnId::new(self.fresh("turn"))),
+            },
+            Op::Restart => Event::Interrupted(Interruption::Restart),
+            Op::Stale { pick } => {
+                if self.delivered.is_empty() {
+                    return None;
+                }
+                self.delivered[usize::from(*pick) % self.delivered.len()].clone()
+            }
+        })
+    }
+
+    fn tool_use(&mut self, pick: u8) -> ToolUse {
+        let id = self.fresh("tool");
+        let (name, input) = match pick % 6 {
+            0 | 1 => ("bash", json!({"command": "true"})),
+            2 => ("think", json!({"thoughts": "hm"})),
+            3 => (
+                SPAWN_SUB_AGENTS,
+                json!({"tasks": [{"prompt": "a"}, {"prompt": "b"}]}),
+            ),
+            4 => (SPAWN_SUB_AGENTS, json!({"tasks": "nope"})),
+            _ => (SUBMIT_RESULT, json!({"result": "done"})),
+        };
+        ToolUse {
+            id,
+            name: name.into(),
+            input,
+        }
+    }
+
+    /// Applies `event`; on success carries out the effects. Returns the transition's outcome.
+    pub fn apply(&mut self, event: Event) -> Result<TransitionResult, InvalidTransition> {
+        let outcome = transition(&self.state, &self.ctx, event.clone());
+        self.delivered.push(event);
+        if let Ok(result) = &outcome {
+            self.state = result.new_state.clone();
+            for effect in &result.effects {
+                self.carry_out(effect);
+            }
+            if let ConvState::AwaitingSubAgents { .. } = &self.state {
+                self.spawn = None;
+                self.agents = self
+                    .state
+                    .pending_agent_ids()
+                    .into_iter()
+                    .map(str::to_owned)
+                    .collect();
+            }
+        }
+        outcome
+    }
+
+    fn carry_out(&mut self, effect: &Effect) {
+        match effect {
+            Effect::PersistMessage(content) => self.log.push(content.clone()),
+            Effect::RecordUsage { usage } => self.ctx.context_tokens = usage.context_tokens(),
+            Effect::NotifyRetrying { .. }
+            | Effect::WarnContext { .. }
+            | Effect::ReportToParent { .. } => {}
+            Effect::Continue { turn } => self.pending_continue = Some(turn.clone()),
+            Effect::RequestLlm { request, .. } => {
+                self.retry = None;
+                self.llm_request = Some(request.clone());
+            }
+            Effect::AbortLlm { request } => {
+                self.llm_request = None;
+                self.retry = None;
+                self.abort = Some(request.clone());
+            }
+            Effect::ScheduleRetry { request, .. } => {
+                self.llm_request = None;
+                self.retry = Some(request.clone());
+            }
+            Effect::ExecuteTool { turn, tool } => self.tool = Some((turn.clone(), tool.id.clone())),
+            Effect::CancelTool { .. } => {
+                self.tool = None;
+                self.spawn = None;
+            }
+            Effect::SpawnSubAgents {
+                turn,
+                tool_use_id,
+                tasks,
+            } => {
+                self.tool = None;
+                self.spawn = Some((turn.clone(), tool_use_id.clone(), tasks.len()));
+            }
+            Effect::StopSubAgents { .. } => self.agents.clear(),
+        }
+    }
+}

@@ -1,0 +1,1522 @@
+//! One test per row of the seeds' transition matrix (bedrock-design.md) and per extension of
+//! the foundation issue, each comparing the whole `(state, effects)`.
+
+use std::path::PathBuf;
+
+use pretty_assertions::assert_eq;
+use serde_json::json;
+
+use super::*;
+
+fn ctx() -> ConvContext {
+    ConvContext {
+        conversation_id: "c1".into(),
+        working_dir: PathBuf::from("/work/c1"),
+        model_id: "m".into(),
+        is_sub_agent: false,
+        limits: TurnLimits {
+            max_llm_steps: 5,
+            max_tool_calls: 4,
+            max_sub_agents: 3,
+        },
+        context_window: 1000,
+        context_tokens: 0,
+    }
+}
+
+fn sub_ctx() -> ConvContext {
+    ConvContext {
+        is_sub_agent: true,
+        ..ctx()
+    }
+}
+
+fn tid(id: &str) -> TurnId {
+    TurnId::new(id)
+}
+
+/// A turn `t1` that has made `steps` LLM steps and `tools` tool calls.
+fn turn(steps: u32, tools: u32) -> Turn {
+    Turn {
+        llm_steps: steps,
+        tool_calls: tools,
+        ..Turn::new(tid("t1"))
+    }
+}
+
+fn tag(steps: u32, attempt: u32) -> LlmRequestTag {
+    LlmRequestTag {
+        turn: tid("t1"),
+        step: steps,
+        attempt,
+    }
+}
+
+fn tool(id: &str, name: &str) -> ToolUse {
+    ToolUse {
+        id: id.into(),
+        name: name.into(),
+        input: json!({"command": format!("echo {id}")}),
+    }
+}
+
+fn bash(id: &str) -> ToolUse {
+    tool(id, "bash")
+}
+
+fn usage(input: u64, output: u64) -> Usage {
+    Usage {
+        input_tokens: input,
+        output_tokens: output,
+    }
+}
+
+fn reply(text: Option<&str>, tools: Vec<ToolUse>, end_turn: bool) -> LlmReply {
+    LlmReply {
+        text: text.map(str::to_owned),
+        tool_uses: tools,
+        end_turn,
+        usage: usage(10, 5),
+    }
+}
+
+fn requesting(steps: u32, tools: u32, attempt: u32) -> ConvState {
+    ConvState::LlmRequesting {
+        turn: turn(steps, tools),
+        attempt,
+    }
+}
+
+fn executing(current: ToolUse, remaining: Vec<ToolUse>, completed: u32) -> ConvState {
+    ConvState::ToolExecuting {
+        turn: turn(1, 1 + remaining.len() as u32 + completed),
+        current,
+        remaining,
+        completed,
+    }
+}
+
+fn result(tool: &ToolUse, ok: bool, output: &str, cancelled: bool) -> Effect {
+    Effect::PersistMessage(MessageContent::tool_result(tool, ok, output, cancelled))
+}
+
+fn user_message(text: &str) -> Event {
+    Event::UserMessage {
+        turn: tid("t1"),
+        text: text.into(),
+        images: vec![],
+    }
+}
+
+fn done(ok: bool, output: &str) -> ToolOutcome {
+    ToolOutcome {
+        ok,
+        output: output.into(),
+    }
+}
+
+fn complete(id: &str, ok: bool, output: &str) -> Event {
+    Event::ToolComplete {
+        turn: tid("t1"),
+        tool_use_id: id.into(),
+        outcome: done(ok, output),
+    }
+}
+
+fn failure(kind: ErrorKind) -> LlmFailure {
+    LlmFailure {
+        kind,
+        message: "boom".into(),
+        retry_after_ms: None,
+    }
+}
+
+fn recorded() -> Effect {
+    Effect::RecordUsage {
+        usage: usage(10, 5),
+    }
+}
+
+fn agent(text: Option<&str>, tools: Vec<ToolUse>) -> Effect {
+    Effect::PersistMessage(MessageContent::Agent {
+        text: text.map(str::to_owned),
+        tool_uses: tools,
+    })
+}
+
+fn error_message(text: &str) -> Effect {
+    Effect::PersistMessage(MessageContent::Error { text: text.into() })
+}
+
+fn system(text: &str) -> Effect {
+    Effect::PersistMessage(MessageContent::System { text: text.into() })
+}
+
+fn continue_t1() -> Effect {
+    Effect::Continue { turn: tid("t1") }
+}
+
+/// Runs one transition and compares the whole outcome.
+#[track_caller]
+fn check(
+    state: ConvState,
+    ctx: &ConvContext,
+    event: Event,
+    new_state: ConvState,
+    effects: Vec<Effect>,
+) {
+    let got = transition(&state, ctx, event).expect("the transition is valid");
+    assert_eq!(got, TransitionResult { new_state, effects });
+}
+
+#[track_caller]
+fn check_rejected(state: ConvState, event: Event, rejection: Rejection) {
+    assert_eq!(
+        transition(&state, &ctx(), event),
+        Err(InvalidTransition::Rejected(rejection))
+    );
+}
+
+#[track_caller]
+fn check_ignored(state: ConvState, ctx: &ConvContext, event: Event) {
+    let got = transition(&state, ctx, event);
+    assert!(
+        matches!(got, Err(InvalidTransition::Ignored { .. })),
+        "expected the event to be ignored, got {got:?}"
+    );
+}
+
+// ---- The seeds' transition matrix, row by row ----
+
+#[test]
+fn matrix_idle_user_message_awaits_llm() {
+    let image = ImageRef {
+        id: "img1".into(),
+        media_type: "image/png".into(),
+    };
+    check(
+        ConvState::Idle,
+        &ctx(),
+        Event::UserMessage {
+            turn: tid("t1"),
+            text: "hi".into(),
+            images: vec![image.clone()],
+        },
+        ConvState::AwaitingLlm { turn: turn(0, 0) },
+        vec![
+            Effect::PersistMessage(MessageContent::User {
+                text: "hi".into(),
+                images: vec![image],
+            }),
+            continue_t1(),
+        ],
+    );
+}
+
+#[test]
+fn matrix_awaiting_llm_internal_step_requests_llm() {
+    check(
+        ConvState::AwaitingLlm { turn: turn(0, 0) },
+        &ctx(),
+        Event::Continue { turn: tid("t1") },
+        requesting(1, 0, 1),
+        vec![Effect::RequestLlm {
+            request: tag(1, 1),
+            model: "m".into(),
+        }],
+    );
+}
+
+#[test]
+fn matrix_llm_text_with_end_turn_goes_idle() {
+    check(
+        requesting(1, 0, 1),
+        &ctx(),
+        Event::LlmResponse {
+            request: tag(1, 1),
+            reply: reply(Some("hello"), vec![], true),
+        },
+        ConvState::Idle,
+        vec![recorded(), agent(Some("hello"), vec![])],
+    );
+}
+
+#[test]
+fn matrix_llm_tools_start_the_first_tool_only() {
+    let (a, b) = (bash("a"), bash("b"));
+    check(
+        requesting(1, 0, 1),
+        &ctx(),
+        Event::LlmResponse {
+            request: tag(1, 1),
+            reply: reply(Some("running"), vec![a.clone(), b.clone()], true),
+        },
+        ConvState::ToolExecuting {
+            turn: turn(1, 2),
+            current: a.clone(),
+            remaining: vec![b.clone()],
+            completed: 0,
+        },
+        vec![
+            recorded(),
+            agent(Some("running"), vec![a.clone(), b]),
+            Effect::ExecuteTool {
+                turn: tid("t1"),
+                tool: a,
+            },
+        ],
+    );
+}
+
+#[test]
+fn matrix_retryable_error_schedules_a_retry_with_backoff() {
+    for (attempt, delay_ms) in [(1, 1_000), (2, 2_000)] {
+        check(
+            requesting(1, 0, attempt),
+            &ctx(),
+            Event::LlmError {
+                request: tag(1, attempt),
+                error: failure(ErrorKind::Network),
+            },
+            requesting(1, 0, attempt + 1),
+            vec![
+                Effect::NotifyRetrying {
+                    attempt: attempt + 1,
+                    delay_ms,
+                    error_kind: ErrorKind::Network,
+                },
+                Effect::ScheduleRetry {
+                    request: tag(1, attempt + 1),
+                    delay_ms,
+                },
+            ],
+        );
+    }
+}
+
+#[test]
+fn matrix_retry_timeout_sends_the_request_again() {
+    check(
+        requesting(1, 0, 2),
+        &ctx(),
+        Event::RetryTimeout { request: tag(1, 2) },
+        requesting(1, 0, 2),
+        vec![Effect::RequestLlm {
+            request: tag(1, 2),
+            model: "m".into(),
+        }],
+    );
+}
+
+#[test]
+fn matrix_retryable_error_on_the_last_attempt_is_an_error() {
+    let message =
+        "The LLM request failed after 3 attempts (rate_limit): boom. Send a message to try again.";
+    check(
+        requesting(1, 0, 3),
+        &ctx(),
+        Event::LlmError {
+            request: tag(1, 3),
+            error: failure(ErrorKind::RateLimit),
+        },
+        ConvState::Error {
+            message: message.into(),
+            error_kind: ErrorKind::RateLimit,
+        },
+        vec![error_message(message)],
+    );
+}
+
+#[test]
+fn matrix_non_retryable_error_is_an_error_at_once() {
+    let cases = [
+        (
+            ErrorKind::Auth,
+            "The LLM backend refused the credentials; check the configured API key: boom",
+        ),
+        (
+            ErrorKind::InvalidRequest,
+            "The LLM backend rejected the request as invalid: boom",
+        ),
+        (
+            ErrorKind::Limit,
+            "The LLM request hit a limit of the gateway: boom",
+        ),
+        (ErrorKind::Unknown, "The LLM request failed: boom"),
+    ];
+    for (kind, message) in cases {
+        check(
+            requesting(1, 0, 1),
+            &ctx(),
+            Event::LlmError {
+                request: tag(1, 1),
+                error: failure(kind),
+            },
+            ConvState::Error {
+                message: message.into(),
+                error_kind: kind,
+            },
+            vec![error_message(message)],
+        );
+    }
+}
+
+#[test]
+fn matrix_cancel_during_llm_request_aborts_it() {
+    check(
+        requesting(1, 0, 1),
+        &ctx(),
+        Event::UserCancel,
+        ConvState::Cancelling { turn: turn(1, 0) },
+        vec![Effect::AbortLlm { request: tag(1, 1) }],
+    );
+}
+
+#[test]
+fn matrix_user_message_while_requesting_is_rejected_as_busy() {
+    check_rejected(
+        requesting(1, 0, 1),
+        user_message("again"),
+        Rejection::AgentBusy,
+    );
+    assert!(Rejection::AgentBusy.to_string().contains("cancel"));
+}
+
+#[test]
+fn matrix_last_tool_complete_returns_to_the_llm() {
+    let a = bash("a");
+    check(
+        executing(a.clone(), vec![], 0),
+        &ctx(),
+        complete("a", true, "out"),
+        ConvState::AwaitingLlm { turn: turn(1, 1) },
+        vec![result(&a, true, "out", false), continue_t1()],
+    );
+}
+
+#[test]
+fn matrix_tool_complete_starts_the_next_tool() {
+    let (a, b, c) = (bash("a"), bash("b"), bash("c"));
+    check(
+        executing(a.clone(), vec![b.clone(), c.clone()], 0),
+        &ctx(),
+        complete("a", true, "out"),
+        ConvState::ToolExecuting {
+            turn: turn(1, 3),
+            current: b.clone(),
+            remaining: vec![c],
+            completed: 1,
+        },
+        vec![
+            result(&a, true, "out", false),
+            Effect::ExecuteTool {
+                turn: tid("t1"),
+                tool: b,
+            },
+        ],
+    );
+}
+
+#[test]
+fn matrix_cancel_during_tools_gives_synthetic_results_and_idle() {
+    let (a, b, c) = (bash("a"), bash("b"), bash("c"));
+    check(
+        executing(a.clone(), vec![b.clone(), c.clone()], 0),
+        &ctx(),
+        Event::UserCancel,
+        ConvState::Idle,
+        vec![
+            Effect::CancelTool {
+                turn: tid("t1"),
+                tool_use_id: "a".into(),
+            },
+            result(&a, false, "cancelled by user", true),
+            result(&b, false, "skipped due to cancellation", true),
+            result(&c, false, "skipped due to cancellation", true),
+        ],
+    );
+}
+
+#[test]
+fn matrix_user_message_while_tools_run_is_rejected_as_busy() {
+    check_rejected(
+        executing(bash("a"), vec![], 0),
+        user_message("x"),
+        Rejection::AgentBusy,
+    );
+}
+
+#[test]
+fn matrix_cancelling_llm_response_goes_idle_without_persisting_it() {
+    check(
+        ConvState::Cancelling { turn: turn(1, 0) },
+        &ctx(),
+        Event::LlmResponse {
+            request: tag(1, 1),
+            reply: reply(Some("partial"), vec![bash("a")], true),
+        },
+        ConvState::Idle,
+        vec![],
+    );
+}
+
+#[test]
+fn matrix_user_message_while_cancelling_is_rejected() {
+    check_rejected(
+        ConvState::Cancelling { turn: turn(1, 0) },
+        user_message("x"),
+        Rejection::Cancelling,
+    );
+    assert_eq!(
+        Rejection::Cancelling.to_string(),
+        "cancellation in progress: wait for the conversation to become idle"
+    );
+}
+
+#[test]
+fn matrix_error_user_message_recovers() {
+    check(
+        ConvState::Error {
+            message: "boom".into(),
+            error_kind: ErrorKind::Network,
+        },
+        &ctx(),
+        user_message("again"),
+        ConvState::AwaitingLlm { turn: turn(0, 0) },
+        vec![
+            Effect::PersistMessage(MessageContent::User {
+                text: "again".into(),
+                images: vec![],
+            }),
+            continue_t1(),
+        ],
+    );
+}
+
+/// The seeds' row "Idle + SpawnSubAgents -> AwaitingSubAgents, SpawnSubAgent x N" comes, per
+/// the foundation issue, from a spawn_sub_agents tool call: the core asks for the spawn, and
+/// the runtime's answer with the new agents' ids moves it to AwaitingSubAgents.
+#[test]
+fn matrix_spawn_sub_agents_awaits_the_sub_agents() {
+    let spawn = ToolUse {
+        id: "s".into(),
+        name: SPAWN_SUB_AGENTS.into(),
+        input: json!({"tasks": [{"prompt": "one"}, {"prompt": "two", "model": "small"}]}),
+    };
+    check(
+        requesting(1, 0, 1),
+        &ctx(),
+        Event::LlmResponse {
+            request: tag(1, 1),
+            reply: reply(None, vec![spawn.clone()], true),
+        },
+        ConvState::ToolExecuting {
+            turn: turn(1, 1),
+            current: spawn.clone(),
+            remaining: vec![],
+            completed: 0,
+        },
+        vec![
+            recorded(),
+            agent(None, vec![spawn.clone()]),
+            Effect::SpawnSubAgents {
+                turn: tid("t1"),
+                tool_use_id: "s".into(),
+                tasks: vec![
+                    SubAgentTask {
+                        prompt: "one".into(),
+                        model: None,
+                    },
+                    SubAgentTask {
+                        prompt: "two".into(),
+                        model: Some("small".into()),
+                    },
+                ],
+            },
+        ],
+    );
+    check(
+        executing(spawn.clone(), vec![], 0),
+        &ctx(),
+        Event::SubAgentsSpawned {
+            turn: tid("t1"),
+            tool_use_id: "s".into(),
+            agent_ids: vec!["x".into(), "y".into()],
+        },
+        awaiting_agents(&spawn, &[("x", None), ("y", None)], vec![]),
+        vec![],
+    );
+}
+
+fn spawn_tool() -> ToolUse {
+    ToolUse {
+        id: "s".into(),
+        name: SPAWN_SUB_AGENTS.into(),
+        input: json!({"tasks": [{"prompt": "one"}, {"prompt": "two"}, {"prompt": "three"}]}),
+    }
+}
+
+fn awaiting_agents(
+    spawn: &ToolUse,
+    agents: &[(&str, Option<(bool, &str)>)],
+    remaining: Vec<ToolUse>,
+) -> ConvState {
+    ConvState::AwaitingSubAgents {
+        turn: turn(1, 1 + remaining.len() as u32),
+        spawn: spawn.clone(),
+        agents: agents
+            .iter()
+            .map(|(id, outcome)| SubAgentSlot {
+                agent_id: (*id).into(),
+                outcome: outcome.map(|(success, result)| SubAgentOutcome {
+                    success,
+                    result: result.into(),
+                }),
+            })
+            .collect(),
+        remaining,
+        completed: 0,
+    }
+}
+
+fn agent_done(id: &str, success: bool, result: &str) -> Event {
+    Event::SubAgentResult {
+        agent_id: id.into(),
+        outcome: SubAgentOutcome {
+            success,
+            result: result.into(),
+        },
+    }
+}
+
+#[test]
+fn matrix_last_sub_agent_result_aggregates_in_task_order() {
+    let spawn = spawn_tool();
+    // Results arrive out of order; one failed, one timed out.
+    let state = awaiting_agents(
+        &spawn,
+        &[
+            ("x", None),
+            ("y", Some((false, "timed out after 600 s"))),
+            ("z", Some((true, "three done"))),
+        ],
+        vec![],
+    );
+    let aggregate = json!([
+        {"agent_id": "x", "success": false, "result": "crashed"},
+        {"agent_id": "y", "success": false, "result": "timed out after 600 s"},
+        {"agent_id": "z", "success": true, "result": "three done"},
+    ]);
+    check(
+        state,
+        &ctx(),
+        agent_done("x", false, "crashed"),
+        ConvState::AwaitingLlm { turn: turn(1, 1) },
+        vec![
+            result(&spawn, true, &aggregate.to_string(), false),
+            continue_t1(),
+        ],
+    );
+}
+
+#[test]
+fn matrix_user_message_while_awaiting_sub_agents_is_rejected_as_busy() {
+    check_rejected(
+        awaiting_agents(&spawn_tool(), &[("x", None)], vec![]),
+        user_message("x"),
+        Rejection::AgentBusy,
+    );
+}
+
+// ---- Extensions of the foundation issue ----
+
+#[test]
+fn sub_agent_result_before_the_last_only_records_it() {
+    let spawn = spawn_tool();
+    check(
+        awaiting_agents(&spawn, &[("x", None), ("y", None)], vec![]),
+        &ctx(),
+        agent_done("y", true, "two"),
+        awaiting_agents(&spawn, &[("x", None), ("y", Some((true, "two")))], vec![]),
+        vec![],
+    );
+}
+
+#[test]
+fn req_bed_003_text_without_end_turn_keeps_awaiting_the_llm() {
+    check(
+        requesting(1, 0, 1),
+        &ctx(),
+        Event::LlmResponse {
+            request: tag(1, 1),
+            reply: reply(Some("part one"), vec![], false),
+        },
+        ConvState::AwaitingLlm { turn: turn(1, 0) },
+        vec![recorded(), agent(Some("part one"), vec![]), continue_t1()],
+    );
+}
+
+#[test]
+fn req_bed_004_failed_tool_is_a_result_the_llm_sees() {
+    let (a, b) = (bash("a"), bash("b"));
+    check(
+        executing(a.clone(), vec![b.clone()], 0),
+        &ctx(),
+        complete("a", false, "exit status 1"),
+        ConvState::ToolExecuting {
+            turn: turn(1, 2),
+            current: b.clone(),
+            remaining: vec![],
+            completed: 1,
+        },
+        vec![
+            result(&a, false, "exit status 1", false),
+            Effect::ExecuteTool {
+                turn: tid("t1"),
+                tool: b,
+            },
+        ],
+    );
+}
+
+#[test]
+fn req_bed_005_cancel_before_the_llm_request_goes_idle() {
+    check(
+        ConvState::AwaitingLlm { turn: turn(0, 0) },
+        &ctx(),
+        Event::UserCancel,
+        ConvState::Idle,
+        vec![],
+    );
+}
+
+#[test]
+fn req_bed_005_abort_confirmation_ends_cancelling() {
+    check(
+        ConvState::Cancelling { turn: turn(1, 0) },
+        &ctx(),
+        Event::LlmAborted { request: tag(1, 1) },
+        ConvState::Idle,
+        vec![],
+    );
+    check(
+        ConvState::Cancelling { turn: turn(1, 0) },
+        &ctx(),
+        Event::LlmError {
+            request: tag(1, 2),
+            error: failure(ErrorKind::Network),
+        },
+        ConvState::Idle,
+        vec![],
+    );
+}
+
+#[test]
+fn req_bed_005_cancel_is_idempotent() {
+    check(
+        ConvState::Idle,
+        &ctx(),
+        Event::UserCancel,
+        ConvState::Idle,
+        vec![],
+    );
+    check(
+        ConvState::Cancelling { turn: turn(1, 0) },
+        &ctx(),
+        Event::UserCancel,
+        ConvState::Cancelling { turn: turn(1, 0) },
+        vec![],
+    );
+    check(
+        ConvState::Error {
+            message: "m".into(),
+            error_kind: ErrorKind::Auth,
+        },
+        &ctx(),
+        Event::UserCancel,
+        ConvState::Idle,
+        vec![],
+    );
+    check(
+        ConvState::Completed,
+        &sub_ctx(),
+        Event::UserCancel,
+        ConvState::Completed,
+        vec![],
+    );
+}
+
+#[test]
+fn req_bed_005_cancel_while_awaiting_sub_agents_stops_them() {
+    let spawn = spawn_tool();
+    let after = bash("after");
+    let aggregate = json!([
+        {"agent_id": "x", "success": true, "result": "one"},
+        {"agent_id": "y", "success": false, "result": "cancelled by user"},
+        {"agent_id": "z", "success": false, "result": "cancelled by user"},
+    ]);
+    check(
+        awaiting_agents(
+            &spawn,
+            &[("x", Some((true, "one"))), ("y", None), ("z", None)],
+            vec![after.clone()],
+        ),
+        &ctx(),
+        Event::UserCancel,
+        ConvState::Idle,
+        vec![
+            Effect::StopSubAgents {
+                agent_ids: vec!["y".into(), "z".into()],
+            },
+            result(&spawn, false, &aggregate.to_string(), true),
+            result(&after, false, "skipped due to cancellation", true),
+        ],
+    );
+}
+
+#[test]
+fn req_bed_005_cancel_while_the_spawn_starts_stops_the_spawn() {
+    let spawn = spawn_tool();
+    check(
+        executing(spawn.clone(), vec![], 0),
+        &ctx(),
+        Event::UserCancel,
+        ConvState::Idle,
+        vec![
+            Effect::CancelTool {
+                turn: tid("t1"),
+                tool_use_id: "s".into(),
+            },
+            result(&spawn, false, "cancelled by user", true),
+        ],
+    );
+}
+
+#[test]
+fn req_bed_005_late_answers_for_cancelled_work_are_ignored() {
+    // A new turn t2 runs after t1 was cancelled; t1's answers arrive late.
+    let t2 = Turn {
+        llm_steps: 1,
+        ..Turn::new(tid("t2"))
+    };
+    let state = ConvState::LlmRequesting {
+        turn: t2.clone(),
+        attempt: 1,
+    };
+    check_ignored(
+        state.clone(),
+        &ctx(),
+        Event::LlmResponse {
+            request: tag(1, 1),
+            reply: reply(Some("late"), vec![], true),
+        },
+    );
+    check_ignored(
+        state.clone(),
+        &ctx(),
+        Event::LlmError {
+            request: tag(1, 1),
+            error: failure(ErrorKind::Network),
+        },
+    );
+    check_ignored(
+        state.clone(),
+        &ctx(),
+        Event::RetryTimeout { request: tag(1, 2) },
+    );
+    check_ignored(ConvState::Idle, &ctx(), complete("a", true, "late"));
+    check_ignored(
+        ConvState::ToolExecuting {
+            turn: t2,
+            current: bash("a"),
+            remaining: vec![],
+            completed: 0,
+        },
+        &ctx(),
+        complete("a", true, "late, from turn t1"),
+    );
+    check_ignored(ConvState::Idle, &ctx(), agent_done("x", true, "late"));
+    check_ignored(ConvState::Idle, &ctx(), Event::Continue { turn: tid("t1") });
+    check_ignored(
+        ConvState::Idle,
+        &ctx(),
+        Event::SubAgentsSpawned {
+            turn: tid("t1"),
+            tool_use_id: "s".into(),
+            agent_ids: vec!["x".into()],
+        },
+    );
+    // An earlier attempt of the current request answers after its retry was scheduled.
+    check_ignored(
+        requesting(1, 0, 2),
+        &ctx(),
+        Event::LlmResponse {
+            request: tag(1, 1),
+            reply: reply(Some("late"), vec![], true),
+        },
+    );
+}
+
+#[test]
+fn req_bed_006_backoff_is_computed_from_the_attempt_and_capped() {
+    let delays: Vec<u64> = (1..=6).map(retry_delay_ms).collect();
+    assert_eq!(delays, vec![1_000, 2_000, 4_000, 8_000, 8_000, 8_000]);
+    assert_eq!(retry_delay_ms(u32::MAX), RETRY_DELAY_CAP_MS);
+}
+
+#[test]
+fn req_bed_006_retry_after_is_honoured_up_to_a_cap() {
+    for (retry_after, expected) in [
+        (Some(5_000), 5_000),
+        (Some(10), 1_000),
+        (Some(600_000), 30_000),
+    ] {
+        check(
+            requesting(1, 0, 1),
+            &ctx(),
+            Event::LlmError {
+                request: tag(1, 1),
+                error: LlmFailure {
+                    retry_after_ms: retry_after,
+                    ..failure(ErrorKind::RateLimit)
+                },
+            },
+            requesting(1, 0, 2),
+            vec![
+                Effect::NotifyRetrying {
+                    attempt: 2,
+                    delay_ms: expected,
+                    error_kind: ErrorKind::RateLimit,
+                },
+                Effect::ScheduleRetry {
+                    request: tag(1, 2),
+                    delay_ms: expected,
+                },
+            ],
+        );
+    }
+}
+
+#[test]
+fn req_bed_006_only_rate_limit_and_network_are_retryable() {
+    let kinds = [
+        ErrorKind::Auth,
+        ErrorKind::RateLimit,
+        ErrorKind::Network,
+        ErrorKind::InvalidRequest,
+        ErrorKind::Limit,
+        ErrorKind::Unknown,
+    ];
+    let retryable: Vec<&str> = kinds
+        .iter()
+        .filter(|k| k.is_retryable())
+        .map(|k| k.as_str())
+        .collect();
+    assert_eq!(retryable, vec!["rate_limit", "network"]);
+}
+
+#[test]
+fn req_bed_009_submit_result_completes_the_sub_agent() {
+    let submit = ToolUse {
+        id: "r".into(),
+        name: SUBMIT_RESULT.into(),
+        input: json!({"result": "the answer", "success": true}),
+    };
+    let after = bash("after");
+    check(
+        requesting(1, 0, 1),
+        &sub_ctx(),
+        Event::LlmResponse {
+            request: tag(1, 1),
+            reply: reply(None, vec![submit.clone(), after.clone()], true),
+        },
+        ConvState::Completed,
+        vec![
+            recorded(),
+            agent(None, vec![submit.clone(), after.clone()]),
+            result(&submit, true, "result submitted", false),
+            result(
+                &after,
+                false,
+                "not run: the sub-agent ended with submit_result",
+                true,
+            ),
+            Effect::ReportToParent {
+                outcome: SubAgentOutcome {
+                    success: true,
+                    result: "the answer".into(),
+                },
+            },
+        ],
+    );
+}
+
+#[test]
+fn req_bed_009_a_sub_agent_never_gets_spawn_sub_agents() {
+    let spawn = spawn_tool();
+    check(
+        requesting(1, 0, 1),
+        &sub_ctx(),
+        Event::LlmResponse {
+            request: tag(1, 1),
+            reply: reply(None, vec![spawn.clone()], true),
+        },
+        ConvState::AwaitingLlm { turn: turn(1, 1) },
+        vec![
+            recorded(),
+            agent(None, vec![spawn.clone()]),
+            result(
+                &spawn,
+                false,
+                "sub-agents cannot spawn sub-agents; do the work yourself",
+                false,
+            ),
+            continue_t1(),
+        ],
+    );
+}
+
+#[test]
+fn req_bed_009_submit_result_is_refused_outside_sub_agents() {
+    let submit = ToolUse {
+        id: "r".into(),
+        name: SUBMIT_RESULT.into(),
+        input: json!({"result": "x"}),
+    };
+    let b = bash("b");
+    check(
+        executing(bash("a"), vec![submit.clone(), b.clone()], 0),
+        &ctx(),
+        complete("a", true, "ok"),
+        ConvState::ToolExecuting {
+            turn: turn(1, 3),
+            current: b.clone(),
+            remaining: vec![],
+            completed: 2,
+        },
+        vec![
+            result(&bash("a"), true, "ok", false),
+            result(
+                &submit,
+                false,
+                "submit_result is only available to sub-agents",
+                false,
+            ),
+            Effect::ExecuteTool {
+                turn: tid("t1"),
+                tool: b,
+            },
+        ],
+    );
+}
+
+#[test]
+fn req_bed_008_malformed_spawn_calls_fail_as_tool_results() {
+    let cases = [
+        (
+            json!({}),
+            "invalid input: `tasks` must be an array of {\"prompt\", \"model\"?}",
+        ),
+        (json!({"tasks": []}), "invalid input: `tasks` is empty"),
+        (
+            json!({"tasks": [{"prompt": "a"}, {"prompt": "b"}, {"prompt": "c"}, {"prompt": "d"}]}),
+            "invalid input: 4 tasks given, at most 3 sub-agents per call",
+        ),
+        (
+            json!({"tasks": [{"prompt": " "}]}),
+            "invalid input: tasks[0].prompt must be a non-empty string",
+        ),
+        (
+            json!({"tasks": [{"prompt": "a", "model": 3}]}),
+            "invalid input: tasks[0].model must be a string",
+        ),
+    ];
+    for (input, why) in cases {
+        let spawn = ToolUse {
+            id: "s".into(),
+            name: SPAWN_SUB_AGENTS.into(),
+            input,
+        };
+        check(
+            requesting(1, 0, 1),
+            &ctx(),
+            Event::LlmResponse {
+                request: tag(1, 1),
+                reply: reply(None, vec![spawn.clone()], true),
+            },
+            ConvState::AwaitingLlm { turn: turn(1, 1) },
+            vec![
+                recorded(),
+                agent(None, vec![spawn.clone()]),
+                result(&spawn, false, why, false),
+                continue_t1(),
+            ],
+        );
+    }
+}
+
+#[test]
+fn req_bed_008_sub_agent_that_ends_without_submitting_is_reminded_once_then_fails() {
+    let reminded = Turn {
+        reminded: true,
+        ..turn(1, 0)
+    };
+    check(
+        requesting(1, 0, 1),
+        &sub_ctx(),
+        Event::LlmResponse {
+            request: tag(1, 1),
+            reply: reply(Some("done?"), vec![], true),
+        },
+        ConvState::AwaitingLlm {
+            turn: reminded.clone(),
+        },
+        vec![
+            recorded(),
+            agent(Some("done?"), vec![]),
+            system(SUBMIT_REMINDER),
+            continue_t1(),
+        ],
+    );
+    let message = "The sub-agent ended its turn without calling submit_result.";
+    check(
+        ConvState::LlmRequesting {
+            turn: Turn {
+                llm_steps: 2,
+                ..reminded
+            },
+            attempt: 1,
+        },
+        &sub_ctx(),
+        Event::LlmResponse {
+            request: tag(2, 1),
+            reply: reply(Some("still no"), vec![], true),
+        },
+        ConvState::Error {
+            message: message.into(),
+            error_kind: ErrorKind::Unknown,
+        },
+        vec![
+            recorded(),
+            agent(Some("still no"), vec![]),
+            error_message(message),
+            Effect::ReportToParent {
+                outcome: SubAgentOutcome {
+                    success: false,
+                    result: message.into(),
+                },
+            },
+        ],
+    );
+}
+
+#[test]
+fn req_bed_008_a_failing_sub_agent_reports_to_its_parent() {
+    let message = "The LLM backend refused the credentials; check the configured API key: boom";
+    check(
+        requesting(1, 0, 1),
+        &sub_ctx(),
+        Event::LlmError {
+            request: tag(1, 1),
+            error: failure(ErrorKind::Auth),
+        },
+        ConvState::Error {
+            message: message.into(),
+            error_kind: ErrorKind::Auth,
+        },
+        vec![
+            error_message(message),
+            Effect::ReportToParent {
+                outcome: SubAgentOutcome {
+                    success: false,
+                    result: message.into(),
+                },
+            },
+        ],
+    );
+}
+
+#[test]
+fn bounded_turn_llm_step_limit_ends_in_a_limit_error() {
+    let message = "The turn was stopped: it reached the limit of 5 LLM steps per turn.";
+    check(
+        ConvState::AwaitingLlm { turn: turn(5, 2) },
+        &ctx(),
+        Event::Continue { turn: tid("t1") },
+        ConvState::Error {
+            message: message.into(),
+            error_kind: ErrorKind::Limit,
+        },
+        vec![error_message(message)],
+    );
+}
+
+#[test]
+fn bounded_turn_tool_call_limit_answers_every_call_and_ends_in_a_limit_error() {
+    let (a, b) = (bash("a"), bash("b"));
+    let skipped = "not run: the turn reached its limit of 4 tool calls";
+    let message = "The turn was stopped: the LLM asked for more than 4 tool calls in one turn.";
+    check(
+        requesting(2, 3, 1),
+        &ctx(),
+        Event::LlmResponse {
+            request: tag(2, 1),
+            reply: reply(None, vec![a.clone(), b.clone()], true),
+        },
+        ConvState::Error {
+            message: message.into(),
+            error_kind: ErrorKind::Limit,
+        },
+        vec![
+            recorded(),
+            agent(None, vec![a.clone(), b.clone()]),
+            result(&a, false, skipped, true),
+            result(&b, false, skipped, true),
+            error_message(message),
+        ],
+    );
+}
+
+fn with_tokens(context_tokens: u64) -> ConvContext {
+    ConvContext {
+        context_tokens,
+        ..ctx()
+    }
+}
+
+fn response_with_usage(input: u64, output: u64) -> Event {
+    Event::LlmResponse {
+        request: tag(1, 1),
+        reply: LlmReply {
+            usage: usage(input, output),
+            ..reply(Some("ok"), vec![], true)
+        },
+    }
+}
+
+#[test]
+fn req_bed_012_context_warnings_once_at_80_and_95_percent() {
+    let warn = |tokens: u64| Effect::WarnContext {
+        context_tokens: tokens,
+        context_window: 1000,
+        ratio: tokens as f64 / 1000.0,
+    };
+    let record = |input, output| Effect::RecordUsage {
+        usage: usage(input, output),
+    };
+    let ok = agent(Some("ok"), vec![]);
+    // Below 80%: no warning.
+    check(
+        requesting(1, 0, 1),
+        &with_tokens(0),
+        response_with_usage(700, 99),
+        ConvState::Idle,
+        vec![record(700, 99), ok.clone()],
+    );
+    // Crossing 80%: one warning.
+    check(
+        requesting(1, 0, 1),
+        &with_tokens(799),
+        response_with_usage(790, 10),
+        ConvState::Idle,
+        vec![record(790, 10), warn(800), ok.clone()],
+    );
+    // Still above 80%, not yet 95%: no second warning.
+    check(
+        requesting(1, 0, 1),
+        &with_tokens(800),
+        response_with_usage(900, 10),
+        ConvState::Idle,
+        vec![record(900, 10), ok.clone()],
+    );
+    // Crossing 95%: one more.
+    check(
+        requesting(1, 0, 1),
+        &with_tokens(910),
+        response_with_usage(950, 1),
+        ConvState::Idle,
+        vec![record(950, 1), warn(951), ok.clone()],
+    );
+    // Crossing both at once warns once.
+    check(
+        requesting(1, 0, 1),
+        &with_tokens(100),
+        response_with_usage(990, 0),
+        ConvState::Idle,
+        vec![record(990, 0), warn(990), ok.clone()],
+    );
+    // No window known: no warning.
+    check(
+        requesting(1, 0, 1),
+        &ConvContext {
+            context_window: 0,
+            ..ctx()
+        },
+        response_with_usage(990, 0),
+        ConvState::Idle,
+        vec![record(990, 0), ok],
+    );
+}
+
+fn background(task: &str) -> BackgroundResult {
+    BackgroundResult {
+        task_id: task.into(),
+        tool_name: "bash".into(),
+        ok: true,
+        output: format!("{task} out"),
+    }
+}
+
+#[test]
+fn background_result_in_idle_is_a_system_message() {
+    let result = background("k1");
+    check(
+        ConvState::Idle,
+        &ctx(),
+        Event::BackgroundResult {
+            result: result.clone(),
+            wake: None,
+        },
+        ConvState::Idle,
+        vec![system(&result.system_text())],
+    );
+    assert_eq!(
+        result.system_text(),
+        "[[SYSTEM: background task k1 (bash) completed]]\nk1 out"
+    );
+}
+
+#[test]
+fn background_result_that_asks_for_it_wakes_an_idle_conversation() {
+    let result = background("k1");
+    check(
+        ConvState::Idle,
+        &ctx(),
+        Event::BackgroundResult {
+            result: result.clone(),
+            wake: Some(tid("t1")),
+        },
+        ConvState::AwaitingLlm { turn: turn(0, 0) },
+        vec![system(&result.system_text()), continue_t1()],
+    );
+}
+
+#[test]
+fn background_results_in_a_busy_state_are_held_and_sent_with_the_next_request_in_order() {
+    let (k1, k2) = (background("k1"), background("k2"));
+    let a = bash("a");
+    let held = |results: Vec<BackgroundResult>| Turn {
+        held: results,
+        ..turn(1, 1)
+    };
+    check(
+        executing(a.clone(), vec![], 0),
+        &ctx(),
+        Event::BackgroundResult {
+            result: k1.clone(),
+            wake: Some(tid("ignored-while-busy")),
+        },
+        ConvState::ToolExecuting {
+            turn: held(vec![k1.clone()]),
+            current: a.clone(),
+            remaining: vec![],
+            completed: 0,
+        },
+        vec![],
+    );
+    let state = ConvState::AwaitingLlm {
+        turn: held(vec![k1.clone(), k2.clone()]),
+    };
+    check(
+        state,
+        &ctx(),
+        Event::Continue { turn: tid("t1") },
+        ConvState::LlmRequesting {
+            turn: turn(2, 1),
+            attempt: 1,
+        },
+        vec![
+            system(&k1.system_text()),
+            system(&k2.system_text()),
+            Effect::RequestLlm {
+                request: tag(2, 1),
+                model: "m".into(),
+            },
+        ],
+    );
+}
+
+#[test]
+fn held_background_results_survive_a_cancel() {
+    let k1 = background("k1");
+    let a = bash("a");
+    check(
+        ConvState::ToolExecuting {
+            turn: Turn {
+                held: vec![k1.clone()],
+                ..turn(1, 1)
+            },
+            current: a.clone(),
+            remaining: vec![],
+            completed: 0,
+        },
+        &ctx(),
+        Event::UserCancel,
+        ConvState::Idle,
+        vec![
+            Effect::CancelTool {
+                turn: tid("t1"),
+                tool_use_id: "a".into(),
+            },
+            result(&a, false, CANCELLED_BY_USER, true),
+            system(&k1.system_text()),
+        ],
+    );
+}
+
+#[test]
+fn restart_interrupts_tools_with_synthetic_results() {
+    let (a, b) = (bash("a"), bash("b"));
+    check(
+        executing(a.clone(), vec![b.clone()], 0),
+        &ctx(),
+        Event::Interrupted(Interruption::Restart),
+        ConvState::Idle,
+        vec![
+            Effect::CancelTool {
+                turn: tid("t1"),
+                tool_use_id: "a".into(),
+            },
+            result(&a, false, "interrupted by server restart", true),
+            result(&b, false, "interrupted by server restart", true),
+        ],
+    );
+    check_ignored(
+        ConvState::Idle,
+        &ctx(),
+        Event::Interrupted(Interruption::Restart),
+    );
+}
+
+#[test]
+fn shutdown_interrupts_sub_agents_with_a_synthetic_spawn_result() {
+    let spawn = spawn_tool();
+    let aggregate = json!([
+        {"agent_id": "x", "success": false, "result": "interrupted by server shutdown"},
+    ]);
+    check(
+        awaiting_agents(&spawn, &[("x", None)], vec![]),
+        &ctx(),
+        Event::Interrupted(Interruption::Shutdown),
+        ConvState::Idle,
+        vec![
+            Effect::StopSubAgents {
+                agent_ids: vec!["x".into()],
+            },
+            result(&spawn, false, &aggregate.to_string(), true),
+        ],
+    );
+}
+
+#[test]
+fn a_completed_sub_agent_takes_no_more_messages() {
+    check_rejected(
+        ConvState::Completed,
+        user_message("more"),
+        Rejection::Completed,
+    );
+}
+
+#[test]
+fn state_serialises_with_the_contract_kind() {
+    let state = requesting(1, 0, 2);
+    let value = serde_json::to_value(&state).expect("states serialise");
+    assert_eq!(value["kind"], "llm_requesting");
+    assert_eq!(value["attempt"], 2);
+    let back: ConvState = serde_json::from_value(value).expect("and deserialise");
+    assert_eq!(back, state);
+}
+
+#[test]
+fn chain_validation_catches_every_kind_of_break() {
+    let a = bash("a");
+    let ask = MessageContent::Agent {
+        text: None,
+        tool_uses: vec![a.clone()],
+    };
+    let answer = MessageContent::tool_result(&a, true, "ok", false);
+    let user = MessageContent::User {
+        text: "u".into(),
+        images: vec![],
+    };
+    assert_eq!(validate_chain([&user, &ask, &answer], false), Ok(()));
+    assert_eq!(validate_chain([&user, &ask], true), Ok(()));
+    assert_eq!(
+        validate_chain([&user, &ask], false),
+        Err(ChainError::Dangling {
+            tool_use_id: "a".into()
+        })
+    );
+    assert_eq!(
+        validate_chain([&ask, &user], true),
+        Err(ChainError::Unanswered {
+            index: 1,
+            tool_use_id: "a".into(),
+            found: "user"
+        })
+    );
+    assert_eq!(
+        validate_chain([&ask, &answer, &answer], false),
+        Err(ChainError::UnexpectedResult {
+            index: 2,
+            tool_use_id: "a".into()
+        })
+    );
+}
+
+/// The core stays pure: no I/O crate, no clock, no fresh ids (style.md, habit 1).
+#[test]
+fn boundary_the_core_imports_no_io_crate() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/state_machine");
+    let forbidden = [
+        "tokio",
+        "ractor",
+        "axum",
+        "sea_orm",
+        "async_openai",
+        "reqwest",
+        "std::time::SystemTime",
+        "std::time::Instant",
+        "Instant::now",
+        "SystemTime::now",
+        "Utc::now",
+        "Uuid::now_v7",
+        "Uuid::new_v4",
+        "std::fs",
+        "std::net",
+        "std::process",
+        "std::env",
+        "rand::",
+    ];
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).expect("src/state_machine is readable") {
+        let path = entry.expect("a directory entry").path();
+        if path.file_name().is_some_and(|name| name == "tests.rs") {
+            continue; // This file names the forbidden paths, and reads files itself.
+        }
+        let text = std::fs::read_to_string(&path).expect("a source file");
+        for (line_no, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or_default();
+            for needle in forbidden {
+                assert!(
+                    !code.contains(needle),
+                    "{}:{}: the pure core must not use `{needle}`",
+                    path.display(),
+                    line_no + 1
+                );
+            }
+        }
+        checked += 1;
+    }
+    assert!(checked >= 8, "expected the core's files, found {checked}");
+}

@@ -1,0 +1,927 @@
+//! The pure transition function: `(state, context, event) -> (new state, effects)`.
+//!
+//! No I/O, no clock, no fresh ids: the same inputs always give the same outputs (REQ-BED-001).
+
+use serde_json::{Value, json};
+
+use super::context::ConvContext;
+use super::effect::{Effect, SubAgentTask};
+use super::event::{Event, Interruption, LlmFailure, LlmReply, LlmRequestTag, ToolOutcome, Usage};
+use super::message::{ImageRef, MessageContent};
+use super::state::{
+    BackgroundResult, ConvState, ErrorKind, MAX_LLM_ATTEMPTS, SubAgentOutcome, SubAgentSlot,
+    ToolUse, Turn, TurnId,
+};
+
+/// Name of the tool that fans work out to sub-agents (user conversations only).
+pub const SPAWN_SUB_AGENTS: &str = "spawn_sub_agents";
+/// Name of the tool with which a sub-agent hands back its result (sub-agents only).
+pub const SUBMIT_RESULT: &str = "submit_result";
+
+/// Output of the synthetic result for the tool that was running when the user cancelled.
+pub const CANCELLED_BY_USER: &str = "cancelled by user";
+/// Output of the synthetic results for queued tools that a cancel skipped.
+pub const SKIPPED_BY_CANCEL: &str = "skipped due to cancellation";
+/// The system message that reminds a sub-agent to call submit_result.
+pub const SUBMIT_REMINDER: &str = "[[SYSTEM: you are a sub-agent: your task ends only when you call the submit_result tool with your result. Call it now.]]";
+
+/// The first backoff delay; each retry doubles it, up to [`RETRY_DELAY_CAP_MS`].
+pub const RETRY_BASE_DELAY_MS: u64 = 1_000;
+/// The longest backoff delay computed from the attempt alone.
+pub const RETRY_DELAY_CAP_MS: u64 = 8_000;
+/// The longest a backend's Retry-After is honoured.
+pub const RETRY_AFTER_CAP_MS: u64 = 30_000;
+
+/// Context warning thresholds in permille of the window, highest first (REQ-BED-012).
+const CONTEXT_WARNINGS_PERMILLE: [u64; 2] = [950, 800];
+
+/// The next state and what to do about it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TransitionResult {
+    pub new_state: ConvState,
+    pub effects: Vec<Effect>,
+}
+
+/// Why a user message is refused; the API maps each to a 409.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    #[error("agent is busy: the current turn is still running; cancel it to send a new message")]
+    AgentBusy,
+    #[error("cancellation in progress: wait for the conversation to become idle")]
+    Cancelling,
+    #[error("the sub-agent has completed and takes no more messages")]
+    Completed,
+}
+
+/// An event that the state cannot take.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidTransition {
+    /// A user message the conversation refuses (REQ-BED-002).
+    #[error(transparent)]
+    Rejected(#[from] Rejection),
+    /// An event for work that is no longer current (cancelled, finished or never started):
+    /// recognised and ignored, never applied.
+    #[error("ignored {event} in state {state}: {reason}")]
+    Ignored {
+        state: &'static str,
+        event: &'static str,
+        reason: &'static str,
+    },
+}
+
+/// The backoff before retrying after failed attempt `attempt` (1-based): 1 s, 2 s, 4 s, ...
+/// capped at [`RETRY_DELAY_CAP_MS`].
+pub fn retry_delay_ms(attempt: u32) -> u64 {
+    let doublings = attempt.saturating_sub(1).min(16);
+    (RETRY_BASE_DELAY_MS << doublings).min(RETRY_DELAY_CAP_MS)
+}
+
+/// Computes the conversation's next state and effects for `event` (REQ-BED-001).
+pub fn transition(
+    state: &ConvState,
+    ctx: &ConvContext,
+    event: Event,
+) -> Result<TransitionResult, InvalidTransition> {
+    let name = event.name();
+    let ignored = |reason| InvalidTransition::Ignored {
+        state: state.kind(),
+        event: name,
+        reason,
+    };
+    match event {
+        Event::UserMessage { turn, text, images } => user_message(state, turn, text, images),
+        Event::UserCancel => Ok(cancel(state)),
+        Event::Continue { turn } => continue_turn(state, ctx, &turn)
+            .ok_or_else(|| ignored("no LLM step of that turn is due")),
+        Event::LlmResponse { request, reply } => llm_response(state, ctx, &request, reply)
+            .ok_or_else(|| ignored("no such LLM request is in flight")),
+        Event::LlmError { request, error } => llm_error(state, ctx, &request, &error)
+            .ok_or_else(|| ignored("no such LLM request is in flight")),
+        Event::LlmAborted { request } => {
+            finish_cancel(state, &request).ok_or_else(|| ignored("no cancellation of that request"))
+        }
+        Event::RetryTimeout { request } => retry_timeout(state, ctx, &request)
+            .ok_or_else(|| ignored("no retry of that request is pending")),
+        Event::ToolComplete {
+            turn,
+            tool_use_id,
+            outcome,
+        } => tool_complete(state, ctx, &turn, &tool_use_id, outcome)
+            .ok_or_else(|| ignored("that tool is not running")),
+        Event::SubAgentsSpawned {
+            turn,
+            tool_use_id,
+            agent_ids,
+        } => sub_agents_spawned(state, &turn, &tool_use_id, agent_ids)
+            .ok_or_else(|| ignored("no spawn_sub_agents call of that turn is starting")),
+        Event::SubAgentResult { agent_id, outcome } => {
+            sub_agent_result(state, ctx, &agent_id, outcome)
+                .ok_or_else(|| ignored("no such sub-agent is pending"))
+        }
+        Event::BackgroundResult { result, wake } => Ok(background_result(state, result, wake)),
+        Event::Interrupted(why) => {
+            interrupted(state, why).ok_or_else(|| ignored("nothing in flight"))
+        }
+    }
+}
+
+/// Accumulates the effects of one transition.
+#[derive(Default)]
+struct Effects(Vec<Effect>);
+
+impl Effects {
+    fn push(&mut self, effect: Effect) {
+        self.0.push(effect);
+    }
+
+    fn persist(&mut self, content: MessageContent) {
+        self.0.push(Effect::PersistMessage(content));
+    }
+
+    /// Stores the background results a turn held back, in arrival order.
+    fn flush_held(&mut self, held: Vec<BackgroundResult>) {
+        for result in held {
+            self.persist(MessageContent::System {
+                text: result.system_text(),
+            });
+        }
+    }
+
+    fn into_result(self, new_state: ConvState) -> TransitionResult {
+        TransitionResult {
+            new_state,
+            effects: self.0,
+        }
+    }
+}
+
+fn user_message(
+    state: &ConvState,
+    turn: TurnId,
+    text: String,
+    images: Vec<ImageRef>,
+) -> Result<TransitionResult, InvalidTransition> {
+    match state {
+        ConvState::Idle | ConvState::Error { .. } => {
+            let mut fx = Effects::default();
+            fx.persist(MessageContent::User { text, images });
+            fx.push(Effect::Continue { turn: turn.clone() });
+            Ok(fx.into_result(ConvState::AwaitingLlm {
+                turn: Turn::new(turn),
+            }))
+        }
+        ConvState::Cancelling { .. } => Err(Rejection::Cancelling.into()),
+        ConvState::Completed => Err(Rejection::Completed.into()),
+        ConvState::AwaitingLlm { .. }
+        | ConvState::LlmRequesting { .. }
+        | ConvState::ToolExecuting { .. }
+        | ConvState::AwaitingSubAgents { .. } => Err(Rejection::AgentBusy.into()),
+    }
+}
+
+/// REQ-BED-005: cancel is accepted in every state and never fails.
+fn cancel(state: &ConvState) -> TransitionResult {
+    let mut fx = Effects::default();
+    let new_state = match state.clone() {
+        ConvState::Idle | ConvState::Error { .. } => ConvState::Idle,
+        ConvState::Completed => ConvState::Completed,
+        ConvState::Cancelling { turn } => ConvState::Cancelling { turn },
+        ConvState::AwaitingLlm { turn } => {
+            fx.flush_held(turn.held);
+            ConvState::Idle
+        }
+        ConvState::LlmRequesting { turn, attempt } => {
+            fx.push(Effect::AbortLlm {
+                request: request_tag(&turn, attempt),
+            });
+            ConvState::Cancelling { turn }
+        }
+        ConvState::ToolExecuting {
+            turn,
+            current,
+            remaining,
+            ..
+        } => {
+            fx.push(Effect::CancelTool {
+                turn: turn.id.clone(),
+                tool_use_id: current.id.clone(),
+            });
+            fx.persist(MessageContent::tool_result(
+                &current,
+                false,
+                CANCELLED_BY_USER,
+                true,
+            ));
+            skip_tools(&mut fx, &remaining, SKIPPED_BY_CANCEL);
+            fx.flush_held(turn.held);
+            ConvState::Idle
+        }
+        ConvState::AwaitingSubAgents {
+            turn,
+            spawn,
+            agents,
+            remaining,
+            ..
+        } => {
+            let pending = state
+                .pending_agent_ids()
+                .into_iter()
+                .map(str::to_owned)
+                .collect();
+            fx.push(Effect::StopSubAgents { agent_ids: pending });
+            fx.persist(MessageContent::tool_result(
+                &spawn,
+                false,
+                aggregate(&agents, CANCELLED_BY_USER),
+                true,
+            ));
+            skip_tools(&mut fx, &remaining, SKIPPED_BY_CANCEL);
+            fx.flush_held(turn.held);
+            ConvState::Idle
+        }
+    };
+    fx.into_result(new_state)
+}
+
+/// The gateway confirmed the abort of a cancelled request: the turn is over.
+fn finish_cancel(state: &ConvState, request: &LlmRequestTag) -> Option<TransitionResult> {
+    match state {
+        ConvState::Cancelling { turn } if turn.id == request.turn => {
+            let mut fx = Effects::default();
+            fx.flush_held(turn.held.clone());
+            Some(fx.into_result(ConvState::Idle))
+        }
+        ConvState::Idle
+        | ConvState::AwaitingLlm { .. }
+        | ConvState::LlmRequesting { .. }
+        | ConvState::ToolExecuting { .. }
+        | ConvState::Cancelling { .. }
+        | ConvState::AwaitingSubAgents { .. }
+        | ConvState::Error { .. }
+        | ConvState::Completed => None,
+    }
+}
+
+fn continue_turn(state: &ConvState, ctx: &ConvContext, id: &TurnId) -> Option<TransitionResult> {
+    let ConvState::AwaitingLlm { turn } = state else {
+        return None;
+    };
+    if &turn.id != id {
+        return None;
+    }
+    let mut turn = turn.clone();
+    let mut fx = Effects::default();
+    if turn.llm_steps >= ctx.limits.max_llm_steps {
+        let message = format!(
+            "The turn was stopped: it reached the limit of {} LLM steps per turn.",
+            ctx.limits.max_llm_steps
+        );
+        return Some(fail_turn(fx, ctx, turn, message, ErrorKind::Limit));
+    }
+    turn.llm_steps += 1;
+    fx.flush_held(std::mem::take(&mut turn.held));
+    fx.push(Effect::RequestLlm {
+        request: request_tag(&turn, 1),
+        model: ctx.model_id.clone(),
+    });
+    Some(fx.into_result(ConvState::LlmRequesting { turn, attempt: 1 }))
+}
+
+fn retry_timeout(
+    state: &ConvState,
+    ctx: &ConvContext,
+    request: &LlmRequestTag,
+) -> Option<TransitionResult> {
+    let ConvState::LlmRequesting { turn, attempt } = state else {
+        return None;
+    };
+    if request_tag(turn, *attempt) != *request || *attempt < 2 {
+        return None;
+    }
+    let mut turn = turn.clone();
+    let mut fx = Effects::default();
+    fx.flush_held(std::mem::take(&mut turn.held));
+    fx.push(Effect::RequestLlm {
+        request: request.clone(),
+        model: ctx.model_id.clone(),
+    });
+    Some(fx.into_result(ConvState::LlmRequesting {
+        turn,
+        attempt: *attempt,
+    }))
+}
+
+fn llm_response(
+    state: &ConvState,
+    ctx: &ConvContext,
+    request: &LlmRequestTag,
+    reply: LlmReply,
+) -> Option<TransitionResult> {
+    let turn = match state {
+        ConvState::LlmRequesting { turn, attempt } if request_tag(turn, *attempt) == *request => {
+            turn.clone()
+        }
+        // REQ-BED-005: the response of a cancelled request is dropped, never persisted.
+        ConvState::Cancelling { .. } => return finish_cancel(state, request),
+        ConvState::Idle
+        | ConvState::AwaitingLlm { .. }
+        | ConvState::LlmRequesting { .. }
+        | ConvState::ToolExecuting { .. }
+        | ConvState::AwaitingSubAgents { .. }
+        | ConvState::Error { .. }
+        | ConvState::Completed => return None,
+    };
+    let mut fx = Effects::default();
+    usage_effects(&mut fx, ctx, reply.usage);
+    let LlmReply {
+        text,
+        tool_uses,
+        end_turn,
+        ..
+    } = reply;
+    fx.persist(MessageContent::Agent {
+        text,
+        tool_uses: tool_uses.clone(),
+    });
+
+    let mut tools = tool_uses.into_iter();
+    let Some(first) = tools.next() else {
+        return Some(if !end_turn {
+            // REQ-BED-003: text only, not done: ask the LLM for more.
+            continue_with_llm(fx, turn)
+        } else if ctx.is_sub_agent {
+            sub_agent_ended_without_submit(fx, ctx, turn)
+        } else {
+            fx.flush_held(turn.held);
+            fx.into_result(ConvState::Idle)
+        });
+    };
+    let rest: Vec<ToolUse> = tools.collect();
+    let requested = 1 + rest.len() as u32;
+    let mut turn = turn;
+    if turn.tool_calls.saturating_add(requested) > ctx.limits.max_tool_calls {
+        let output = format!(
+            "not run: the turn reached its limit of {} tool calls",
+            ctx.limits.max_tool_calls
+        );
+        skip_tools(&mut fx, std::slice::from_ref(&first), &output);
+        skip_tools(&mut fx, &rest, &output);
+        let message = format!(
+            "The turn was stopped: the LLM asked for more than {} tool calls in one turn.",
+            ctx.limits.max_tool_calls
+        );
+        return Some(fail_turn(fx, ctx, turn, message, ErrorKind::Limit));
+    }
+    turn.tool_calls += requested;
+    Some(start_tool(fx, ctx, turn, first, rest, 0))
+}
+
+fn llm_error(
+    state: &ConvState,
+    ctx: &ConvContext,
+    request: &LlmRequestTag,
+    error: &LlmFailure,
+) -> Option<TransitionResult> {
+    let (turn, attempt) = match state {
+        ConvState::LlmRequesting { turn, attempt } if request_tag(turn, *attempt) == *request => {
+            (turn.clone(), *attempt)
+        }
+        ConvState::Cancelling { .. } => return finish_cancel(state, request),
+        ConvState::Idle
+        | ConvState::AwaitingLlm { .. }
+        | ConvState::LlmRequesting { .. }
+        | ConvState::ToolExecuting { .. }
+        | ConvState::AwaitingSubAgents { .. }
+        | ConvState::Error { .. }
+        | ConvState::Completed => return None,
+    };
+    let fx = Effects::default();
+    if error.kind.is_retryable() && attempt < MAX_LLM_ATTEMPTS {
+        let mut fx = fx;
+        let next = attempt + 1;
+        let backoff = retry_delay_ms(attempt);
+        let delay_ms = error
+            .retry_after_ms
+            .map_or(backoff, |after| backoff.max(after.min(RETRY_AFTER_CAP_MS)));
+        fx.push(Effect::NotifyRetrying {
+            attempt: next,
+            delay_ms,
+            error_kind: error.kind,
+        });
+        fx.push(Effect::ScheduleRetry {
+            request: request_tag(&turn, next),
+            delay_ms,
+        });
+        return Some(fx.into_result(ConvState::LlmRequesting {
+            turn,
+            attempt: next,
+        }));
+    }
+    let message = if error.kind.is_retryable() {
+        format!(
+            "The LLM request failed after {attempt} attempts ({}): {}. Send a message to try again.",
+            error.kind.as_str(),
+            error.message
+        )
+    } else {
+        let what = match error.kind {
+            ErrorKind::Auth => {
+                "The LLM backend refused the credentials; check the configured API key"
+            }
+            ErrorKind::InvalidRequest => "The LLM backend rejected the request as invalid",
+            ErrorKind::Limit => "The LLM request hit a limit of the gateway",
+            ErrorKind::RateLimit | ErrorKind::Network | ErrorKind::Unknown => {
+                "The LLM request failed"
+            }
+        };
+        format!("{what}: {}", error.message)
+    };
+    Some(fail_turn(fx, ctx, turn, message, error.kind))
+}
+
+fn tool_complete(
+    state: &ConvState,
+    ctx: &ConvContext,
+    turn_id: &TurnId,
+    tool_use_id: &str,
+    outcome: ToolOutcome,
+) -> Option<TransitionResult> {
+    let ConvState::ToolExecuting {
+        turn,
+        current,
+        remaining,
+        completed,
+    } = state
+    else {
+        return None;
+    };
+    if &turn.id != turn_id || current.id != tool_use_id {
+        return None;
+    }
+    let mut fx = Effects::default();
+    // REQ-BED-004: a failed tool is a result the LLM sees, not an error state.
+    fx.persist(MessageContent::tool_result(
+        current,
+        outcome.ok,
+        outcome.output,
+        false,
+    ));
+    Some(next_tool(
+        fx,
+        ctx,
+        turn.clone(),
+        remaining.clone(),
+        completed + 1,
+    ))
+}
+
+fn sub_agents_spawned(
+    state: &ConvState,
+    turn_id: &TurnId,
+    tool_use_id: &str,
+    agent_ids: Vec<String>,
+) -> Option<TransitionResult> {
+    let ConvState::ToolExecuting {
+        turn,
+        current,
+        remaining,
+        completed,
+    } = state
+    else {
+        return None;
+    };
+    if &turn.id != turn_id || current.id != tool_use_id || current.name != SPAWN_SUB_AGENTS {
+        return None;
+    }
+    let agents = agent_ids
+        .into_iter()
+        .map(|agent_id| SubAgentSlot {
+            agent_id,
+            outcome: None,
+        })
+        .collect();
+    Some(
+        Effects::default().into_result(ConvState::AwaitingSubAgents {
+            turn: turn.clone(),
+            spawn: current.clone(),
+            agents,
+            remaining: remaining.clone(),
+            completed: *completed,
+        }),
+    )
+}
+
+fn sub_agent_result(
+    state: &ConvState,
+    ctx: &ConvContext,
+    agent_id: &str,
+    outcome: SubAgentOutcome,
+) -> Option<TransitionResult> {
+    let ConvState::AwaitingSubAgents {
+        turn,
+        spawn,
+        agents,
+        remaining,
+        completed,
+    } = state
+    else {
+        return None;
+    };
+    let mut agents = agents.clone();
+    let slot = agents
+        .iter_mut()
+        .find(|slot| slot.agent_id == agent_id && slot.outcome.is_none())?;
+    slot.outcome = Some(outcome);
+    let fx = Effects::default();
+    if agents.iter().any(|slot| slot.outcome.is_none()) {
+        return Some(fx.into_result(ConvState::AwaitingSubAgents {
+            turn: turn.clone(),
+            spawn: spawn.clone(),
+            agents,
+            remaining: remaining.clone(),
+            completed: *completed,
+        }));
+    }
+    // REQ-BED-008: every sub-agent answered; the aggregate in task order is the spawn's result.
+    let mut fx = fx;
+    fx.persist(MessageContent::tool_result(
+        spawn,
+        true,
+        aggregate(&agents, ""),
+        false,
+    ));
+    Some(next_tool(
+        fx,
+        ctx,
+        turn.clone(),
+        remaining.clone(),
+        completed + 1,
+    ))
+}
+
+fn background_result(
+    state: &ConvState,
+    result: BackgroundResult,
+    wake: Option<TurnId>,
+) -> TransitionResult {
+    let mut fx = Effects::default();
+    let new_state = match state.clone() {
+        ConvState::Idle => {
+            fx.persist(MessageContent::System {
+                text: result.system_text(),
+            });
+            match wake {
+                Some(turn) => {
+                    fx.push(Effect::Continue { turn: turn.clone() });
+                    ConvState::AwaitingLlm {
+                        turn: Turn::new(turn),
+                    }
+                }
+                None => ConvState::Idle,
+            }
+        }
+        state @ (ConvState::Error { .. } | ConvState::Completed) => {
+            fx.persist(MessageContent::System {
+                text: result.system_text(),
+            });
+            state
+        }
+        mut busy @ (ConvState::AwaitingLlm { .. }
+        | ConvState::LlmRequesting { .. }
+        | ConvState::ToolExecuting { .. }
+        | ConvState::Cancelling { .. }
+        | ConvState::AwaitingSubAgents { .. }) => {
+            if let Some(turn) = turn_mut(&mut busy) {
+                turn.held.push(result);
+            }
+            busy
+        }
+    };
+    fx.into_result(new_state)
+}
+
+/// A restart or shutdown cut the turn off: every open tool call gets its synthetic result.
+fn interrupted(state: &ConvState, why: Interruption) -> Option<TransitionResult> {
+    let output = why.tool_output();
+    let mut fx = Effects::default();
+    match state.clone() {
+        ConvState::Idle | ConvState::Error { .. } | ConvState::Completed => return None,
+        ConvState::AwaitingLlm { turn } | ConvState::Cancelling { turn } => {
+            fx.flush_held(turn.held);
+        }
+        ConvState::LlmRequesting { turn, attempt } => {
+            fx.push(Effect::AbortLlm {
+                request: request_tag(&turn, attempt),
+            });
+            fx.flush_held(turn.held);
+        }
+        ConvState::ToolExecuting {
+            turn,
+            current,
+            remaining,
+            ..
+        } => {
+            fx.push(Effect::CancelTool {
+                turn: turn.id.clone(),
+                tool_use_id: current.id.clone(),
+            });
+            fx.persist(MessageContent::tool_result(&current, false, output, true));
+            skip_tools(&mut fx, &remaining, output);
+            fx.flush_held(turn.held);
+        }
+        ConvState::AwaitingSubAgents {
+            turn,
+            spawn,
+            agents,
+            remaining,
+            ..
+        } => {
+            let pending = state
+                .pending_agent_ids()
+                .into_iter()
+                .map(str::to_owned)
+                .collect();
+            fx.push(Effect::StopSubAgents { agent_ids: pending });
+            fx.persist(MessageContent::tool_result(
+                &spawn,
+                false,
+                aggregate(&agents, output),
+                true,
+            ));
+            skip_tools(&mut fx, &remaining, output);
+            fx.flush_held(turn.held);
+        }
+    }
+    Some(fx.into_result(ConvState::Idle))
+}
+
+/// The tag of the current step's LLM request at `attempt`.
+fn request_tag(turn: &Turn, attempt: u32) -> LlmRequestTag {
+    LlmRequestTag {
+        turn: turn.id.clone(),
+        step: turn.llm_steps,
+        attempt,
+    }
+}
+
+fn turn_mut(state: &mut ConvState) -> Option<&mut Turn> {
+    match state {
+        ConvState::AwaitingLlm { turn }
+        | ConvState::LlmRequesting { turn, .. }
+        | ConvState::ToolExecuting { turn, .. }
+        | ConvState::Cancelling { turn }
+        | ConvState::AwaitingSubAgents { turn, .. } => Some(turn),
+        ConvState::Idle | ConvState::Error { .. } | ConvState::Completed => None,
+    }
+}
+
+/// Usage bookkeeping of one LLM response, with a warning when the context crosses 80% or 95%
+/// of the window (REQ-BED-012). Crossing both at once warns once, at the higher level.
+fn usage_effects(fx: &mut Effects, ctx: &ConvContext, usage: Usage) {
+    fx.push(Effect::RecordUsage { usage });
+    let window = ctx.context_window;
+    if window == 0 {
+        return;
+    }
+    let before = u128::from(ctx.context_tokens) * 1000;
+    let after = u128::from(usage.context_tokens()) * 1000;
+    let crossed = CONTEXT_WARNINGS_PERMILLE.iter().any(|&permille| {
+        let threshold = u128::from(window) * u128::from(permille);
+        before < threshold && after >= threshold
+    });
+    if crossed {
+        fx.push(Effect::WarnContext {
+            context_tokens: usage.context_tokens(),
+            context_window: window,
+            ratio: usage.context_tokens() as f64 / window as f64,
+        });
+    }
+}
+
+/// Asks the LLM for the next step of the same turn.
+fn continue_with_llm(mut fx: Effects, turn: Turn) -> TransitionResult {
+    fx.push(Effect::Continue {
+        turn: turn.id.clone(),
+    });
+    fx.into_result(ConvState::AwaitingLlm { turn })
+}
+
+/// Ends the turn in `Error`, storing what the turn held back and a message the user sees.
+fn fail_turn(
+    mut fx: Effects,
+    ctx: &ConvContext,
+    turn: Turn,
+    message: String,
+    error_kind: ErrorKind,
+) -> TransitionResult {
+    fx.flush_held(turn.held);
+    fx.persist(MessageContent::Error {
+        text: message.clone(),
+    });
+    if ctx.is_sub_agent {
+        fx.push(Effect::ReportToParent {
+            outcome: SubAgentOutcome {
+                success: false,
+                result: message.clone(),
+            },
+        });
+    }
+    fx.into_result(ConvState::Error {
+        message,
+        error_kind,
+    })
+}
+
+fn sub_agent_ended_without_submit(
+    mut fx: Effects,
+    ctx: &ConvContext,
+    mut turn: Turn,
+) -> TransitionResult {
+    if !turn.reminded {
+        turn.reminded = true;
+        fx.persist(MessageContent::System {
+            text: SUBMIT_REMINDER.to_owned(),
+        });
+        return continue_with_llm(fx, turn);
+    }
+    let message = "The sub-agent ended its turn without calling submit_result.".to_owned();
+    fail_turn(fx, ctx, turn, message, ErrorKind::Unknown)
+}
+
+/// Moves past a finished tool: the next one, or back to the LLM when none is left.
+fn next_tool(
+    fx: Effects,
+    ctx: &ConvContext,
+    turn: Turn,
+    remaining: Vec<ToolUse>,
+    completed: u32,
+) -> TransitionResult {
+    let mut rest = remaining.into_iter();
+    match rest.next() {
+        Some(tool) => start_tool(fx, ctx, turn, tool, rest.collect(), completed),
+        None => continue_with_llm(fx, turn),
+    }
+}
+
+/// Starts `tool`. The core settles its own tools (submit_result, a refused or malformed
+/// spawn_sub_agents) at once and moves on; every other tool becomes an `ExecuteTool`.
+fn start_tool(
+    mut fx: Effects,
+    ctx: &ConvContext,
+    turn: Turn,
+    tool: ToolUse,
+    remaining: Vec<ToolUse>,
+    completed: u32,
+) -> TransitionResult {
+    let settled = match tool.name.as_str() {
+        SUBMIT_RESULT if ctx.is_sub_agent => match parse_submit(&tool.input) {
+            Ok(outcome) => return submit(fx, turn, &tool, &remaining, outcome),
+            Err(why) => why,
+        },
+        SUBMIT_RESULT => "submit_result is only available to sub-agents".to_owned(),
+        SPAWN_SUB_AGENTS if ctx.is_sub_agent => {
+            "sub-agents cannot spawn sub-agents; do the work yourself".to_owned()
+        }
+        SPAWN_SUB_AGENTS => match parse_spawn(&tool.input, ctx.limits.max_sub_agents) {
+            Ok(tasks) => {
+                fx.push(Effect::SpawnSubAgents {
+                    turn: turn.id.clone(),
+                    tool_use_id: tool.id.clone(),
+                    tasks,
+                });
+                return executing(fx, turn, tool, remaining, completed);
+            }
+            Err(why) => why,
+        },
+        _ => {
+            fx.push(Effect::ExecuteTool {
+                turn: turn.id.clone(),
+                tool: tool.clone(),
+            });
+            return executing(fx, turn, tool, remaining, completed);
+        }
+    };
+    fx.persist(MessageContent::tool_result(&tool, false, settled, false));
+    next_tool(fx, ctx, turn, remaining, completed + 1)
+}
+
+fn executing(
+    fx: Effects,
+    turn: Turn,
+    current: ToolUse,
+    remaining: Vec<ToolUse>,
+    completed: u32,
+) -> TransitionResult {
+    fx.into_result(ConvState::ToolExecuting {
+        turn,
+        current,
+        remaining,
+        completed,
+    })
+}
+
+/// REQ-BED-008: submit_result ends the sub-agent and hands its result to the parent.
+fn submit(
+    mut fx: Effects,
+    turn: Turn,
+    tool: &ToolUse,
+    remaining: &[ToolUse],
+    outcome: SubAgentOutcome,
+) -> TransitionResult {
+    fx.persist(MessageContent::tool_result(
+        tool,
+        true,
+        "result submitted",
+        false,
+    ));
+    skip_tools(
+        &mut fx,
+        remaining,
+        "not run: the sub-agent ended with submit_result",
+    );
+    fx.flush_held(turn.held);
+    fx.push(Effect::ReportToParent { outcome });
+    fx.into_result(ConvState::Completed)
+}
+
+fn parse_submit(input: &Value) -> Result<SubAgentOutcome, String> {
+    let result = input
+        .get("result")
+        .and_then(Value::as_str)
+        .ok_or("invalid input: `result` must be a string")?;
+    let success = match input.get("success") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(success)) => *success,
+        Some(_) => return Err("invalid input: `success` must be a boolean".to_owned()),
+    };
+    Ok(SubAgentOutcome {
+        success,
+        result: result.to_owned(),
+    })
+}
+
+fn parse_spawn(input: &Value, max: u32) -> Result<Vec<SubAgentTask>, String> {
+    let tasks = input
+        .get("tasks")
+        .and_then(Value::as_array)
+        .ok_or("invalid input: `tasks` must be an array of {\"prompt\", \"model\"?}")?;
+    if tasks.is_empty() {
+        return Err("invalid input: `tasks` is empty".to_owned());
+    }
+    if tasks.len() > max as usize {
+        return Err(format!(
+            "invalid input: {} tasks given, at most {max} sub-agents per call",
+            tasks.len()
+        ));
+    }
+    tasks
+        .iter()
+        .enumerate()
+        .map(|(i, task)| {
+            let prompt = task
+                .get("prompt")
+                .and_then(Value::as_str)
+                .filter(|prompt| !prompt.trim().is_empty())
+                .ok_or_else(|| {
+                    format!("invalid input: tasks[{i}].prompt must be a non-empty string")
+                })?;
+            let model = match task.get("model") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(model)) => Some(model.clone()),
+                Some(_) => return Err(format!("invalid input: tasks[{i}].model must be a string")),
+            };
+            Ok(SubAgentTask {
+                prompt: prompt.to_owned(),
+                model,
+            })
+        })
+        .collect()
+}
+
+/// Synthetic failed results for tool calls that will not run.
+fn skip_tools(fx: &mut Effects, tools: &[ToolUse], output: &str) {
+    for tool in tools {
+        fx.persist(MessageContent::tool_result(tool, false, output, true));
+    }
+}
+
+/// The spawn_sub_agents result: `[{"agent_id", "success", "result"}]` in task order. Slots
+/// without an outcome are reported as failures with `unfinished` as their result.
+fn aggregate(agents: &[SubAgentSlot], unfinished: &str) -> String {
+    let entries: Vec<Value> = agents
+        .iter()
+        .map(|slot| match &slot.outcome {
+            Some(outcome) => json!({
+                "agent_id": slot.agent_id,
+                "success": outcome.success,
+                "result": outcome.result,
+            }),
+            None => json!({
+                "agent_id": slot.agent_id,
+                "success": false,
+                "result": unfinished,
+            }),
+        })
+        .collect();
+    Value::Array(entries).to_string()
+}
