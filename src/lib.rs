@@ -1,4 +1,20 @@
 //! Bedrock: a hosted, multi-tenant service that runs LLM agent conversations as supervised
 //! actors. See README.md for the codemap and the architecture invariants.
 
+pub mod config;
+pub mod hub;
+pub mod llm;
+pub mod model;
+pub mod persistence;
+pub mod runtime;
 pub mod state_machine;
+pub mod store;
+pub mod testkit;
+pub mod tools;
+pub mod wire;
+
+/// Installs ring as the process's TLS crypto provider (reqwest and sqlx share rustls). Safe to
+/// call more than once.
+pub fn install_crypto() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

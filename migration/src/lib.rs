@@ -1,1 +1,16 @@
-//! migrations.
+//! Bedrock's database migrations, applied by `bedrock migrate` and at `bedrock serve` start.
+
+pub use sea_orm_migration::prelude::*;
+
+mod m20261121_000001_initial;
+
+/// Every migration, in order.
+#[derive(Debug)]
+pub struct Migrator;
+
+#[async_trait::async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![Box::new(m20261121_000001_initial::Migration)]
+    }
+}

@@ -1,0 +1,40 @@
+//! Conversations (and sub-agents, with `user_initiated = false` and a parent).
+
+use sea_orm::entity::prelude::*;
+
+#[derive(Clone, Debug, PartialEq, DeriveEntityModel)]
+#[sea_orm(table_name = "conversations")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: String,
+    pub tenant_id: String,
+    pub slug: String,
+    /// REQ-BED-010: fixed at creation.
+    pub cwd: String,
+    pub model: String,
+    pub system_prompt: Option<String>,
+    pub parent_conversation_id: Option<String>,
+    pub user_initiated: bool,
+    /// Tool names that need a client's approval before they run.
+    pub require_approval: Json,
+    /// The state's kind (`idle`, `tool_executing`, ...), for queries.
+    pub state: String,
+    /// The whole state machine state, as JSON.
+    pub state_data: Json,
+    pub state_updated_at: DateTimeUtc,
+    pub created_at: DateTimeUtc,
+    pub updated_at: DateTimeUtc,
+    pub archived: bool,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub context_tokens: i64,
+    /// The sequence id the next message gets.
+    pub next_sequence_id: i64,
+    /// The event id the next durable frame gets.
+    pub next_event_id: i64,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

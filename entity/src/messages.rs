@@ -1,0 +1,24 @@
+//! The messages of a conversation, numbered by `sequence_id` from 1 with no gaps.
+
+use sea_orm::entity::prelude::*;
+
+#[derive(Clone, Debug, PartialEq, DeriveEntityModel)]
+#[sea_orm(table_name = "messages")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: String,
+    pub conversation_id: String,
+    pub sequence_id: i64,
+    /// `user`, `agent`, `tool`, `system` or `error`.
+    pub message_type: String,
+    pub content: Json,
+    pub usage_data: Option<Json>,
+    /// The client's idempotency key of a user message.
+    pub client_message_id: Option<String>,
+    pub created_at: DateTimeUtc,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

@@ -1,0 +1,499 @@
+//! Settings: config/default.toml (built in), an optional file, then environment variables.
+//!
+//! Loaded once at start and passed down explicitly; nothing below reads the environment.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Format, Toml};
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+
+use crate::state_machine::TurnLimits;
+
+/// The built-in defaults; also the documentation of every setting.
+pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub server: ServerSettings,
+    pub database: DatabaseSettings,
+    pub data: DataSettings,
+    pub workspace: WorkspaceSettings,
+    pub llm: LlmSettings,
+    pub models: BTreeMap<String, ModelOverrides>,
+    pub turn: TurnSettings,
+    pub tools: ToolSettings,
+    pub sub_agents: SubAgentSettings,
+    pub conversations: ConversationSettings,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum AuthMode {
+    Required,
+    Dev,
+    Auto,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSettings {
+    pub listen: SocketAddr,
+    pub auth: AuthMode,
+    pub shutdown_grace_ms: u64,
+    pub max_body_bytes: usize,
+    pub max_text_bytes: usize,
+    pub max_images_per_message: usize,
+    pub max_ws_frame_bytes: usize,
+    pub client_lag_frames: usize,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseSettings {
+    pub url: SecretString,
+    pub max_connections: u32,
+    pub acquire_timeout_ms: u64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataSettings {
+    pub dir: PathBuf,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceSettings {
+    pub root: PathBuf,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmSettings {
+    pub base_url: String,
+    pub api_key: SecretString,
+    pub model: String,
+    pub max_concurrency: usize,
+    pub connect_timeout_ms: u64,
+    pub first_byte_timeout_ms: u64,
+    pub idle_timeout_ms: u64,
+    pub total_timeout_ms: u64,
+    pub max_request_bytes: usize,
+    pub max_response_bytes: usize,
+    pub max_tool_args_bytes: usize,
+}
+
+/// A model's section: each field overrides `[models.default]` when set.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelOverrides {
+    pub context_window: Option<u64>,
+    pub max_output_tokens: Option<u32>,
+    pub max_image_px: Option<u32>,
+}
+
+/// The settings of one model, defaults applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModelSettings {
+    pub context_window: u64,
+    pub max_output_tokens: u32,
+    pub max_image_px: u32,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TurnSettings {
+    pub max_llm_steps: u32,
+    pub max_tool_calls: u32,
+    pub max_sub_agents: u32,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolSettings {
+    pub bash_timeout_ms: u64,
+    pub bash_max_timeout_ms: u64,
+    pub output_cap_bytes: usize,
+    pub search_max_results: usize,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubAgentSettings {
+    pub timeout_ms: u64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConversationSettings {
+    pub idle_timeout_ms: u64,
+}
+
+/// A setting that cannot be used; the message names it and the expected form.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {0}")]
+pub struct ConfigError(pub String);
+
+/// The contract's variables, and the settings they set.
+const NAMED_VARIABLES: [(&str, &str); 8] = [
+    ("LISTEN", "server.listen"),
+    ("AUTH", "server.auth"),
+    ("DATABASE_URL", "database.url"),
+    ("DATA_DIR", "data.dir"),
+    ("WORKSPACE_ROOT", "workspace.root"),
+    ("LLM_BASE_URL", "llm.base_url"),
+    ("LLM_API_KEY", "llm.api_key"),
+    ("MODEL", "llm.model"),
+];
+
+impl Settings {
+    /// Loads the layers from the process environment.
+    pub fn load(file: Option<&Path>) -> Result<Settings, ConfigError> {
+        Self::load_from(file, std::env::vars())
+    }
+
+    /// Loads the layers with the given environment (tests pass their own).
+    pub fn load_from(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Settings, ConfigError> {
+        let mut figment = Figment::from(Toml::string(DEFAULT_TOML));
+        if let Some(file) = file {
+            if !file.is_file() {
+                return Err(ConfigError(format!(
+                    "--config {}: no such file",
+                    file.display()
+                )));
+            }
+            figment = figment.merge(Toml::file_exact(file));
+        }
+        let env: Vec<(String, String)> = env.into_iter().collect();
+        // OPENAI_API_KEY is read too, below BEDROCK_LLM_API_KEY.
+        if let Some((_, key)) = env.iter().find(|(name, _)| name == "OPENAI_API_KEY") {
+            figment = figment.merge(("llm.api_key", key.clone()));
+        }
+        for (name, value) in &env {
+            let Some(rest) = name.strip_prefix("BEDROCK_") else {
+                continue;
+            };
+            let key = match NAMED_VARIABLES.iter().find(|(var, _)| *var == rest) {
+                Some((_, key)) => (*key).to_owned(),
+                None if rest.contains("__") => rest.to_ascii_lowercase().replace("__", "."),
+                // Other BEDROCK_* variables (e.g. BEDROCK_TEST_DATABASE_URL) are not settings.
+                None => continue,
+            };
+            // Parsed leniently like figment's Env provider: "7" is a number, "true" a bool.
+            let value: figment::value::Value = value.parse().unwrap_or_else(|never| match never {});
+            figment = figment.merge((key, value));
+        }
+        let settings: Settings = figment.extract().map_err(|e| ConfigError(describe(&e)))?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let positive = [
+            ("server.max_body_bytes", self.server.max_body_bytes as u64),
+            ("server.max_text_bytes", self.server.max_text_bytes as u64),
+            (
+                "server.max_ws_frame_bytes",
+                self.server.max_ws_frame_bytes as u64,
+            ),
+            (
+                "server.client_lag_frames",
+                self.server.client_lag_frames as u64,
+            ),
+            (
+                "database.max_connections",
+                u64::from(self.database.max_connections),
+            ),
+            ("llm.max_concurrency", self.llm.max_concurrency as u64),
+            ("llm.total_timeout_ms", self.llm.total_timeout_ms),
+            ("llm.max_response_bytes", self.llm.max_response_bytes as u64),
+            ("turn.max_llm_steps", u64::from(self.turn.max_llm_steps)),
+            ("turn.max_tool_calls", u64::from(self.turn.max_tool_calls)),
+            ("tools.bash_timeout_ms", self.tools.bash_timeout_ms),
+            ("tools.output_cap_bytes", self.tools.output_cap_bytes as u64),
+            (
+                "conversations.idle_timeout_ms",
+                self.conversations.idle_timeout_ms,
+            ),
+        ];
+        for (name, value) in positive {
+            if value == 0 {
+                return Err(ConfigError(format!(
+                    "{name} must be a positive whole number"
+                )));
+            }
+        }
+        let base = &self.llm.base_url;
+        if !(base.starts_with("http://") || base.starts_with("https://")) {
+            return Err(ConfigError(format!(
+                "llm.base_url must be an http:// or https:// URL, got {base:?}"
+            )));
+        }
+        let url = self.database.url.expose_secret();
+        if !(url.is_empty()
+            || url.starts_with("sqlite:")
+            || url.starts_with("postgres://")
+            || url.starts_with("postgresql://"))
+        {
+            return Err(ConfigError(
+                "database.url must be empty, sqlite://PATH?mode=rwc or postgres://...".into(),
+            ));
+        }
+        if self.models.get("default").is_none_or(|d| {
+            d.context_window.is_none() || d.max_output_tokens.is_none() || d.max_image_px.is_none()
+        }) {
+            return Err(ConfigError(
+                "[models.default] must set context_window, max_output_tokens and max_image_px"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The database URL, with the embedded SQLite default applied.
+    pub fn database_url(&self) -> String {
+        let url = self.database.url.expose_secret();
+        if url.is_empty() {
+            format!(
+                "sqlite://{}?mode=rwc",
+                self.data.dir.join("bedrock.db").display()
+            )
+        } else {
+            url.to_owned()
+        }
+    }
+
+    /// The settings of `model`, with `[models.default]` filling what it does not set.
+    pub fn model(&self, model: &str) -> ModelSettings {
+        let default = self.models.get("default").cloned().unwrap_or_default();
+        let own = self.models.get(model).cloned().unwrap_or_default();
+        ModelSettings {
+            context_window: own
+                .context_window
+                .or(default.context_window)
+                .unwrap_or(128_000),
+            max_output_tokens: own
+                .max_output_tokens
+                .or(default.max_output_tokens)
+                .unwrap_or(4096),
+            max_image_px: own.max_image_px.or(default.max_image_px).unwrap_or(1568),
+        }
+    }
+
+    pub fn turn_limits(&self) -> TurnLimits {
+        TurnLimits {
+            max_llm_steps: self.turn.max_llm_steps,
+            max_tool_calls: self.turn.max_tool_calls,
+            max_sub_agents: self.turn.max_sub_agents,
+        }
+    }
+
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.conversations.idle_timeout_ms)
+    }
+
+    /// The effective settings as TOML, with secrets masked (`bedrock config`).
+    pub fn masked_toml(&self) -> String {
+        let mask = |secret: &SecretString| {
+            if secret.expose_secret().is_empty() {
+                String::new()
+            } else {
+                "********".to_owned()
+            }
+        };
+        let db_url = {
+            let url = self.database_url();
+            // Hide a password in postgres://user:password@host/.
+            match (url.find("://"), url.find('@')) {
+                (Some(scheme), Some(at)) if url[scheme + 3..at].contains(':') => {
+                    let colon = scheme + 3 + url[scheme + 3..at].find(':').unwrap_or_default();
+                    format!("{}:********{}", &url[..colon], &url[at..])
+                }
+                _ => url,
+            }
+        };
+        let mut out = String::new();
+        let s = &self.server;
+        out += &format!(
+            "[server]\nlisten = \"{}\"\nauth = \"{:?}\"\nshutdown_grace_ms = {}\nmax_body_bytes = {}\nmax_text_bytes = {}\nmax_images_per_message = {}\nmax_ws_frame_bytes = {}\nclient_lag_frames = {}\n\n",
+            s.listen,
+            s.auth,
+            s.shutdown_grace_ms,
+            s.max_body_bytes,
+            s.max_text_bytes,
+            s.max_images_per_message,
+            s.max_ws_frame_bytes,
+            s.client_lag_frames
+        )
+        .replace("\"Required\"", "\"required\"")
+        .replace("\"Dev\"", "\"dev\"")
+        .replace("\"Auto\"", "\"auto\"");
+        out += &format!(
+            "[database]\nurl = \"{db_url}\"\nmax_connections = {}\nacquire_timeout_ms = {}\n\n",
+            self.database.max_connections, self.database.acquire_timeout_ms
+        );
+        out += &format!("[data]\ndir = \"{}\"\n\n", self.data.dir.display());
+        out += &format!(
+            "[workspace]\nroot = \"{}\"\n\n",
+            self.workspace.root.display()
+        );
+        let l = &self.llm;
+        out += &format!(
+            "[llm]\nbase_url = \"{}\"\napi_key = \"{}\"\nmodel = \"{}\"\nmax_concurrency = {}\nconnect_timeout_ms = {}\nfirst_byte_timeout_ms = {}\nidle_timeout_ms = {}\ntotal_timeout_ms = {}\nmax_request_bytes = {}\nmax_response_bytes = {}\nmax_tool_args_bytes = {}\n\n",
+            l.base_url,
+            mask(&l.api_key),
+            l.model,
+            l.max_concurrency,
+            l.connect_timeout_ms,
+            l.first_byte_timeout_ms,
+            l.idle_timeout_ms,
+            l.total_timeout_ms,
+            l.max_request_bytes,
+            l.max_response_bytes,
+            l.max_tool_args_bytes
+        );
+        for name in self.models.keys() {
+            let m = self.model(name);
+            out += &format!(
+                "[models.\"{name}\"]\ncontext_window = {}\nmax_output_tokens = {}\nmax_image_px = {}\n\n",
+                m.context_window, m.max_output_tokens, m.max_image_px
+            );
+        }
+        out += &format!(
+            "[turn]\nmax_llm_steps = {}\nmax_tool_calls = {}\nmax_sub_agents = {}\n\n",
+            self.turn.max_llm_steps, self.turn.max_tool_calls, self.turn.max_sub_agents
+        );
+        let t = &self.tools;
+        out += &format!(
+            "[tools]\nbash_timeout_ms = {}\nbash_max_timeout_ms = {}\noutput_cap_bytes = {}\nsearch_max_results = {}\n\n",
+            t.bash_timeout_ms, t.bash_max_timeout_ms, t.output_cap_bytes, t.search_max_results
+        );
+        out += &format!(
+            "[sub_agents]\ntimeout_ms = {}\n\n",
+            self.sub_agents.timeout_ms
+        );
+        out += &format!(
+            "[conversations]\nidle_timeout_ms = {}\n",
+            self.conversations.idle_timeout_ms
+        );
+        out
+    }
+}
+
+/// A figment error as one sentence that names the setting.
+fn describe(error: &figment::Error) -> String {
+    error
+        .clone()
+        .into_iter()
+        .map(|e| {
+            let path = e.path.join(".");
+            let source = e
+                .metadata
+                .as_ref()
+                .map(|m| format!(" (from {})", m.name))
+                .unwrap_or_default();
+            if path.is_empty() {
+                format!("{}{source}", e.kind)
+            } else {
+                format!("{path}: {}{source}", e.kind)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_load_and_the_contract_variables_apply() {
+        let settings = Settings::load_from(
+            None,
+            env(&[
+                ("BEDROCK_LISTEN", "127.0.0.1:9999"),
+                ("BEDROCK_DATABASE_URL", "postgres://u:secret@db/bedrock"),
+                ("BEDROCK_LLM_BASE_URL", "http://127.0.0.1:11434/v1"),
+                ("OPENAI_API_KEY", "from-openai"),
+                ("BEDROCK_MODEL", "llama3"),
+                ("BEDROCK_WORKSPACE_ROOT", "/srv/ws"),
+                ("BEDROCK_AUTH", "required"),
+                ("BEDROCK_TURN__MAX_TOOL_CALLS", "7"),
+                ("BEDROCK_TEST_DATABASE_URL", "ignored"),
+            ]),
+        )
+        .expect("valid settings");
+        assert_eq!(settings.server.listen.port(), 9999);
+        assert_eq!(settings.database_url(), "postgres://u:secret@db/bedrock");
+        assert_eq!(settings.llm.base_url, "http://127.0.0.1:11434/v1");
+        assert_eq!(settings.llm.api_key.expose_secret(), "from-openai");
+        assert_eq!(settings.llm.model, "llama3");
+        assert_eq!(settings.workspace.root, PathBuf::from("/srv/ws"));
+        assert_eq!(settings.server.auth, AuthMode::Required);
+        assert_eq!(settings.turn.max_tool_calls, 7);
+        let shown = settings.masked_toml();
+        assert!(!shown.contains("secret"), "{shown}");
+        assert!(!shown.contains("from-openai"), "{shown}");
+        assert!(
+            shown.contains("postgres://u:********@db/bedrock"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn bedrock_llm_api_key_wins_over_openai_api_key() {
+        let settings = Settings::load_from(
+            None,
+            env(&[("OPENAI_API_KEY", "low"), ("BEDROCK_LLM_API_KEY", "high")]),
+        )
+        .expect("valid settings");
+        assert_eq!(settings.llm.api_key.expose_secret(), "high");
+    }
+
+    #[test]
+    fn a_bad_setting_names_itself_and_the_expected_form() {
+        let error = Settings::load_from(None, env(&[("BEDROCK_LISTEN", "not an address")]))
+            .expect_err("an invalid address");
+        assert!(error.to_string().contains("server.listen"), "{error}");
+        let error = Settings::load_from(None, env(&[("BEDROCK_TURN__MAX_LLM_STEPS", "0")]))
+            .expect_err("zero steps");
+        assert!(
+            error
+                .to_string()
+                .contains("turn.max_llm_steps must be a positive"),
+            "{error}"
+        );
+        let error = Settings::load_from(None, env(&[("BEDROCK_AUTH", "maybe")]))
+            .expect_err("an unknown auth mode");
+        assert!(error.to_string().contains("server.auth"), "{error}");
+    }
+
+    #[test]
+    fn models_inherit_the_default_section() {
+        let settings = Settings::load_from(
+            None,
+            env(&[("BEDROCK_MODELS__TINY__CONTEXT_WINDOW", "4096")]),
+        )
+        .expect("valid settings");
+        assert_eq!(settings.model("tiny").context_window, 4096);
+        assert_eq!(settings.model("tiny").max_output_tokens, 4096);
+        assert_eq!(settings.model("unknown").context_window, 128_000);
+        assert!(settings.database_url().starts_with("sqlite://"));
+    }
+}

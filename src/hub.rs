@@ -1,0 +1,85 @@
+//! The event hub: per-conversation broadcast of frames to connected clients.
+//!
+//! Frames are serialised once and shared by every subscriber. A subscriber that falls more
+//! than the channel's capacity behind is told so (`Lagged`) and must reconnect with its last
+//! event_id; a slow client never blocks a publisher.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::broadcast;
+
+/// One frame as sent to clients.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frame {
+    /// Set on durable frames: the conversation's event id.
+    pub event_id: Option<i64>,
+    /// The frame's `type`.
+    pub kind: String,
+    /// The frame, serialised.
+    pub json: Arc<str>,
+}
+
+impl Frame {
+    /// A frame from its JSON value (which carries `type`, and `event_id` when durable).
+    pub fn from_value(value: &serde_json::Value) -> Frame {
+        Frame {
+            event_id: value.get("event_id").and_then(serde_json::Value::as_i64),
+            kind: value
+                .get("type")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            json: value.to_string().into(),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct EventHub {
+    channels: Mutex<HashMap<String, broadcast::Sender<Arc<Frame>>>>,
+    capacity: usize,
+}
+
+impl EventHub {
+    /// `capacity`: frames a subscriber may fall behind before it lags.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            channels: Mutex::new(HashMap::new()),
+            capacity: capacity.max(1),
+        }
+    }
+
+    fn channels(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, broadcast::Sender<Arc<Frame>>>> {
+        // A poisoned lock only means another thread panicked mid-insert; the map is intact.
+        self.channels.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Receives every frame published for the conversation from now on.
+    pub fn subscribe(&self, conversation_id: &str) -> broadcast::Receiver<Arc<Frame>> {
+        self.channels()
+            .entry(conversation_id.to_owned())
+            .or_insert_with(|| broadcast::channel(self.capacity).0)
+            .subscribe()
+    }
+
+    /// Sends a frame to the conversation's subscribers, if it has any.
+    pub fn publish(&self, conversation_id: &str, frame: Arc<Frame>) {
+        let mut channels = self.channels();
+        if let Some(sender) = channels.get(conversation_id)
+            && sender.send(frame).is_err()
+        {
+            // Nobody listens any more.
+            channels.remove(conversation_id);
+        }
+    }
+
+    /// How many clients watch the conversation.
+    pub fn subscribers(&self, conversation_id: &str) -> usize {
+        self.channels()
+            .get(conversation_id)
+            .map_or(0, broadcast::Sender::receiver_count)
+    }
+}

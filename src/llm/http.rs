@@ -1,0 +1,214 @@
+//! The gateway's HTTP layer under async-openai: it sees the status and Retry-After of every
+//! response and enforces the byte and time limits on the raw body, so a limit is hit
+//! mechanically and reported as what it is. async-openai's own retry layer is not used: the
+//! state machine owns retries.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_openai::error::OpenAIError;
+use async_openai::middleware::HttpRequestFactory;
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+
+use super::Failure;
+use crate::state_machine::ErrorKind;
+
+/// Limits of one request.
+#[derive(Clone, Copy, Debug)]
+pub struct HttpLimits {
+    pub first_byte: Duration,
+    pub idle: Duration,
+    pub max_response_bytes: usize,
+}
+
+/// What the HTTP layer learnt about one request.
+#[derive(Debug, Default)]
+pub struct Probe {
+    /// The first failure the layer itself detected (a limit, a status).
+    failure: Mutex<Option<Failure>>,
+    /// Whether `data: [DONE]` was seen.
+    done: AtomicBool,
+    bytes: AtomicUsize,
+}
+
+impl Probe {
+    fn fail(&self, failure: Failure) {
+        let mut slot = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        slot.get_or_insert(failure);
+    }
+
+    pub fn failure(&self) -> Option<Failure> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn saw_done(&self) -> bool {
+        self.done.load(Ordering::Relaxed)
+    }
+}
+
+/// A non-success status, as the layer saw it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct LayerError(String);
+
+/// Executes `factory`'s request with the limits, recording what it learns in `probe`.
+pub async fn execute(
+    client: reqwest::Client,
+    factory: HttpRequestFactory,
+    limits: HttpLimits,
+    probe: Arc<Probe>,
+) -> Result<reqwest::Response, OpenAIError> {
+    let request = factory.build().await?;
+    let response = match tokio::time::timeout(limits.first_byte, client.execute(request)).await {
+        Err(_) => {
+            let failure = Failure::new(
+                ErrorKind::Network,
+                format!(
+                    "no response within {} ms (time to first byte)",
+                    limits.first_byte.as_millis()
+                ),
+            );
+            probe.fail(failure.clone());
+            return Err(OpenAIError::Boxed(Box::new(LayerError(failure.message))));
+        }
+        Ok(Err(error)) => return Err(OpenAIError::Reqwest(error)),
+        Ok(Ok(response)) => response,
+    };
+    let status = response.status();
+    if !status.is_success() {
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(|seconds| seconds.saturating_mul(1000));
+        let body = tokio::time::timeout(limits.idle, response.bytes())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_default();
+        let failure = status_failure(status.as_u16(), &body, retry_after);
+        probe.fail(failure.clone());
+        return Err(OpenAIError::Boxed(Box::new(LayerError(failure.message))));
+    }
+    let mut builder = http::Response::builder().status(status);
+    if let Some(headers) = builder.headers_mut() {
+        *headers = response.headers().clone();
+    }
+    let body = limited(response.bytes_stream(), limits, probe);
+    builder
+        .body(reqwest::Body::wrap_stream(body))
+        .map(reqwest::Response::from)
+        .map_err(|e| OpenAIError::Boxed(Box::new(e)))
+}
+
+/// The body with the idle and size limits applied, watching for `[DONE]`.
+fn limited(
+    inner: impl Stream<Item = reqwest::Result<Bytes>> + Send + 'static,
+    limits: HttpLimits,
+    probe: Arc<Probe>,
+) -> impl Stream<Item = std::io::Result<Bytes>> + Send + 'static {
+    let state = (Box::pin(inner), probe, Vec::<u8>::new(), false);
+    futures::stream::unfold(
+        state,
+        move |(mut inner, probe, mut tail, stopped)| async move {
+            if stopped {
+                return None;
+            }
+            let item = match tokio::time::timeout(limits.idle, inner.next()).await {
+                Err(_) => {
+                    let message = format!(
+                        "no data for {} ms (idle limit between chunks)",
+                        limits.idle.as_millis()
+                    );
+                    probe.fail(Failure::new(ErrorKind::Network, message.clone()));
+                    Err(std::io::Error::other(message))
+                }
+                Ok(None) => return None,
+                Ok(Some(Err(error))) => Err(std::io::Error::other(error)),
+                Ok(Some(Ok(bytes))) => {
+                    let total = probe.bytes.fetch_add(bytes.len(), Ordering::Relaxed) + bytes.len();
+                    if total > limits.max_response_bytes {
+                        let message = format!(
+                            "the response exceeds the limit of {} bytes",
+                            limits.max_response_bytes
+                        );
+                        probe.fail(Failure::new(ErrorKind::Limit, message.clone()));
+                        Err(std::io::Error::other(message))
+                    } else {
+                        // Look for the end marker, also across a chunk boundary.
+                        tail.extend_from_slice(&bytes);
+                        if tail.windows(6).any(|w| w == b"[DONE]") {
+                            probe.done.store(true, Ordering::Relaxed);
+                        }
+                        let keep = tail.len().saturating_sub(5);
+                        tail.drain(..keep);
+                        Ok(bytes)
+                    }
+                }
+            };
+            let stop = item.is_err();
+            Some((item, (inner, probe, tail, stop)))
+        },
+    )
+}
+
+/// The failure a non-success status means (OpenAI's error body or plain text).
+pub fn status_failure(status: u16, body: &[u8], retry_after_ms: Option<u64>) -> Failure {
+    let detail = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| {
+            v.pointer("/error/message")
+                .and_then(|m| m.as_str())
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| {
+            crate::tools::preview(String::from_utf8_lossy(body).trim(), 300).to_owned()
+        });
+    let kind = match status {
+        401 | 403 => ErrorKind::Auth,
+        429 => ErrorKind::RateLimit,
+        400 | 404 | 413 | 422 => ErrorKind::InvalidRequest,
+        408 | 500..=599 => ErrorKind::Network,
+        _ => ErrorKind::Unknown,
+    };
+    let mut failure = Failure::new(kind, format!("HTTP {status}: {detail}"));
+    failure.retry_after_ms = retry_after_ms;
+    failure
+}
+
+/// The failure an async-openai error means, preferring what the layer itself saw.
+// OpenAIError grows with the crate; anything new is an unknown failure.
+#[allow(clippy::wildcard_enum_match_arm)]
+pub fn classify(error: &OpenAIError, probe: &Probe) -> Failure {
+    if let Some(failure) = probe.failure() {
+        return failure;
+    }
+    match error {
+        OpenAIError::ApiError(api) => {
+            let body = serde_json::json!({"error": {"message": api.api_error.message}}).to_string();
+            status_failure(api.status_code.as_u16(), body.as_bytes(), None)
+        }
+        OpenAIError::Reqwest(e) => Failure::new(
+            ErrorKind::Network,
+            format!("connection to the LLM backend failed: {e}"),
+        ),
+        OpenAIError::StreamError(e) => {
+            Failure::new(ErrorKind::Network, format!("the stream broke: {e}"))
+        }
+        OpenAIError::JSONDeserialize(e, content) => Failure::new(
+            ErrorKind::Unknown,
+            format!(
+                "the backend sent something that is not a chat completion chunk ({e}): {}",
+                crate::tools::preview(content, 200)
+            ),
+        ),
+        OpenAIError::InvalidArgument(e) => Failure::new(ErrorKind::InvalidRequest, e.clone()),
+        other => Failure::new(ErrorKind::Unknown, other.to_string()),
+    }
+}

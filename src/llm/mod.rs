@@ -1,0 +1,367 @@
+//! The LLM gateway: the only code that talks to LLM backends (desi-gateway-design.md).
+//!
+//! One actor owns the backend client and a concurrency limit; each request runs in its own
+//! task, so the actor's mailbox never waits on a backend. Text deltas go to clients live;
+//! the complete reply, a classified failure, or the confirmation of an abort goes back to
+//! the conversation tagged with the request it answers. No retries happen here: the state
+//! machine owns them.
+
+mod http;
+mod request;
+mod stream;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_openai::config::OpenAIConfig;
+use futures::StreamExt;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use secrecy::ExposeSecret;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+pub use request::{RequestContext, build as build_request, system_prompt};
+pub use stream::Accumulator;
+
+use crate::config::Settings;
+use crate::hub::{EventHub, Frame};
+use crate::state_machine::{ErrorKind, Event, LlmFailure, LlmReply, LlmRequestTag};
+use crate::store::Store;
+use crate::tools;
+
+/// A failure as the gateway classifies it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    pub kind: ErrorKind,
+    pub message: String,
+    pub retry_after_ms: Option<u64>,
+}
+
+impl Failure {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            retry_after_ms: None,
+        }
+    }
+
+    fn into_event(self, request: LlmRequestTag) -> Event {
+        Event::LlmError {
+            request,
+            error: LlmFailure {
+                kind: self.kind,
+                message: self.message,
+                retry_after_ms: self.retry_after_ms,
+            },
+        }
+    }
+}
+
+/// Where the answer to a request goes.
+pub type ReplyTo = Arc<dyn Fn(Event) + Send + Sync>;
+
+/// One LLM step to run.
+pub struct LlmJob {
+    pub request: LlmRequestTag,
+    pub tenant_id: String,
+    pub conversation_id: String,
+    pub cwd: String,
+    pub model: String,
+    pub system_prompt: Option<String>,
+    pub is_sub_agent: bool,
+    pub reply: ReplyTo,
+    pub cancel: CancellationToken,
+    /// The turn's span, parent of the request's.
+    pub span: tracing::Span,
+}
+
+impl std::fmt::Debug for LlmJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlmJob")
+            .field("request", &self.request)
+            .field("conversation_id", &self.conversation_id)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug)]
+pub enum GatewayMsg {
+    Request(Box<LlmJob>),
+}
+
+/// What every request task shares.
+struct Shared {
+    settings: Arc<Settings>,
+    store: Store,
+    hub: Arc<EventHub>,
+    http: reqwest::Client,
+    config: OpenAIConfig,
+    permits: Arc<Semaphore>,
+}
+
+#[derive(Debug)]
+pub struct LlmGateway;
+
+#[derive(Debug)]
+pub struct GatewayArgs {
+    pub settings: Arc<Settings>,
+    pub store: Store,
+    pub hub: Arc<EventHub>,
+}
+
+pub struct GatewayState {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for GatewayState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewayState").finish_non_exhaustive()
+    }
+}
+
+impl Actor for LlmGateway {
+    type Msg = GatewayMsg;
+    type State = GatewayState;
+    type Arguments = GatewayArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: GatewayArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let llm = &args.settings.llm;
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_millis(llm.connect_timeout_ms))
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build()?;
+        let config = OpenAIConfig::new()
+            .with_api_base(llm.base_url.trim_end_matches('/'))
+            .with_api_key(llm.api_key.expose_secret());
+        let permits = Arc::new(Semaphore::new(llm.max_concurrency));
+        Ok(GatewayState {
+            shared: Arc::new(Shared {
+                settings: args.settings,
+                store: args.store,
+                hub: args.hub,
+                http,
+                config,
+                permits,
+            }),
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        message: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            GatewayMsg::Request(job) => {
+                let shared = state.shared.clone();
+                tokio::spawn(run_job(shared, *job));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs one job and answers it exactly once, whatever happens (a panic included).
+async fn run_job(shared: Arc<Shared>, job: LlmJob) {
+    let span = tracing::info_span!(
+        parent: job.span.id(),
+        "llm.request",
+        tenant = %job.tenant_id,
+        conversation = %job.conversation_id,
+        model = %job.model,
+        step = job.request.step,
+        attempt = job.request.attempt,
+        input_tokens = tracing::field::Empty,
+        output_tokens = tracing::field::Empty,
+        ttft_ms = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+    );
+    let request = job.request.clone();
+    let reply = job.reply.clone();
+    let cancel = job.cancel.clone();
+    let task_span = span.clone();
+    let work = tokio::spawn(async move { call(&shared, &job).await }.instrument(task_span));
+    let abort = work.abort_handle();
+    let event = tokio::select! {
+        biased;
+        () = cancel.cancelled() => {
+            // Dropping the request releases the HTTP connection at once.
+            abort.abort();
+            span.record("outcome", "aborted");
+            Event::LlmAborted { request }
+        }
+        joined = work => match joined {
+            Ok(Ok(reply)) => {
+                span.record("outcome", "ok");
+                span.record("input_tokens", reply.usage.input_tokens);
+                span.record("output_tokens", reply.usage.output_tokens);
+                Event::LlmResponse { request, reply }
+            }
+            Ok(Err(failure)) => {
+                span.record("outcome", failure.kind.as_str());
+                failure.into_event(request)
+            }
+            Err(join) => {
+                span.record("outcome", "crashed");
+                Failure::new(ErrorKind::Unknown, format!("the gateway task crashed: {join}")).into_event(request)
+            }
+        },
+    };
+    reply(event);
+}
+
+async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
+    let settings = &shared.settings;
+    let llm = &settings.llm;
+    if llm.api_key.expose_secret().is_empty() && llm.base_url.contains("api.openai.com") {
+        return Err(Failure::new(
+            ErrorKind::Auth,
+            "no LLM API key is configured: set BEDROCK_LLM_API_KEY (or OPENAI_API_KEY), or point BEDROCK_LLM_BASE_URL at a backend that needs none",
+        ));
+    }
+    let _permit = shared
+        .permits
+        .acquire()
+        .await
+        .map_err(|_| Failure::new(ErrorKind::Unknown, "the gateway is shutting down"))?;
+    let started = Instant::now();
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(llm.total_timeout_ms);
+
+    let history = shared
+        .store
+        .history(&job.conversation_id)
+        .await
+        .map_err(|e| {
+            Failure::new(
+                ErrorKind::Network,
+                format!("cannot read the conversation's history: {e}"),
+            )
+        })?;
+    let mut images = HashMap::new();
+    for record in &history {
+        if let crate::state_machine::MessageContent::User { images: refs, .. } = &record.content {
+            for image in refs {
+                if let Ok(Some(found)) = shared
+                    .store
+                    .attachment(&job.conversation_id, &image.id)
+                    .await
+                {
+                    images.insert(found.id, (found.media_type, found.data));
+                }
+            }
+        }
+    }
+    let model_settings = settings.model(&job.model);
+    let definitions = tools::definitions(job.is_sub_agent);
+    let ctx = RequestContext {
+        model: &job.model,
+        cwd: &job.cwd,
+        system_prompt: job.system_prompt.as_deref(),
+        is_sub_agent: job.is_sub_agent,
+        max_output_tokens: model_settings.max_output_tokens,
+        tools: &definitions,
+    };
+    let loader = |id: &str| images.get(id).cloned();
+    let request = request::build(&ctx, &history, &loader);
+    let size = serde_json::to_vec(&request)
+        .map(|v| v.len())
+        .unwrap_or(usize::MAX);
+    if size > llm.max_request_bytes {
+        return Err(Failure::new(
+            ErrorKind::Limit,
+            format!(
+                "the request is {size} bytes, over the limit of {} bytes",
+                llm.max_request_bytes
+            ),
+        ));
+    }
+
+    let probe = Arc::new(http::Probe::default());
+    let limits = http::HttpLimits {
+        first_byte: Duration::from_millis(llm.first_byte_timeout_ms),
+        idle: Duration::from_millis(llm.idle_timeout_ms),
+        max_response_bytes: llm.max_response_bytes,
+    };
+    let service = {
+        let client = shared.http.clone();
+        let probe = probe.clone();
+        tower::service_fn(move |factory| {
+            http::execute(client.clone(), factory, limits, probe.clone())
+        })
+    };
+    let client =
+        async_openai::Client::with_config(shared.config.clone()).with_http_service(service);
+    let total_limit = || {
+        Failure::new(
+            ErrorKind::Network,
+            format!(
+                "the request took longer than the limit of {} ms",
+                llm.total_timeout_ms
+            ),
+        )
+    };
+    let mut stream = tokio::time::timeout_at(deadline, client.chat().create_stream(request))
+        .await
+        .map_err(|_| total_limit())?
+        .map_err(|e| http::classify(&e, &probe))?;
+    let mut accumulator = Accumulator::new(llm.max_tool_args_bytes);
+    let mut first_token = None;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.next()).await {
+            Err(_) => return Err(total_limit()),
+            Ok(None) => break,
+            Ok(Some(Err(error))) => return Err(http::classify(&error, &probe)),
+            Ok(Some(Ok(chunk))) => {
+                if let Some(text) = accumulator.push(chunk)? {
+                    if first_token.is_none() {
+                        let ms = started.elapsed().as_millis() as u64;
+                        first_token = Some(ms);
+                        tracing::Span::current().record("ttft_ms", ms);
+                    }
+                    let frame = serde_json::json!({"type": "delta", "text": text});
+                    shared
+                        .hub
+                        .publish(&job.conversation_id, Arc::new(Frame::from_value(&frame)));
+                }
+            }
+        }
+    }
+    if let Some(failure) = probe.failure() {
+        return Err(failure);
+    }
+    if !probe.saw_done() {
+        tracing::debug!("the stream ended without data: [DONE]");
+    }
+    accumulator.finish()
+}
+
+/// A cheap handle on the gateway actor.
+#[derive(Clone, Debug)]
+pub struct Gateway {
+    actor: ActorRef<GatewayMsg>,
+}
+
+impl Gateway {
+    pub fn new(actor: ActorRef<GatewayMsg>) -> Self {
+        Self { actor }
+    }
+
+    /// Starts `job`; its answer goes to `job.reply`.
+    pub fn request(&self, job: LlmJob) {
+        let reply = job.reply.clone();
+        let request = job.request.clone();
+        if self.actor.cast(GatewayMsg::Request(Box::new(job))).is_err() {
+            reply(
+                Failure::new(ErrorKind::Unknown, "the LLM gateway has stopped").into_event(request),
+            );
+        }
+    }
+}

@@ -1,0 +1,130 @@
+//! Domain records shared by the store, the runtime and the API: what a conversation, a
+//! message and a durable frame are, independent of how they are stored or sent.
+
+use chrono::{DateTime, Utc};
+
+use crate::state_machine::{ConvState, MessageContent, Usage};
+
+/// A tenant: the owner of keys, conversations and everything below them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tenant {
+    pub id: String,
+    pub name: String,
+}
+
+/// Token totals of a conversation (REQ-BED-012).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UsageTotals {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// What the conversation occupied of the context window after its last LLM response.
+    pub context_tokens: u64,
+}
+
+impl UsageTotals {
+    /// The totals after one more LLM response.
+    pub fn plus(self, usage: Usage) -> Self {
+        Self {
+            input_tokens: self.input_tokens.saturating_add(usage.input_tokens),
+            output_tokens: self.output_tokens.saturating_add(usage.output_tokens),
+            context_tokens: usage.context_tokens(),
+        }
+    }
+}
+
+/// A conversation as stored: its settings, its state and its counters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConversationRecord {
+    pub id: String,
+    pub tenant_id: String,
+    pub slug: String,
+    pub cwd: String,
+    pub model: String,
+    pub system_prompt: Option<String>,
+    pub parent_id: Option<String>,
+    pub user_initiated: bool,
+    pub require_approval: Vec<String>,
+    pub state: ConvState,
+    pub archived: bool,
+    pub usage: UsageTotals,
+    /// The sequence id the next message gets.
+    pub next_sequence_id: i64,
+    /// The event id the next durable frame gets.
+    pub next_event_id: i64,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl ConversationRecord {
+    /// The event id of the latest durable frame (0 when there is none).
+    pub fn last_event_id(&self) -> i64 {
+        self.next_event_id - 1
+    }
+}
+
+/// What a new conversation starts from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewConversation {
+    pub id: String,
+    pub tenant_id: String,
+    pub slug: String,
+    pub cwd: String,
+    pub model: String,
+    pub system_prompt: Option<String>,
+    pub parent_id: Option<String>,
+    pub user_initiated: bool,
+    pub require_approval: Vec<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A stored message.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MessageRecord {
+    pub id: String,
+    pub conversation_id: String,
+    pub sequence_id: i64,
+    pub content: MessageContent,
+    /// Token counts of the LLM response an agent message came from.
+    pub usage: Option<Usage>,
+    /// The client's idempotency key of a user message.
+    pub client_message_id: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A durable frame: what clients receive live and replay after `after_event_id`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EventRecord {
+    pub conversation_id: String,
+    pub event_id: i64,
+    /// The frame's `type`.
+    pub event_type: String,
+    /// The whole frame as sent to clients, `event_id` included.
+    pub payload: serde_json::Value,
+    pub created_at: DateTime<Utc>,
+}
+
+/// Everything one transition writes, in one transaction (REQ-BED-007).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConversationCommit {
+    pub conversation_id: String,
+    /// The new state; `None` when it did not change.
+    pub state: Option<ConvState>,
+    pub messages: Vec<MessageRecord>,
+    pub events: Vec<EventRecord>,
+    /// New usage totals, when an LLM response came in.
+    pub usage: Option<UsageTotals>,
+    /// The counters before this commit: a guard against a second writer.
+    pub expected_next_sequence_id: i64,
+    pub expected_next_event_id: i64,
+    pub next_sequence_id: i64,
+    pub next_event_id: i64,
+    pub at: DateTime<Utc>,
+}
+
+/// One page of a listing.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    /// Pass back to get the next page; `None` on the last one.
+    pub next_cursor: Option<String>,
+}

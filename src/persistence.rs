@@ -1,0 +1,313 @@
+//! The persistence actor: the one owner of database writes.
+//!
+//! Commits of different conversations that arrive while a flush is in flight are written
+//! together in the next transaction (group commit), so throughput grows with concurrency
+//! while each conversation still waits for its own commit before any effect runs. The
+//! handler never awaits the database: a flush runs in its own task and reports back.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use crate::model::{ConversationCommit, NewConversation, Tenant};
+use crate::store::{NewAttachment, Store, StoreError};
+
+/// The most commits written in one transaction.
+const MAX_BATCH: usize = 512;
+
+/// A write other than a conversation's transition.
+#[derive(Clone, Debug)]
+pub enum WriteJob {
+    CreateTenant {
+        tenant: Tenant,
+        key_id: String,
+        key_hash: String,
+        key_prefix: String,
+        at: DateTime<Utc>,
+    },
+    CreateApiKey {
+        tenant_id: String,
+        key_id: String,
+        key_hash: String,
+        key_prefix: String,
+        at: DateTime<Utc>,
+    },
+    EnsureTenant {
+        tenant: Tenant,
+        at: DateTime<Utc>,
+    },
+    CreateConversation(NewConversation),
+    SetArchived {
+        id: String,
+        archived: bool,
+        at: DateTime<Utc>,
+    },
+    DeleteConversation {
+        id: String,
+    },
+    InsertAttachments(Vec<NewAttachment>),
+    /// Restart recovery: expire pending client requests, fail running background tasks.
+    ExpirePendingWork {
+        at: DateTime<Utc>,
+    },
+}
+
+/// What a write reports back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteOutcome {
+    Done,
+    /// Rows touched by `ExpirePendingWork`: client requests, background tasks.
+    Expired(u64, u64),
+}
+
+type Reply<T> = RpcReplyPort<Result<T, StoreError>>;
+
+enum Job {
+    Commit(Box<ConversationCommit>, Reply<()>),
+    Write(WriteJob, Reply<WriteOutcome>),
+}
+
+pub enum PersistenceMsg {
+    Commit(Box<ConversationCommit>, Reply<()>),
+    Write(WriteJob, Reply<WriteOutcome>),
+    /// A flush finished.
+    Flushed,
+}
+
+impl std::fmt::Debug for PersistenceMsg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PersistenceMsg::Commit(commit, _) => {
+                write!(f, "Commit({})", commit.conversation_id)
+            }
+            PersistenceMsg::Write(job, _) => write!(f, "Write({job:?})"),
+            PersistenceMsg::Flushed => f.write_str("Flushed"),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct PersistenceActor;
+
+pub struct PersistenceState {
+    store: Store,
+    /// Jobs waiting for the next flush, in arrival order.
+    queue: VecDeque<Job>,
+    /// Whether a flush task is running.
+    flushing: bool,
+}
+
+impl std::fmt::Debug for PersistenceState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PersistenceState")
+            .field("queued", &self.queue.len())
+            .field("flushing", &self.flushing)
+            .finish()
+    }
+}
+
+impl Actor for PersistenceActor {
+    type Msg = PersistenceMsg;
+    type State = PersistenceState;
+    type Arguments = Store;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        store: Store,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(PersistenceState {
+            store,
+            queue: VecDeque::new(),
+            flushing: false,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        message: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            PersistenceMsg::Commit(commit, reply) => {
+                state.queue.push_back(Job::Commit(commit, reply))
+            }
+            PersistenceMsg::Write(job, reply) => state.queue.push_back(Job::Write(job, reply)),
+            PersistenceMsg::Flushed => state.flushing = false,
+        }
+        if !state.flushing && !state.queue.is_empty() {
+            state.flushing = true;
+            let jobs = take_batch(&mut state.queue);
+            let store = state.store.clone();
+            tokio::spawn(async move {
+                flush(&store, jobs).await;
+                // The actor is gone only when the server stops; then nothing waits.
+                let _ = myself.cast(PersistenceMsg::Flushed);
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The next jobs to flush: a run of commits (up to [`MAX_BATCH`]) or one write.
+fn take_batch(queue: &mut VecDeque<Job>) -> Vec<Job> {
+    let mut jobs = Vec::new();
+    while let Some(job) = queue.pop_front() {
+        match job {
+            Job::Commit(..) if jobs.len() < MAX_BATCH => jobs.push(job),
+            Job::Write(..) if jobs.is_empty() => {
+                jobs.push(job);
+                break;
+            }
+            Job::Commit(..) | Job::Write(..) => {
+                queue.push_front(job);
+                break;
+            }
+        }
+    }
+    jobs
+}
+
+async fn flush(store: &Store, jobs: Vec<Job>) {
+    let mut commits = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        match job {
+            Job::Commit(commit, reply) => commits.push((commit, reply)),
+            Job::Write(job, reply) => {
+                let _ = reply.send(write(store, job).await);
+            }
+        }
+    }
+    if commits.is_empty() {
+        return;
+    }
+    let started = Instant::now();
+    let batch: Vec<ConversationCommit> = commits.iter().map(|(c, _)| (**c).clone()).collect();
+    let outcome = store.commit_batch(&batch).await;
+    tracing::trace!(
+        target: "bedrock::persistence",
+        commits = batch.len(),
+        elapsed_us = started.elapsed().as_micros() as u64,
+        ok = outcome.is_ok(),
+        "group commit"
+    );
+    match outcome {
+        Ok(()) => {
+            for (_, reply) in commits {
+                let _ = reply.send(Ok(()));
+            }
+        }
+        // One bad commit must not fail its neighbours: write each alone to find it.
+        Err(error) if batch.len() > 1 && !error.is_unavailable() => {
+            for (commit, reply) in commits {
+                let _ = reply.send(store.commit_batch(std::slice::from_ref(&*commit)).await);
+            }
+        }
+        Err(error) => {
+            let text = error.to_string();
+            let unavailable = error.is_unavailable();
+            for (_, reply) in commits {
+                let _ = reply.send(Err(if unavailable {
+                    StoreError::Unavailable(text.clone())
+                } else {
+                    StoreError::Other(text.clone())
+                }));
+            }
+        }
+    }
+}
+
+async fn write(store: &Store, job: WriteJob) -> Result<WriteOutcome, StoreError> {
+    match job {
+        WriteJob::CreateTenant {
+            tenant,
+            key_id,
+            key_hash,
+            key_prefix,
+            at,
+        } => {
+            store
+                .insert_tenant(&tenant, &key_id, &key_hash, &key_prefix, at)
+                .await?
+        }
+        WriteJob::CreateApiKey {
+            tenant_id,
+            key_id,
+            key_hash,
+            key_prefix,
+            at,
+        } => {
+            store
+                .insert_api_key(&tenant_id, &key_id, &key_hash, &key_prefix, at)
+                .await?
+        }
+        WriteJob::EnsureTenant { tenant, at } => store.ensure_tenant(&tenant, at).await?,
+        WriteJob::CreateConversation(new) => store.insert_conversation(&new).await?,
+        WriteJob::SetArchived { id, archived, at } => store.set_archived(&id, archived, at).await?,
+        WriteJob::DeleteConversation { id } => store.delete_conversation(&id).await?,
+        WriteJob::InsertAttachments(new) => store.insert_attachments(&new).await?,
+        WriteJob::ExpirePendingWork { at } => {
+            let (requests, tasks) = store.expire_pending_work(at).await?;
+            return Ok(WriteOutcome::Expired(requests, tasks));
+        }
+    }
+    Ok(WriteOutcome::Done)
+}
+
+/// A cheap, cloneable handle on the persistence actor.
+#[derive(Clone, Debug)]
+pub struct Persistence {
+    actor: ActorRef<PersistenceMsg>,
+    /// How long a caller waits for a write before reporting the database unavailable.
+    timeout: Duration,
+}
+
+impl Persistence {
+    pub fn new(actor: ActorRef<PersistenceMsg>, timeout: Duration) -> Self {
+        Self { actor, timeout }
+    }
+
+    pub fn actor(&self) -> &ActorRef<PersistenceMsg> {
+        &self.actor
+    }
+
+    /// Writes one transition and waits for the outcome. There is no timeout here on
+    /// purpose: a commit reported as failed must not land later, or the conversation's
+    /// memory and its row would disagree. Every flush answers every commit it took (the
+    /// database calls themselves are bounded by the pool's and the server's timeouts).
+    pub async fn commit(&self, commit: ConversationCommit) -> Result<(), StoreError> {
+        let commit = Box::new(commit);
+        self.request(|reply| PersistenceMsg::Commit(commit, reply), None)
+            .await
+    }
+
+    /// Runs one write and waits for it.
+    pub async fn write(&self, job: WriteJob) -> Result<WriteOutcome, StoreError> {
+        self.request(
+            |reply| PersistenceMsg::Write(job, reply),
+            Some(self.timeout),
+        )
+        .await
+    }
+
+    async fn request<T: Send + 'static>(
+        &self,
+        message: impl FnOnce(Reply<T>) -> PersistenceMsg,
+        timeout: Option<Duration>,
+    ) -> Result<T, StoreError> {
+        use ractor::rpc::CallResult;
+        match self.actor.call(message, timeout).await {
+            Ok(CallResult::Success(result)) => result,
+            Ok(CallResult::Timeout) => Err(StoreError::Unavailable(format!(
+                "no commit within {} ms",
+                self.timeout.as_millis()
+            ))),
+            Ok(CallResult::SenderError) | Err(_) => Err(StoreError::Unavailable(
+                "the persistence actor has stopped".into(),
+            )),
+        }
+    }
+}

@@ -1,0 +1,626 @@
+//! The conversation actor: one per active conversation (and per sub-agent).
+//!
+//! Its handler turns a message into an `Event`, calls `transition`, hands the result to the
+//! persistence actor and waits for the commit (REQ-BED-007), publishes the durable frames,
+//! then dispatches the effects to the actors and tasks that perform them. It never awaits an
+//! LLM call or a tool: those answer later as messages tagged with their work. Before every
+//! message it drains the cancel slot, so a cancel wins over queued completions.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+
+use super::Services;
+use super::cancel::{CancelOutcome, CancelSlot};
+use super::commit;
+use super::subagents::{SubAgentSupervisor, SupervisorArgs, SupervisorMsg};
+use super::tool_run::{ToolRun, ToolRunArgs};
+use crate::llm::LlmJob;
+use crate::model::{ConversationRecord, MessageRecord};
+use crate::state_machine::{
+    ConvContext, Effect, Event, ImageRef, Interruption, InvalidTransition, Rejection,
+    SubAgentOutcome, ToolOutcome, TurnId, transition,
+};
+use crate::store::StoreError;
+
+/// Why a user message was not accepted.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    #[error(transparent)]
+    Rejected(#[from] Rejection),
+    #[error("the database is unavailable: {0}")]
+    Unavailable(String),
+    #[error("the server is shutting down")]
+    ShuttingDown,
+}
+
+/// Who started a sub-agent, and which of its tasks the sub-agent is.
+#[derive(Clone, Debug)]
+pub struct ParentLink {
+    pub supervisor: ActorRef<SupervisorMsg>,
+    pub agent_id: String,
+}
+
+pub enum ConvMsg {
+    /// A user message (REQ-BED-002). Answered once it is stored, or refused.
+    Send {
+        text: String,
+        images: Vec<ImageRef>,
+        client_message_id: Option<String>,
+        reply: RpcReplyPort<Result<MessageRecord, SendError>>,
+    },
+    /// Wake up: the cancel slot has a request.
+    Cancel,
+    /// An answer from work this conversation started (LLM, tools, timers, sub-agents).
+    Event(Event),
+    /// The idle timer of the given generation fired.
+    IdleCheck(u64),
+    /// Graceful shutdown: interrupt the turn, store it, and stop.
+    Shutdown(RpcReplyPort<()>),
+}
+
+impl std::fmt::Debug for ConvMsg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConvMsg::Send { .. } => f.write_str("Send"),
+            ConvMsg::Cancel => f.write_str("Cancel"),
+            ConvMsg::Event(event) => write!(f, "Event({})", event.name()),
+            ConvMsg::IdleCheck(generation) => write!(f, "IdleCheck({generation})"),
+            ConvMsg::Shutdown(_) => f.write_str("Shutdown"),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct ConversationActor;
+
+pub struct ConversationArgs {
+    pub record: ConversationRecord,
+    pub services: Arc<Services>,
+    pub cancel: Arc<CancelSlot>,
+    pub parent: Option<ParentLink>,
+}
+
+impl std::fmt::Debug for ConversationArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConversationArgs")
+            .field("id", &self.record.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a child actor of this conversation is doing.
+#[derive(Debug)]
+enum Child {
+    Tool { turn: TurnId, tool_use_id: String },
+    Spawn { turn: TurnId, tool_use_id: String },
+}
+
+pub struct ConversationState {
+    record: ConversationRecord,
+    ctx: ConvContext,
+    services: Arc<Services>,
+    cancel: Arc<CancelSlot>,
+    parent: Option<ParentLink>,
+    /// Children that report back as events, so a crash becomes a result.
+    children: HashMap<ActorId, Child>,
+    /// The span of the turn in progress.
+    turn_span: Option<tracing::Span>,
+    idle_generation: u64,
+    idle_timer: bool,
+    stopping: bool,
+}
+
+impl std::fmt::Debug for ConversationState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConversationState")
+            .field("id", &self.record.id)
+            .field("state", &self.record.state.kind())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What applying an event came to.
+enum Applied {
+    Done { dispatched: Vec<Effect> },
+    Ignored,
+}
+
+impl Actor for ConversationActor {
+    type Msg = ConvMsg;
+    type State = ConversationState;
+    type Arguments = ConversationArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: ConversationArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let ctx = context(&args.services, &args.record);
+        Ok(ConversationState {
+            record: args.record,
+            ctx,
+            services: args.services,
+            cancel: args.cancel,
+            parent: args.parent,
+            children: HashMap::new(),
+            turn_span: None,
+            idle_generation: 0,
+            idle_timer: false,
+            stopping: false,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        // A fresh actor runs none of the work its stored state waits for (the process or the
+        // previous actor died): close the turn like a restart would.
+        if state.record.state.is_busy() {
+            apply_internal(&myself, state, Event::Interrupted(Interruption::Restart)).await?;
+        }
+        arm_idle_timer(&myself, state);
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        message: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        state.idle_generation += 1;
+        drain_cancels(&myself, state).await?;
+        match message {
+            ConvMsg::Send {
+                text,
+                images,
+                client_message_id,
+                reply,
+            } => {
+                let outcome = send(&myself, state, text, images, client_message_id).await;
+                let _ = reply.send(outcome);
+            }
+            ConvMsg::Cancel => {}
+            ConvMsg::Event(event) => {
+                if !(state.stopping && matches!(event, Event::Continue { .. })) {
+                    apply_internal(&myself, state, event).await?;
+                }
+            }
+            ConvMsg::IdleCheck(generation) => {
+                state.idle_timer = false;
+                // `handle` bumped the generation for this message itself.
+                if generation + 1 == state.idle_generation && can_rest(state) {
+                    myself.stop(Some("idle".into()));
+                    return Ok(());
+                }
+            }
+            ConvMsg::Shutdown(reply) => {
+                state.stopping = true;
+                if state.record.state.is_busy() {
+                    apply_internal(&myself, state, Event::Interrupted(Interruption::Shutdown))
+                        .await?;
+                }
+                let _ = reply.send(());
+                myself.stop(Some("shutdown".into()));
+                return Ok(());
+            }
+        }
+        arm_idle_timer(&myself, state);
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        // Never the default (which would stop this conversation when a child ends).
+        match event {
+            SupervisionEvent::ActorFailed(cell, error) => {
+                let Some(child) = state.children.remove(&cell.get_id()) else {
+                    return Ok(());
+                };
+                tracing::warn!(conversation = %state.record.id, %error, "a child of the conversation crashed");
+                let event = match child {
+                    Child::Tool { turn, tool_use_id } | Child::Spawn { turn, tool_use_id } => {
+                        Event::ToolComplete {
+                            turn,
+                            tool_use_id,
+                            outcome: ToolOutcome {
+                                ok: false,
+                                output: format!("the tool run crashed: {error}"),
+                            },
+                        }
+                    }
+                };
+                drain_cancels(&myself, state).await?;
+                apply_internal(&myself, state, event).await?;
+            }
+            SupervisionEvent::ActorTerminated(cell, _, _) => {
+                state.children.remove(&cell.get_id());
+            }
+            SupervisionEvent::ActorStarted(_) | SupervisionEvent::ProcessGroupChanged(_) => {}
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        state
+            .services
+            .registry
+            .forget(&state.record.id, myself.get_id());
+        state.cancel.stop_work();
+        Ok(())
+    }
+}
+
+/// The core's view of the conversation's settings.
+pub fn context(services: &Services, record: &ConversationRecord) -> ConvContext {
+    let model = services.settings.model(&record.model);
+    ConvContext {
+        conversation_id: record.id.clone(),
+        working_dir: record.cwd.clone().into(),
+        model_id: record.model.clone(),
+        is_sub_agent: record.parent_id.is_some(),
+        limits: services.settings.turn_limits(),
+        context_window: model.context_window,
+        context_tokens: record.usage.context_tokens,
+    }
+}
+
+fn can_rest(state: &ConversationState) -> bool {
+    !state.record.state.is_busy()
+        && state.children.is_empty()
+        && !state.cancel.has_pending()
+        && state.services.hub.subscribers(&state.record.id) == 0
+}
+
+fn arm_idle_timer(myself: &ActorRef<ConvMsg>, state: &mut ConversationState) {
+    if state.idle_timer || state.stopping || state.record.state.is_busy() {
+        return;
+    }
+    state.idle_timer = true;
+    let generation = state.idle_generation;
+    myself.send_after(state.services.settings.idle_timeout(), move || {
+        ConvMsg::IdleCheck(generation)
+    });
+}
+
+async fn drain_cancels(
+    myself: &ActorRef<ConvMsg>,
+    state: &mut ConversationState,
+) -> Result<(), ActorProcessingErr> {
+    let waiting = state.cancel.take();
+    if waiting.is_empty() {
+        return Ok(());
+    }
+    let applied = apply_internal(myself, state, Event::UserCancel).await?;
+    let mut outcome = CancelOutcome {
+        state: state.record.state.clone(),
+        stopped_tools: Vec::new(),
+        stopped_sub_agents: Vec::new(),
+        aborted_llm: false,
+    };
+    if let Applied::Done { dispatched, .. } = applied {
+        for effect in dispatched {
+            if let Effect::CancelTool { tool_use_id, .. } = effect {
+                outcome.stopped_tools.push(tool_use_id);
+            } else if let Effect::StopSubAgents { agent_ids } = effect {
+                outcome.stopped_sub_agents.extend(agent_ids);
+            } else if let Effect::AbortLlm { .. } = effect {
+                outcome.aborted_llm = true;
+            }
+        }
+    }
+    for reply in waiting {
+        let _ = reply.send(outcome.clone());
+    }
+    Ok(())
+}
+
+async fn send(
+    myself: &ActorRef<ConvMsg>,
+    state: &mut ConversationState,
+    text: String,
+    images: Vec<ImageRef>,
+    client_message_id: Option<String>,
+) -> Result<MessageRecord, SendError> {
+    if state.stopping || state.services.is_shutting_down() {
+        return Err(SendError::ShuttingDown);
+    }
+    let turn = TurnId::new(uuid::Uuid::now_v7().to_string());
+    let event = Event::UserMessage { turn, text, images };
+    let result = transition(&state.record.state, &state.ctx, event).map_err(|e| match e {
+        InvalidTransition::Rejected(rejection) => SendError::Rejected(rejection),
+        InvalidTransition::Ignored { .. } => SendError::Rejected(Rejection::AgentBusy),
+    })?;
+    // The user is waiting: a database failure is theirs to retry, not ours.
+    match store_and_dispatch(myself, state, result, client_message_id, false).await {
+        Ok((messages, _)) => messages
+            .into_iter()
+            .find(|m| m.content.message_type() == crate::state_machine::MessageType::User)
+            .ok_or_else(|| SendError::Unavailable("the message was not stored".into())),
+        Err(e) => Err(SendError::Unavailable(e.to_string())),
+    }
+}
+
+/// Applies an event that must not be lost: a database failure is retried until it clears.
+async fn apply_internal(
+    myself: &ActorRef<ConvMsg>,
+    state: &mut ConversationState,
+    event: Event,
+) -> Result<Applied, ActorProcessingErr> {
+    let name = event.name();
+    let result = match transition(&state.record.state, &state.ctx, event) {
+        Ok(result) => result,
+        Err(InvalidTransition::Ignored {
+            state: kind,
+            event,
+            reason,
+        }) => {
+            tracing::debug!(conversation = %state.record.id, state = kind, event, reason, "event ignored");
+            return Ok(Applied::Ignored);
+        }
+        Err(InvalidTransition::Rejected(rejection)) => {
+            tracing::warn!(conversation = %state.record.id, event = name, %rejection, "internal event rejected");
+            return Ok(Applied::Ignored);
+        }
+    };
+    let (_, dispatched) = store_and_dispatch(myself, state, result, None, true)
+        .await
+        .map_err(|e| ActorProcessingErr::from(format!("cannot store the conversation: {e}")))?;
+    Ok(Applied::Done { dispatched })
+}
+
+/// Stores a transition, publishes its frames, then dispatches its effects.
+async fn store_and_dispatch(
+    myself: &ActorRef<ConvMsg>,
+    state: &mut ConversationState,
+    result: crate::state_machine::TransitionResult,
+    client_message_id: Option<String>,
+    retry: bool,
+) -> Result<(Vec<MessageRecord>, Vec<Effect>), StoreError> {
+    let was_busy = state.record.state.is_busy();
+    let plan = commit::plan(
+        &state.record,
+        result,
+        state.ctx.context_window,
+        Utc::now(),
+        client_message_id,
+    );
+    if let Some(commit) = &plan.commit {
+        let span = tracing::debug_span!(
+            parent: state.turn_span.as_ref().and_then(tracing::Span::id),
+            "persistence.commit",
+            conversation = %state.record.id,
+            messages = commit.messages.len(),
+            events = commit.events.len(),
+        );
+        let _entered = span.enter();
+        commit_with_retry(state, commit, retry).await?;
+        commit::apply(&mut state.record, commit);
+        state.ctx.context_tokens = state.record.usage.context_tokens;
+    }
+    for frame in &plan.frames {
+        state.services.hub.publish(&state.record.id, frame.clone());
+    }
+    let busy = state.record.state.is_busy();
+    if !was_busy && busy {
+        state.turn_span = Some(tracing::info_span!(
+            parent: None,
+            "conversation.turn",
+            tenant = %state.record.tenant_id,
+            conversation = %state.record.id,
+            model = %state.record.model,
+            outcome = tracing::field::Empty,
+        ));
+    } else if was_busy
+        && !busy
+        && let Some(span) = state.turn_span.take()
+    {
+        span.record("outcome", state.record.state.kind());
+    }
+    for effect in &plan.dispatch {
+        dispatch(myself, state, effect.clone()).await;
+    }
+    Ok((plan.messages, plan.dispatch))
+}
+
+async fn commit_with_retry(
+    state: &mut ConversationState,
+    commit: &crate::model::ConversationCommit,
+    retry: bool,
+) -> Result<(), StoreError> {
+    let mut delay = Duration::from_millis(100);
+    let mut retried = false;
+    loop {
+        match state.services.persistence.commit(commit.clone()).await {
+            Ok(()) => return Ok(()),
+            Err(StoreError::Conflict(what)) if retried => {
+                // An earlier try may have committed without us hearing it: look.
+                match state
+                    .services
+                    .store
+                    .conversation_by_id(&commit.conversation_id)
+                    .await
+                {
+                    Ok(Some(row))
+                        if row.next_sequence_id == commit.next_sequence_id
+                            && row.next_event_id == commit.next_event_id =>
+                    {
+                        return Ok(());
+                    }
+                    _ => return Err(StoreError::Conflict(what)),
+                }
+            }
+            Err(error) if retry && error.is_unavailable() && !state.stopping => {
+                tracing::warn!(conversation = %state.record.id, %error, retry_in_ms = delay.as_millis() as u64, "commit failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+                retried = true;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+fn reply_to(myself: &ActorRef<ConvMsg>) -> crate::llm::ReplyTo {
+    let me = myself.clone();
+    Arc::new(move |event| {
+        let _ = me.cast(ConvMsg::Event(event));
+    })
+}
+
+/// Carries out one effect after the commit. Nothing here waits for the work itself; at
+/// most for a child actor to be spawned.
+async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, effect: Effect) {
+    let services = state.services.clone();
+    let starting_blocked = state.stopping || services.is_shutting_down();
+    match effect {
+        Effect::Continue { turn } => {
+            if !starting_blocked {
+                let _ = myself.cast(ConvMsg::Event(Event::Continue { turn }));
+            }
+        }
+        Effect::RequestLlm { request, model } => {
+            if starting_blocked {
+                return;
+            }
+            let cancel = state.cancel.new_work();
+            services.gateway.request(LlmJob {
+                request,
+                tenant_id: state.record.tenant_id.clone(),
+                conversation_id: state.record.id.clone(),
+                cwd: state.record.cwd.clone(),
+                model,
+                system_prompt: state.record.system_prompt.clone(),
+                is_sub_agent: state.ctx.is_sub_agent,
+                reply: reply_to(myself),
+                cancel,
+                span: state.turn_span.clone().unwrap_or_else(tracing::Span::none),
+            });
+        }
+        Effect::ScheduleRetry { request, delay_ms } => {
+            let cancel = state.cancel.new_work();
+            let me = myself.clone();
+            tokio::spawn(async move {
+                let event = tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(delay_ms)) => Event::RetryTimeout { request },
+                    () = cancel.cancelled() => Event::LlmAborted { request },
+                };
+                let _ = me.cast(ConvMsg::Event(event));
+            });
+        }
+        Effect::AbortLlm { .. } | Effect::CancelTool { .. } | Effect::StopSubAgents { .. } => {
+            state.cancel.stop_work();
+        }
+        Effect::ExecuteTool { turn, tool } => {
+            if starting_blocked {
+                return;
+            }
+            let cancel = state.cancel.new_work();
+            let args = ToolRunArgs {
+                tool: tool.clone(),
+                turn: turn.clone(),
+                cwd: state.record.cwd.clone().into(),
+                limits: services.tool_limits.clone(),
+                cancel: cancel.clone(),
+                reply: myself.clone(),
+                span: tracing::info_span!(
+                    parent: state.turn_span.as_ref().and_then(tracing::Span::id),
+                    "tool.run",
+                    tenant = %state.record.tenant_id,
+                    conversation = %state.record.id,
+                    tool = %tool.name,
+                    tool_use_id = %tool.id,
+                    ok = tracing::field::Empty,
+                    duration_ms = tracing::field::Empty,
+                ),
+            };
+            match Actor::spawn_linked(None, ToolRun, args, myself.get_cell()).await {
+                Ok((child, _)) => {
+                    state.children.insert(
+                        child.get_id(),
+                        Child::Tool {
+                            turn,
+                            tool_use_id: tool.id,
+                        },
+                    );
+                }
+                Err(error) => {
+                    cancel.cancel();
+                    let _ = myself.cast(ConvMsg::Event(Event::ToolComplete {
+                        turn,
+                        tool_use_id: tool.id,
+                        outcome: ToolOutcome {
+                            ok: false,
+                            output: format!("the tool run could not start: {error}"),
+                        },
+                    }));
+                }
+            }
+        }
+        Effect::SpawnSubAgents {
+            turn,
+            tool_use_id,
+            tasks,
+        } => {
+            if starting_blocked {
+                return;
+            }
+            let cancel = state.cancel.new_work();
+            let args = SupervisorArgs {
+                services: services.clone(),
+                parent: myself.clone(),
+                parent_record: state.record.clone(),
+                turn: turn.clone(),
+                tool_use_id: tool_use_id.clone(),
+                tasks,
+                cancel: cancel.clone(),
+            };
+            match Actor::spawn_linked(None, SubAgentSupervisor, args, myself.get_cell()).await {
+                Ok((child, _)) => {
+                    state
+                        .children
+                        .insert(child.get_id(), Child::Spawn { turn, tool_use_id });
+                }
+                Err(error) => {
+                    cancel.cancel();
+                    let _ = myself.cast(ConvMsg::Event(Event::ToolComplete {
+                        turn,
+                        tool_use_id,
+                        outcome: ToolOutcome {
+                            ok: false,
+                            output: format!("the sub-agents could not start: {error}"),
+                        },
+                    }));
+                }
+            }
+        }
+        Effect::ReportToParent { outcome } => report_to_parent(state, outcome),
+        Effect::PersistMessage(_)
+        | Effect::RecordUsage { .. }
+        | Effect::NotifyRetrying { .. }
+        | Effect::WarnContext { .. } => {}
+    }
+}
+
+fn report_to_parent(state: &ConversationState, outcome: SubAgentOutcome) {
+    if let Some(parent) = &state.parent {
+        let _ = parent.supervisor.cast(SupervisorMsg::Report {
+            agent_id: parent.agent_id.clone(),
+            outcome,
+        });
+    }
+}

@@ -1,0 +1,161 @@
+//! The actor tree of ../shared/design.md:
+//!
+//! ```text
+//!     root supervisor
+//!     ├── persistence actor        the one owner of database writes
+//!     ├── llm gateway              the only code that talks to LLM backends
+//!     └── conversation actors      one per active conversation, started by the registry
+//!         ├── tool run actors      one per tool run
+//!         └── sub-agent supervisor one per spawn_sub_agents call
+//!             └── sub-agent conversation actors
+//! ```
+//!
+//! The event hub (src/hub.rs) carries frames from conversations to clients.
+
+mod cancel;
+mod commit;
+mod conversation;
+mod recovery;
+mod registry;
+mod subagents;
+mod tool_run;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
+use tokio_util::sync::CancellationToken;
+
+pub use cancel::{CancelOutcome, CancelSlot};
+pub use commit::{Plan, apply as apply_commit, plan as plan_commit};
+pub use conversation::{ConvMsg, SendError, context};
+pub use recovery::{RecoveryReport, recover};
+pub use registry::{Live, Registry, StartError};
+
+use crate::config::Settings;
+use crate::hub::EventHub;
+use crate::llm::{Gateway, GatewayArgs, LlmGateway};
+use crate::persistence::{Persistence, PersistenceActor};
+use crate::store::Store;
+use crate::tools::ToolLimits;
+
+/// Everything the actors share.
+#[derive(Debug)]
+pub struct Services {
+    pub settings: Arc<Settings>,
+    pub store: Store,
+    pub persistence: Persistence,
+    pub hub: Arc<EventHub>,
+    pub gateway: Gateway,
+    pub registry: Registry,
+    pub tool_limits: ToolLimits,
+    root: ActorCell,
+    shutdown: CancellationToken,
+}
+
+impl Services {
+    /// The supervisor of conversation actors.
+    pub fn root(&self) -> ActorCell {
+        self.root.clone()
+    }
+
+    /// Once set, no new LLM request or tool run starts.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutdown.is_cancelled()
+    }
+}
+
+/// The root supervisor: it outlives every failure below it and logs them.
+#[derive(Debug)]
+pub struct Root;
+
+impl Actor for Root {
+    type Msg = ();
+    type State = ();
+    type Arguments = ();
+
+    async fn pre_start(&self, _myself: ActorRef<()>, _args: ()) -> Result<(), ActorProcessingErr> {
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _myself: ActorRef<()>,
+        event: SupervisionEvent,
+        _state: &mut (),
+    ) -> Result<(), ActorProcessingErr> {
+        if let SupervisionEvent::ActorFailed(cell, error) = event {
+            tracing::error!(actor = %cell.get_id(), name = ?cell.get_name(), %error, "an actor failed");
+        }
+        Ok(())
+    }
+}
+
+/// The running actor tree.
+#[derive(Debug)]
+pub struct Runtime {
+    pub services: Arc<Services>,
+    root: ActorRef<()>,
+}
+
+impl Runtime {
+    /// Starts the tree on a migrated store and runs restart recovery.
+    pub async fn start(
+        settings: Arc<Settings>,
+        store: Store,
+    ) -> anyhow::Result<(Runtime, RecoveryReport)> {
+        crate::install_crypto();
+        let (root, _) = Actor::spawn(None, Root, ()).await?;
+        let (persistence, _) =
+            Actor::spawn_linked(None, PersistenceActor, store.clone(), root.get_cell()).await?;
+        let hub = Arc::new(EventHub::new(settings.server.client_lag_frames));
+        let (gateway, _) = Actor::spawn_linked(
+            None,
+            LlmGateway,
+            GatewayArgs {
+                settings: settings.clone(),
+                store: store.clone(),
+                hub: hub.clone(),
+            },
+            root.get_cell(),
+        )
+        .await?;
+        let tools = &settings.tools;
+        let services = Arc::new(Services {
+            tool_limits: ToolLimits {
+                bash_timeout: Duration::from_millis(tools.bash_timeout_ms),
+                bash_max_timeout: Duration::from_millis(tools.bash_max_timeout_ms),
+                output_cap_bytes: tools.output_cap_bytes,
+                search_max_results: tools.search_max_results,
+            },
+            persistence: Persistence::new(
+                persistence,
+                Duration::from_millis(settings.database.acquire_timeout_ms.max(1000) * 2),
+            ),
+            gateway: Gateway::new(gateway),
+            registry: Registry::default(),
+            settings,
+            store,
+            hub,
+            root: root.get_cell(),
+            shutdown: CancellationToken::new(),
+        });
+        let report = recover(&services).await?;
+        Ok((Runtime { services, root }, report))
+    }
+
+    /// Graceful shutdown: no new LLM request or tool run starts; every running conversation
+    /// interrupts its turn (running tools are killed and recorded as interrupted) and stops;
+    /// then the tree stops. Bounded by `grace`.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.services.shutdown.cancel();
+        let running = self.services.registry.running();
+        let stops = running.into_iter().map(|(_, live)| async move {
+            live.cancel.stop_work();
+            let _ = live.actor.call(ConvMsg::Shutdown, Some(grace)).await;
+        });
+        let _ = tokio::time::timeout(grace, futures::future::join_all(stops)).await;
+        // Let the last commits land before the persistence actor goes.
+        self.root.stop_and_wait(None, Some(grace)).await.ok();
+    }
+}

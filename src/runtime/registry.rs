@@ -1,0 +1,144 @@
+//! The conversation registry: starts a conversation actor on first use, and finds it while it
+//! runs. A stopped conversation costs nothing here beyond a missing entry.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use ractor::{Actor, ActorId, ActorRef, ActorStatus};
+use tokio::sync::OnceCell;
+
+use super::Services;
+use super::cancel::CancelSlot;
+use super::conversation::{ConvMsg, ConversationActor, ConversationArgs};
+use crate::store::StoreError;
+
+/// A running conversation: its mailbox and its cancel path.
+#[derive(Clone, Debug)]
+pub struct Live {
+    pub actor: ActorRef<ConvMsg>,
+    pub cancel: Arc<CancelSlot>,
+}
+
+impl Live {
+    fn is_running(&self) -> bool {
+        self.actor.get_status() <= ActorStatus::Running
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("no such conversation")]
+    NotFound,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the conversation could not start: {0}")]
+    Spawn(String),
+}
+
+type Slot = Arc<OnceCell<Live>>;
+
+#[derive(Debug, Default)]
+pub struct Registry {
+    live: Mutex<HashMap<String, Slot>>,
+}
+
+impl Registry {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Slot>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The running actor of a conversation, started from its row if needed.
+    pub async fn get_or_start(
+        &self,
+        services: &Arc<Services>,
+        id: &str,
+    ) -> Result<Live, StartError> {
+        loop {
+            let slot = self.map().entry(id.to_owned()).or_default().clone();
+            let started = slot
+                .get_or_try_init(|| async {
+                    let record = services
+                        .store
+                        .conversation_by_id(id)
+                        .await?
+                        .ok_or(StartError::NotFound)?;
+                    let cancel = Arc::new(CancelSlot::default());
+                    let args = ConversationArgs {
+                        record,
+                        services: services.clone(),
+                        cancel: cancel.clone(),
+                        parent: None,
+                    };
+                    let (actor, _) =
+                        Actor::spawn_linked(None, ConversationActor, args, services.root())
+                            .await
+                            .map_err(|e| StartError::Spawn(e.to_string()))?;
+                    Ok::<_, StartError>(Live { actor, cancel })
+                })
+                .await;
+            match started {
+                Ok(live) if live.is_running() => return Ok(live.clone()),
+                // It stopped (idle, or killed with its supervisor): start it again.
+                Ok(_) => self.remove_slot(id, &slot),
+                Err(error) => {
+                    self.remove_slot(id, &slot);
+                    return Err(error);
+                }
+            }
+        }
+    }
+
+    /// The running actor of a conversation, if it runs.
+    pub fn get(&self, id: &str) -> Option<Live> {
+        let slot = self.map().get(id).cloned()?;
+        slot.get().filter(|live| live.is_running()).cloned()
+    }
+
+    /// Registers an actor started elsewhere (a sub-agent).
+    pub fn insert(&self, id: &str, live: Live) {
+        self.map()
+            .insert(id.to_owned(), Arc::new(OnceCell::new_with(Some(live))));
+    }
+
+    /// Forgets a conversation's actor, if it is still the one registered.
+    pub fn forget(&self, id: &str, actor: ActorId) {
+        let mut map = self.map();
+        if map
+            .get(id)
+            .and_then(|slot| slot.get())
+            .is_some_and(|live| live.actor.get_id() == actor)
+        {
+            map.remove(id);
+        }
+    }
+
+    fn remove_slot(&self, id: &str, slot: &Slot) {
+        let mut map = self.map();
+        if map
+            .get(id)
+            .is_some_and(|current| Arc::ptr_eq(current, slot))
+        {
+            map.remove(id);
+        }
+    }
+
+    /// Every running conversation.
+    pub fn running(&self) -> Vec<(String, Live)> {
+        self.map()
+            .iter()
+            .filter_map(|(id, slot)| {
+                slot.get()
+                    .filter(|l| l.is_running())
+                    .map(|l| (id.clone(), l.clone()))
+            })
+            .collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.map().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map().is_empty()
+    }
+}

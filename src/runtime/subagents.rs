@@ -1,0 +1,359 @@
+//! The sub-agent supervisor: one per spawn_sub_agents call (REQ-BED-008/009).
+//!
+//! It creates one sub-agent conversation per task (user_initiated = false, with the parent's
+//! id), starts them in parallel under itself, and forwards each outcome to the parent. A
+//! sub-agent that crashes, stops without a result or runs past the time limit becomes a
+//! failure entry; the core aggregates the entries in task order.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
+use tokio_util::sync::CancellationToken;
+
+use super::Services;
+use super::cancel::CancelSlot;
+use super::conversation::{ConvMsg, ConversationActor, ConversationArgs, ParentLink};
+use super::registry::Live;
+use crate::model::{ConversationRecord, NewConversation};
+use crate::persistence::WriteJob;
+use crate::state_machine::{Event, SubAgentOutcome, SubAgentTask, ToolOutcome, TurnId};
+
+#[derive(Debug)]
+pub struct SubAgentSupervisor;
+
+pub struct SupervisorArgs {
+    pub services: Arc<Services>,
+    pub parent: ActorRef<ConvMsg>,
+    pub parent_record: ConversationRecord,
+    pub turn: TurnId,
+    pub tool_use_id: String,
+    pub tasks: Vec<SubAgentTask>,
+    pub cancel: CancellationToken,
+}
+
+impl std::fmt::Debug for SupervisorArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SupervisorArgs")
+            .field("tasks", &self.tasks.len())
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug)]
+pub enum SupervisorMsg {
+    /// A sub-agent's outcome (its submit_result, or its failure).
+    Report {
+        agent_id: String,
+        outcome: SubAgentOutcome,
+    },
+    TimedOut,
+    /// The parent was cancelled.
+    Cancelled,
+}
+
+struct Agent {
+    id: String,
+    live: Option<Live>,
+    done: bool,
+}
+
+pub struct SupervisorState {
+    args: SupervisorArgs,
+    agents: Vec<Agent>,
+    by_actor: HashMap<ActorId, usize>,
+}
+
+impl std::fmt::Debug for SupervisorState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SupervisorState")
+            .field("agents", &self.agents.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Actor for SubAgentSupervisor {
+    type Msg = SupervisorMsg;
+    type State = SupervisorState;
+    type Arguments = SupervisorArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: SupervisorArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(SupervisorState {
+            args,
+            agents: Vec::new(),
+            by_actor: HashMap::new(),
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let args = &state.args;
+        let services = args.services.clone();
+        let parent = &args.parent_record;
+        let now = Utc::now();
+        // Create every sub-agent's row first; if that fails, the spawn fails as a tool result.
+        let mut created = Vec::with_capacity(args.tasks.len());
+        for (index, task) in args.tasks.iter().enumerate() {
+            let id = uuid::Uuid::now_v7().to_string();
+            let new = NewConversation {
+                id: id.clone(),
+                tenant_id: parent.tenant_id.clone(),
+                slug: format!("{}-sub-{}-{}", parent.slug, index + 1, &id[id.len() - 8..]),
+                cwd: parent.cwd.clone(),
+                model: task.model.clone().unwrap_or_else(|| parent.model.clone()),
+                system_prompt: None,
+                parent_id: Some(parent.id.clone()),
+                user_initiated: false,
+                require_approval: parent.require_approval.clone(),
+                created_at: now,
+            };
+            if let Err(error) = services
+                .persistence
+                .write(WriteJob::CreateConversation(new))
+                .await
+            {
+                let _ = args.parent.cast(ConvMsg::Event(Event::ToolComplete {
+                    turn: args.turn.clone(),
+                    tool_use_id: args.tool_use_id.clone(),
+                    outcome: ToolOutcome {
+                        ok: false,
+                        output: format!("the sub-agents could not be created: {error}"),
+                    },
+                }));
+                myself.stop(None);
+                return Ok(());
+            }
+            created.push(id);
+        }
+        let _ = args.parent.cast(ConvMsg::Event(Event::SubAgentsSpawned {
+            turn: args.turn.clone(),
+            tool_use_id: args.tool_use_id.clone(),
+            agent_ids: created.clone(),
+        }));
+        let tasks = args.tasks.clone();
+        for (index, (id, task)) in created.into_iter().zip(tasks).enumerate() {
+            let mut agent = Agent {
+                id: id.clone(),
+                live: None,
+                done: false,
+            };
+            match start_agent(&myself, &services, &id).await {
+                Ok(live) => {
+                    state.by_actor.insert(live.actor.get_id(), index);
+                    let reply_to = myself.clone();
+                    let agent_id = id.clone();
+                    let actor = live.actor.clone();
+                    tokio::spawn(async move {
+                        let sent = actor
+                            .call(
+                                |reply| ConvMsg::Send {
+                                    text: task.prompt,
+                                    images: Vec::new(),
+                                    client_message_id: None,
+                                    reply,
+                                },
+                                None,
+                            )
+                            .await;
+                        let failure = match sent {
+                            Ok(ractor::rpc::CallResult::Success(Ok(_))) => None,
+                            Ok(ractor::rpc::CallResult::Success(Err(e))) => Some(e.to_string()),
+                            Ok(other) => Some(format!("{other:?}")),
+                            Err(e) => Some(e.to_string()),
+                        };
+                        if let Some(why) = failure {
+                            let _ = reply_to.cast(SupervisorMsg::Report {
+                                agent_id,
+                                outcome: SubAgentOutcome {
+                                    success: false,
+                                    result: format!(
+                                        "the sub-agent could not start its task: {why}"
+                                    ),
+                                },
+                            });
+                        }
+                    });
+                    agent.live = Some(live);
+                }
+                Err(why) => {
+                    let _ = myself.cast(SupervisorMsg::Report {
+                        agent_id: id,
+                        outcome: SubAgentOutcome {
+                            success: false,
+                            result: format!("the sub-agent could not start: {why}"),
+                        },
+                    });
+                }
+            }
+            state.agents.push(agent);
+        }
+        myself.send_after(
+            Duration::from_millis(services.settings.sub_agents.timeout_ms),
+            || SupervisorMsg::TimedOut,
+        );
+        let cancel = state.args.cancel.clone();
+        let me = myself.clone();
+        tokio::spawn(async move {
+            cancel.cancelled().await;
+            let _ = me.cast(SupervisorMsg::Cancelled);
+        });
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        message: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            SupervisorMsg::Report { agent_id, outcome } => report(state, &agent_id, outcome),
+            SupervisorMsg::TimedOut => {
+                let seconds = state.args.services.settings.sub_agents.timeout_ms / 1000;
+                let pending: Vec<String> = state
+                    .agents
+                    .iter()
+                    .filter(|a| !a.done)
+                    .map(|a| a.id.clone())
+                    .collect();
+                for id in pending {
+                    report(
+                        state,
+                        &id,
+                        SubAgentOutcome {
+                            success: false,
+                            result: format!(
+                                "the sub-agent did not submit a result within {seconds} s"
+                            ),
+                        },
+                    );
+                }
+            }
+            SupervisorMsg::Cancelled => {
+                // The parent has moved on; it takes no more reports.
+                for agent in &mut state.agents {
+                    agent.done = true;
+                }
+            }
+        }
+        if state.agents.iter().all(|a| a.done) {
+            myself.stop(None);
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let (cell, why) = match event {
+            SupervisionEvent::ActorFailed(cell, error) => {
+                (cell, format!("the sub-agent crashed: {error}"))
+            }
+            SupervisionEvent::ActorTerminated(cell, _, reason) => (
+                cell,
+                format!(
+                    "the sub-agent stopped without a result ({})",
+                    reason.unwrap_or_else(|| "no reason given".into())
+                ),
+            ),
+            SupervisionEvent::ActorStarted(_) | SupervisionEvent::ProcessGroupChanged(_) => {
+                return Ok(());
+            }
+        };
+        if let Some(index) = state.by_actor.remove(&cell.get_id()) {
+            let id = state.agents[index].id.clone();
+            report(
+                state,
+                &id,
+                SubAgentOutcome {
+                    success: false,
+                    result: why,
+                },
+            );
+            if state.agents.iter().all(|a| a.done) {
+                myself.stop(None);
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        // Our sub-agents die with us (ractor stops a subtree with its root); stop their work
+        // first, process groups included, and let the registry forget them.
+        for agent in &state.agents {
+            if let Some(live) = &agent.live {
+                live.cancel.stop_work();
+                state
+                    .args
+                    .services
+                    .registry
+                    .forget(&agent.id, live.actor.get_id());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Forwards one outcome to the parent, once per sub-agent.
+fn report(state: &mut SupervisorState, agent_id: &str, outcome: SubAgentOutcome) {
+    let Some(agent) = state
+        .agents
+        .iter_mut()
+        .find(|a| a.id == agent_id && !a.done)
+    else {
+        return;
+    };
+    agent.done = true;
+    let _ = state
+        .args
+        .parent
+        .cast(ConvMsg::Event(Event::SubAgentResult {
+            agent_id: agent_id.to_owned(),
+            outcome,
+        }));
+}
+
+async fn start_agent(
+    myself: &ActorRef<SupervisorMsg>,
+    services: &Arc<Services>,
+    id: &str,
+) -> Result<Live, String> {
+    let record = services
+        .store
+        .conversation_by_id(id)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| "its conversation row is missing".to_owned())?;
+    let cancel = Arc::new(CancelSlot::default());
+    let args = ConversationArgs {
+        record,
+        services: services.clone(),
+        cancel: cancel.clone(),
+        parent: Some(ParentLink {
+            supervisor: myself.clone(),
+            agent_id: id.to_owned(),
+        }),
+    };
+    let (actor, _) = Actor::spawn_linked(None, ConversationActor, args, myself.get_cell())
+        .await
+        .map_err(|e| e.to_string())?;
+    let live = Live { actor, cancel };
+    services.registry.insert(id, live.clone());
+    Ok(live)
+}

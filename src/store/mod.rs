@@ -1,0 +1,652 @@
+//! The store: the only code that knows sea-orm. Reads are open to everyone; writes are
+//! `pub(crate)` and called only by the persistence actor, the one owner of database writes.
+//!
+//! SQLite (the embedded default, WAL mode with synchronous=FULL) and Postgres share every
+//! code path here.
+
+mod error;
+
+use std::path::Path;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use entity::{
+    api_keys, attachments, background_tasks, client_requests, conversation_events, conversations,
+    messages, tenants,
+};
+use migration::{Migrator, MigratorTrait};
+use sea_orm::sea_query::{Expr, ExprTrait};
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, ConnectOptions, ConnectionTrait, Database, DatabaseConnection,
+    DbBackend, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, TransactionTrait,
+};
+
+pub use error::StoreError;
+
+use crate::model::{
+    ConversationCommit, ConversationRecord, EventRecord, MessageRecord, NewConversation, Page,
+    Tenant, UsageTotals,
+};
+use crate::state_machine::ConvState;
+use crate::wire;
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// How the store connects.
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    pub url: String,
+    pub max_connections: u32,
+    /// How long a request waits for a pooled connection before the database counts as
+    /// unavailable.
+    pub acquire_timeout: Duration,
+}
+
+/// A handle on the database; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Store {
+    db: DatabaseConnection,
+}
+
+/// An image to store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewAttachment {
+    pub id: String,
+    pub tenant_id: String,
+    pub conversation_id: String,
+    pub media_type: String,
+    pub data: Vec<u8>,
+    pub width: u32,
+    pub height: u32,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A stored image.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attachment {
+    pub id: String,
+    pub media_type: String,
+    pub data: Vec<u8>,
+}
+
+impl Store {
+    /// Connects, creating the SQLite file and its directory when needed.
+    pub async fn connect(options: &StoreOptions) -> Result<Store> {
+        if let Some(path) = sqlite_path(&options.url)
+            && let Some(dir) = Path::new(&path)
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+        {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                StoreError::Unavailable(format!("cannot create {}: {e}", dir.display()))
+            })?;
+        }
+        let mut connect = ConnectOptions::new(options.url.clone());
+        connect
+            .max_connections(options.max_connections)
+            .min_connections(1)
+            .acquire_timeout(options.acquire_timeout)
+            .connect_timeout(options.acquire_timeout)
+            .sqlx_logging(false)
+            .map_sqlx_sqlite_opts(|opts| {
+                use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
+                opts.journal_mode(SqliteJournalMode::Wal)
+                    .synchronous(SqliteSynchronous::Full)
+                    .foreign_keys(true)
+                    .busy_timeout(Duration::from_secs(2))
+            })
+            // A statement stuck on a dead connection must fail, not hang a flush.
+            .map_sqlx_postgres_opts(|opts| opts.options([("statement_timeout", "15000")]));
+        let db = Database::connect(connect).await?;
+        Ok(Store { db })
+    }
+
+    /// Applies every pending migration.
+    pub async fn migrate(&self) -> Result<()> {
+        Migrator::up(&self.db, None).await?;
+        Ok(())
+    }
+
+    pub fn backend(&self) -> DbBackend {
+        self.db.get_database_backend()
+    }
+
+    /// Whether the database answers (GET /readyz).
+    pub async fn ping(&self) -> Result<()> {
+        self.db.ping().await?;
+        Ok(())
+    }
+
+    /// Closes the pool.
+    pub async fn close(self) -> Result<()> {
+        self.db.close().await?;
+        Ok(())
+    }
+
+    // ---- Reads ----
+
+    pub async fn tenant_by_key_hash(&self, key_hash: &str) -> Result<Option<Tenant>> {
+        let Some(key) = api_keys::Entity::find()
+            .filter(api_keys::Column::KeyHash.eq(key_hash))
+            .filter(api_keys::Column::RevokedAt.is_null())
+            .one(&self.db)
+            .await?
+        else {
+            return Ok(None);
+        };
+        Ok(tenants::Entity::find_by_id(key.tenant_id)
+            .one(&self.db)
+            .await?
+            .map(tenant))
+    }
+
+    pub async fn tenant_by_name(&self, name: &str) -> Result<Option<Tenant>> {
+        Ok(tenants::Entity::find()
+            .filter(tenants::Column::Name.eq(name))
+            .one(&self.db)
+            .await?
+            .map(tenant))
+    }
+
+    /// A tenant's conversation by id or slug.
+    pub async fn conversation(
+        &self,
+        tenant_id: &str,
+        id_or_slug: &str,
+    ) -> Result<Option<ConversationRecord>> {
+        let row = conversations::Entity::find()
+            .filter(conversations::Column::TenantId.eq(tenant_id))
+            .filter(
+                conversations::Column::Id
+                    .eq(id_or_slug)
+                    .or(conversations::Column::Slug.eq(id_or_slug)),
+            )
+            .order_by_asc(conversations::Column::Id)
+            .one(&self.db)
+            .await?;
+        row.map(conversation).transpose()
+    }
+
+    /// A conversation by id, whatever its tenant (for the runtime).
+    pub async fn conversation_by_id(&self, id: &str) -> Result<Option<ConversationRecord>> {
+        conversations::Entity::find_by_id(id.to_owned())
+            .one(&self.db)
+            .await?
+            .map(conversation)
+            .transpose()
+    }
+
+    /// A tenant's user-initiated conversations, newest first.
+    pub async fn list_conversations(
+        &self,
+        tenant_id: &str,
+        archived: bool,
+        limit: u64,
+        cursor: Option<&str>,
+    ) -> Result<Page<ConversationRecord>> {
+        let mut query = conversations::Entity::find()
+            .filter(conversations::Column::TenantId.eq(tenant_id))
+            .filter(conversations::Column::UserInitiated.eq(true))
+            .filter(conversations::Column::Archived.eq(archived));
+        if let Some(cursor) = cursor {
+            query = query.filter(conversations::Column::Id.lt(cursor));
+        }
+        let rows = query
+            .order_by_desc(conversations::Column::Id)
+            .limit(limit + 1)
+            .all(&self.db)
+            .await?;
+        let more = rows.len() as u64 > limit;
+        let items = rows
+            .into_iter()
+            .take(limit as usize)
+            .map(conversation)
+            .collect::<Result<Vec<_>>>()?;
+        let next_cursor = more.then(|| items.last().map(|c| c.id.clone())).flatten();
+        Ok(Page { items, next_cursor })
+    }
+
+    /// The sub-agents of a conversation, oldest first.
+    pub async fn children(&self, parent_id: &str) -> Result<Vec<ConversationRecord>> {
+        conversations::Entity::find()
+            .filter(conversations::Column::ParentConversationId.eq(parent_id))
+            .order_by_asc(conversations::Column::Id)
+            .all(&self.db)
+            .await?
+            .into_iter()
+            .map(conversation)
+            .collect()
+    }
+
+    /// Conversations whose state is not at rest: what restart recovery looks at.
+    pub async fn busy_conversations(&self) -> Result<Vec<ConversationRecord>> {
+        conversations::Entity::find()
+            .filter(conversations::Column::State.is_not_in(["idle", "error", "completed"]))
+            .all(&self.db)
+            .await?
+            .into_iter()
+            .map(conversation)
+            .collect()
+    }
+
+    /// Messages with a sequence id above `after`, ascending, at most `limit`.
+    pub async fn messages_after(
+        &self,
+        conversation_id: &str,
+        after: i64,
+        limit: u64,
+    ) -> Result<Vec<MessageRecord>> {
+        messages::Entity::find()
+            .filter(messages::Column::ConversationId.eq(conversation_id))
+            .filter(messages::Column::SequenceId.gt(after))
+            .order_by_asc(messages::Column::SequenceId)
+            .limit(limit)
+            .all(&self.db)
+            .await?
+            .into_iter()
+            .map(message)
+            .collect()
+    }
+
+    /// The last `limit` messages, ascending.
+    pub async fn recent_messages(
+        &self,
+        conversation_id: &str,
+        limit: u64,
+    ) -> Result<Vec<MessageRecord>> {
+        let mut rows = messages::Entity::find()
+            .filter(messages::Column::ConversationId.eq(conversation_id))
+            .order_by_desc(messages::Column::SequenceId)
+            .limit(limit)
+            .all(&self.db)
+            .await?;
+        rows.reverse();
+        rows.into_iter().map(message).collect()
+    }
+
+    /// The whole history, ascending (what the LLM is sent).
+    pub async fn history(&self, conversation_id: &str) -> Result<Vec<MessageRecord>> {
+        self.messages_after(conversation_id, 0, u64::MAX >> 1).await
+    }
+
+    /// The user message stored under a client's idempotency key.
+    pub async fn message_by_client_id(
+        &self,
+        conversation_id: &str,
+        client_message_id: &str,
+    ) -> Result<Option<MessageRecord>> {
+        messages::Entity::find()
+            .filter(messages::Column::ConversationId.eq(conversation_id))
+            .filter(messages::Column::ClientMessageId.eq(client_message_id))
+            .one(&self.db)
+            .await?
+            .map(message)
+            .transpose()
+    }
+
+    /// Durable frames with an event id above `after`, ascending, at most `limit`.
+    pub async fn events_after(
+        &self,
+        conversation_id: &str,
+        after: i64,
+        limit: u64,
+    ) -> Result<Vec<EventRecord>> {
+        Ok(conversation_events::Entity::find()
+            .filter(conversation_events::Column::ConversationId.eq(conversation_id))
+            .filter(conversation_events::Column::EventId.gt(after))
+            .order_by_asc(conversation_events::Column::EventId)
+            .limit(limit)
+            .all(&self.db)
+            .await?
+            .into_iter()
+            .map(|row| EventRecord {
+                conversation_id: row.conversation_id,
+                event_id: row.event_id,
+                event_type: row.event_type,
+                payload: row.payload,
+                created_at: row.created_at,
+            })
+            .collect())
+    }
+
+    pub async fn attachment(&self, conversation_id: &str, id: &str) -> Result<Option<Attachment>> {
+        Ok(attachments::Entity::find_by_id(id.to_owned())
+            .filter(attachments::Column::ConversationId.eq(conversation_id))
+            .one(&self.db)
+            .await?
+            .map(|row| Attachment {
+                id: row.id,
+                media_type: row.media_type,
+                data: row.data,
+            }))
+    }
+
+    pub async fn count_messages(&self, conversation_id: &str) -> Result<u64> {
+        Ok(messages::Entity::find()
+            .filter(messages::Column::ConversationId.eq(conversation_id))
+            .count(&self.db)
+            .await?)
+    }
+
+    // ---- Writes: only the persistence actor calls these ----
+
+    pub(crate) async fn insert_tenant(
+        &self,
+        tenant: &Tenant,
+        key_id: &str,
+        key_hash: &str,
+        key_prefix: &str,
+        at: DateTime<Utc>,
+    ) -> Result<()> {
+        let txn = self.db.begin().await?;
+        tenants::Entity::insert(tenants::ActiveModel {
+            id: Set(tenant.id.clone()),
+            name: Set(tenant.name.clone()),
+            created_at: Set(at),
+        })
+        .exec(&txn)
+        .await?;
+        insert_key(&txn, &tenant.id, key_id, key_hash, key_prefix, at).await?;
+        txn.commit().await?;
+        Ok(())
+    }
+
+    pub(crate) async fn insert_api_key(
+        &self,
+        tenant_id: &str,
+        key_id: &str,
+        key_hash: &str,
+        key_prefix: &str,
+        at: DateTime<Utc>,
+    ) -> Result<()> {
+        insert_key(&self.db, tenant_id, key_id, key_hash, key_prefix, at).await
+    }
+
+    /// Ensures a tenant with this id and name exists (the `dev` auth mode's tenant).
+    pub(crate) async fn ensure_tenant(&self, tenant: &Tenant, at: DateTime<Utc>) -> Result<()> {
+        tenants::Entity::insert(tenants::ActiveModel {
+            id: Set(tenant.id.clone()),
+            name: Set(tenant.name.clone()),
+            created_at: Set(at),
+        })
+        .on_conflict_do_nothing()
+        .exec(&self.db)
+        .await?;
+        Ok(())
+    }
+
+    pub(crate) async fn insert_conversation(&self, new: &NewConversation) -> Result<()> {
+        let state = serde_json::to_value(ConvState::Idle)
+            .map_err(|e| StoreError::Other(format!("state does not serialise: {e}")))?;
+        conversations::Entity::insert(conversations::ActiveModel {
+            id: Set(new.id.clone()),
+            tenant_id: Set(new.tenant_id.clone()),
+            slug: Set(new.slug.clone()),
+            cwd: Set(new.cwd.clone()),
+            model: Set(new.model.clone()),
+            system_prompt: Set(new.system_prompt.clone()),
+            parent_conversation_id: Set(new.parent_id.clone()),
+            user_initiated: Set(new.user_initiated),
+            require_approval: Set(serde_json::json!(new.require_approval)),
+            state: Set("idle".into()),
+            state_data: Set(state),
+            state_updated_at: Set(new.created_at),
+            created_at: Set(new.created_at),
+            updated_at: Set(new.created_at),
+            archived: Set(false),
+            input_tokens: Set(0),
+            output_tokens: Set(0),
+            context_tokens: Set(0),
+            next_sequence_id: Set(1),
+            next_event_id: Set(1),
+        })
+        .exec(&self.db)
+        .await?;
+        Ok(())
+    }
+
+    pub(crate) async fn set_archived(
+        &self,
+        id: &str,
+        archived: bool,
+        at: DateTime<Utc>,
+    ) -> Result<()> {
+        let result = conversations::Entity::update_many()
+            .col_expr(conversations::Column::Archived, Expr::value(archived))
+            .col_expr(conversations::Column::UpdatedAt, Expr::value(at))
+            .filter(conversations::Column::Id.eq(id))
+            .exec(&self.db)
+            .await?;
+        if result.rows_affected == 0 {
+            return Err(StoreError::NotFound);
+        }
+        Ok(())
+    }
+
+    /// Deletes a conversation with its messages, events, attachments, requests, tasks and
+    /// sub-agents (foreign keys cascade).
+    pub(crate) async fn delete_conversation(&self, id: &str) -> Result<()> {
+        let result = conversations::Entity::delete_by_id(id.to_owned())
+            .exec(&self.db)
+            .await?;
+        if result.rows_affected == 0 {
+            return Err(StoreError::NotFound);
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn insert_attachments(&self, new: &[NewAttachment]) -> Result<()> {
+        if new.is_empty() {
+            return Ok(());
+        }
+        attachments::Entity::insert_many(new.iter().map(|a| attachments::ActiveModel {
+            id: Set(a.id.clone()),
+            tenant_id: Set(a.tenant_id.clone()),
+            conversation_id: Set(a.conversation_id.clone()),
+            media_type: Set(a.media_type.clone()),
+            data: Set(a.data.clone()),
+            width: Set(i32::try_from(a.width).unwrap_or(i32::MAX)),
+            height: Set(i32::try_from(a.height).unwrap_or(i32::MAX)),
+            created_at: Set(a.created_at),
+        }))
+        .exec(&self.db)
+        .await?;
+        Ok(())
+    }
+
+    /// Writes several conversations' transitions in one transaction (group commit).
+    pub(crate) async fn commit_batch(&self, commits: &[ConversationCommit]) -> Result<()> {
+        let txn = self.db.begin().await?;
+        for commit in commits {
+            update_conversation(&txn, commit).await?;
+        }
+        let message_rows: Vec<messages::ActiveModel> = commits
+            .iter()
+            .flat_map(|c| c.messages.iter())
+            .map(message_row)
+            .collect::<Result<_>>()?;
+        // Large batches are split to stay under the databases' bind-parameter limits.
+        for chunk in message_rows.chunks(500) {
+            messages::Entity::insert_many(chunk.to_vec())
+                .exec(&txn)
+                .await?;
+        }
+        let event_rows: Vec<conversation_events::ActiveModel> = commits
+            .iter()
+            .flat_map(|c| c.events.iter())
+            .map(|event| conversation_events::ActiveModel {
+                conversation_id: Set(event.conversation_id.clone()),
+                event_id: Set(event.event_id),
+                event_type: Set(event.event_type.clone()),
+                payload: Set(event.payload.clone()),
+                created_at: Set(event.created_at),
+            })
+            .collect();
+        for chunk in event_rows.chunks(500) {
+            conversation_events::Entity::insert_many(chunk.to_vec())
+                .exec(&txn)
+                .await?;
+        }
+        txn.commit().await?;
+        Ok(())
+    }
+
+    /// Marks every pending client request expired and every running background task failed
+    /// (restart recovery). Returns how many of each.
+    pub(crate) async fn expire_pending_work(&self, at: DateTime<Utc>) -> Result<(u64, u64)> {
+        let requests = client_requests::Entity::update_many()
+            .col_expr(client_requests::Column::Status, Expr::value("expired"))
+            .col_expr(client_requests::Column::ResolvedAt, Expr::value(at))
+            .filter(client_requests::Column::Status.eq("pending"))
+            .exec(&self.db)
+            .await?;
+        let tasks = background_tasks::Entity::update_many()
+            .col_expr(background_tasks::Column::Status, Expr::value("failed"))
+            .col_expr(
+                background_tasks::Column::Output,
+                Expr::value("interrupted by server restart"),
+            )
+            .col_expr(background_tasks::Column::FinishedAt, Expr::value(at))
+            .filter(background_tasks::Column::Status.eq("running"))
+            .exec(&self.db)
+            .await?;
+        Ok((requests.rows_affected, tasks.rows_affected))
+    }
+}
+
+async fn insert_key<C: ConnectionTrait>(
+    db: &C,
+    tenant_id: &str,
+    key_id: &str,
+    key_hash: &str,
+    key_prefix: &str,
+    at: DateTime<Utc>,
+) -> Result<()> {
+    api_keys::Entity::insert(api_keys::ActiveModel {
+        id: Set(key_id.to_owned()),
+        tenant_id: Set(tenant_id.to_owned()),
+        key_hash: Set(key_hash.to_owned()),
+        prefix: Set(key_prefix.to_owned()),
+        created_at: Set(at),
+        revoked_at: Set(None),
+    })
+    .exec(db)
+    .await?;
+    Ok(())
+}
+
+async fn update_conversation<C: ConnectionTrait>(
+    db: &C,
+    commit: &ConversationCommit,
+) -> Result<()> {
+    use conversations::Column as C;
+    let mut update = conversations::Entity::update_many()
+        .col_expr(C::NextSequenceId, Expr::value(commit.next_sequence_id))
+        .col_expr(C::NextEventId, Expr::value(commit.next_event_id))
+        .col_expr(C::UpdatedAt, Expr::value(commit.at));
+    if let Some(state) = &commit.state {
+        let data = serde_json::to_value(state)
+            .map_err(|e| StoreError::Other(format!("state does not serialise: {e}")))?;
+        update = update
+            .col_expr(C::State, Expr::value(state.kind()))
+            .col_expr(C::StateData, Expr::value(data))
+            .col_expr(C::StateUpdatedAt, Expr::value(commit.at));
+    }
+    if let Some(usage) = commit.usage {
+        update = update
+            .col_expr(C::InputTokens, Expr::value(to_i64(usage.input_tokens)))
+            .col_expr(C::OutputTokens, Expr::value(to_i64(usage.output_tokens)))
+            .col_expr(C::ContextTokens, Expr::value(to_i64(usage.context_tokens)));
+    }
+    let result = update
+        .filter(C::Id.eq(commit.conversation_id.as_str()))
+        .filter(C::NextSequenceId.eq(commit.expected_next_sequence_id))
+        .filter(C::NextEventId.eq(commit.expected_next_event_id))
+        .exec(db)
+        .await?;
+    if result.rows_affected != 1 {
+        return Err(StoreError::Conflict(format!(
+            "conversation {} was deleted or changed by another writer",
+            commit.conversation_id
+        )));
+    }
+    Ok(())
+}
+
+fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn message_row(message: &MessageRecord) -> Result<messages::ActiveModel> {
+    Ok(messages::ActiveModel {
+        id: Set(message.id.clone()),
+        conversation_id: Set(message.conversation_id.clone()),
+        sequence_id: Set(message.sequence_id),
+        message_type: Set(message.content.message_type().as_str().to_owned()),
+        content: Set(wire::content(&message.content)),
+        usage_data: Set(message.usage.as_ref().map(wire::stored_usage)),
+        client_message_id: Set(message.client_message_id.clone()),
+        created_at: Set(message.created_at),
+    })
+}
+
+fn tenant(row: tenants::Model) -> Tenant {
+    Tenant {
+        id: row.id,
+        name: row.name,
+    }
+}
+
+fn conversation(row: conversations::Model) -> Result<ConversationRecord> {
+    let state: ConvState = serde_json::from_value(row.state_data)
+        .map_err(|e| StoreError::Corrupt(format!("conversation {}: state_data: {e}", row.id)))?;
+    let require_approval: Vec<String> =
+        serde_json::from_value(row.require_approval).map_err(|e| {
+            StoreError::Corrupt(format!("conversation {}: require_approval: {e}", row.id))
+        })?;
+    Ok(ConversationRecord {
+        id: row.id,
+        tenant_id: row.tenant_id,
+        slug: row.slug,
+        cwd: row.cwd,
+        model: row.model,
+        system_prompt: row.system_prompt,
+        parent_id: row.parent_conversation_id,
+        user_initiated: row.user_initiated,
+        require_approval,
+        state,
+        archived: row.archived,
+        usage: UsageTotals {
+            input_tokens: u64::try_from(row.input_tokens).unwrap_or(0),
+            output_tokens: u64::try_from(row.output_tokens).unwrap_or(0),
+            context_tokens: u64::try_from(row.context_tokens).unwrap_or(0),
+        },
+        next_sequence_id: row.next_sequence_id,
+        next_event_id: row.next_event_id,
+        created_at: row.created_at,
+        updated_at: row.updated_at,
+    })
+}
+
+fn message(row: messages::Model) -> Result<MessageRecord> {
+    let content = wire::parse_content(&row.message_type, &row.content)
+        .map_err(|e| StoreError::Corrupt(format!("message {}: {e}", row.id)))?;
+    Ok(MessageRecord {
+        id: row.id,
+        conversation_id: row.conversation_id,
+        sequence_id: row.sequence_id,
+        content,
+        usage: row.usage_data.as_ref().and_then(wire::parse_stored_usage),
+        client_message_id: row.client_message_id,
+        created_at: row.created_at,
+    })
+}
+
+/// The file path of a `sqlite://PATH?...` URL, for creating its directory.
+fn sqlite_path(url: &str) -> Option<String> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))?;
+    let path = rest.split('?').next().unwrap_or_default();
+    (!path.is_empty() && path != ":memory:").then(|| path.to_owned())
+}

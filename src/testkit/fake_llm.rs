@@ -1,0 +1,358 @@
+//! A scripted OpenAI-compatible chat-completions server for tests and benchmarks.
+//!
+//! It speaks the real wire format: `text/event-stream` with `data:` chunks of
+//! `chat.completion.chunk` objects, content in pieces, tool-call arguments split across
+//! chunks by index, a usage chunk, then `data: [DONE]`; error statuses with OpenAI's error
+//! body; and stalls that last until the client hangs up. It records every request body.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use bytes::Bytes;
+use serde_json::{Value, json};
+
+/// One scripted answer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reply {
+    /// Text in pieces, then `finish` ("stop" or "length").
+    Text { text: String, finish: &'static str },
+    /// Optional text, then tool calls `(id, name, arguments)`, arguments split in fragments.
+    Tools {
+        text: Option<String>,
+        calls: Vec<(String, String, Value)>,
+    },
+    /// A tool call whose arguments are the given raw string (for invalid JSON and sizes).
+    RawToolCall {
+        id: String,
+        name: String,
+        arguments: String,
+    },
+    /// An error status with OpenAI's error body.
+    Status {
+        status: u16,
+        message: String,
+        retry_after_secs: Option<u64>,
+    },
+    /// Headers, then nothing until the client hangs up.
+    Stall,
+    /// A first content chunk, then nothing until the client hangs up.
+    StallAfterFirstChunk,
+    /// A content chunk, then the connection closes without finish_reason or [DONE].
+    Truncated,
+    /// A body of `size` bytes of content, streamed in chunks.
+    Huge { size: usize },
+}
+
+impl Reply {
+    pub fn text(text: &str) -> Reply {
+        Reply::Text {
+            text: text.to_owned(),
+            finish: "stop",
+        }
+    }
+
+    pub fn tool(id: &str, name: &str, args: Value) -> Reply {
+        Reply::Tools {
+            text: None,
+            calls: vec![(id.to_owned(), name.to_owned(), args)],
+        }
+    }
+
+    pub fn bash(id: &str, command: &str) -> Reply {
+        Reply::tool(id, "bash", json!({"command": command}))
+    }
+
+    pub fn status(status: u16, message: &str) -> Reply {
+        Reply::Status {
+            status,
+            message: message.to_owned(),
+            retry_after_secs: None,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    script: VecDeque<Reply>,
+    fallback: Option<Reply>,
+    requests: Vec<Value>,
+    latency: Duration,
+    usage: (u64, u64),
+}
+
+#[derive(Debug)]
+struct Shared {
+    inner: Mutex<Inner>,
+    hangups: AtomicUsize,
+}
+
+/// A running fake backend.
+#[derive(Clone, Debug)]
+pub struct FakeLlm {
+    /// The `/v1` base URL to configure as BEDROCK_LLM_BASE_URL.
+    pub base_url: String,
+    shared: Arc<Shared>,
+}
+
+impl FakeLlm {
+    /// Starts on a free loopback port.
+    pub async fn start() -> FakeLlm {
+        let shared = Arc::new(Shared {
+            inner: Mutex::new(Inner {
+                usage: (100, 10),
+                ..Inner::default()
+            }),
+            hangups: AtomicUsize::new(0),
+        });
+        let app = Router::new()
+            .route("/v1/chat/completions", post(complete))
+            .with_state(shared.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("the fake LLM binds a loopback port");
+        let addr = listener.local_addr().expect("a bound address");
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        FakeLlm {
+            base_url: format!("http://{addr}/v1"),
+            shared,
+        }
+    }
+
+    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.shared.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues replies, answered in order.
+    pub fn push(&self, replies: impl IntoIterator<Item = Reply>) {
+        self.inner().script.extend(replies);
+    }
+
+    /// The reply once the script is used up (default: a short text).
+    pub fn fallback(&self, reply: Reply) {
+        self.inner().fallback = Some(reply);
+    }
+
+    /// A delay before every reply.
+    pub fn latency(&self, latency: Duration) {
+        self.inner().latency = latency;
+    }
+
+    /// The prompt and completion tokens reported in the usage chunk.
+    pub fn usage(&self, prompt_tokens: u64, completion_tokens: u64) {
+        self.inner().usage = (prompt_tokens, completion_tokens);
+    }
+
+    /// Every request body received, in order.
+    pub fn requests(&self) -> Vec<Value> {
+        self.inner().requests.clone()
+    }
+
+    /// How many stalled responses ended because the client hung up.
+    pub fn hangups(&self) -> usize {
+        self.shared.hangups.load(Ordering::SeqCst)
+    }
+}
+
+fn chunk(delta: Value, finish: Option<&str>) -> Bytes {
+    let value = json!({
+        "id": "chatcmpl-fake",
+        "object": "chat.completion.chunk",
+        "created": 1_700_000_000,
+        "model": "fake",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    });
+    Bytes::from(format!("data: {value}\n\n"))
+}
+
+fn usage_chunk(prompt: u64, completion: u64) -> Bytes {
+    let value = json!({
+        "id": "chatcmpl-fake",
+        "object": "chat.completion.chunk",
+        "created": 1_700_000_000,
+        "model": "fake",
+        "choices": [],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+    });
+    Bytes::from(format!("data: {value}\n\n"))
+}
+
+/// Splits `text` into about three pieces on character boundaries.
+fn pieces(text: &str) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    let size = chars.len().div_ceil(3).max(1);
+    chars.chunks(size).map(|c| c.iter().collect()).collect()
+}
+
+/// Counts a hang-up when the response body is dropped before it ends.
+struct HangupGuard {
+    shared: Arc<Shared>,
+    finished: bool,
+}
+
+impl Drop for HangupGuard {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.shared.hangups.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+fn stream_response(chunks: Vec<Bytes>, then_stall: bool, shared: Arc<Shared>) -> Response {
+    let guard = HangupGuard {
+        shared,
+        finished: false,
+    };
+    let body = futures::stream::unfold(
+        (chunks.into_iter(), guard, then_stall),
+        |(mut it, mut guard, stall)| async move {
+            match it.next() {
+                Some(bytes) => Some((Ok::<_, std::io::Error>(bytes), (it, guard, stall))),
+                None if stall => {
+                    futures::future::pending::<()>().await;
+                    None
+                }
+                None => {
+                    guard.finished = true;
+                    drop(guard);
+                    None
+                }
+            }
+        },
+    );
+    let mut response = Response::new(Body::from_stream(body));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    response
+}
+
+async fn complete(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let (reply, latency, (prompt, completion)) = {
+        let mut inner = shared.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.requests.push(request);
+        let reply = inner
+            .script
+            .pop_front()
+            .or_else(|| inner.fallback.clone())
+            .unwrap_or_else(|| Reply::text("ok"));
+        (reply, inner.latency, inner.usage)
+    };
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
+    let role = chunk(json!({"role": "assistant", "content": ""}), None);
+    match reply {
+        Reply::Text { text, finish } => {
+            let mut chunks = vec![role];
+            chunks.extend(
+                pieces(&text)
+                    .into_iter()
+                    .map(|p| chunk(json!({"content": p}), None)),
+            );
+            chunks.push(chunk(json!({}), Some(finish)));
+            chunks.push(usage_chunk(prompt, completion));
+            chunks.push(Bytes::from_static(b"data: [DONE]\n\n"));
+            stream_response(chunks, false, shared)
+        }
+        Reply::Tools { text, calls } => {
+            let mut chunks = vec![role];
+            if let Some(text) = text {
+                chunks.extend(
+                    pieces(&text)
+                        .into_iter()
+                        .map(|p| chunk(json!({"content": p}), None)),
+                );
+            }
+            for (index, (id, name, args)) in calls.into_iter().enumerate() {
+                chunks.push(chunk(
+                    json!({"tool_calls": [{"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}),
+                    None,
+                ));
+                for piece in pieces(&args.to_string()) {
+                    chunks.push(chunk(
+                        json!({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}),
+                        None,
+                    ));
+                }
+            }
+            chunks.push(chunk(json!({}), Some("tool_calls")));
+            chunks.push(usage_chunk(prompt, completion));
+            chunks.push(Bytes::from_static(b"data: [DONE]\n\n"));
+            stream_response(chunks, false, shared)
+        }
+        Reply::RawToolCall {
+            id,
+            name,
+            arguments,
+        } => {
+            let mut chunks = vec![role];
+            chunks.push(chunk(
+                json!({"tool_calls": [{"index": 0, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}),
+                None,
+            ));
+            for piece in arguments.as_bytes().chunks(4096) {
+                let piece = String::from_utf8_lossy(piece).into_owned();
+                chunks.push(chunk(
+                    json!({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}),
+                    None,
+                ));
+            }
+            chunks.push(chunk(json!({}), Some("tool_calls")));
+            chunks.push(usage_chunk(prompt, completion));
+            chunks.push(Bytes::from_static(b"data: [DONE]\n\n"));
+            stream_response(chunks, false, shared)
+        }
+        Reply::Status {
+            status,
+            message,
+            retry_after_secs,
+        } => {
+            let body = json!({"error": {"message": message, "type": "fake_error", "param": null, "code": null}});
+            let mut response = (
+                StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                [(header::CONTENT_TYPE, "application/json")],
+                body.to_string(),
+            )
+                .into_response();
+            if let Some(seconds) = retry_after_secs
+                && let Ok(value) = HeaderValue::from_str(&seconds.to_string())
+            {
+                response.headers_mut().insert(header::RETRY_AFTER, value);
+            }
+            response
+        }
+        Reply::Stall => stream_response(Vec::new(), true, shared),
+        Reply::StallAfterFirstChunk => stream_response(
+            vec![role, chunk(json!({"content": "partial"}), None)],
+            true,
+            shared,
+        ),
+        Reply::Truncated => stream_response(
+            vec![role, chunk(json!({"content": "cut"}), None)],
+            false,
+            shared,
+        ),
+        Reply::Huge { size } => {
+            let piece = "x".repeat(1024);
+            let mut chunks = vec![role];
+            for _ in 0..size.div_ceil(1024) {
+                chunks.push(chunk(json!({"content": piece}), None));
+            }
+            chunks.push(chunk(json!({}), Some("stop")));
+            chunks.push(Bytes::from_static(b"data: [DONE]\n\n"));
+            stream_response(chunks, false, shared)
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! The bash tool: `bash -c` in its own process group, with a timeout, an output cap and a
+//! cancel that kills the whole group (grandchildren included) at once.
+
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::io::AsyncReadExt;
+use tokio_util::sync::CancellationToken;
+
+use crate::state_machine::ToolOutcome;
+
+/// How a bash run ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BashOutcome {
+    /// stdout and stderr merged, capped.
+    pub output: String,
+    pub exit_code: Option<i32>,
+    pub timed_out: bool,
+    pub cancelled: bool,
+}
+
+impl BashOutcome {
+    pub fn ok(&self) -> bool {
+        self.exit_code == Some(0) && !self.timed_out && !self.cancelled
+    }
+
+    /// The result the LLM sees.
+    pub fn into_outcome(self) -> ToolOutcome {
+        let ok = self.ok();
+        let mut output = self.output;
+        let note = if self.cancelled {
+            Some("[cancelled: the process group was killed]".to_owned())
+        } else if self.timed_out {
+            Some("[timed out: the process group was killed]".to_owned())
+        } else {
+            match self.exit_code {
+                Some(0) => None,
+                Some(code) => Some(format!("[exit status {code}]")),
+                None => Some("[killed by a signal]".to_owned()),
+            }
+        };
+        if let Some(note) = note {
+            if !output.is_empty() && !output.ends_with('\n') {
+                output.push('\n');
+            }
+            output.push_str(&note);
+        }
+        ToolOutcome { ok, output }
+    }
+}
+
+/// Keeps the head and the tail of a stream when it is longer than the cap.
+struct Capped {
+    cap: usize,
+    head: Vec<u8>,
+    tail: std::collections::VecDeque<u8>,
+    total: usize,
+}
+
+impl Capped {
+    fn new(cap: usize) -> Self {
+        Self {
+            cap,
+            head: Vec::new(),
+            tail: Default::default(),
+            total: 0,
+        }
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        self.total += bytes.len();
+        let head_cap = self.cap / 2;
+        let mut rest = bytes;
+        if self.head.len() < head_cap {
+            let take = rest.len().min(head_cap - self.head.len());
+            self.head.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+        }
+        let tail_cap = self.cap - head_cap;
+        self.tail.extend(rest);
+        while self.tail.len() > tail_cap {
+            self.tail.pop_front();
+        }
+    }
+
+    fn finish(self) -> String {
+        let kept = self.head.len() + self.tail.len();
+        let head = String::from_utf8_lossy(&self.head).into_owned();
+        let tail: Vec<u8> = self.tail.into_iter().collect();
+        let tail = String::from_utf8_lossy(&tail);
+        if self.total > kept {
+            format!(
+                "{head}\n[output cut: {} bytes in all, the first and last {} shown]\n{tail}",
+                self.total, kept
+            )
+        } else {
+            head + &tail
+        }
+    }
+}
+
+/// The environment a tool process gets: nothing of the server's but what a shell needs.
+fn tool_env(cwd: &Path) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned(),
+        ),
+        ("HOME", cwd.display().to_string()),
+        ("LANG", "C.UTF-8".to_owned()),
+        ("TERM", "dumb".to_owned()),
+    ]
+}
+
+fn kill_group(pgid: Option<u32>) {
+    if let Some(pgid) = pgid.and_then(|id| i32::try_from(id).ok()) {
+        // ESRCH (the group is already gone) is fine.
+        let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+    }
+}
+
+/// Runs `command` with `bash -c` in `cwd`.
+pub async fn run_bash(
+    command: &str,
+    cwd: &Path,
+    timeout: Duration,
+    output_cap: usize,
+    cancel: CancellationToken,
+) -> BashOutcome {
+    let failed = |output: String| BashOutcome {
+        output,
+        exit_code: None,
+        timed_out: false,
+        cancelled: false,
+    };
+    let (reader, writer) = match std::io::pipe() {
+        Ok(pipe) => pipe,
+        Err(e) => return failed(format!("cannot create a pipe: {e}")),
+    };
+    let stderr = match writer.try_clone() {
+        Ok(w) => w,
+        Err(e) => return failed(format!("cannot create a pipe: {e}")),
+    };
+    let mut cmd = tokio::process::Command::new("bash");
+    cmd.arg("-c")
+        .arg(command)
+        .current_dir(cwd)
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(stderr)
+        .env_clear()
+        .envs(tool_env(cwd))
+        .kill_on_drop(true);
+    let spawned = cmd.spawn();
+    // Close our copies of the pipe's write end, or the reader never sees EOF.
+    drop(cmd);
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => return failed(format!("cannot start bash in {}: {e}", cwd.display())),
+    };
+    let pgid = child.id();
+    let mut receiver = match tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(reader))
+    {
+        Ok(receiver) => receiver,
+        Err(e) => {
+            kill_group(pgid);
+            return failed(format!("cannot read the output: {e}"));
+        }
+    };
+    let reading = tokio::spawn(async move {
+        let mut capped = Capped::new(output_cap);
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            match receiver.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => capped.push(&buf[..n]),
+            }
+        }
+        capped.finish()
+    });
+
+    let (exit_code, timed_out, cancelled) = tokio::select! {
+        status = child.wait() => (status.ok().and_then(|s| s.code()), false, false),
+        () = tokio::time::sleep(timeout) => (None, true, false),
+        () = cancel.cancelled() => (None, false, true),
+    };
+    // Whatever ended the run, nothing of the group may outlive it.
+    kill_group(pgid);
+    let _ = child.wait().await;
+    let output = match tokio::time::timeout(Duration::from_secs(2), reading).await {
+        Ok(Ok(output)) => output,
+        Ok(Err(_)) | Err(_) => String::from("[output unavailable]"),
+    };
+    BashOutcome {
+        output,
+        exit_code,
+        timed_out,
+        cancelled,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capped_output_keeps_head_and_tail() {
+        let mut capped = Capped::new(10);
+        capped.push(b"0123456789abcdefghij");
+        let text = capped.finish();
+        assert!(
+            text.starts_with("01234\n[output cut: 20 bytes in all"),
+            "{text}"
+        );
+        assert!(text.ends_with("fghij"), "{text}");
+        let mut small = Capped::new(10);
+        small.push(b"abc");
+        small.push(b"def");
+        assert_eq!(small.finish(), "abcdef");
+    }
+
+    #[tokio::test]
+    async fn merges_streams_and_reports_exit_status() {
+        let cwd = std::env::temp_dir();
+        let outcome = run_bash(
+            "echo out; echo err >&2; exit 3",
+            &cwd,
+            Duration::from_secs(10),
+            1000,
+            CancellationToken::new(),
+        )
+        .await;
+        assert_eq!(outcome.exit_code, Some(3));
+        assert!(
+            outcome.output.contains("out") && outcome.output.contains("err"),
+            "{outcome:?}"
+        );
+        let result = outcome.into_outcome();
+        assert!(!result.ok);
+        assert!(
+            result.output.ends_with("[exit status 3]"),
+            "{}",
+            result.output
+        );
+    }
+
+    #[tokio::test]
+    async fn timeout_kills_the_group() {
+        let cwd = std::env::temp_dir();
+        let outcome = run_bash(
+            "sleep 30 & sleep 30",
+            &cwd,
+            Duration::from_millis(200),
+            1000,
+            CancellationToken::new(),
+        )
+        .await;
+        assert!(outcome.timed_out);
+        assert!(!outcome.ok());
+    }
+
+    #[tokio::test]
+    async fn the_environment_is_clean() {
+        let cwd = std::env::temp_dir();
+        let outcome = run_bash(
+            "env | sort",
+            &cwd,
+            Duration::from_secs(10),
+            10_000,
+            CancellationToken::new(),
+        )
+        .await;
+        let names: Vec<&str> = outcome
+            .output
+            .lines()
+            .filter_map(|l| l.split('=').next())
+            .collect();
+        for name in &names {
+            assert!(
+                [
+                    "HOME", "LANG", "PATH", "PWD", "SHLVL", "TERM", "_", "OLDPWD"
+                ]
+                .contains(name),
+                "unexpected variable {name} in {names:?}"
+            );
+        }
+    }
+}

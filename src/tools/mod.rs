@@ -1,0 +1,217 @@
+//! The built-in tools (../shared/tools.md): their definitions for the LLM and how they run.
+//!
+//! Every tool starts in the conversation's fixed cwd (REQ-BED-010) and reports a
+//! [`ToolOutcome`]; a failure is an outcome the LLM sees, never an error of the server.
+//! spawn_sub_agents and submit_result are settled by the core and the runtime, not here.
+
+mod bash;
+mod fs;
+mod patch;
+mod search;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+pub use bash::{BashOutcome, run_bash};
+pub use fs::{PathError, resolve_in};
+
+use crate::state_machine::{SPAWN_SUB_AGENTS, SUBMIT_RESULT, ToolOutcome, ToolUse};
+
+/// A tool the LLM can call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolDefinition {
+    pub name: &'static str,
+    pub description: &'static str,
+    pub parameters: Value,
+}
+
+/// What the tools may use; fixed per server.
+#[derive(Clone, Debug)]
+pub struct ToolLimits {
+    pub bash_timeout: Duration,
+    pub bash_max_timeout: Duration,
+    pub output_cap_bytes: usize,
+    pub search_max_results: usize,
+}
+
+/// The tools offered to a conversation: sub-agents get submit_result and never
+/// spawn_sub_agents (REQ-BED-009).
+pub fn definitions(is_sub_agent: bool) -> Vec<ToolDefinition> {
+    let mut tools = vec![
+        ToolDefinition {
+            name: "bash",
+            description: "Runs a bash command in the conversation's working directory, in its own process group. stdout and stderr are merged and capped; a non-zero exit status is a failed result. `cd` does not persist between calls.",
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "description": "The command, run with bash -c."},
+                    "timeout_ms": {"type": "integer", "minimum": 1, "description": "Kill the command after this many milliseconds."},
+                },
+                "required": ["command"],
+            }),
+        },
+        ToolDefinition {
+            name: "patch",
+            description: "Edits a file under the working directory: each edit replaces the one occurrence of old_text with new_text, in order. An edit with an empty old_text on a missing file creates it. Paths that leave the working directory are refused.",
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "The file, relative to the working directory."},
+                    "edits": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "old_text": {"type": "string"},
+                                "new_text": {"type": "string"},
+                            },
+                            "required": ["old_text", "new_text"],
+                        },
+                    },
+                },
+                "required": ["path", "edits"],
+            }),
+        },
+        ToolDefinition {
+            name: "think",
+            description: "Records your reasoning. Does nothing else.",
+            parameters: json!({
+                "type": "object",
+                "properties": {"thoughts": {"type": "string"}},
+                "required": ["thoughts"],
+            }),
+        },
+        ToolDefinition {
+            name: "keyword_search",
+            description: "Finds lines that contain every word of the query (case-insensitive) in files under the working directory, honouring .gitignore. Output: path:line: text.",
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string"},
+                    "path": {"type": "string", "description": "A directory or file under the working directory to search in."},
+                    "max_results": {"type": "integer", "minimum": 1},
+                },
+                "required": ["query"],
+            }),
+        },
+    ];
+    if is_sub_agent {
+        tools.push(ToolDefinition {
+            name: SUBMIT_RESULT,
+            description: "Ends your task and hands the result to the conversation that started you. Call it exactly once, when you are done.",
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "result": {"type": "string", "description": "The result, complete on its own."},
+                    "success": {"type": "boolean", "description": "false if you could not do the task."},
+                },
+                "required": ["result"],
+            }),
+        });
+    } else {
+        tools.push(ToolDefinition {
+            name: SPAWN_SUB_AGENTS,
+            description: "Starts one sub-agent per task, in parallel, in the same working directory. Each works independently and submits a result; the result of this tool is the list of {agent_id, success, result} in task order.",
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "tasks": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "prompt": {"type": "string"},
+                                "model": {"type": "string"},
+                            },
+                            "required": ["prompt"],
+                        },
+                    },
+                },
+                "required": ["tasks"],
+            }),
+        });
+    }
+    tools
+}
+
+/// Runs one tool in `cwd` until it finishes, times out or `cancel` fires.
+pub async fn run(
+    tool: &ToolUse,
+    cwd: PathBuf,
+    limits: &ToolLimits,
+    cancel: CancellationToken,
+) -> ToolOutcome {
+    let Some(input) = tool.input.as_object() else {
+        return failed(format!(
+            "invalid arguments: expected a JSON object, got {}",
+            preview(&tool.input.to_string(), 200)
+        ));
+    };
+    match tool.name.as_str() {
+        "bash" => {
+            let Some(command) = input.get("command").and_then(Value::as_str) else {
+                return failed("invalid arguments: `command` must be a string");
+            };
+            let timeout = match input.get("timeout_ms") {
+                None | Some(Value::Null) => limits.bash_timeout,
+                Some(value) => match value.as_u64().filter(|ms| *ms > 0) {
+                    Some(ms) => Duration::from_millis(ms).min(limits.bash_max_timeout),
+                    None => {
+                        return failed(
+                            "invalid arguments: `timeout_ms` must be a positive integer",
+                        );
+                    }
+                },
+            };
+            run_bash(command, &cwd, timeout, limits.output_cap_bytes, cancel)
+                .await
+                .into_outcome()
+        }
+        "patch" => {
+            let input = input.clone();
+            blocking(move || patch::apply(&cwd, &input)).await
+        }
+        "think" => match input.get("thoughts").and_then(Value::as_str) {
+            Some(_) => ToolOutcome {
+                ok: true,
+                output: "ok".into(),
+            },
+            None => failed("invalid arguments: `thoughts` must be a string"),
+        },
+        "keyword_search" => {
+            let input = input.clone();
+            let max = limits.search_max_results;
+            let cap = limits.output_cap_bytes;
+            blocking(move || search::search(&cwd, &input, max, cap)).await
+        }
+        other => failed(format!("unknown tool `{other}`")),
+    }
+}
+
+async fn blocking(work: impl FnOnce() -> ToolOutcome + Send + 'static) -> ToolOutcome {
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|e| failed(format!("the tool crashed: {e}")))
+}
+
+pub(crate) fn failed(output: impl Into<String>) -> ToolOutcome {
+    ToolOutcome {
+        ok: false,
+        output: output.into(),
+    }
+}
+
+/// At most `max` bytes of `text`, cut on a character boundary.
+pub(crate) fn preview(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}

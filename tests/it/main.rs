@@ -1,0 +1,11 @@
+//! The one integration-test binary: a module per capability. Every test gets a fresh
+//! database (SQLite always; Postgres too where BEDROCK_TEST_DATABASE_URL is set) and a
+//! scripted OpenAI-compatible fake LLM; nothing reaches the internet.
+
+// A test matches the one variant it expects and fails on any other.
+#![allow(clippy::wildcard_enum_match_arm)]
+
+mod support;
+
+mod persistence;
+mod runtime;

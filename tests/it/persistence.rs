@@ -1,0 +1,1 @@
+//! Persistence (REQ-BED-007): transactions, counters, recovery, both backends.
