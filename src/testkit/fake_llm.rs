@@ -81,6 +81,8 @@ impl Reply {
 
 #[derive(Debug, Default)]
 struct Inner {
+    /// Replies for requests whose first user message contains the key, before the script.
+    routes: Vec<(String, VecDeque<Reply>)>,
     script: VecDeque<Reply>,
     fallback: Option<Reply>,
     requests: Vec<Value>,
@@ -92,6 +94,8 @@ struct Inner {
 struct Shared {
     inner: Mutex<Inner>,
     hangups: AtomicUsize,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
 }
 
 /// A running fake backend.
@@ -111,6 +115,8 @@ impl FakeLlm {
                 ..Inner::default()
             }),
             hangups: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
         });
         let app = Router::new()
             .route("/v1/chat/completions", post(complete))
@@ -135,6 +141,19 @@ impl FakeLlm {
     /// Queues replies, answered in order.
     pub fn push(&self, replies: impl IntoIterator<Item = Reply>) {
         self.inner().script.extend(replies);
+    }
+
+    /// Queues replies for the requests whose first user message contains `key` (a
+    /// sub-agent's task prompt, say); they are answered before the general script.
+    pub fn route(&self, key: &str, replies: impl IntoIterator<Item = Reply>) {
+        self.inner()
+            .routes
+            .push((key.to_owned(), replies.into_iter().collect()));
+    }
+
+    /// The most requests that were in flight at once.
+    pub fn max_in_flight(&self) -> usize {
+        self.shared.max_in_flight.load(Ordering::SeqCst)
     }
 
     /// The reply once the script is used up (default: a short text).
@@ -237,21 +256,64 @@ fn stream_response(chunks: Vec<Bytes>, then_stall: bool, shared: Arc<Shared>) ->
     response
 }
 
+/// The text of the request's first user message.
+fn first_user_text(request: &Value) -> String {
+    let Some(message) = request["messages"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["role"] == "user"))
+    else {
+        return String::new();
+    };
+    match &message["content"] {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Counts requests in flight while it lives.
+struct InFlight(Arc<Shared>);
+
+impl InFlight {
+    fn new(shared: &Arc<Shared>) -> Self {
+        let now = shared.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        shared.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        Self(shared.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 async fn complete(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
     let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let first_user = first_user_text(&request);
     let (reply, latency, (prompt, completion)) = {
         let mut inner = shared.inner.lock().unwrap_or_else(|e| e.into_inner());
         inner.requests.push(request);
-        let reply = inner
-            .script
-            .pop_front()
+        let routed = inner
+            .routes
+            .iter_mut()
+            .find(|(key, replies)| !replies.is_empty() && first_user.contains(key.as_str()))
+            .and_then(|(_, replies)| replies.pop_front());
+        let reply = routed
+            .or_else(|| inner.script.pop_front())
             .or_else(|| inner.fallback.clone())
             .unwrap_or_else(|| Reply::text("ok"));
         (reply, inner.latency, inner.usage)
     };
+    let in_flight = InFlight::new(&shared);
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
+    let response = reply_with(reply, prompt, completion, shared).await;
+    drop(in_flight);
+    response
+}
+
+async fn reply_with(reply: Reply, prompt: u64, completion: u64, shared: Arc<Shared>) -> Response {
     let role = chunk(json!({"role": "assistant", "content": ""}), None);
     match reply {
         Reply::Text { text, finish } => {

@@ -1,6 +1,8 @@
 //! The runtime through the real actor tree, a real database and the scripted fake LLM
 //! (REQ-BED-003..006, 008, 009; the runtime issue).
 
+use std::time::Duration;
+
 use bedrock::state_machine::{ConvState, ErrorKind, MessageContent};
 use bedrock::testkit::Reply;
 use serde_json::{Value, json};
@@ -307,6 +309,464 @@ async fn non_retryable_error_fails_at_once() {
         other => panic!("{other:?}"),
     }
     assert_eq!(rt.llm.requests().len(), 1);
+    rt.stop().await;
+    db.drop_db().await;
+}
+
+fn spawn_reply(tasks: &[&str]) -> Reply {
+    Reply::tool(
+        "call_spawn",
+        "spawn_sub_agents",
+        json!({"tasks": tasks.iter().map(|t| json!({"prompt": t})).collect::<Vec<_>>()}),
+    )
+}
+
+fn tool_names(request: &Value) -> Vec<String> {
+    request["tools"]
+        .as_array()
+        .map(|tools| {
+            tools
+                .iter()
+                .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// REQ-BED-008/009: sub-agents run in parallel as non-user-initiated children, each must
+/// submit_result; a failing one and one that never submits become failure entries, and the
+/// aggregate reaches the parent in task order.
+#[tokio::test]
+async fn sub_agents_are_aggregated_in_task_order_with_failures() {
+    for db in TestDb::each().await {
+        let rt = TestRuntime::start(&db, &[]).await;
+        let conv = rt.create_conversation().await;
+        rt.llm.route(
+            "parent task",
+            [
+                spawn_reply(&["task one", "task two", "task three"]),
+                Reply::text("summary"),
+            ],
+        );
+        rt.llm.route(
+            "task one",
+            [Reply::tool(
+                "call_s1",
+                "submit_result",
+                json!({"result": "one done"}),
+            )],
+        );
+        rt.llm.route(
+            "task two",
+            [Reply::text("I will not submit"), Reply::text("still not")],
+        );
+        rt.llm
+            .route("task three", [Reply::status(401, "sub-agent key refused")]);
+        rt.send(&conv, "parent task").await.expect("accepted");
+        rt.wait_idle(&conv).await;
+        eventually("the summary", WAIT, || async {
+            (rt.messages(&conv).await.len() == 4).then_some(())
+        })
+        .await;
+
+        let history = rt.messages(&conv).await;
+        let aggregate = match &history[2].content {
+            MessageContent::Tool(result) => {
+                assert_eq!(result.tool_use_id, "call_spawn");
+                assert!(result.ok);
+                serde_json::from_str::<Value>(&result.output).expect("the aggregate is JSON")
+            }
+            other => panic!("expected the spawn result, got {other:?}"),
+        };
+        let entries = aggregate.as_array().expect("an array");
+        assert_eq!(entries.len(), 3);
+        assert_eq!(entries[0]["success"], true);
+        assert_eq!(entries[0]["result"], "one done");
+        assert_eq!(entries[1]["success"], false);
+        assert!(
+            entries[1]["result"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("without calling submit_result"),
+            "{aggregate}"
+        );
+        assert_eq!(entries[2]["success"], false);
+        assert!(
+            entries[2]["result"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("sub-agent key refused"),
+            "{aggregate}"
+        );
+
+        let children = rt.store.children(&conv).await.expect("children");
+        assert_eq!(children.len(), 3);
+        for (child, entry) in children.iter().zip(entries) {
+            assert!(!child.user_initiated);
+            assert_eq!(child.parent_id.as_deref(), Some(conv.as_str()));
+            assert_eq!(
+                entry["agent_id"],
+                child.id.as_str(),
+                "entries follow task order"
+            );
+            assert_eq!(
+                child.cwd,
+                rt.record(&conv).await.cwd,
+                "sub-agents share the cwd"
+            );
+        }
+        let listed = rt
+            .store
+            .list_conversations(&rt.tenant_id, false, 50, None)
+            .await
+            .expect("a listing");
+        assert_eq!(listed.items.len(), 1, "sub-agents are not listed");
+
+        // The sub-agents' requests offer submit_result and never spawn_sub_agents.
+        let requests = rt.llm.requests();
+        let sub_request = requests
+            .iter()
+            .find(|r| r.to_string().contains("task one"))
+            .expect("a sub-agent request");
+        let names = tool_names(sub_request);
+        assert!(
+            names.contains(&"submit_result".to_owned())
+                && !names.contains(&"spawn_sub_agents".to_owned()),
+            "{names:?}"
+        );
+        let parent_names = tool_names(&requests[0]);
+        assert!(
+            parent_names.contains(&"spawn_sub_agents".to_owned())
+                && !parent_names.contains(&"submit_result".to_owned())
+        );
+        // The reminder reached the sub-agent that did not submit.
+        assert!(
+            requests
+                .iter()
+                .any(|r| r.to_string().contains("call the submit_result tool"))
+        );
+        rt.assert_chain_valid(&conv).await;
+        for child in &children {
+            rt.assert_chain_valid(&child.id).await;
+        }
+        rt.stop().await;
+        db.drop_db().await;
+    }
+}
+
+/// REQ-BED-005: cancelling the parent while it awaits sub-agents stops them all (their LLM
+/// requests are dropped) and answers the spawn call with a synthetic result.
+#[tokio::test]
+async fn cancel_while_awaiting_sub_agents_stops_them() {
+    let db = TestDb::sqlite();
+    let rt = TestRuntime::start(&db, &[]).await;
+    let conv = rt.create_conversation().await;
+    rt.llm
+        .route("parent", [spawn_reply(&["slow one", "slow two"])]);
+    rt.llm.route("slow one", [Reply::Stall]);
+    rt.llm.route("slow two", [Reply::Stall]);
+    rt.send(&conv, "parent").await.expect("accepted");
+    rt.wait_state(&conv, "awaiting_sub_agents", |s| {
+        matches!(s, ConvState::AwaitingSubAgents { .. })
+    })
+    .await;
+    eventually("both sub-agents to call the LLM", WAIT, || async {
+        (rt.llm.requests().len() == 3).then_some(())
+    })
+    .await;
+    let outcome = rt.cancel(&conv).await;
+    assert_eq!(outcome.stopped_sub_agents.len(), 2);
+    assert!(matches!(outcome.state, ConvState::Idle));
+    eventually("the sub-agents' requests to be dropped", WAIT, || async {
+        (rt.llm.hangups() == 2).then_some(())
+    })
+    .await;
+    let history = rt.messages(&conv).await;
+    match &history.last().expect("messages").content {
+        MessageContent::Tool(result) => {
+            assert_eq!(result.tool_use_id, "call_spawn");
+            assert!(result.cancelled && !result.ok);
+            assert!(
+                result.output.contains("cancelled by user"),
+                "{}",
+                result.output
+            );
+        }
+        other => panic!("expected the synthetic spawn result, got {other:?}"),
+    }
+    rt.assert_chain_valid(&conv).await;
+    rt.stop().await;
+    db.drop_db().await;
+}
+
+/// REQ-BED-008: a sub-agent that runs past its time limit becomes a failure entry.
+#[tokio::test]
+async fn sub_agent_timeout_is_a_failure_entry() {
+    let db = TestDb::sqlite();
+    let rt = TestRuntime::start(&db, &[("BEDROCK_SUB_AGENTS__TIMEOUT_MS", "1500")]).await;
+    let conv = rt.create_conversation().await;
+    rt.llm.route(
+        "parent",
+        [spawn_reply(&["quick", "forever"]), Reply::text("noted")],
+    );
+    rt.llm.route(
+        "quick",
+        [Reply::tool("s", "submit_result", json!({"result": "fast"}))],
+    );
+    rt.llm.route("forever", [Reply::Stall]);
+    rt.send(&conv, "parent").await.expect("accepted");
+    rt.wait_idle(&conv).await;
+    let history = rt.messages(&conv).await;
+    let spawn = history
+        .iter()
+        .find_map(|m| match &m.content {
+            MessageContent::Tool(r) if r.tool_use_id == "call_spawn" => Some(r.output.clone()),
+            _ => None,
+        })
+        .expect("the spawn result");
+    let entries: Value = serde_json::from_str(&spawn).expect("JSON");
+    assert_eq!(entries[0]["success"], true);
+    assert_eq!(entries[1]["success"], false);
+    assert!(
+        entries[1]["result"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("did not submit a result within 1 s"),
+        "{entries}"
+    );
+    eventually("the stalled request to be dropped", WAIT, || async {
+        (rt.llm.hangups() == 1).then_some(())
+    })
+    .await;
+    rt.stop().await;
+    db.drop_db().await;
+}
+
+async fn expect_error(rt: &TestRuntime, conv: &str, kind: ErrorKind, needle: &str) {
+    let record = rt
+        .wait_state(conv, "error", |s| matches!(s, ConvState::Error { .. }))
+        .await;
+    match record.state {
+        ConvState::Error {
+            error_kind,
+            message,
+        } => {
+            assert_eq!(error_kind, kind, "{message}");
+            assert!(message.contains(needle), "{message:?} lacks {needle:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    rt.assert_chain_valid(conv).await;
+}
+
+/// The gateway's hard limits, each hit mechanically with a clear message.
+#[tokio::test]
+async fn gateway_limit_response_bytes() {
+    let db = TestDb::sqlite();
+    let rt = TestRuntime::start(&db, &[("BEDROCK_LLM__MAX_RESPONSE_BYTES", "20000")]).await;
+    let conv = rt.create_conversation().await;
+    rt.llm.push([Reply::Huge { size: 100_000 }]);
+    rt.send(&conv, "talk a lot").await.expect("accepted");
+    expect_error(
+        &rt,
+        &conv,
+        ErrorKind::Limit,
+        "exceeds the limit of 20000 bytes",
+    )
+    .await;
+    assert_eq!(
+        rt.messages(&conv).await.len(),
+        2,
+        "no partial response is stored"
+    );
+    rt.stop().await;
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn gateway_limit_tool_argument_bytes() {
+    let db = TestDb::sqlite();
+    let rt = TestRuntime::start(&db, &[("BEDROCK_LLM__MAX_TOOL_ARGS_BYTES", "1000")]).await;
+    let conv = rt.create_conversation().await;
+    let arguments = json!({"command": "x".repeat(5000)}).to_string();
+    rt.llm.push([Reply::RawToolCall {
+        id: "c".into(),
+        name: "bash".into(),
+        arguments,
+    }]);
+    rt.send(&conv, "big call").await.expect("accepted");
+    expect_error(
+        &rt,
+        &conv,
+        ErrorKind::Limit,
+        "exceed the limit of 1000 bytes",
+    )
+    .await;
+    rt.stop().await;
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn gateway_limit_request_bytes() {
+    let db = TestDb::sqlite();
+    let rt = TestRuntime::start(&db, &[("BEDROCK_LLM__MAX_REQUEST_BYTES", "3000")]).await;
+    let conv = rt.create_conversation().await;
+    rt.send(&conv, &"y".repeat(4000)).await.expect("accepted");
+    expect_error(&rt, &conv, ErrorKind::Limit, "over the limit of 3000 bytes").await;
+    assert!(
+        rt.llm.requests().is_empty(),
+        "an oversized request is never sent"
+    );
+    rt.stop().await;
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn gateway_limits_of_time_are_network_failures_and_retried() {
+    let db = TestDb::sqlite();
+    let rt = TestRuntime::start(
+        &db,
+        &[
+            ("BEDROCK_LLM__FIRST_BYTE_TIMEOUT_MS", "300"),
+            ("BEDROCK_LLM__IDLE_TIMEOUT_MS", "300"),
+        ],
+    )
+    .await;
+    // Time to first byte, then idle between chunks, then a stream cut short: all retried.
+    let first = rt.create_conversation().await;
+    rt.llm.latency(Duration::from_millis(1500));
+    rt.llm.push([
+        Reply::text("late"),
+        Reply::text("late"),
+        Reply::text("late"),
+    ]);
+    rt.send(&first, "hi").await.expect("accepted");
+    expect_error(&rt, &first, ErrorKind::Network, "time to first byte").await;
+    assert_eq!(rt.llm.requests().len(), 3);
+
+    rt.llm.latency(Duration::ZERO);
+    let second = rt.create_conversation().await;
+    rt.llm.push([
+        Reply::StallAfterFirstChunk,
+        Reply::Truncated,
+        Reply::text("third time lucky"),
+    ]);
+    rt.send(&second, "hi").await.expect("accepted");
+    rt.wait_idle(&second).await;
+    let history = rt.messages(&second).await;
+    assert_eq!(history.len(), 2);
+    match &history[1].content {
+        MessageContent::Agent { text, .. } => assert_eq!(text.as_deref(), Some("third time lucky")),
+        other => panic!("{other:?}"),
+    }
+    rt.stop().await;
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn gateway_limit_total_time() {
+    let db = TestDb::sqlite();
+    let rt = TestRuntime::start(&db, &[("BEDROCK_LLM__TOTAL_TIMEOUT_MS", "400")]).await;
+    let conv = rt.create_conversation().await;
+    rt.llm.fallback(Reply::StallAfterFirstChunk);
+    rt.send(&conv, "hi").await.expect("accepted");
+    expect_error(
+        &rt,
+        &conv,
+        ErrorKind::Network,
+        "longer than the limit of 400 ms",
+    )
+    .await;
+    rt.stop().await;
+    db.drop_db().await;
+}
+
+/// The per-backend concurrency limit: requests beyond it wait their turn.
+#[tokio::test]
+async fn gateway_concurrency_limit() {
+    let db = TestDb::sqlite();
+    let rt = TestRuntime::start(&db, &[("BEDROCK_LLM__MAX_CONCURRENCY", "1")]).await;
+    rt.llm.latency(Duration::from_millis(200));
+    let mut convs = Vec::new();
+    for _ in 0..3 {
+        let conv = rt.create_conversation().await;
+        rt.send(&conv, "hi").await.expect("accepted");
+        convs.push(conv);
+    }
+    for conv in &convs {
+        rt.wait_idle(conv).await;
+    }
+    assert_eq!(rt.llm.requests().len(), 3);
+    assert_eq!(rt.llm.max_in_flight(), 1);
+    rt.stop().await;
+    db.drop_db().await;
+}
+
+/// Tool arguments that are not JSON reach the tool as a failure the model can act on, and go
+/// back to the model as they came.
+#[tokio::test]
+async fn invalid_tool_arguments_are_a_failed_result() {
+    let db = TestDb::sqlite();
+    let rt = TestRuntime::start(&db, &[]).await;
+    let conv = rt.create_conversation().await;
+    rt.llm.push([
+        Reply::RawToolCall {
+            id: "c1".into(),
+            name: "bash".into(),
+            arguments: "{\"command\": \"ls".into(),
+        },
+        Reply::text("sorry"),
+    ]);
+    rt.send(&conv, "hi").await.expect("accepted");
+    rt.wait_idle(&conv).await;
+    let requests = rt.llm.requests();
+    let results = tool_messages(&requests[1]);
+    assert!(
+        results[0]
+            .1
+            .contains("invalid arguments: expected a JSON object"),
+        "{results:?}"
+    );
+    let assistant = requests[1]["messages"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["role"] == "assistant"))
+        .cloned()
+        .expect("the assistant message");
+    assert_eq!(
+        assistant["tool_calls"][0]["function"]["arguments"],
+        "{\"command\": \"ls"
+    );
+    rt.assert_chain_valid(&conv).await;
+    rt.stop().await;
+    db.drop_db().await;
+}
+
+/// REQ-BED-011: text deltas reach subscribers live, before the message is stored.
+#[tokio::test]
+async fn deltas_are_streamed_live() {
+    let db = TestDb::sqlite();
+    let rt = TestRuntime::start(&db, &[]).await;
+    let conv = rt.create_conversation().await;
+    let mut frames = rt.runtime.services.hub.subscribe(&conv);
+    rt.llm.push([Reply::text("streamed in pieces")]);
+    rt.send(&conv, "hi").await.expect("accepted");
+    rt.wait_idle(&conv).await;
+    let mut deltas = String::new();
+    let mut kinds = Vec::new();
+    while let Ok(frame) = frames.try_recv() {
+        let value: Value = serde_json::from_str(&frame.json).expect("JSON");
+        if frame.kind == "delta" {
+            deltas.push_str(value["text"].as_str().unwrap_or_default());
+        }
+        kinds.push(frame.kind.clone());
+    }
+    assert_eq!(deltas, "streamed in pieces");
+    let first_delta = kinds.iter().position(|k| k == "delta").expect("deltas");
+    let agent_message = kinds
+        .iter()
+        .rposition(|k| k == "message")
+        .expect("messages");
+    assert!(first_delta < agent_message, "{kinds:?}");
     rt.stop().await;
     db.drop_db().await;
 }
