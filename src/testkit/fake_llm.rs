@@ -264,10 +264,10 @@ fn first_user_text(request: &Value) -> String {
     else {
         return String::new();
     };
-    match &message["content"] {
-        Value::String(text) => text.clone(),
-        other => other.to_string(),
-    }
+    let content = &message["content"];
+    content
+        .as_str()
+        .map_or_else(|| content.to_string(), str::to_owned)
 }
 
 /// Counts requests in flight while it lives.
