@@ -1,9 +1,12 @@
 //! Bedrock: a hosted, multi-tenant service that runs LLM agent conversations as supervised
 //! actors. See README.md for the codemap and the architecture invariants.
 
+pub mod api;
+pub mod app;
 pub mod config;
 pub mod hub;
 pub mod llm;
+pub mod metrics;
 pub mod model;
 pub mod persistence;
 pub mod runtime;

@@ -1,5 +1,13 @@
-//! The `bedrock` command line.
+//! The `bedrock` command line: serve, migrate, tenant create, config.
 
+// A command line reports its failures on stderr.
+#![allow(clippy::print_stderr)]
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use bedrock::app::{Application, create_tenant, init_logging, open_store};
+use bedrock::config::Settings;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
@@ -9,22 +17,112 @@ use clap::{Parser, Subcommand};
     about = "Runs LLM agent conversations as supervised actors"
 )]
 struct Cli {
+    /// A TOML file of settings over config/default.toml (environment variables win).
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Serve HTTP, WebSocket and SSE on BEDROCK_LISTEN.
+    /// Serve HTTP, WebSocket and SSE on BEDROCK_LISTEN (applies migrations first).
     Serve,
+    /// Apply the database migrations.
+    Migrate,
+    /// Manage tenants.
+    Tenant {
+        #[command(subcommand)]
+        command: TenantCommand,
+    },
+    /// Print the effective configuration, secrets masked.
+    Config,
 }
 
-fn main() -> anyhow::Result<()> {
+#[derive(Debug, Subcommand)]
+enum TenantCommand {
+    /// Create a tenant; prints {"tenant_id", "api_key"} once.
+    Create { name: String },
+}
+
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    match cli.command {
+    let settings = match Settings::load(cli.config.as_deref()) {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("bedrock: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("bedrock: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli.command, settings)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bedrock: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
+    match command {
         Command::Serve => {
-            println!("bedrock {}", env!("CARGO_PKG_VERSION"));
+            init_logging(std::env::var("BEDROCK_LOG_FORMAT").is_ok_and(|f| f == "json"));
+            let app = Application::build(settings).await?;
+            tracing::info!(addr = %app.addr, "listening");
+            let token = app.shutdown_token();
+            tokio::spawn(async move {
+                wait_for_signal().await;
+                token.cancel();
+            });
+            app.run_until_stopped().await
+        }
+        Command::Migrate => {
+            let store = open_store(&settings).await?;
+            store.close().await?;
+            println!("migrations applied");
             Ok(())
+        }
+        Command::Tenant {
+            command: TenantCommand::Create { name },
+        } => {
+            let (tenant, key) = create_tenant(&settings, &name).await?;
+            println!(
+                "{}",
+                serde_json::json!({"tenant_id": tenant.id, "api_key": key})
+            );
+            Ok(())
+        }
+        Command::Config => {
+            print!("{}", settings.masked_toml());
+            Ok(())
+        }
+    }
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await.context("no signal handler");
         }
     }
 }

@@ -100,7 +100,42 @@ pub struct EventRecord {
     pub event_type: String,
     /// The whole frame as sent to clients, `event_id` included.
     pub payload: serde_json::Value,
+    /// One frame per key and conversation (idempotent client events).
+    pub dedup_key: Option<String>,
     pub created_at: DateTime<Utc>,
+}
+
+/// A request from the server to a client (bidirectional-streaming.md).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClientRequest {
+    pub id: String,
+    pub conversation_id: String,
+    pub tool_use_id: Option<String>,
+    /// The contract's `request_type` object.
+    pub request_type: serde_json::Value,
+    /// `pending`, `answered`, `expired` or `cancelled`.
+    pub status: String,
+    pub response: Option<serde_json::Value>,
+    pub timeout_ms: i64,
+    pub expires_at: DateTime<Utc>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A long-running tool run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackgroundTask {
+    pub id: String,
+    pub conversation_id: String,
+    pub tool_use_id: String,
+    pub tool_name: String,
+    pub command: String,
+    /// `running`, `completed`, `failed` or `cancelled`.
+    pub status: String,
+    pub output: Option<String>,
+    pub exit_code: Option<i32>,
+    pub wake: bool,
+    pub created_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
 }
 
 /// Everything one transition writes, in one transaction (REQ-BED-007).

@@ -48,6 +48,22 @@ pub enum WriteJob {
         id: String,
     },
     InsertAttachments(Vec<NewAttachment>),
+    CreateClientRequest(crate::model::ClientRequest),
+    /// Resolve a pending request; `Resolved(false)` when it was no longer pending.
+    ResolveClientRequest {
+        id: String,
+        status: &'static str,
+        response: Option<serde_json::Value>,
+        at: DateTime<Utc>,
+    },
+    CreateBackgroundTask(crate::model::BackgroundTask),
+    FinishBackgroundTask {
+        id: String,
+        status: &'static str,
+        output: String,
+        exit_code: Option<i32>,
+        at: DateTime<Utc>,
+    },
     /// Restart recovery: expire pending client requests, fail running background tasks.
     ExpirePendingWork {
         at: DateTime<Utc>,
@@ -58,6 +74,8 @@ pub enum WriteJob {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WriteOutcome {
     Done,
+    /// Whether a conditional update found its row in the expected status.
+    Resolved(bool),
     /// Rows touched by `ExpirePendingWork`: client requests, background tasks.
     Expired(u64, u64),
 }
@@ -249,6 +267,31 @@ async fn write(store: &Store, job: WriteJob) -> Result<WriteOutcome, StoreError>
         WriteJob::SetArchived { id, archived, at } => store.set_archived(&id, archived, at).await?,
         WriteJob::DeleteConversation { id } => store.delete_conversation(&id).await?,
         WriteJob::InsertAttachments(new) => store.insert_attachments(&new).await?,
+        WriteJob::CreateClientRequest(request) => store.insert_client_request(&request).await?,
+        WriteJob::ResolveClientRequest {
+            id,
+            status,
+            response,
+            at,
+        } => {
+            let resolved = store
+                .resolve_client_request(&id, status, response, at)
+                .await?;
+            return Ok(WriteOutcome::Resolved(resolved));
+        }
+        WriteJob::CreateBackgroundTask(task) => store.insert_background_task(&task).await?,
+        WriteJob::FinishBackgroundTask {
+            id,
+            status,
+            output,
+            exit_code,
+            at,
+        } => {
+            let finished = store
+                .finish_background_task(&id, status, &output, exit_code, at)
+                .await?;
+            return Ok(WriteOutcome::Resolved(finished));
+        }
         WriteJob::ExpirePendingWork { at } => {
             let (requests, tasks) = store.expire_pending_work(at).await?;
             return Ok(WriteOutcome::Expired(requests, tasks));

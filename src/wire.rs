@@ -180,3 +180,18 @@ pub fn parse_stored_usage(value: &Value) -> Option<Usage> {
         output_tokens: value.get("output_tokens")?.as_u64()?,
     })
 }
+
+/// A background task as listed on its conversation.
+pub fn background_task(task: &crate::model::BackgroundTask) -> Value {
+    json!({
+        "task_id": task.id,
+        "tool_use_id": task.tool_use_id,
+        "tool_name": task.tool_name,
+        "command": task.command,
+        "status": task.status,
+        "exit_code": task.exit_code,
+        "output": task.output,
+        "created_at": task.created_at.to_rfc3339(),
+        "finished_at": task.finished_at.map(|t| t.to_rfc3339()),
+    })
+}

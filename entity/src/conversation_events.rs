@@ -13,6 +13,8 @@ pub struct Model {
     pub event_type: String,
     /// The whole frame, as sent to clients.
     pub payload: Json,
+    /// Makes a client's event idempotent: one frame per key and conversation.
+    pub dedup_key: Option<String>,
     pub created_at: DateTimeUtc,
 }
 

@@ -70,6 +70,7 @@ enum ConversationEvents {
     EventId,
     EventType,
     Payload,
+    DedupKey,
     CreatedAt,
 }
 
@@ -293,6 +294,7 @@ impl MigrationTrait for Migration {
                     .col(big_integer(ConversationEvents::EventId))
                     .col(string(ConversationEvents::EventType))
                     .col(json(ConversationEvents::Payload))
+                    .col(string_null(ConversationEvents::DedupKey))
                     .col(timestamp_with_time_zone(ConversationEvents::CreatedAt))
                     // Events after an event id: the primary key's order.
                     .primary_key(
@@ -304,6 +306,18 @@ impl MigrationTrait for Migration {
                         ConversationEvents::Table,
                         ConversationEvents::ConversationId,
                     ))
+                    .to_owned(),
+            )
+            .await?;
+
+        manager
+            .create_index(
+                Index::create()
+                    .name("conversation_events_dedup")
+                    .table(ConversationEvents::Table)
+                    .col(ConversationEvents::ConversationId)
+                    .col(ConversationEvents::DedupKey)
+                    .unique()
                     .to_owned(),
             )
             .await?;

@@ -55,6 +55,7 @@ pub fn plan(
             event_id,
             event_type: payload["type"].as_str().unwrap_or_default().to_owned(),
             payload,
+            dedup_key: None,
             created_at: at,
         });
     };
@@ -157,6 +158,52 @@ pub fn plan(
         frames,
         messages,
         dispatch,
+    }
+}
+
+/// A commit of durable frames alone (client requests, system events), numbered from `conv`'s
+/// counters. `frames` are `(payload without event_id, dedup key)`.
+pub fn plan_frames(
+    conv: &ConversationRecord,
+    frames: Vec<(serde_json::Value, Option<String>)>,
+    at: DateTime<Utc>,
+) -> Plan {
+    let mut next_event = conv.next_event_id;
+    let mut events = Vec::with_capacity(frames.len());
+    for (mut payload, dedup_key) in frames {
+        if let Some(object) = payload.as_object_mut() {
+            object.insert("event_id".into(), json!(next_event));
+        }
+        events.push(EventRecord {
+            conversation_id: conv.id.clone(),
+            event_id: next_event,
+            event_type: payload["type"].as_str().unwrap_or_default().to_owned(),
+            payload,
+            dedup_key,
+            created_at: at,
+        });
+        next_event += 1;
+    }
+    let frames = events
+        .iter()
+        .map(|e| Arc::new(Frame::from_value(&e.payload)))
+        .collect();
+    Plan {
+        commit: (!events.is_empty()).then(|| ConversationCommit {
+            conversation_id: conv.id.clone(),
+            state: None,
+            messages: Vec::new(),
+            events,
+            usage: None,
+            expected_next_sequence_id: conv.next_sequence_id,
+            expected_next_event_id: conv.next_event_id,
+            next_sequence_id: conv.next_sequence_id,
+            next_event_id: next_event,
+            at,
+        }),
+        frames,
+        messages: Vec::new(),
+        dispatch: Vec::new(),
     }
 }
 

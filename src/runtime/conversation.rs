@@ -35,6 +35,9 @@ pub enum SendError {
     Unavailable(String),
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// A message with the same client message_id is already stored.
+    #[error("duplicate message_id")]
+    Duplicate,
 }
 
 /// Who started a sub-agent, and which of its tasks the sub-agent is.
@@ -58,6 +61,12 @@ pub enum ConvMsg {
     Event(Event),
     /// The idle timer of the given generation fired.
     IdleCheck(u64),
+    /// Store durable frames that no transition makes (client requests, system events):
+    /// `(payload, dedup key)`. Answers false when a dedup key was already stored.
+    Emit {
+        frames: Vec<(serde_json::Value, Option<String>)>,
+        reply: RpcReplyPort<Result<bool, String>>,
+    },
     /// Graceful shutdown: interrupt the turn, store it, and stop.
     Shutdown(RpcReplyPort<()>),
 }
@@ -69,6 +78,7 @@ impl std::fmt::Debug for ConvMsg {
             ConvMsg::Cancel => f.write_str("Cancel"),
             ConvMsg::Event(event) => write!(f, "Event({})", event.name()),
             ConvMsg::IdleCheck(generation) => write!(f, "IdleCheck({generation})"),
+            ConvMsg::Emit { frames, .. } => write!(f, "Emit({})", frames.len()),
             ConvMsg::Shutdown(_) => f.write_str("Shutdown"),
         }
     }
@@ -199,6 +209,9 @@ impl Actor for ConversationActor {
                     myself.stop(Some("idle".into()));
                     return Ok(());
                 }
+            }
+            ConvMsg::Emit { frames, reply } => {
+                let _ = reply.send(emit_frames(state, frames).await);
             }
             ConvMsg::Shutdown(reply) => {
                 state.stopping = true;
@@ -346,12 +359,47 @@ async fn send(
         InvalidTransition::Ignored { .. } => SendError::Rejected(Rejection::AgentBusy),
     })?;
     // The user is waiting: a database failure is theirs to retry, not ours.
+    let has_client_key = client_message_id.is_some();
     match store_and_dispatch(myself, state, result, client_message_id, false).await {
         Ok((messages, _)) => messages
             .into_iter()
             .find(|m| m.content.message_type() == crate::state_machine::MessageType::User)
             .ok_or_else(|| SendError::Unavailable("the message was not stored".into())),
+        Err(StoreError::Conflict(_)) if has_client_key => Err(SendError::Duplicate),
         Err(e) => Err(SendError::Unavailable(e.to_string())),
+    }
+}
+
+/// Stores and publishes durable frames outside a transition.
+async fn emit_frames(
+    state: &mut ConversationState,
+    frames: Vec<(serde_json::Value, Option<String>)>,
+) -> Result<bool, String> {
+    let plan = commit::plan_frames(&state.record, frames, Utc::now());
+    let Some(commit) = &plan.commit else {
+        return Ok(true);
+    };
+    match state.services.persistence.commit(commit.clone()).await {
+        Ok(()) => {
+            commit::apply(&mut state.record, commit);
+            for frame in &plan.frames {
+                state.services.hub.publish(&state.record.id, frame.clone());
+            }
+            Ok(true)
+        }
+        // Our counters still match the row: the conflict is a repeated dedup key.
+        Err(StoreError::Conflict(what)) => {
+            match state
+                .services
+                .store
+                .conversation_by_id(&state.record.id)
+                .await
+            {
+                Ok(Some(row)) if row.next_event_id == state.record.next_event_id => Ok(false),
+                _ => Err(format!("conflict: {what}")),
+            }
+        }
+        Err(e) => Err(e.to_string()),
     }
 }
 

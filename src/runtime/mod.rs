@@ -17,7 +17,9 @@ mod commit;
 mod conversation;
 mod recovery;
 mod registry;
+mod requests;
 mod subagents;
+mod system_events;
 mod tool_run;
 
 use std::sync::Arc;
@@ -27,14 +29,17 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio_util::sync::CancellationToken;
 
 pub use cancel::{CancelOutcome, CancelSlot};
-pub use commit::{Plan, apply as apply_commit, plan as plan_commit};
+pub use commit::{Plan, apply as apply_commit, plan as plan_commit, plan_frames};
 pub use conversation::{ConvMsg, SendError, context};
 pub use recovery::{RecoveryReport, recover};
 pub use registry::{Live, Registry, StartError};
+pub use requests::{AnswerError, Asked, RequestBroker, answer_request, check_reply};
+pub use system_events::post as post_system_event;
 
 use crate::config::Settings;
 use crate::hub::EventHub;
 use crate::llm::{Gateway, GatewayArgs, LlmGateway};
+use crate::metrics::Metrics;
 use crate::persistence::{Persistence, PersistenceActor};
 use crate::store::Store;
 use crate::tools::ToolLimits;
@@ -49,6 +54,8 @@ pub struct Services {
     pub gateway: Gateway,
     pub registry: Registry,
     pub tool_limits: ToolLimits,
+    pub requests: RequestBroker,
+    pub metrics: Arc<Metrics>,
     root: ActorCell,
     shutdown: CancellationToken,
 }
@@ -105,6 +112,7 @@ impl Runtime {
         store: Store,
     ) -> anyhow::Result<(Runtime, RecoveryReport)> {
         crate::install_crypto();
+        let metrics = Arc::new(Metrics::default());
         let (root, _) = Actor::spawn(None, Root, ()).await?;
         let (persistence, _) =
             Actor::spawn_linked(None, PersistenceActor, store.clone(), root.get_cell()).await?;
@@ -134,6 +142,8 @@ impl Runtime {
             ),
             gateway: Gateway::new(gateway),
             registry: Registry::default(),
+            requests: RequestBroker::default(),
+            metrics,
             settings,
             store,
             hub,

@@ -24,8 +24,8 @@ use sea_orm::{
 pub use error::StoreError;
 
 use crate::model::{
-    ConversationCommit, ConversationRecord, EventRecord, MessageRecord, NewConversation, Page,
-    Tenant, UsageTotals,
+    BackgroundTask, ClientRequest, ConversationCommit, ConversationRecord, EventRecord,
+    MessageRecord, NewConversation, Page, Tenant, UsageTotals,
 };
 use crate::state_machine::ConvState;
 use crate::wire;
@@ -115,6 +115,15 @@ impl Store {
     pub async fn ping(&self) -> Result<()> {
         self.db.ping().await?;
         Ok(())
+    }
+
+    /// Connections open in the pool.
+    pub fn pool_size(&self) -> u32 {
+        if self.backend() == DbBackend::Postgres {
+            self.db.get_postgres_connection_pool().size()
+        } else {
+            self.db.get_sqlite_connection_pool().size()
+        }
     }
 
     /// Closes the pool.
@@ -304,6 +313,7 @@ impl Store {
                 event_id: row.event_id,
                 event_type: row.event_type,
                 payload: row.payload,
+                dedup_key: row.dedup_key,
                 created_at: row.created_at,
             })
             .collect())
@@ -319,6 +329,64 @@ impl Store {
                 media_type: row.media_type,
                 data: row.data,
             }))
+    }
+
+    /// A conversation's client request.
+    pub async fn client_request(
+        &self,
+        conversation_id: &str,
+        id: &str,
+    ) -> Result<Option<ClientRequest>> {
+        Ok(client_requests::Entity::find_by_id(id.to_owned())
+            .filter(client_requests::Column::ConversationId.eq(conversation_id))
+            .one(&self.db)
+            .await?
+            .map(client_request))
+    }
+
+    /// The pending requests of a conversation, oldest first, as the snapshot lists them.
+    pub async fn pending_requests(&self, conversation_id: &str) -> Result<Vec<serde_json::Value>> {
+        Ok(client_requests::Entity::find()
+            .filter(client_requests::Column::ConversationId.eq(conversation_id))
+            .filter(client_requests::Column::Status.eq("pending"))
+            .order_by_asc(client_requests::Column::Id)
+            .all(&self.db)
+            .await?
+            .into_iter()
+            .map(|row| {
+                serde_json::json!({
+                    "request_id": row.id,
+                    "request_type": row.request_type,
+                    "timeout_ms": row.timeout_ms,
+                    "expires_at": row.expires_at.to_rfc3339(),
+                    "tool_use_id": row.tool_use_id,
+                })
+            })
+            .collect())
+    }
+
+    /// A conversation's background tasks, oldest first.
+    pub async fn background_tasks(&self, conversation_id: &str) -> Result<Vec<BackgroundTask>> {
+        Ok(background_tasks::Entity::find()
+            .filter(background_tasks::Column::ConversationId.eq(conversation_id))
+            .order_by_asc(background_tasks::Column::Id)
+            .all(&self.db)
+            .await?
+            .into_iter()
+            .map(|row| BackgroundTask {
+                id: row.id,
+                conversation_id: row.conversation_id,
+                tool_use_id: row.tool_use_id,
+                tool_name: row.tool_name,
+                command: row.command,
+                status: row.status,
+                output: row.output,
+                exit_code: row.exit_code,
+                wake: row.wake,
+                created_at: row.created_at,
+                finished_at: row.finished_at,
+            })
+            .collect())
     }
 
     pub async fn count_messages(&self, conversation_id: &str) -> Result<u64> {
@@ -479,6 +547,7 @@ impl Store {
                 event_id: Set(event.event_id),
                 event_type: Set(event.event_type.clone()),
                 payload: Set(event.payload.clone()),
+                dedup_key: Set(event.dedup_key.clone()),
                 created_at: Set(event.created_at),
             })
             .collect();
@@ -489,6 +558,84 @@ impl Store {
         }
         txn.commit().await?;
         Ok(())
+    }
+
+    pub(crate) async fn insert_client_request(&self, request: &ClientRequest) -> Result<()> {
+        client_requests::Entity::insert(client_requests::ActiveModel {
+            id: Set(request.id.clone()),
+            conversation_id: Set(request.conversation_id.clone()),
+            tool_use_id: Set(request.tool_use_id.clone()),
+            request_type: Set(request.request_type.clone()),
+            status: Set(request.status.clone()),
+            response: Set(request.response.clone()),
+            timeout_ms: Set(request.timeout_ms),
+            expires_at: Set(request.expires_at),
+            created_at: Set(request.created_at),
+            resolved_at: Set(None),
+        })
+        .exec(&self.db)
+        .await?;
+        Ok(())
+    }
+
+    /// Moves a pending request to `status` (answered with `response`, expired, cancelled).
+    /// Returns whether it was still pending: only one resolution ever wins.
+    pub(crate) async fn resolve_client_request(
+        &self,
+        id: &str,
+        status: &str,
+        response: Option<serde_json::Value>,
+        at: DateTime<Utc>,
+    ) -> Result<bool> {
+        let result = client_requests::Entity::update_many()
+            .col_expr(client_requests::Column::Status, Expr::value(status))
+            .col_expr(client_requests::Column::Response, Expr::value(response))
+            .col_expr(client_requests::Column::ResolvedAt, Expr::value(at))
+            .filter(client_requests::Column::Id.eq(id))
+            .filter(client_requests::Column::Status.eq("pending"))
+            .exec(&self.db)
+            .await?;
+        Ok(result.rows_affected == 1)
+    }
+
+    pub(crate) async fn insert_background_task(&self, task: &BackgroundTask) -> Result<()> {
+        background_tasks::Entity::insert(background_tasks::ActiveModel {
+            id: Set(task.id.clone()),
+            conversation_id: Set(task.conversation_id.clone()),
+            tool_use_id: Set(task.tool_use_id.clone()),
+            tool_name: Set(task.tool_name.clone()),
+            command: Set(task.command.clone()),
+            status: Set(task.status.clone()),
+            output: Set(task.output.clone()),
+            exit_code: Set(task.exit_code),
+            wake: Set(task.wake),
+            created_at: Set(task.created_at),
+            finished_at: Set(task.finished_at),
+        })
+        .exec(&self.db)
+        .await?;
+        Ok(())
+    }
+
+    /// Records how a running background task ended; false when it was no longer running.
+    pub(crate) async fn finish_background_task(
+        &self,
+        id: &str,
+        status: &str,
+        output: &str,
+        exit_code: Option<i32>,
+        at: DateTime<Utc>,
+    ) -> Result<bool> {
+        let result = background_tasks::Entity::update_many()
+            .col_expr(background_tasks::Column::Status, Expr::value(status))
+            .col_expr(background_tasks::Column::Output, Expr::value(output))
+            .col_expr(background_tasks::Column::ExitCode, Expr::value(exit_code))
+            .col_expr(background_tasks::Column::FinishedAt, Expr::value(at))
+            .filter(background_tasks::Column::Id.eq(id))
+            .filter(background_tasks::Column::Status.eq("running"))
+            .exec(&self.db)
+            .await?;
+        Ok(result.rows_affected == 1)
     }
 
     /// Marks every pending client request expired and every running background task failed
@@ -626,6 +773,20 @@ fn conversation(row: conversations::Model) -> Result<ConversationRecord> {
         created_at: row.created_at,
         updated_at: row.updated_at,
     })
+}
+
+fn client_request(row: client_requests::Model) -> ClientRequest {
+    ClientRequest {
+        id: row.id,
+        conversation_id: row.conversation_id,
+        tool_use_id: row.tool_use_id,
+        request_type: row.request_type,
+        status: row.status,
+        response: row.response,
+        timeout_ms: row.timeout_ms,
+        expires_at: row.expires_at,
+        created_at: row.created_at,
+    }
 }
 
 fn message(row: messages::Model) -> Result<MessageRecord> {

@@ -7,5 +7,6 @@
 
 mod support;
 
+mod api;
 mod persistence;
 mod runtime;

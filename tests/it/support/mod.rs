@@ -2,9 +2,12 @@
 
 #![allow(dead_code)]
 
+pub mod app;
 pub mod db;
 pub mod rt;
+pub mod ws;
 
+pub use app::TestApp;
 pub use db::TestDb;
 pub use rt::TestRuntime;
 

@@ -1,0 +1,171 @@
+//! Tenants and API keys: keys are random, shown once, and stored as SHA-256 hashes. A request
+//! carries its key as `Authorization: Bearer <key>` (or `?access_token=` where a browser
+//! cannot set headers). In `dev` mode a request without a key acts as tenant `default`.
+
+use std::time::{Duration, Instant};
+
+use axum::extract::FromRequestParts;
+use axum::http::header;
+use axum::http::request::Parts;
+use base64::Engine;
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+
+use super::AppState;
+use super::error::ApiError;
+use crate::model::Tenant;
+
+/// How long a verified key is trusted without asking the database again.
+const KEY_CACHE_TTL: Duration = Duration::from_secs(30);
+
+/// A new API key: `bk_` and 256 random bits.
+pub fn new_key() -> String {
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    format!(
+        "bk_{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    )
+}
+
+/// What is stored of a key.
+pub fn hash_key(key: &str) -> String {
+    hex::encode(Sha256::digest(key.as_bytes()))
+}
+
+/// The first characters of a key, to tell keys apart in listings.
+pub fn key_prefix(key: &str) -> String {
+    key.chars().take(10).collect()
+}
+
+/// The tenant a request acts for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller(pub Tenant);
+
+fn bearer(parts: &Parts) -> Option<String> {
+    if let Some(value) = parts.headers.get(header::AUTHORIZATION) {
+        let value = value.to_str().ok()?;
+        let (scheme, key) = value.split_once(' ')?;
+        return scheme
+            .eq_ignore_ascii_case("bearer")
+            .then(|| key.trim().to_owned());
+    }
+    let query = parts.uri.query()?;
+    url_param(query, "access_token")
+}
+
+/// One decoded query parameter.
+pub fn url_param(query: &str, name: &str) -> Option<String> {
+    query.split('&').find_map(|pair| {
+        let (key, value) = pair.split_once('=')?;
+        (key == name).then(|| percent_decode(value))
+    })
+}
+
+fn percent_decode(value: &str) -> String {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => match u8::from_str_radix(&value[i + 1..i + 3], 16) {
+                Ok(b) => {
+                    out.push(b);
+                    i += 3;
+                }
+                Err(_) => {
+                    out.push(b'%');
+                    i += 1;
+                }
+            },
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        app: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let Some(key) = bearer(parts).filter(|k| !k.is_empty()) else {
+            return match &app.dev_tenant {
+                Some(tenant) => Ok(Caller(tenant.clone())),
+                None => Err(ApiError::unauthorized(
+                    "an API key is required: send Authorization: Bearer <key>",
+                )),
+            };
+        };
+        let hash = hash_key(&key);
+        if let Some(tenant) = app.cached_key(&hash) {
+            return Ok(Caller(tenant));
+        }
+        match app.services.store.tenant_by_key_hash(&hash).await? {
+            Some(tenant) => {
+                app.cache_key(hash, tenant.clone());
+                Ok(Caller(tenant))
+            }
+            None => Err(ApiError::unauthorized("the API key is not valid")),
+        }
+    }
+}
+
+impl AppState {
+    fn cached_key(&self, hash: &str) -> Option<Tenant> {
+        let cache = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        cache
+            .get(hash)
+            .filter(|(_, at)| at.elapsed() < KEY_CACHE_TTL)
+            .map(|(tenant, _)| tenant.clone())
+    }
+
+    fn cache_key(&self, hash: String, tenant: Tenant) {
+        let mut cache = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() > 10_000 {
+            cache.retain(|_, (_, at)| at.elapsed() < KEY_CACHE_TTL);
+        }
+        cache.insert(hash, (tenant, Instant::now()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_random_and_hashed() {
+        let (a, b) = (new_key(), new_key());
+        assert_ne!(a, b);
+        assert!(a.starts_with("bk_") && a.len() == 46, "{a}");
+        assert_eq!(hash_key(&a).len(), 64);
+        assert_ne!(hash_key(&a), a);
+        assert_eq!(key_prefix(&a).len(), 10);
+    }
+
+    #[test]
+    fn query_parameters_decode() {
+        assert_eq!(
+            url_param("a=1&access_token=bk%5Fx%2By", "access_token").as_deref(),
+            Some("bk_x+y")
+        );
+        assert_eq!(
+            url_param("access_token=a+b", "access_token").as_deref(),
+            Some("a b")
+        );
+        assert_eq!(url_param("x=1", "access_token"), None);
+        assert_eq!(
+            url_param("access_token=%zz%", "access_token").as_deref(),
+            Some("%zz%")
+        );
+    }
+}

@@ -1,0 +1,192 @@
+//! The contract's error shape: `{"error": {"code", "message"}}`, one status per code, decided
+//! here and nowhere else.
+
+use axum::Json;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use crate::runtime::{SendError, StartError};
+use crate::state_machine::Rejection;
+use crate::store::StoreError;
+
+/// Every non-2xx reply of the API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+
+    pub fn not_found(what: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("{what} not found"),
+        )
+    }
+
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
+    }
+
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+    }
+
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {"code": self.code, "message": self.message}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body())).into_response()
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::Unavailable(why) => ApiError::unavailable(format!(
+                "the database is unavailable; try again shortly ({why})"
+            )),
+            StoreError::NotFound => ApiError::not_found("resource"),
+            StoreError::Conflict(why) => ApiError::new(StatusCode::CONFLICT, "conflict", why),
+            StoreError::Corrupt(why) | StoreError::Other(why) => {
+                tracing::error!(%why, "store error");
+                ApiError::internal("the server failed to read or write its database")
+            }
+        }
+    }
+}
+
+impl From<StartError> for ApiError {
+    fn from(error: StartError) -> Self {
+        match error {
+            StartError::NotFound => ApiError::not_found("conversation"),
+            StartError::Store(store) => store.into(),
+            StartError::Spawn(why) => ApiError::unavailable(why),
+        }
+    }
+}
+
+/// The refusal of a user message, as the contract names it.
+pub fn rejection(rejection: Rejection, conversation_id: &str) -> ApiError {
+    match rejection {
+        Rejection::AgentBusy => ApiError::new(
+            StatusCode::CONFLICT,
+            "agent_busy",
+            format!(
+                "the agent is busy with the current turn; cancel it with POST /v1/conversations/{conversation_id}/cancel to send a new message"
+            ),
+        ),
+        Rejection::Cancelling => ApiError::new(
+            StatusCode::CONFLICT,
+            "cancelling",
+            "a cancellation is in progress; send again once the conversation is idle",
+        ),
+        Rejection::Completed => ApiError::new(
+            StatusCode::CONFLICT,
+            "conversation_completed",
+            "this sub-agent has completed and takes no more messages",
+        ),
+    }
+}
+
+impl From<SendError> for ApiError {
+    fn from(error: SendError) -> Self {
+        match error {
+            SendError::Rejected(r) => rejection(r, "{id}"),
+            SendError::Unavailable(why) => ApiError::unavailable(why),
+            SendError::ShuttingDown => {
+                ApiError::unavailable("the server is shutting down; try again shortly")
+            }
+            SendError::Duplicate => ApiError::new(
+                StatusCode::CONFLICT,
+                "conflict",
+                "a message with this message_id is already stored",
+            ),
+        }
+    }
+}
+
+/// A JSON body, whatever its content type: malformed JSON or a missing field is a 400
+/// `invalid_request` naming the problem, an oversized body a 413.
+#[derive(Debug, Clone)]
+pub struct Body<T>(pub T);
+
+impl<S, T> FromRequest<S> for Body<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes =
+            axum::body::Bytes::from_request(req, state)
+                .await
+                .map_err(|e: BytesRejection| {
+                    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                        ApiError::too_large("the request body is larger than the server accepts")
+                    } else {
+                        ApiError::invalid(format!("the request body could not be read: {e}"))
+                    }
+                })?;
+        if bytes.is_empty() {
+            return serde_json::from_slice(b"{}")
+                .map(Body)
+                .map_err(|e| ApiError::invalid(format!("a JSON body is required: {e}")));
+        }
+        serde_json::from_slice(&bytes).map(Body).map_err(|e| {
+            ApiError::invalid(format!("the body is not valid JSON for this route: {e}"))
+        })
+    }
+}
+
+/// Query parameters; a malformed one is a 400 `invalid_request`.
+#[derive(Debug, Clone)]
+pub struct Query<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for Query<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|q| Query(q.0))
+            .map_err(|e: QueryRejection| {
+                ApiError::invalid(format!("invalid query parameters: {}", e.body_text()))
+            })
+    }
+}

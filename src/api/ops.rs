@@ -1,0 +1,49 @@
+//! Ops routes: no /v1 prefix, no auth.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::AppState;
+
+/// The OpenAPI document of the API (docs/openapi.json).
+pub const OPENAPI: &str = include_str!("../../docs/openapi.json");
+
+pub async fn healthz() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+pub async fn readyz(State(app): State<AppState>) -> Response {
+    match app.services.store.ping().await {
+        Ok(()) => Json(json!({"status": "ready", "database": "ok"})).into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "unavailable", "database": e.to_string()})),
+        )
+            .into_response(),
+    }
+}
+
+pub async fn metrics(State(app): State<AppState>) -> Response {
+    let metrics = &app.services.metrics;
+    metrics
+        .conversations_running
+        .set(app.services.registry.running().len() as i64);
+    metrics
+        .db_pool_connections
+        .set(i64::from(app.services.store.pool_size()));
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        metrics.encode(),
+    )
+        .into_response()
+}
+
+pub async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}

@@ -1,0 +1,32 @@
+//! Answers to server→client requests, over REST and the WebSocket.
+
+use axum::http::StatusCode;
+use serde_json::Value;
+
+use super::AppState;
+use super::error::ApiError;
+use crate::model::ConversationRecord;
+use crate::runtime::{AnswerError, answer_request};
+
+pub async fn answer(
+    app: &AppState,
+    conv: &ConversationRecord,
+    request_id: &str,
+    payload: Value,
+) -> Result<(), ApiError> {
+    answer_request(&app.services, conv, request_id, payload)
+        .await
+        .map_err(|error| match error {
+            AnswerError::NotFound => ApiError::not_found("request"),
+            AnswerError::AlreadyAnswered => {
+                ApiError::new(StatusCode::CONFLICT, "already_answered", error.to_string())
+            }
+            AnswerError::Expired => {
+                ApiError::new(StatusCode::CONFLICT, "expired", error.to_string())
+            }
+            AnswerError::WrongKind(why) => {
+                ApiError::invalid(format!("the reply does not fit the request: {why}"))
+            }
+            AnswerError::Store(store) => store.into(),
+        })
+}

@@ -1,0 +1,376 @@
+//! Live streams (REQ-BED-011): WebSocket (read-write) and SSE (read-only), same frames.
+//!
+//! On connect: subscribe to the hub first, then send the snapshot, then replay the durable
+//! frames after `after_event_id` from the database, then the live frames. A durable frame at
+//! or below the last event id sent is a duplicate from the seam and is dropped; a gap is
+//! filled from the database. A client that falls too far behind is cut off with close code
+//! 4008 and must reconnect with its last event id; it never slows the conversation down.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::{SinkExt, StreamExt};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::{broadcast, mpsc};
+
+use super::AppState;
+use super::auth::Caller;
+use super::conversations::{Outgoing, cancel_conversation, check_client_event, deliver};
+use super::error::{ApiError, Query};
+use crate::hub::Frame;
+use crate::model::ConversationRecord;
+
+/// Close code: you fell behind; reconnect with `after_event_id` = your last event id.
+pub const CLOSE_LAGGED: u16 = 4008;
+/// Close code: the server is going away.
+const CLOSE_GOING_AWAY: u16 = 1001;
+
+#[derive(Debug, Deserialize)]
+pub struct StreamQuery {
+    after_event_id: Option<i64>,
+    #[allow(dead_code)]
+    access_token: Option<String>,
+}
+
+/// What the pump hands to a transport.
+enum Out {
+    Frame(Arc<Frame>),
+    Close(u16, String),
+}
+
+fn frame(value: &Value) -> Arc<Frame> {
+    Arc::new(Frame::from_value(value))
+}
+
+/// The snapshot frame: state, the last 50 messages, pending client requests.
+async fn snapshot(app: &AppState, conv: &ConversationRecord) -> Result<Value, ApiError> {
+    let messages = app.services.store.recent_messages(&conv.id, 50).await?;
+    let pending = app.services.store.pending_requests(&conv.id).await?;
+    Ok(json!({
+        "type": "snapshot",
+        "conversation": app.conversation_json(conv),
+        "messages": messages.iter().map(|m| app.message_json(conv, m)).collect::<Vec<_>>(),
+        "pending_requests": pending,
+        "event_id": conv.last_event_id(),
+    }))
+}
+
+/// Sends the durable frames after `after` from the database; returns the last id sent.
+async fn replay(
+    app: &AppState,
+    id: &str,
+    mut after: i64,
+    until: Option<i64>,
+    tx: &mpsc::Sender<Out>,
+) -> Result<i64, ()> {
+    loop {
+        let events = app
+            .services
+            .store
+            .events_after(id, after, 500)
+            .await
+            .map_err(|_| ())?;
+        if events.is_empty() {
+            return Ok(after);
+        }
+        for event in events {
+            if until.is_some_and(|until| event.event_id > until) {
+                return Ok(after);
+            }
+            after = event.event_id;
+            tx.send(Out::Frame(frame(&event.payload)))
+                .await
+                .map_err(|_| ())?;
+        }
+    }
+}
+
+/// Feeds one client: snapshot, replay, then live frames, until it goes or the server stops.
+async fn pump(app: AppState, conv: ConversationRecord, after: Option<i64>, tx: mpsc::Sender<Out>) {
+    let mut live = app.services.hub.subscribe(&conv.id);
+    // Read the row after subscribing, so nothing committed in between is missed.
+    let conv = match app.services.store.conversation_by_id(&conv.id).await {
+        Ok(Some(conv)) => conv,
+        _ => return,
+    };
+    let Ok(first) = snapshot(&app, &conv).await else {
+        let _ = tx
+            .send(Out::Close(1011, "the snapshot could not be read".into()))
+            .await;
+        return;
+    };
+    if tx.send(Out::Frame(frame(&first))).await.is_err() {
+        return;
+    }
+    let mut last = conv.last_event_id();
+    if let Some(after) = after.filter(|a| *a < conv.last_event_id()) {
+        match replay(&app, &conv.id, after.max(0), None, &tx).await {
+            Ok(sent) => last = sent.max(last),
+            Err(()) => return,
+        }
+    }
+    loop {
+        tokio::select! {
+            () = app.shutdown.cancelled() => {
+                let _ = tx.send(Out::Close(CLOSE_GOING_AWAY, "the server is shutting down; reconnect with after_event_id".into())).await;
+                return;
+            }
+            () = tx.closed() => return,
+            received = live.recv() => match received {
+                Ok(frame) => {
+                    if let Some(id) = frame.event_id {
+                        if id <= last {
+                            continue;
+                        }
+                        if id > last + 1 && replay(&app, &conv.id, last, Some(id - 1), &tx).await.is_err() {
+                            return;
+                        }
+                        last = id;
+                    }
+                    if tx.send(Out::Frame(frame)).await.is_err() {
+                        return;
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    let _ = tx
+                        .send(Out::Close(CLOSE_LAGGED, format!("lagged: reconnect with after_event_id={last}")))
+                        .await;
+                    return;
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
+        }
+    }
+}
+
+pub async fn websocket(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    Query(q): Query<StreamQuery>,
+    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Result<Response, ApiError> {
+    let conv = app.find(&caller, &id).await?;
+    let upgrade = upgrade
+        .map_err(|e| ApiError::invalid(format!("this route needs a WebSocket upgrade: {e}")))?;
+    let limit = app.settings.server.max_ws_frame_bytes;
+    Ok(upgrade
+        .max_message_size(limit.saturating_mul(4))
+        .max_frame_size(limit.saturating_mul(4))
+        .on_upgrade(move |socket| serve_socket(app, conv, q.after_event_id, socket))
+        .into_response())
+}
+
+async fn serve_socket(
+    app: AppState,
+    conv: ConversationRecord,
+    after: Option<i64>,
+    socket: WebSocket,
+) {
+    let metrics = app.services.metrics.clone();
+    metrics.websocket_connections.inc();
+    let (mut sink, mut incoming) = socket.split();
+    let (tx, mut rx) = mpsc::channel::<Out>(64);
+    // Answers to the client's own frames (rejections, pongs).
+    let (reply_tx, mut reply_rx) = mpsc::channel::<Value>(64);
+    let pump = tokio::spawn(pump(app.clone(), conv.clone(), after, tx));
+    let limit = app.settings.server.max_ws_frame_bytes;
+    loop {
+        tokio::select! {
+            out = rx.recv() => match out {
+                Some(Out::Frame(frame)) => {
+                    if sink.send(Message::Text(frame.json.to_string().into())).await.is_err() {
+                        break;
+                    }
+                }
+                Some(Out::Close(code, reason)) => {
+                    let _ = sink.send(Message::Close(Some(CloseFrame { code, reason: reason.into() }))).await;
+                    break;
+                }
+                None => break,
+            },
+            reply = reply_rx.recv() => {
+                if let Some(reply) = reply && sink.send(Message::Text(reply.to_string().into())).await.is_err() {
+                    break;
+                }
+            }
+            message = incoming.next() => match message {
+                Some(Ok(Message::Text(text))) => {
+                    if text.len() > limit {
+                        let _ = reply_tx.try_send(rejected("payload_too_large", &format!("frames are limited to {limit} bytes")));
+                        continue;
+                    }
+                    client_frame(&app, &conv, text.as_str(), &reply_tx);
+                }
+                Some(Ok(Message::Binary(_))) => {
+                    let _ = reply_tx.try_send(rejected("invalid_request", "binary frames are not accepted; send JSON text"));
+                }
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
+            },
+        }
+    }
+    pump.abort();
+    metrics.websocket_connections.dec();
+}
+
+fn rejected(code: &str, message: &str) -> Value {
+    json!({"type": "rejected", "code": code, "message": message})
+}
+
+fn rejected_by(error: &ApiError) -> Value {
+    rejected(error.code, &error.message)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum ClientFrame {
+    UserMessage {
+        text: String,
+        #[serde(default)]
+        images: Vec<ImageFrame>,
+        message_id: Option<String>,
+    },
+    Cancel,
+    Respond {
+        request_id: String,
+        payload: Value,
+    },
+    SystemEvent {
+        event: Value,
+    },
+    Ping,
+}
+
+#[derive(Debug, Deserialize)]
+struct ImageFrame {
+    media_type: String,
+    data: String,
+}
+
+/// Handles one client frame; slow work runs in a task, and any refusal comes back as a
+/// `rejected` frame on `replies` while the connection stays open.
+fn client_frame(
+    app: &AppState,
+    conv: &ConversationRecord,
+    text: &str,
+    replies: &mpsc::Sender<Value>,
+) {
+    let parsed: Result<ClientFrame, _> = serde_json::from_str(text);
+    let frame = match parsed {
+        Ok(frame) => frame,
+        Err(e) => {
+            let _ = replies.try_send(rejected(
+                "invalid_request",
+                &format!(
+                    "not a client frame (user_message, cancel, respond, system_event, ping): {e}"
+                ),
+            ));
+            return;
+        }
+    };
+    let (app, conv, replies) = (app.clone(), conv.clone(), replies.clone());
+    tokio::spawn(async move {
+        let outcome: Result<Option<Value>, ApiError> = match frame {
+            ClientFrame::Ping => Ok(Some(json!({"type": "pong"}))),
+            ClientFrame::UserMessage {
+                text,
+                images,
+                message_id,
+            } => {
+                let out = Outgoing {
+                    text,
+                    images: images.into_iter().map(|i| (i.media_type, i.data)).collect(),
+                    message_id,
+                };
+                deliver(&app, &conv, out).await.map(|_| None)
+            }
+            ClientFrame::Cancel => cancel_conversation(&app, &conv).await.map(|_| None),
+            ClientFrame::Respond {
+                request_id,
+                payload,
+            } => answer_request(&app, &conv, &request_id, payload)
+                .await
+                .map(|()| None),
+            ClientFrame::SystemEvent { event } => match check_client_event(&event) {
+                Ok(_) => post_event(&app, &conv, event).await.map(|()| None),
+                Err(e) => Err(e),
+            },
+        };
+        let reply = match outcome {
+            Ok(reply) => reply,
+            Err(error) => Some(rejected_by(&error)),
+        };
+        if let Some(reply) = reply {
+            let _ = replies.send(reply).await;
+        }
+    });
+}
+
+pub async fn sse(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Query(q): Query<StreamQuery>,
+) -> Result<Response, ApiError> {
+    let conv = app.find(&caller, &id).await?;
+    let after =
+        match headers.get("last-event-id").and_then(|v| v.to_str().ok()) {
+            Some(value) => Some(value.trim().parse::<i64>().map_err(|_| {
+                ApiError::invalid("Last-Event-ID must be an event id (an integer)")
+            })?),
+            None => q.after_event_id,
+        };
+    let (tx, rx) = mpsc::channel::<Out>(64);
+    tokio::spawn(pump(app, conv, after, tx));
+    let events = tokio_stream::wrappers::ReceiverStream::new(rx).map(|out| {
+        let event = match out {
+            Out::Frame(frame) => {
+                let mut event = SseEvent::default()
+                    .event(frame.kind.clone())
+                    .data(&*frame.json);
+                if let Some(id) = frame.event_id {
+                    event = event.id(id.to_string());
+                }
+                event
+            }
+            Out::Close(code, reason) => SseEvent::default()
+                .event("closing")
+                .data(json!({"type": "closing", "code": code, "reason": reason}).to_string()),
+        };
+        Ok::<_, std::convert::Infallible>(event)
+    });
+    Ok(Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response())
+}
+
+/// Posts a client's system event to the conversation (system-bus-plan.md).
+pub async fn post_event(
+    app: &AppState,
+    conv: &ConversationRecord,
+    event: Value,
+) -> Result<(), ApiError> {
+    crate::runtime::post_system_event(&app.services, conv, event)
+        .await
+        .map(|_| ())
+        .map_err(ApiError::unavailable)
+}
+
+/// Answers a pending client request.
+pub async fn answer_request(
+    app: &AppState,
+    conv: &ConversationRecord,
+    request_id: &str,
+    payload: Value,
+) -> Result<(), ApiError> {
+    crate::api::requests::answer(app, conv, request_id, payload).await
+}

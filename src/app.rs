@@ -1,0 +1,179 @@
+//! The application: wires settings, store, actor tree and HTTP server together, and the
+//! commands of the `bedrock` binary. Tests build it on port 0.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use chrono::Utc;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{self, AppState, DEV_TENANT};
+use crate::config::Settings;
+use crate::model::Tenant;
+use crate::persistence::WriteJob;
+use crate::runtime::{RecoveryReport, Runtime};
+use crate::store::{Store, StoreOptions};
+
+/// Connects to the configured database and applies the migrations.
+pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
+    crate::install_crypto();
+    let url = settings.database_url();
+    let store = Store::connect(&StoreOptions {
+        url,
+        max_connections: settings.database.max_connections,
+        acquire_timeout: Duration::from_millis(settings.database.acquire_timeout_ms),
+    })
+    .await
+    .context("cannot connect to the database (database.url / BEDROCK_DATABASE_URL)")?;
+    store.migrate().await.context("the migrations failed")?;
+    Ok(store)
+}
+
+/// A built, bound, not yet serving application.
+#[derive(Debug)]
+pub struct Application {
+    pub addr: SocketAddr,
+    pub runtime: Runtime,
+    pub recovery: RecoveryReport,
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: CancellationToken,
+}
+
+impl Application {
+    /// Opens the store, starts the actor tree (running restart recovery) and binds.
+    pub async fn build(settings: Settings) -> anyhow::Result<Application> {
+        let settings = Arc::new(settings);
+        let dev = api::resolve_auth(settings.server.auth, settings.server.listen)
+            .map_err(anyhow::Error::msg)?;
+        let store = open_store(&settings).await?;
+        let root = &settings.workspace.root;
+        std::fs::create_dir_all(root)
+            .with_context(|| format!("cannot create the workspace root {}", root.display()))?;
+        let workspace_root: PathBuf = root
+            .canonicalize()
+            .with_context(|| format!("cannot resolve the workspace root {}", root.display()))?;
+        let (runtime, recovery) = Runtime::start(settings.clone(), store.clone()).await?;
+        if recovery != RecoveryReport::default() {
+            tracing::info!(?recovery, "restart recovery");
+        }
+        let dev_tenant = if dev {
+            Some(dev_tenant(&runtime, &store).await?)
+        } else {
+            None
+        };
+        let listener = tokio::net::TcpListener::bind(settings.server.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", settings.server.listen))?;
+        let addr = listener.local_addr()?;
+        let shutdown = CancellationToken::new();
+        let state = AppState::new(
+            runtime.services.clone(),
+            dev_tenant,
+            workspace_root,
+            shutdown.clone(),
+        );
+        Ok(Application {
+            addr,
+            runtime,
+            recovery,
+            listener,
+            state,
+            shutdown,
+        })
+    }
+
+    /// A token that stops the server gracefully when cancelled.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Serves until the shutdown token fires, then shuts down within the grace period: stop
+    /// accepting, close live streams, interrupt running turns, let commits land.
+    pub async fn run_until_stopped(self) -> anyhow::Result<()> {
+        let grace = Duration::from_millis(self.state.settings.server.shutdown_grace_ms);
+        let router = api::router(self.state.clone());
+        let token = self.shutdown.clone();
+        let server = axum::serve(self.listener, router)
+            .with_graceful_shutdown(async move { token.cancelled().await });
+        let server = tokio::spawn(async move { server.await });
+        self.shutdown.cancelled().await;
+        tracing::info!("shutting down");
+        self.runtime.shutdown(grace).await;
+        match tokio::time::timeout(grace, server).await {
+            Ok(result) => result??,
+            Err(_) => {
+                tracing::warn!("connections still open after the grace period; exiting anyway")
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn dev_tenant(runtime: &Runtime, store: &Store) -> anyhow::Result<Tenant> {
+    if let Some(tenant) = store.tenant_by_name(DEV_TENANT).await? {
+        return Ok(tenant);
+    }
+    let tenant = Tenant {
+        id: uuid::Uuid::now_v7().to_string(),
+        name: DEV_TENANT.into(),
+    };
+    runtime
+        .services
+        .persistence
+        .write(WriteJob::EnsureTenant {
+            tenant: tenant.clone(),
+            at: Utc::now(),
+        })
+        .await?;
+    // Another process may have created it first: read back whichever won.
+    Ok(store.tenant_by_name(DEV_TENANT).await?.unwrap_or(tenant))
+}
+
+/// `bedrock tenant create NAME`: the tenant's id and its first API key, shown once.
+pub async fn create_tenant(settings: &Settings, name: &str) -> anyhow::Result<(Tenant, String)> {
+    anyhow::ensure!(
+        !name.trim().is_empty() && name.len() <= 100,
+        "the tenant name must be 1 to 100 characters"
+    );
+    let store = open_store(settings).await?;
+    anyhow::ensure!(
+        store.tenant_by_name(name).await?.is_none(),
+        "a tenant named {name:?} already exists"
+    );
+    let tenant = Tenant {
+        id: uuid::Uuid::now_v7().to_string(),
+        name: name.to_owned(),
+    };
+    let key = api::new_key();
+    store
+        .insert_tenant(
+            &tenant,
+            &uuid::Uuid::now_v7().to_string(),
+            &api::hash_key(&key),
+            &api::key_prefix(&key),
+            Utc::now(),
+        )
+        .await?;
+    store.close().await?;
+    Ok((tenant, key))
+}
+
+/// Logs to stderr, as JSON when BEDROCK_LOG_FORMAT=json; RUST_LOG filters.
+pub fn init_logging(json: bool) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new("info,ractor=warn,sqlx=warn,sea_orm=warn,sea_orm_migration=warn")
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        let _ = builder.json().try_init();
+    } else {
+        let _ = builder.try_init();
+    }
+}

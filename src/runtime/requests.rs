@@ -1,0 +1,364 @@
+//! Requests from the server to the client while a tool runs (bidirectional-streaming.md):
+//! confirm, prompt, select and custom, each with a timeout.
+//!
+//! The row in `client_requests` is the truth: a request is resolved once, by a conditional
+//! update from `pending`, whether by an answer, its timeout, a cancel or a restart. The
+//! broker only wakes the tool that waits.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use ractor::ActorRef;
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use super::Services;
+use super::conversation::ConvMsg;
+use crate::model::ClientRequest;
+use crate::persistence::{WriteJob, WriteOutcome};
+
+/// How a request ended for the tool that asked.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Asked {
+    /// The client's reply payload.
+    Answered(Value),
+    TimedOut,
+    Cancelled,
+    /// The request could not be made (the database is down, say).
+    Failed(String),
+}
+
+/// The kinds of request, by the key of their `request_type` object.
+pub const KINDS: [&str; 4] = ["confirm", "prompt", "select", "custom"];
+
+/// The kind of a `request_type` object, if it is one.
+pub fn kind_of(request_type: &Value) -> Option<&'static str> {
+    let object = request_type.as_object()?;
+    if object.len() != 1 {
+        return None;
+    }
+    KINDS.iter().copied().find(|k| object.contains_key(*k))
+}
+
+/// Whether `payload` is a reply of the right kind for `request_type`.
+pub fn check_reply(request_type: &Value, payload: &Value) -> Result<(), String> {
+    let kind = kind_of(request_type).ok_or("the request is malformed")?;
+    let object = payload
+        .as_object()
+        .filter(|o| o.len() == 1)
+        .ok_or("the payload must be one of {\"confirmed\": bool}, {\"text\": s}, {\"selected\": [values]}, {\"custom\": any}, {\"cancelled\": true}")?;
+    if object.get("cancelled") == Some(&Value::Bool(true)) {
+        return Ok(());
+    }
+    match kind {
+        "confirm" => payload
+            .get("confirmed")
+            .and_then(Value::as_bool)
+            .map(|_| ())
+            .ok_or_else(|| "a confirm request takes {\"confirmed\": true|false}".to_owned()),
+        "prompt" => payload
+            .get("text")
+            .and_then(Value::as_str)
+            .map(|_| ())
+            .ok_or_else(|| "a prompt request takes {\"text\": \"...\"}".to_owned()),
+        "select" => {
+            let selected = payload
+                .get("selected")
+                .and_then(Value::as_array)
+                .ok_or("a select request takes {\"selected\": [values]}")?;
+            let select = &request_type["select"];
+            let options: Vec<&str> = select["options"]
+                .as_array()
+                .map(|o| o.iter().filter_map(|o| o["value"].as_str()).collect())
+                .unwrap_or_default();
+            if selected.is_empty() {
+                return Err("select at least one option".into());
+            }
+            if selected.len() > 1 && select["multi_select"] != Value::Bool(true) {
+                return Err("this select takes one option".into());
+            }
+            for value in selected {
+                match value.as_str() {
+                    Some(v) if options.contains(&v) => {}
+                    _ => return Err(format!("{value} is not one of the options {options:?}")),
+                }
+            }
+            Ok(())
+        }
+        "custom" => payload
+            .get("custom")
+            .map(|_| ())
+            .ok_or_else(|| "a custom request takes {\"custom\": ...}".to_owned()),
+        _ => Err("unknown request kind".into()),
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct RequestBroker {
+    waiting: Mutex<HashMap<String, oneshot::Sender<Value>>>,
+}
+
+/// Removes a waiter when the asking future ends, however it ends.
+struct Waiter<'a> {
+    broker: &'a RequestBroker,
+    id: String,
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        self.broker.map().remove(&self.id);
+    }
+}
+
+impl RequestBroker {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, oneshot::Sender<Value>>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wakes the tool waiting for `id` with the client's reply.
+    pub fn deliver(&self, id: &str, payload: Value) {
+        if let Some(waiter) = self.map().remove(id) {
+            let _ = waiter.send(payload);
+        }
+    }
+
+    /// Asks the conversation's clients and waits for the answer, the timeout or a cancel.
+    /// `extra_frames` are stored with the request's frame (an approval's system event, say).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn ask(
+        &self,
+        services: &Arc<Services>,
+        conversation_id: &str,
+        conversation: &ActorRef<ConvMsg>,
+        tool_use_id: Option<String>,
+        request_type: Value,
+        timeout: Duration,
+        cancel: &CancellationToken,
+        extra_frames: Vec<Value>,
+    ) -> (String, Asked) {
+        let id = uuid::Uuid::now_v7().to_string();
+        let now = Utc::now();
+        let timeout_ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
+        let request = ClientRequest {
+            id: id.clone(),
+            conversation_id: conversation_id.to_owned(),
+            tool_use_id: tool_use_id.clone(),
+            request_type: request_type.clone(),
+            status: "pending".into(),
+            response: None,
+            timeout_ms,
+            expires_at: now + chrono::Duration::milliseconds(timeout_ms),
+            created_at: now,
+        };
+        if let Err(e) = services
+            .persistence
+            .write(WriteJob::CreateClientRequest(request))
+            .await
+        {
+            return (
+                id,
+                Asked::Failed(format!("the request could not be stored: {e}")),
+            );
+        }
+        let (tx, rx) = oneshot::channel();
+        self.map().insert(id.clone(), tx);
+        let _waiter = Waiter {
+            broker: self,
+            id: id.clone(),
+        };
+        let mut frames = vec![json!({
+            "type": "client_request",
+            "request_id": id,
+            "request_type": request_type,
+            "timeout_ms": timeout_ms,
+            "tool_use_id": tool_use_id,
+        })];
+        frames.extend(extra_frames);
+        if let Err(e) = emit(
+            conversation,
+            frames.into_iter().map(|f| (f, None)).collect(),
+        )
+        .await
+        {
+            self.resolve(services, &id, "expired").await;
+            return (id, Asked::Failed(e));
+        }
+        let asked = tokio::select! {
+            answer = rx => match answer {
+                Ok(payload) => Asked::Answered(payload),
+                Err(_) => Asked::Failed("the request was dropped".into()),
+            },
+            () = tokio::time::sleep(timeout) => {
+                // An answer may have won the race: only the first resolution counts.
+                if self.resolve(services, &id, "expired").await {
+                    Asked::TimedOut
+                } else {
+                    self.stored_answer(services, conversation_id, &id).await
+                }
+            }
+            () = cancel.cancelled() => {
+                if self.resolve(services, &id, "cancelled").await {
+                    Asked::Cancelled
+                } else {
+                    self.stored_answer(services, conversation_id, &id).await
+                }
+            }
+        };
+        if matches!(asked, Asked::TimedOut | Asked::Cancelled) {
+            let status = if matches!(asked, Asked::TimedOut) {
+                "expired"
+            } else {
+                "cancelled"
+            };
+            let _ = emit(
+                conversation,
+                vec![(
+                    json!({"type": "client_request_resolved", "request_id": id, "status": status}),
+                    None,
+                )],
+            )
+            .await;
+        }
+        (id, asked)
+    }
+
+    async fn resolve(&self, services: &Services, id: &str, status: &'static str) -> bool {
+        matches!(
+            services
+                .persistence
+                .write(WriteJob::ResolveClientRequest {
+                    id: id.to_owned(),
+                    status,
+                    response: None,
+                    at: Utc::now(),
+                })
+                .await,
+            Ok(WriteOutcome::Resolved(true))
+        )
+    }
+
+    async fn stored_answer(&self, services: &Services, conversation_id: &str, id: &str) -> Asked {
+        match services.store.client_request(conversation_id, id).await {
+            Ok(Some(row)) if row.status == "answered" => {
+                row.response.map_or(Asked::Cancelled, Asked::Answered)
+            }
+            Ok(Some(row)) if row.status == "expired" => Asked::TimedOut,
+            _ => Asked::Cancelled,
+        }
+    }
+}
+
+/// Stores durable frames through the conversation actor, which owns the event ids.
+pub async fn emit(
+    conversation: &ActorRef<ConvMsg>,
+    frames: Vec<(Value, Option<String>)>,
+) -> Result<bool, String> {
+    match conversation
+        .call(
+            |reply| ConvMsg::Emit { frames, reply },
+            Some(Duration::from_secs(30)),
+        )
+        .await
+    {
+        Ok(ractor::rpc::CallResult::Success(result)) => result,
+        Ok(other) => Err(format!(
+            "the conversation did not store the frames: {other:?}"
+        )),
+        Err(e) => Err(format!("the conversation did not store the frames: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_must_match_their_request() {
+        let confirm = json!({"confirm": {"message": "ok?", "default": false}});
+        assert!(check_reply(&confirm, &json!({"confirmed": true})).is_ok());
+        assert!(check_reply(&confirm, &json!({"cancelled": true})).is_ok());
+        assert!(check_reply(&confirm, &json!({"text": "yes"})).is_err());
+        let select = json!({"select": {"message": "pick", "options": [{"value": "a", "label": "A"}, {"value": "b", "label": "B"}], "multi_select": false}});
+        assert!(check_reply(&select, &json!({"selected": ["a"]})).is_ok());
+        assert!(check_reply(&select, &json!({"selected": ["a", "b"]})).is_err());
+        assert!(check_reply(&select, &json!({"selected": ["z"]})).is_err());
+        let prompt = json!({"prompt": {"message": "name?"}});
+        assert!(check_reply(&prompt, &json!({"text": "x"})).is_ok());
+        assert!(check_reply(&prompt, &json!({"text": 3})).is_err());
+        assert!(
+            check_reply(
+                &json!({"custom": {"type_name": "t"}}),
+                &json!({"custom": {"any": 1}})
+            )
+            .is_ok()
+        );
+        assert_eq!(kind_of(&json!({"nope": {}})), None);
+    }
+}
+
+/// Why an answer was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum AnswerError {
+    #[error("no such request")]
+    NotFound,
+    #[error("the request was already answered")]
+    AlreadyAnswered,
+    #[error("the request expired (or was cancelled) before this answer")]
+    Expired,
+    #[error("{0}")]
+    WrongKind(String),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+}
+
+/// Answers a pending request once; a second answer, or one after the timeout, is refused.
+pub async fn answer_request(
+    services: &Services,
+    conv: &crate::model::ConversationRecord,
+    request_id: &str,
+    payload: Value,
+) -> Result<(), AnswerError> {
+    let row = services
+        .store
+        .client_request(&conv.id, request_id)
+        .await?
+        .ok_or(AnswerError::NotFound)?;
+    match row.status.as_str() {
+        "pending" => {}
+        "answered" => return Err(AnswerError::AlreadyAnswered),
+        _ => return Err(AnswerError::Expired),
+    }
+    if row.expires_at <= Utc::now() {
+        services
+            .requests
+            .resolve(services, request_id, "expired")
+            .await;
+        return Err(AnswerError::Expired);
+    }
+    check_reply(&row.request_type, &payload).map_err(AnswerError::WrongKind)?;
+    let outcome = services
+        .persistence
+        .write(WriteJob::ResolveClientRequest {
+            id: request_id.to_owned(),
+            status: "answered",
+            response: Some(payload.clone()),
+            at: Utc::now(),
+        })
+        .await?;
+    if outcome != WriteOutcome::Resolved(true) {
+        // Someone else resolved it first.
+        return match services.store.client_request(&conv.id, request_id).await? {
+            Some(row) if row.status == "answered" => Err(AnswerError::AlreadyAnswered),
+            _ => Err(AnswerError::Expired),
+        };
+    }
+    services.requests.deliver(request_id, payload);
+    if let Some(live) = services.registry.get(&conv.id) {
+        let frame = json!({"type": "client_request_resolved", "request_id": request_id, "status": "answered"});
+        let _ = emit(&live.actor, vec![(frame, None)]).await;
+    }
+    Ok(())
+}

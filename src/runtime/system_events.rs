@@ -1,0 +1,103 @@
+//! System events that clients post (system-bus-plan.md): user_request, user_response and
+//! approval_response. Each is stored as a durable `system_event` frame; a user_request is
+//! answered by a handler with a `user_response`, idempotent on its request_id.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::Services;
+use super::conversation::context;
+use super::requests::emit;
+use crate::model::ConversationRecord;
+
+/// What the user_request handlers know.
+pub const HANDLERS: [&str; 2] = ["usage", "tasks"];
+
+/// The answer to a user_request of `kind`: the payload, or the error.
+async fn handle(
+    services: &Services,
+    conv: &ConversationRecord,
+    kind: &str,
+) -> Result<Value, String> {
+    match kind {
+        "usage" => {
+            let ctx = context(services, conv);
+            let window = ctx.context_window;
+            Ok(json!({
+                "input_tokens": conv.usage.input_tokens,
+                "output_tokens": conv.usage.output_tokens,
+                "context_tokens": conv.usage.context_tokens,
+                "context_window": window,
+                "ratio": if window == 0 { 0.0 } else { conv.usage.context_tokens as f64 / window as f64 },
+            }))
+        }
+        "tasks" => {
+            let tasks = services
+                .store
+                .background_tasks(&conv.id)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(json!({
+                "tasks": tasks.iter().map(crate::wire::background_task).collect::<Vec<_>>(),
+            }))
+        }
+        other => Err(format!(
+            "unknown request kind {other:?}; known kinds: {}",
+            HANDLERS.join(", ")
+        )),
+    }
+}
+
+/// Posts a client's event. Returns false when it repeats an earlier request_id (nothing new
+/// is stored).
+pub async fn post(
+    services: &Arc<Services>,
+    conv: &ConversationRecord,
+    event: Value,
+) -> Result<bool, String> {
+    let live = services
+        .registry
+        .get_or_start(services, &conv.id)
+        .await
+        .map_err(|e| e.to_string())?;
+    let event_type = event["type"].as_str().unwrap_or_default().to_owned();
+    let request_id = event
+        .get("request_id")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let dedup = request_id.as_ref().map(|id| format!("{event_type}:{id}"));
+    let mut frames = vec![(json!({"type": "system_event", "event": event}), dedup)];
+    if event_type == "user_request" {
+        let kind = event["kind"].as_str().unwrap_or_default();
+        let (payload, error) = match handle(services, conv, kind).await {
+            Ok(payload) => (payload, Value::Null),
+            Err(error) => (Value::Null, Value::String(error)),
+        };
+        frames.push((
+            json!({
+                "type": "system_event",
+                "event": {
+                    "type": "user_response",
+                    "request_id": request_id,
+                    "kind": kind,
+                    "payload": payload,
+                    "error": error,
+                },
+            }),
+            None,
+        ));
+    }
+    if event_type == "approval_response"
+        && let (Some(id), Some(approved)) =
+            (&request_id, event.get("approved").and_then(Value::as_bool))
+    {
+        // An approval answered as a system event resolves its confirm request.
+        if let Err(e) =
+            super::answer_request(services, conv, id, json!({"confirmed": approved})).await
+        {
+            tracing::debug!(request = %id, error = ?e, "approval_response did not resolve a request");
+        }
+    }
+    emit(&live.actor, frames).await
+}
