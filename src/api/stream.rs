@@ -31,6 +31,8 @@ use crate::model::ConversationRecord;
 pub const CLOSE_LAGGED: u16 = 4008;
 /// Close code: the server is going away.
 const CLOSE_GOING_AWAY: u16 = 1001;
+/// A client whose socket takes no data for this long is dropped.
+const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Deserialize)]
 pub struct StreamQuery {
@@ -186,7 +188,8 @@ async fn serve_socket(
         tokio::select! {
             out = rx.recv() => match out {
                 Some(Out::Frame(frame)) => {
-                    if sink.send(Message::Text(frame.json.to_string().into())).await.is_err() {
+                    let send = sink.send(Message::Text(frame.json.to_string().into()));
+                    if !matches!(tokio::time::timeout(SEND_TIMEOUT, send).await, Ok(Ok(()))) {
                         break;
                     }
                 }

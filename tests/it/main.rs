@@ -10,3 +10,4 @@ mod support;
 mod api;
 mod persistence;
 mod runtime;
+mod stream;
