@@ -101,7 +101,7 @@ async fn websocket_snapshot_live_frames_and_replay() {
         assert_eq!(replayed, live[4..].to_vec());
         // Nothing more comes (no duplicates after the replay).
         assert!(
-            matches!(again.next(Duration::from_millis(300)).await, None),
+            again.next(Duration::from_millis(300)).await.is_none(),
             "no extra frames"
         );
         app.cleanup(db).await;
