@@ -28,6 +28,38 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     dir
 }
 
+/// Drops test databases left by runs that died more than an hour ago (their names carry a
+/// UUIDv7, whose first 48 bits are the creation time in ms).
+async fn drop_stale(conn: &sea_orm::DatabaseConnection) {
+    use sea_orm::{ConnectionTrait, Statement};
+    let Ok(rows) = conn
+        .query_all_raw(Statement::from_string(
+            conn.get_database_backend(),
+            "SELECT datname FROM pg_database WHERE datname LIKE 'bedrock_t_%'",
+        ))
+        .await
+    else {
+        return;
+    };
+    let now_ms = u64::try_from(chrono::Utc::now().timestamp_millis()).unwrap_or(0);
+    for row in rows {
+        let Ok(name) = row.try_get::<String>("", "datname") else {
+            continue;
+        };
+        let Some(created_ms) = name
+            .strip_prefix("bedrock_t_")
+            .and_then(|hex| u64::from_str_radix(hex.get(..12)?, 16).ok())
+        else {
+            continue;
+        };
+        if now_ms.saturating_sub(created_ms) > 3_600_000 {
+            let _ = conn
+                .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                .await;
+        }
+    }
+}
+
 impl TestDb {
     pub fn sqlite() -> TestDb {
         let dir = temp_dir("db");
