@@ -664,3 +664,71 @@ async fn dev_auth_mode() {
     );
     app.cleanup(db).await;
 }
+
+/// SIGTERM-style shutdown: live clients get a close frame, the running tool is stopped and
+/// recorded as interrupted, and the server exits in bounded time.
+#[tokio::test]
+async fn graceful_shutdown_interrupts_running_work() {
+    use crate::support::ws::{Next, Ws, is_state};
+    let db = TestDb::sqlite();
+    let mut app = TestApp::spawn(&db).await;
+    let id = app.conversation().await;
+    let mut ws = Ws::connect(&app.ws_url(&id, "")).await;
+    ws.frame().await;
+    app.llm
+        .push([Llm::bash("call_long", "echo $$ > pgid; sleep 300")]);
+    app.post(
+        &format!("/v1/conversations/{id}/messages"),
+        json!({"text": "long"}),
+    )
+    .await
+    .expect(202);
+    ws.frames_until(|f| is_state(f, "tool_executing")).await;
+    let cwd = std::path::PathBuf::from(
+        app.get(&format!("/v1/conversations/{id}"))
+            .await
+            .expect(200)["cwd"]
+            .as_str()
+            .unwrap_or_default(),
+    );
+    let pid: i32 = eventually("the tool to start", WAIT, || async {
+        std::fs::read_to_string(cwd.join("pgid"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    })
+    .await;
+    let started = std::time::Instant::now();
+    app.stop().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "shutdown is bounded: {:?}",
+        started.elapsed()
+    );
+    // The client saw the interruption, then a going-away close.
+    let mut closed = None;
+    while let Some(next) = ws.next(WAIT).await {
+        if let Next::Closed(code, _) = next {
+            closed = code;
+            break;
+        }
+    }
+    assert_eq!(closed, Some(1001));
+    eventually("the tool's process to be killed", WAIT, || async {
+        (!std::path::Path::new(&format!("/proc/{pid}")).exists()).then_some(())
+    })
+    .await;
+    app.start().await;
+    assert_eq!(app.state(&id).await, json!({"kind": "idle"}));
+    let messages = app.messages(&id).await;
+    let tool = messages
+        .iter()
+        .find(|m| m["message_type"] == "tool")
+        .expect("a tool result");
+    assert_eq!(tool["content"]["output"], "interrupted by server shutdown");
+    assert_eq!(
+        app.llm.requests().len(),
+        1,
+        "no LLM request started after the shutdown began"
+    );
+    app.cleanup(db).await;
+}
