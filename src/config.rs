@@ -10,14 +10,14 @@ use std::time::Duration;
 use figment::Figment;
 use figment::providers::{Format, Toml};
 use secrecy::{ExposeSecret, SecretString};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize, Serializer};
 
 use crate::state_machine::TurnLimits;
 
 /// The built-in defaults; also the documentation of every setting.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     pub server: ServerSettings,
@@ -29,10 +29,33 @@ pub struct Settings {
     pub turn: TurnSettings,
     pub tools: ToolSettings,
     pub sub_agents: SubAgentSettings,
+    pub requests: RequestSettings,
     pub conversations: ConversationSettings,
 }
 
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestSettings {
+    pub confirm_timeout_ms: u64,
+    pub prompt_timeout_ms: u64,
+    pub select_timeout_ms: u64,
+    pub custom_timeout_ms: u64,
+    pub approval_timeout_ms: u64,
+}
+
+impl RequestSettings {
+    /// The default timeout of a request of `kind`.
+    pub fn timeout(&self, kind: &str) -> Duration {
+        Duration::from_millis(match kind {
+            "confirm" => self.confirm_timeout_ms,
+            "prompt" => self.prompt_timeout_ms,
+            "select" => self.select_timeout_ms,
+            _ => self.custom_timeout_ms,
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum AuthMode {
     Required,
@@ -40,7 +63,7 @@ pub enum AuthMode {
     Auto,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerSettings {
     pub listen: SocketAddr,
@@ -53,30 +76,32 @@ pub struct ServerSettings {
     pub client_lag_frames: usize,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatabaseSettings {
+    #[serde(serialize_with = "masked_url")]
     pub url: SecretString,
     pub max_connections: u32,
     pub acquire_timeout_ms: u64,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DataSettings {
     pub dir: PathBuf,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkspaceSettings {
     pub root: PathBuf,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LlmSettings {
     pub base_url: String,
+    #[serde(serialize_with = "masked")]
     pub api_key: SecretString,
     pub model: String,
     pub max_concurrency: usize,
@@ -90,11 +115,14 @@ pub struct LlmSettings {
 }
 
 /// A model's section: each field overrides `[models.default]` when set.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelOverrides {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub context_window: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_output_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_image_px: Option<u32>,
 }
 
@@ -106,7 +134,7 @@ pub struct ModelSettings {
     pub max_image_px: u32,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TurnSettings {
     pub max_llm_steps: u32,
@@ -114,7 +142,7 @@ pub struct TurnSettings {
     pub max_sub_agents: u32,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ToolSettings {
     pub bash_timeout_ms: u64,
@@ -123,13 +151,13 @@ pub struct ToolSettings {
     pub search_max_results: usize,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SubAgentSettings {
     pub timeout_ms: u64,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConversationSettings {
     pub idle_timeout_ms: u64,
@@ -303,90 +331,36 @@ impl Settings {
 
     /// The effective settings as TOML, with secrets masked (`bedrock config`).
     pub fn masked_toml(&self) -> String {
-        let mask = |secret: &SecretString| {
-            if secret.expose_secret().is_empty() {
-                String::new()
-            } else {
-                "********".to_owned()
-            }
-        };
-        let db_url = {
-            let url = self.database_url();
-            // Hide a password in postgres://user:password@host/.
-            match (url.find("://"), url.find('@')) {
-                (Some(scheme), Some(at)) if url[scheme + 3..at].contains(':') => {
-                    let colon = scheme + 3 + url[scheme + 3..at].find(':').unwrap_or_default();
-                    format!("{}:********{}", &url[..colon], &url[at..])
-                }
-                _ => url,
-            }
-        };
-        let mut out = String::new();
-        let s = &self.server;
-        out += &format!(
-            "[server]\nlisten = \"{}\"\nauth = \"{:?}\"\nshutdown_grace_ms = {}\nmax_body_bytes = {}\nmax_text_bytes = {}\nmax_images_per_message = {}\nmax_ws_frame_bytes = {}\nclient_lag_frames = {}\n\n",
-            s.listen,
-            s.auth,
-            s.shutdown_grace_ms,
-            s.max_body_bytes,
-            s.max_text_bytes,
-            s.max_images_per_message,
-            s.max_ws_frame_bytes,
-            s.client_lag_frames
-        )
-        .replace("\"Required\"", "\"required\"")
-        .replace("\"Dev\"", "\"dev\"")
-        .replace("\"Auto\"", "\"auto\"");
-        out += &format!(
-            "[database]\nurl = \"{db_url}\"\nmax_connections = {}\nacquire_timeout_ms = {}\n\n",
-            self.database.max_connections, self.database.acquire_timeout_ms
-        );
-        out += &format!("[data]\ndir = \"{}\"\n\n", self.data.dir.display());
-        out += &format!(
-            "[workspace]\nroot = \"{}\"\n\n",
-            self.workspace.root.display()
-        );
-        let l = &self.llm;
-        out += &format!(
-            "[llm]\nbase_url = \"{}\"\napi_key = \"{}\"\nmodel = \"{}\"\nmax_concurrency = {}\nconnect_timeout_ms = {}\nfirst_byte_timeout_ms = {}\nidle_timeout_ms = {}\ntotal_timeout_ms = {}\nmax_request_bytes = {}\nmax_response_bytes = {}\nmax_tool_args_bytes = {}\n\n",
-            l.base_url,
-            mask(&l.api_key),
-            l.model,
-            l.max_concurrency,
-            l.connect_timeout_ms,
-            l.first_byte_timeout_ms,
-            l.idle_timeout_ms,
-            l.total_timeout_ms,
-            l.max_request_bytes,
-            l.max_response_bytes,
-            l.max_tool_args_bytes
-        );
-        for name in self.models.keys() {
-            let m = self.model(name);
-            out += &format!(
-                "[models.\"{name}\"]\ncontext_window = {}\nmax_output_tokens = {}\nmax_image_px = {}\n\n",
-                m.context_window, m.max_output_tokens, m.max_image_px
-            );
-        }
-        out += &format!(
-            "[turn]\nmax_llm_steps = {}\nmax_tool_calls = {}\nmax_sub_agents = {}\n\n",
-            self.turn.max_llm_steps, self.turn.max_tool_calls, self.turn.max_sub_agents
-        );
-        let t = &self.tools;
-        out += &format!(
-            "[tools]\nbash_timeout_ms = {}\nbash_max_timeout_ms = {}\noutput_cap_bytes = {}\nsearch_max_results = {}\n\n",
-            t.bash_timeout_ms, t.bash_max_timeout_ms, t.output_cap_bytes, t.search_max_results
-        );
-        out += &format!(
-            "[sub_agents]\ntimeout_ms = {}\n\n",
-            self.sub_agents.timeout_ms
-        );
-        out += &format!(
-            "[conversations]\nidle_timeout_ms = {}\n",
-            self.conversations.idle_timeout_ms
-        );
-        out
+        let mut shown = self.clone();
+        shown.database.url = SecretString::from(self.database_url());
+        toml::to_string_pretty(&shown)
+            .unwrap_or_else(|e| format!("# the settings could not be printed: {e}\n"))
     }
+}
+
+/// A secret as `********` (empty stays empty, so "not set" shows).
+fn masked<S: Serializer>(secret: &SecretString, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(if secret.expose_secret().is_empty() {
+        ""
+    } else {
+        "********"
+    })
+}
+
+/// A database URL with its password, if any, masked: `postgres://user:********@host/db`.
+fn masked_url<S: Serializer>(url: &SecretString, serializer: S) -> Result<S::Ok, S::Error> {
+    let url = url.expose_secret();
+    let shown = match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let credentials = &url[scheme + 3..at];
+            match credentials.split_once(':') {
+                Some((user, _)) => format!("{}{user}:********{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    };
+    serializer.serialize_str(&shown)
 }
 
 /// A figment error as one sentence that names the setting.

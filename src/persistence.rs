@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
+use std::sync::Arc;
+
+use crate::metrics::Metrics;
 use crate::model::{ConversationCommit, NewConversation, Tenant};
 use crate::store::{NewAttachment, Store, StoreError};
 
@@ -111,6 +114,7 @@ pub struct PersistenceActor;
 
 pub struct PersistenceState {
     store: Store,
+    metrics: Arc<Metrics>,
     /// Jobs waiting for the next flush, in arrival order.
     queue: VecDeque<Job>,
     /// Whether a flush task is running.
@@ -129,15 +133,16 @@ impl std::fmt::Debug for PersistenceState {
 impl Actor for PersistenceActor {
     type Msg = PersistenceMsg;
     type State = PersistenceState;
-    type Arguments = Store;
+    type Arguments = (Store, Arc<Metrics>);
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        store: Store,
+        (store, metrics): (Store, Arc<Metrics>),
     ) -> Result<Self::State, ActorProcessingErr> {
         Ok(PersistenceState {
             store,
+            metrics,
             queue: VecDeque::new(),
             flushing: false,
         })
@@ -160,8 +165,9 @@ impl Actor for PersistenceActor {
             state.flushing = true;
             let jobs = take_batch(&mut state.queue);
             let store = state.store.clone();
+            let metrics = state.metrics.clone();
             tokio::spawn(async move {
-                flush(&store, jobs).await;
+                flush(&store, &metrics, jobs).await;
                 // The actor is gone only when the server stops; then nothing waits.
                 let _ = myself.cast(PersistenceMsg::Flushed);
             });
@@ -189,7 +195,7 @@ fn take_batch(queue: &mut VecDeque<Job>) -> Vec<Job> {
     jobs
 }
 
-async fn flush(store: &Store, jobs: Vec<Job>) {
+async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>) {
     let mut commits = Vec::with_capacity(jobs.len());
     for job in jobs {
         match job {
@@ -205,6 +211,10 @@ async fn flush(store: &Store, jobs: Vec<Job>) {
     let started = Instant::now();
     let batch: Vec<ConversationCommit> = commits.iter().map(|(c, _)| (**c).clone()).collect();
     let outcome = store.commit_batch(&batch).await;
+    metrics
+        .commit_latency
+        .observe(started.elapsed().as_secs_f64());
+    metrics.commit_batch.observe(batch.len() as f64);
     tracing::trace!(
         target: "bedrock::persistence",
         commits = batch.len(),
@@ -225,14 +235,8 @@ async fn flush(store: &Store, jobs: Vec<Job>) {
             }
         }
         Err(error) => {
-            let text = error.to_string();
-            let unavailable = error.is_unavailable();
             for (_, reply) in commits {
-                let _ = reply.send(Err(if unavailable {
-                    StoreError::Unavailable(text.clone())
-                } else {
-                    StoreError::Other(text.clone())
-                }));
+                let _ = reply.send(Err(error.clone()));
             }
         }
     }

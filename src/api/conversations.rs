@@ -539,6 +539,7 @@ pub async fn delete(
             .map(|c| c.id),
     );
     for id in &ids {
+        app.services.background.cancel_all(id);
         if let Some(live) = app.services.registry.get(id) {
             live.cancel.stop_work();
             let _ = live
@@ -629,4 +630,53 @@ pub async fn respond(
     let conv = app.find(&caller, &id).await?;
     super::stream::answer_request(&app, &conv, &request_id, body.payload).await?;
     Ok(Json(json!({"answered": true, "request_id": request_id})))
+}
+
+pub async fn tasks(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let conv = app.find(&caller, &id).await?;
+    let tasks = app.services.store.background_tasks(&conv.id).await?;
+    Ok(Json(
+        json!({"tasks": tasks.iter().map(wire::background_task).collect::<Vec<_>>()}),
+    ))
+}
+
+/// Kills a running background task; for a finished one it answers with how it ended.
+pub async fn cancel_task(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path((id, task_id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let conv = app.find(&caller, &id).await?;
+    let find = || async {
+        Ok::<_, ApiError>(
+            app.services
+                .store
+                .background_tasks(&conv.id)
+                .await?
+                .into_iter()
+                .find(|t| t.id == task_id),
+        )
+    };
+    let Some(mut task) = find().await? else {
+        return Err(ApiError::not_found("task"));
+    };
+    if task.status == "running" && app.services.background.cancel(&conv.id, &task_id) {
+        // The kill is immediate; its record follows within moments.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while task.status == "running" && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if let Some(latest) = find().await? {
+                task = latest;
+            }
+        }
+    }
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({"task": wire::background_task(&task)})),
+    )
+        .into_response())
 }

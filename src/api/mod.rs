@@ -119,6 +119,11 @@ pub fn router(state: AppState) -> Router {
             "/conversations/{id}/requests/{request_id}",
             post(conversations::respond),
         )
+        .route("/conversations/{id}/tasks", get(conversations::tasks))
+        .route(
+            "/conversations/{id}/tasks/{task_id}/cancel",
+            post(conversations::cancel_task),
+        )
         .route("/conversations/{id}/ws", get(stream::websocket))
         .route("/conversations/{id}/stream", get(stream::sse));
     Router::new()

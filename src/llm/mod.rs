@@ -27,6 +27,7 @@ pub use stream::Accumulator;
 
 use crate::config::Settings;
 use crate::hub::{EventHub, Frame};
+use crate::metrics::{Metrics, OutcomeLabel, TokenLabels};
 use crate::state_machine::{ErrorKind, Event, LlmFailure, LlmReply, LlmRequestTag};
 use crate::store::Store;
 use crate::tools;
@@ -95,6 +96,7 @@ pub enum GatewayMsg {
 /// What every request task shares.
 struct Shared {
     settings: Arc<Settings>,
+    metrics: Arc<Metrics>,
     store: Store,
     hub: Arc<EventHub>,
     http: reqwest::Client,
@@ -110,6 +112,7 @@ pub struct GatewayArgs {
     pub settings: Arc<Settings>,
     pub store: Store,
     pub hub: Arc<EventHub>,
+    pub metrics: Arc<Metrics>,
 }
 
 pub struct GatewayState {
@@ -144,6 +147,7 @@ impl Actor for LlmGateway {
         Ok(GatewayState {
             shared: Arc::new(Shared {
                 settings: args.settings,
+                metrics: args.metrics,
                 store: args.store,
                 hub: args.hub,
                 http,
@@ -188,33 +192,54 @@ async fn run_job(shared: Arc<Shared>, job: LlmJob) {
     let reply = job.reply.clone();
     let cancel = job.cancel.clone();
     let task_span = span.clone();
+    let metrics = shared.metrics.clone();
+    let (tenant, model) = (job.tenant_id.clone(), job.model.clone());
+    let started = Instant::now();
     let work = tokio::spawn(async move { call(&shared, &job).await }.instrument(task_span));
     let abort = work.abort_handle();
-    let event = tokio::select! {
+    let (event, outcome) = tokio::select! {
         biased;
         () = cancel.cancelled() => {
             // Dropping the request releases the HTTP connection at once.
             abort.abort();
-            span.record("outcome", "aborted");
-            Event::LlmAborted { request }
+            (Event::LlmAborted { request }, "aborted")
         }
         joined = work => match joined {
             Ok(Ok(reply)) => {
-                span.record("outcome", "ok");
                 span.record("input_tokens", reply.usage.input_tokens);
                 span.record("output_tokens", reply.usage.output_tokens);
-                Event::LlmResponse { request, reply }
+                for (direction, tokens) in [("input", reply.usage.input_tokens), ("output", reply.usage.output_tokens)] {
+                    metrics
+                        .tokens
+                        .get_or_create(&TokenLabels {
+                            tenant: tenant.clone(),
+                            model: model.clone(),
+                            direction: direction.into(),
+                        })
+                        .inc_by(tokens);
+                }
+                (Event::LlmResponse { request, reply }, "ok")
             }
             Ok(Err(failure)) => {
-                span.record("outcome", failure.kind.as_str());
-                failure.into_event(request)
+                let kind = failure.kind.as_str();
+                (failure.into_event(request), kind)
             }
-            Err(join) => {
-                span.record("outcome", "crashed");
-                Failure::new(ErrorKind::Unknown, format!("the gateway task crashed: {join}")).into_event(request)
-            }
+            Err(join) => (
+                Failure::new(ErrorKind::Unknown, format!("the gateway task crashed: {join}")).into_event(request),
+                "crashed",
+            ),
         },
     };
+    span.record("outcome", outcome);
+    metrics
+        .llm_duration
+        .observe(started.elapsed().as_secs_f64());
+    metrics
+        .llm_requests
+        .get_or_create(&OutcomeLabel {
+            outcome: outcome.into(),
+        })
+        .inc();
     reply(event);
 }
 

@@ -19,6 +19,7 @@ use super::commit;
 use super::subagents::{SubAgentSupervisor, SupervisorArgs, SupervisorMsg};
 use super::tool_run::{ToolRun, ToolRunArgs};
 use crate::llm::LlmJob;
+use crate::metrics::OutcomeLabel;
 use crate::model::{ConversationRecord, MessageRecord};
 use crate::state_machine::{
     ConvContext, Effect, Event, ImageRef, Interruption, InvalidTransition, Rejection,
@@ -174,6 +175,10 @@ impl Actor for ConversationActor {
         if state.record.state.is_busy() {
             apply_internal(&myself, state, Event::Interrupted(Interruption::Restart)).await?;
         }
+        state
+            .services
+            .metrics
+            .conversation_state(None, Some(state.record.state.kind()));
         arm_idle_timer(&myself, state);
         Ok(())
     }
@@ -273,6 +278,10 @@ impl Actor for ConversationActor {
             .services
             .registry
             .forget(&state.record.id, myself.get_id());
+        state
+            .services
+            .metrics
+            .conversation_state(Some(state.record.state.kind()), None);
         state.cancel.stop_work();
         Ok(())
     }
@@ -440,6 +449,7 @@ async fn store_and_dispatch(
     retry: bool,
 ) -> Result<(Vec<MessageRecord>, Vec<Effect>), StoreError> {
     let was_busy = state.record.state.is_busy();
+    let kind_before = state.record.state.kind();
     let plan = commit::plan(
         &state.record,
         result,
@@ -464,7 +474,9 @@ async fn store_and_dispatch(
         state.services.hub.publish(&state.record.id, frame.clone());
     }
     let busy = state.record.state.is_busy();
+    let metrics = &state.services.metrics;
     if !was_busy && busy {
+        metrics.turns_started.inc();
         state.turn_span = Some(tracing::info_span!(
             parent: None,
             "conversation.turn",
@@ -473,11 +485,26 @@ async fn store_and_dispatch(
             model = %state.record.model,
             outcome = tracing::field::Empty,
         ));
-    } else if was_busy
-        && !busy
-        && let Some(span) = state.turn_span.take()
+    } else if was_busy && !busy {
+        metrics
+            .turns_finished
+            .get_or_create(&OutcomeLabel {
+                outcome: state.record.state.kind().into(),
+            })
+            .inc();
+        if let Some(span) = state.turn_span.take() {
+            span.record("outcome", state.record.state.kind());
+        }
+    }
+    if kind_before != state.record.state.kind() {
+        metrics.conversation_state(Some(kind_before), Some(state.record.state.kind()));
+    }
+    if plan
+        .dispatch
+        .iter()
+        .any(|e| matches!(e, Effect::ScheduleRetry { .. }))
     {
-        span.record("outcome", state.record.state.kind());
+        metrics.retries.inc();
     }
     for effect in &plan.dispatch {
         dispatch(myself, state, effect.clone()).await;
@@ -585,6 +612,11 @@ async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, eff
                 limits: services.tool_limits.clone(),
                 cancel: cancel.clone(),
                 reply: myself.clone(),
+                metrics: services.metrics.clone(),
+                services: services.clone(),
+                conversation_id: state.record.id.clone(),
+                is_sub_agent: state.ctx.is_sub_agent,
+                needs_approval: state.record.require_approval.contains(&tool.name),
                 span: tracing::info_span!(
                     parent: state.turn_span.as_ref().and_then(tracing::Span::id),
                     "tool.run",

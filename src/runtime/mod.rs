@@ -12,6 +12,7 @@
 //!
 //! The event hub (src/hub.rs) carries frames from conversations to clients.
 
+mod background;
 mod cancel;
 mod commit;
 mod conversation;
@@ -28,6 +29,7 @@ use std::time::Duration;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio_util::sync::CancellationToken;
 
+pub use background::{BackgroundTasks, TaskSpec};
 pub use cancel::{CancelOutcome, CancelSlot};
 pub use commit::{Plan, apply as apply_commit, plan as plan_commit, plan_frames};
 pub use conversation::{ConvMsg, SendError, context};
@@ -55,6 +57,7 @@ pub struct Services {
     pub registry: Registry,
     pub tool_limits: ToolLimits,
     pub requests: RequestBroker,
+    pub background: BackgroundTasks,
     pub metrics: Arc<Metrics>,
     root: ActorCell,
     shutdown: CancellationToken,
@@ -114,8 +117,13 @@ impl Runtime {
         crate::install_crypto();
         let metrics = Arc::new(Metrics::default());
         let (root, _) = Actor::spawn(None, Root, ()).await?;
-        let (persistence, _) =
-            Actor::spawn_linked(None, PersistenceActor, store.clone(), root.get_cell()).await?;
+        let (persistence, _) = Actor::spawn_linked(
+            None,
+            PersistenceActor,
+            (store.clone(), metrics.clone()),
+            root.get_cell(),
+        )
+        .await?;
         let hub = Arc::new(EventHub::new(settings.server.client_lag_frames));
         let (gateway, _) = Actor::spawn_linked(
             None,
@@ -124,6 +132,7 @@ impl Runtime {
                 settings: settings.clone(),
                 store: store.clone(),
                 hub: hub.clone(),
+                metrics: metrics.clone(),
             },
             root.get_cell(),
         )
@@ -143,6 +152,7 @@ impl Runtime {
             gateway: Gateway::new(gateway),
             registry: Registry::default(),
             requests: RequestBroker::default(),
+            background: BackgroundTasks::default(),
             metrics,
             settings,
             store,

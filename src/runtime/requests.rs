@@ -126,7 +126,8 @@ impl RequestBroker {
     }
 
     /// Asks the conversation's clients and waits for the answer, the timeout or a cancel.
-    /// `extra_frames` are stored with the request's frame (an approval's system event, say).
+    /// `extra_frames` builds, from the request's id, frames stored with the request's own (an
+    /// approval's system event, say).
     #[allow(clippy::too_many_arguments)]
     pub async fn ask(
         &self,
@@ -137,7 +138,7 @@ impl RequestBroker {
         request_type: Value,
         timeout: Duration,
         cancel: &CancellationToken,
-        extra_frames: Vec<Value>,
+        extra_frames: impl FnOnce(&str) -> Vec<Value>,
     ) -> (String, Asked) {
         let id = uuid::Uuid::now_v7().to_string();
         let now = Utc::now();
@@ -176,7 +177,7 @@ impl RequestBroker {
             "timeout_ms": timeout_ms,
             "tool_use_id": tool_use_id,
         })];
-        frames.extend(extra_frames);
+        frames.extend(extra_frames(&id));
         if let Err(e) = emit(
             conversation,
             frames.into_iter().map(|f| (f, None)).collect(),

@@ -1,18 +1,26 @@
 //! The tool run actor: one per tool run, supervised by its conversation.
 //!
 //! It runs the tool in a task of its own and reports a `ToolComplete` to the conversation
-//! exactly once: the tool's outcome, or a failure if the run crashed.
+//! exactly once: the tool's outcome, or a failure if the run crashed. Before a tool named in
+//! the conversation's `require_approval` it asks the client to confirm; `ask_user` asks the
+//! client a question; `bash` with `background: true` starts a background task.
 
 use std::path::PathBuf;
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
+use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::Services;
+use super::background::TaskSpec;
 use super::conversation::ConvMsg;
+use super::requests::{Asked, emit};
+use crate::metrics::{Metrics, ToolLabels};
 use crate::state_machine::{Event, ToolOutcome, ToolUse, TurnId};
-use crate::tools::{self, ToolLimits};
+use crate::tools::{self, ASK_USER, ToolLimits, preview};
 
 #[derive(Debug)]
 pub struct ToolRun;
@@ -25,6 +33,12 @@ pub struct ToolRunArgs {
     pub cancel: CancellationToken,
     pub reply: ActorRef<ConvMsg>,
     pub span: tracing::Span,
+    pub metrics: Arc<Metrics>,
+    pub services: Arc<Services>,
+    pub conversation_id: String,
+    pub is_sub_agent: bool,
+    /// The conversation requires the client's approval before this tool runs.
+    pub needs_approval: bool,
 }
 
 impl std::fmt::Debug for ToolRunArgs {
@@ -53,6 +67,19 @@ impl std::fmt::Debug for ToolRunState {
     }
 }
 
+/// What a run needs, owned by its task.
+struct Run {
+    tool: ToolUse,
+    cwd: PathBuf,
+    limits: ToolLimits,
+    cancel: CancellationToken,
+    conversation: ActorRef<ConvMsg>,
+    services: Arc<Services>,
+    conversation_id: String,
+    is_sub_agent: bool,
+    needs_approval: bool,
+}
+
 impl Actor for ToolRun {
     type Msg = ToolRunMsg;
     type State = ToolRunState;
@@ -74,16 +101,22 @@ impl Actor for ToolRun {
         myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        let tool = state.args.tool.clone();
-        let cwd = state.args.cwd.clone();
-        let limits = state.args.limits.clone();
-        let cancel = state.args.cancel.clone();
-        let span = state.args.span.clone();
+        let args = &state.args;
+        let run = Run {
+            tool: args.tool.clone(),
+            cwd: args.cwd.clone(),
+            limits: args.limits.clone(),
+            cancel: args.cancel.clone(),
+            conversation: args.reply.clone(),
+            services: args.services.clone(),
+            conversation_id: args.conversation_id.clone(),
+            is_sub_agent: args.is_sub_agent,
+            needs_approval: args.needs_approval,
+        };
+        let span = args.span.clone();
         tokio::spawn(async move {
-            let run = tokio::spawn(
-                async move { tools::run(&tool, cwd, &limits, cancel).await }.instrument(span),
-            );
-            let outcome = run.await.unwrap_or_else(|error| ToolOutcome {
+            let task = tokio::spawn(async move { execute(run).await }.instrument(span));
+            let outcome = task.await.unwrap_or_else(|error| ToolOutcome {
                 ok: false,
                 output: format!("the tool run crashed: {error}"),
             });
@@ -105,6 +138,15 @@ impl Actor for ToolRun {
                     .args
                     .span
                     .record("duration_ms", state.started.elapsed().as_millis() as u64);
+                state
+                    .args
+                    .metrics
+                    .tool_runs
+                    .get_or_create(&ToolLabels {
+                        tool: state.args.tool.name.clone(),
+                        outcome: if outcome.ok { "ok" } else { "failed" }.into(),
+                    })
+                    .inc();
                 let _ = state.args.reply.cast(ConvMsg::Event(Event::ToolComplete {
                     turn: state.args.turn.clone(),
                     tool_use_id: state.args.tool.id.clone(),
@@ -114,5 +156,230 @@ impl Actor for ToolRun {
             }
         }
         Ok(())
+    }
+}
+
+fn failed(output: impl Into<String>) -> ToolOutcome {
+    ToolOutcome {
+        ok: false,
+        output: output.into(),
+    }
+}
+
+async fn execute(run: Run) -> ToolOutcome {
+    if run.needs_approval
+        && let Err(refused) = approve(&run).await
+    {
+        return refused;
+    }
+    let input = &run.tool.input;
+    match run.tool.name.as_str() {
+        ASK_USER if run.is_sub_agent => failed("ask_user is only available in user conversations"),
+        ASK_USER => ask_user(&run).await,
+        "bash" if input.get("background").and_then(Value::as_bool) == Some(true) => {
+            background(&run).await
+        }
+        _ => tools::run(&run.tool, run.cwd.clone(), &run.limits, run.cancel.clone()).await,
+    }
+}
+
+/// Asks the client to approve the tool (the wallet flow, generalised).
+async fn approve(run: &Run) -> Result<(), ToolOutcome> {
+    let services = &run.services;
+    let timeout = Duration::from_millis(services.settings.requests.approval_timeout_ms);
+    let tool = &run.tool;
+    let request_type = json!({"confirm": {
+        "message": format!("Allow the agent to run {}?\n{}", tool.name, preview(&tool.input.to_string(), 2000)),
+        "default": false,
+    }});
+    let (request_id, asked) = services
+        .requests
+        .ask(
+            services,
+            &run.conversation_id,
+            &run.conversation,
+            Some(tool.id.clone()),
+            request_type,
+            timeout,
+            &run.cancel,
+            |id| {
+                vec![json!({"type": "system_event", "event": {
+                    "type": "approval_request",
+                    "request_id": id,
+                    "tool_use_id": tool.id,
+                    "tool_name": tool.name,
+                    "input": tool.input,
+                }})]
+            },
+        )
+        .await;
+    let (approved, reason) = match asked {
+        Asked::Answered(payload) if payload["confirmed"] == Value::Bool(true) => {
+            (true, "approved".to_owned())
+        }
+        Asked::Answered(_) => (
+            false,
+            format!(
+                "the user denied permission to run {}; it did not run",
+                tool.name
+            ),
+        ),
+        Asked::TimedOut => (
+            false,
+            format!(
+                "no approval came within {} s; {} did not run",
+                timeout.as_secs(),
+                tool.name
+            ),
+        ),
+        Asked::Cancelled => (
+            false,
+            "the approval was cancelled; the tool did not run".to_owned(),
+        ),
+        Asked::Failed(why) => (
+            false,
+            format!("approval could not be requested ({why}); the tool did not run"),
+        ),
+    };
+    let frame = json!({"type": "system_event", "event": {
+        "type": "approval_response",
+        "request_id": request_id,
+        "tool_use_id": tool.id,
+        "tool_name": tool.name,
+        "approved": approved,
+        "reason": reason,
+    }});
+    let _ = emit(&run.conversation, vec![(frame, None)]).await;
+    if approved {
+        Ok(())
+    } else {
+        Err(failed(reason))
+    }
+}
+
+/// The ask_user tool: one question to the client; its answer is the tool's result.
+async fn ask_user(run: &Run) -> ToolOutcome {
+    let input = &run.tool.input;
+    let Some(question) = input.get("question").and_then(Value::as_str) else {
+        return failed("invalid arguments: `question` must be a string");
+    };
+    let kind = input
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or("prompt");
+    let request_type = match kind {
+        "confirm" => json!({"confirm": {"message": question, "default": null}}),
+        "prompt" => json!({"prompt": {"message": question, "default": null, "placeholder": null}}),
+        "select" => {
+            let options: Vec<&str> = input
+                .get("options")
+                .and_then(Value::as_array)
+                .map(|o| o.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            if options.is_empty() {
+                return failed("invalid arguments: select needs `options`, a list of strings");
+            }
+            json!({"select": {
+                "message": question,
+                "options": options.iter().map(|o| json!({"value": o, "label": o, "description": null})).collect::<Vec<_>>(),
+                "multi_select": false,
+            }})
+        }
+        "custom" => json!({"custom": {
+            "type_name": input.get("type_name").and_then(Value::as_str).unwrap_or("custom"),
+            "schema": input.get("schema").cloned().unwrap_or(Value::Null),
+        }}),
+        other => {
+            return failed(format!(
+                "invalid arguments: kind must be confirm, prompt, select or custom, not {other:?}"
+            ));
+        }
+    };
+    let services = &run.services;
+    let timeout = match input.get("timeout_ms").and_then(Value::as_u64) {
+        Some(ms) if ms > 0 => Duration::from_millis(ms),
+        _ => services.settings.requests.timeout(kind),
+    };
+    let (_, asked) = services
+        .requests
+        .ask(
+            services,
+            &run.conversation_id,
+            &run.conversation,
+            Some(run.tool.id.clone()),
+            request_type,
+            timeout,
+            &run.cancel,
+            |_| Vec::new(),
+        )
+        .await;
+    match asked {
+        Asked::Answered(payload) => {
+            if payload.get("cancelled") == Some(&Value::Bool(true)) {
+                return failed("the user dismissed the question without answering");
+            }
+            let answer = if let Some(confirmed) = payload.get("confirmed").and_then(Value::as_bool)
+            {
+                if confirmed {
+                    "yes".to_owned()
+                } else {
+                    "no".to_owned()
+                }
+            } else if let Some(text) = payload.get("text").and_then(Value::as_str) {
+                text.to_owned()
+            } else if let Some(selected) = payload.get("selected").and_then(Value::as_array) {
+                selected
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            } else if let Some(custom) = payload.get("custom") {
+                custom.to_string()
+            } else {
+                payload.to_string()
+            };
+            ToolOutcome {
+                ok: true,
+                output: format!("the user answered: {answer}"),
+            }
+        }
+        Asked::TimedOut => failed(format!(
+            "the user did not answer within {} s",
+            timeout.as_secs()
+        )),
+        Asked::Cancelled => failed("the question was cancelled"),
+        Asked::Failed(why) => failed(format!("the question could not be asked: {why}")),
+    }
+}
+
+/// bash with `background: true`: a task that outlives the call.
+async fn background(run: &Run) -> ToolOutcome {
+    let input = &run.tool.input;
+    let Some(command) = input.get("command").and_then(Value::as_str) else {
+        return failed("invalid arguments: `command` must be a string");
+    };
+    let timeout = match input.get("timeout_ms").and_then(Value::as_u64) {
+        Some(ms) if ms > 0 => Duration::from_millis(ms).min(run.limits.bash_max_timeout),
+        _ => run.limits.bash_max_timeout,
+    };
+    let spec = TaskSpec {
+        conversation_id: run.conversation_id.clone(),
+        tool_use_id: run.tool.id.clone(),
+        command: command.to_owned(),
+        cwd: run.cwd.clone(),
+        timeout,
+        wake: input
+            .get("wake_on_result")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+    };
+    match run.services.background.start(&run.services, spec).await {
+        Ok(id) => ToolOutcome {
+            ok: true,
+            output: format!(
+                "started background task {id}; its output streams to the user and its result will arrive later as a system message"
+            ),
+        },
+        Err(why) => failed(why),
     }
 }

@@ -2,7 +2,7 @@
 
 use sea_orm::{DbErr, RuntimeErr, SqlErr};
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
     /// The database cannot be reached or is locked: try again later (HTTP 503).
     #[error("the database is unavailable: {0}")]

@@ -85,6 +85,10 @@ struct Inner {
     routes: Vec<(String, VecDeque<Reply>)>,
     script: VecDeque<Reply>,
     fallback: Option<Reply>,
+    /// With no script: answer a tool result with text, anything else with this tool call.
+    auto_tool: Option<(String, Value)>,
+    /// Whether request bodies are kept (benchmarks turn it off).
+    forget: bool,
     requests: Vec<Value>,
     latency: Duration,
     usage: (u64, u64),
@@ -149,6 +153,19 @@ impl FakeLlm {
         self.inner()
             .routes
             .push((key.to_owned(), replies.into_iter().collect()));
+    }
+
+    /// Every turn becomes one tool call then a text answer: a request whose last message is
+    /// a tool result gets text, any other gets a call of `tool` with `args`.
+    pub fn auto_tool_turns(&self, tool: &str, args: Value) {
+        self.inner().auto_tool = Some((tool.to_owned(), args));
+    }
+
+    /// Stops keeping request bodies (long benchmarks).
+    pub fn forget_requests(&self) {
+        let mut inner = self.inner();
+        inner.requests = Vec::new();
+        inner.forget = true;
     }
 
     /// The most requests that were in flight at once.
@@ -292,14 +309,29 @@ async fn complete(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
     let first_user = first_user_text(&request);
     let (reply, latency, (prompt, completion)) = {
         let mut inner = shared.inner.lock().unwrap_or_else(|e| e.into_inner());
-        inner.requests.push(request);
+        if !inner.forget {
+            inner.requests.push(request.clone());
+        }
+        let last_is_tool = request["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .is_some_and(|m| m["role"] == "tool");
         let routed = inner
             .routes
             .iter_mut()
             .find(|(key, replies)| !replies.is_empty() && first_user.contains(key.as_str()))
             .and_then(|(_, replies)| replies.pop_front());
+        let auto = inner.auto_tool.as_ref().map(|(tool, args)| {
+            if last_is_tool {
+                Reply::text("done")
+            } else {
+                let id = format!("call_{}", uuid::Uuid::now_v7().simple());
+                Reply::tool(&id, tool, args.clone())
+            }
+        });
         let reply = routed
             .or_else(|| inner.script.pop_front())
+            .or(auto)
             .or_else(|| inner.fallback.clone())
             .unwrap_or_else(|| Reply::text("ok"));
         (reply, inner.latency, inner.usage)

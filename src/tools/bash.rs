@@ -123,6 +123,9 @@ fn kill_group(pgid: Option<u32>) {
     }
 }
 
+/// Called with each line of output as it comes (background tasks stream it to clients).
+pub type OnLine = std::sync::Arc<dyn Fn(&str) + Send + Sync>;
+
 /// Runs `command` with `bash -c` in `cwd`.
 pub async fn run_bash(
     command: &str,
@@ -130,6 +133,18 @@ pub async fn run_bash(
     timeout: Duration,
     output_cap: usize,
     cancel: CancellationToken,
+) -> BashOutcome {
+    run_bash_with(command, cwd, timeout, output_cap, cancel, None).await
+}
+
+/// [`run_bash`], calling `on_line` with every complete line of output.
+pub async fn run_bash_with(
+    command: &str,
+    cwd: &Path,
+    timeout: Duration,
+    output_cap: usize,
+    cancel: CancellationToken,
+    on_line: Option<OnLine>,
 ) -> BashOutcome {
     let failed = |output: String| BashOutcome {
         output,
@@ -175,11 +190,31 @@ pub async fn run_bash(
     let reading = tokio::spawn(async move {
         let mut capped = Capped::new(output_cap);
         let mut buf = vec![0u8; 16 * 1024];
+        let mut partial = Vec::new();
         loop {
             match receiver.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
-                Ok(n) => capped.push(&buf[..n]),
+                Ok(n) => {
+                    capped.push(&buf[..n]);
+                    if let Some(on_line) = &on_line {
+                        partial.extend_from_slice(&buf[..n]);
+                        while let Some(end) = partial.iter().position(|b| *b == b'\n') {
+                            let line: Vec<u8> = partial.drain(..=end).collect();
+                            on_line(String::from_utf8_lossy(&line[..line.len() - 1]).as_ref());
+                        }
+                        // A line longer than the cap goes out in pieces.
+                        if partial.len() > output_cap {
+                            on_line(String::from_utf8_lossy(&partial).as_ref());
+                            partial.clear();
+                        }
+                    }
+                }
             }
+        }
+        if let Some(on_line) = &on_line
+            && !partial.is_empty()
+        {
+            on_line(String::from_utf8_lossy(&partial).as_ref());
         }
         capped.finish()
     });

@@ -15,10 +15,13 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-pub use bash::{BashOutcome, run_bash};
+pub use bash::{BashOutcome, OnLine, run_bash, run_bash_with};
 pub use fs::{PathError, resolve_in};
 
 use crate::state_machine::{SPAWN_SUB_AGENTS, SUBMIT_RESULT, ToolOutcome, ToolUse};
+
+/// Name of the tool that asks the user (user conversations only).
+pub const ASK_USER: &str = "ask_user";
 
 /// A tool the LLM can call.
 #[derive(Clone, Debug, PartialEq)]
@@ -49,6 +52,8 @@ pub fn definitions(is_sub_agent: bool) -> Vec<ToolDefinition> {
                 "properties": {
                     "command": {"type": "string", "description": "The command, run with bash -c."},
                     "timeout_ms": {"type": "integer", "minimum": 1, "description": "Kill the command after this many milliseconds."},
+                    "background": {"type": "boolean", "description": "Run it as a background task: the call returns at once with a task id, output streams to the user, and the final result arrives later as a system message."},
+                    "wake_on_result": {"type": "boolean", "description": "With background: start a new turn when the result arrives and the conversation is idle."},
                 },
                 "required": ["command"],
             }),
@@ -112,6 +117,22 @@ pub fn definitions(is_sub_agent: bool) -> Vec<ToolDefinition> {
             }),
         });
     } else {
+        tools.push(ToolDefinition {
+            name: ASK_USER,
+            description: "Asks the user a question and waits for the answer (or its timeout). kind confirm: a yes/no question; prompt: free text; select: one of the options.",
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "question": {"type": "string"},
+                    "kind": {"type": "string", "enum": ["confirm", "prompt", "select", "custom"]},
+                    "options": {"type": "array", "items": {"type": "string"}, "description": "For select."},
+                    "type_name": {"type": "string", "description": "For custom: what the client should show."},
+                    "schema": {"type": "object", "description": "For custom: a JSON Schema of the expected answer."},
+                    "timeout_ms": {"type": "integer", "minimum": 1},
+                },
+                "required": ["question", "kind"],
+            }),
+        });
         tools.push(ToolDefinition {
             name: SPAWN_SUB_AGENTS,
             description: "Starts one sub-agent per task, in parallel, in the same working directory. Each works independently and submits a result; the result of this tool is the list of {agent_id, success, result} in task order.",

@@ -8,6 +8,7 @@
 mod support;
 
 mod api;
+mod hitl;
 mod persistence;
 mod runtime;
 mod stream;

@@ -1,0 +1,103 @@
+//! Shared benchmark helpers: databases, percentiles, an output table.
+
+#![allow(dead_code, clippy::print_stdout, clippy::print_stderr)]
+
+use std::time::Duration;
+
+use sea_orm::{ConnectionTrait, Database};
+
+/// A database to benchmark on; dropped at the end.
+#[derive(Debug)]
+pub struct BenchDb {
+    pub label: &'static str,
+    pub url: String,
+    admin: Option<(String, String)>,
+    dir: Option<std::path::PathBuf>,
+}
+
+impl BenchDb {
+    pub fn sqlite() -> BenchDb {
+        let dir =
+            std::env::temp_dir().join(format!("bedrock-bench-{}", uuid::Uuid::now_v7().simple()));
+        std::fs::create_dir_all(&dir).expect("a temp dir");
+        BenchDb {
+            label: "sqlite",
+            url: format!("sqlite://{}?mode=rwc", dir.join("bench.db").display()),
+            admin: None,
+            dir: Some(dir),
+        }
+    }
+
+    /// A fresh Postgres database when BEDROCK_TEST_DATABASE_URL names a server.
+    pub async fn postgres() -> Option<BenchDb> {
+        let admin = std::env::var("BEDROCK_TEST_DATABASE_URL")
+            .ok()
+            .filter(|u| !u.is_empty())?;
+        let conn = Database::connect(&admin).await.ok()?;
+        let name = format!("bedrock_bench_{}", uuid::Uuid::now_v7().simple());
+        conn.execute_unprepared(&format!("CREATE DATABASE {name}"))
+            .await
+            .ok()?;
+        let base = &admin[..admin.rfind('/')?];
+        Some(BenchDb {
+            label: "postgres",
+            url: format!("{base}/{name}"),
+            admin: Some((admin, name)),
+            dir: None,
+        })
+    }
+
+    pub async fn all() -> Vec<BenchDb> {
+        let mut all = vec![BenchDb::sqlite()];
+        all.extend(BenchDb::postgres().await);
+        all
+    }
+
+    pub async fn drop_db(self) {
+        if let Some((admin, name)) = &self.admin
+            && let Ok(conn) = Database::connect(admin).await
+        {
+            let _ = conn
+                .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                .await;
+        }
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// The `p`-th percentile (0..=100) of sorted samples.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+pub fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// How long each measurement runs (BENCH_SECONDS, default 5).
+pub fn seconds() -> Duration {
+    Duration::from_secs(
+        std::env::var("BENCH_SECONDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(5),
+    )
+}
+
+/// Resident memory of this process in bytes.
+pub fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|p| p.parse::<u64>().ok())
+        })
+        .map_or(0, |pages| pages * 4096)
+}

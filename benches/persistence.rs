@@ -1,0 +1,145 @@
+//! Transitions committed per second for 1 and 100 concurrent conversations, on SQLite and on
+//! Postgres (where BEDROCK_TEST_DATABASE_URL is set), with commit latency percentiles.
+//! Synchronous commit is on (SQLite: WAL with synchronous=FULL; Postgres: its default).
+//!
+//!     cargo bench --bench persistence
+
+#![allow(clippy::print_stdout, clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bedrock::metrics::Metrics;
+use bedrock::model::{NewConversation, Tenant};
+use bedrock::persistence::{Persistence, PersistenceActor, WriteJob};
+use bedrock::runtime::{apply_commit, plan_commit};
+use bedrock::state_machine::{ConvContext, Event, TurnId, TurnLimits, transition};
+use bedrock::store::{Store, StoreOptions};
+use common::{BenchDb, ms, percentile, seconds};
+use ractor::Actor;
+
+async fn run(db: &BenchDb, concurrency: usize, duration: Duration) -> (f64, Duration, Duration) {
+    let store = Store::connect(&StoreOptions {
+        url: db.url.clone(),
+        max_connections: 8,
+        acquire_timeout: Duration::from_secs(10),
+    })
+    .await
+    .unwrap();
+    store.migrate().await.unwrap();
+    let (actor, _) = Actor::spawn(
+        None,
+        PersistenceActor,
+        (store.clone(), Arc::new(Metrics::default())),
+    )
+    .await
+    .unwrap();
+    let persistence = Persistence::new(actor.clone(), Duration::from_secs(30));
+    let tenant = Tenant {
+        id: uuid::Uuid::now_v7().to_string(),
+        name: format!("bench-{}", uuid::Uuid::now_v7().simple()),
+    };
+    persistence
+        .write(WriteJob::EnsureTenant {
+            tenant: tenant.clone(),
+            at: chrono::Utc::now(),
+        })
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    let deadline = Instant::now() + duration;
+    for _ in 0..concurrency {
+        let id = uuid::Uuid::now_v7().to_string();
+        persistence
+            .write(WriteJob::CreateConversation(NewConversation {
+                id: id.clone(),
+                tenant_id: tenant.id.clone(),
+                slug: id.clone(),
+                cwd: "/tmp".into(),
+                model: "m".into(),
+                system_prompt: None,
+                parent_id: None,
+                user_initiated: true,
+                require_approval: vec![],
+                created_at: chrono::Utc::now(),
+            }))
+            .await
+            .unwrap();
+        let mut record = store.conversation_by_id(&id).await.unwrap().unwrap();
+        let persistence = persistence.clone();
+        tasks.push(tokio::spawn(async move {
+            let ctx = ConvContext {
+                conversation_id: id.clone(),
+                working_dir: "/tmp".into(),
+                model_id: "m".into(),
+                is_sub_agent: false,
+                limits: TurnLimits::default(),
+                context_window: 128_000,
+                context_tokens: 0,
+            };
+            let mut latencies = Vec::new();
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                // Alternate a user message (state + message + two frames) and a cancel
+                // (state + one frame): what real transitions write.
+                let event = if n.is_multiple_of(2) {
+                    Event::UserMessage {
+                        turn: TurnId::new(format!("t{n}")),
+                        text: "a user message of a realistic length, about a hundred bytes or so, for the benchmark".into(),
+                        images: vec![],
+                    }
+                } else {
+                    Event::UserCancel
+                };
+                n += 1;
+                let result = transition(&record.state, &ctx, event).unwrap();
+                let plan = plan_commit(&record, result, 128_000, chrono::Utc::now(), None);
+                let commit = plan.commit.unwrap();
+                let started = Instant::now();
+                persistence.commit(commit.clone()).await.unwrap();
+                latencies.push(started.elapsed());
+                apply_commit(&mut record, &commit);
+            }
+            latencies
+        }));
+    }
+    let started = Instant::now();
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.unwrap());
+    }
+    let elapsed = started.elapsed().max(duration);
+    all.sort();
+    actor.stop(None);
+    let _ = store.close().await;
+    (
+        all.len() as f64 / elapsed.as_secs_f64(),
+        percentile(&all, 50.0),
+        percentile(&all, 99.0),
+    )
+}
+
+#[tokio::main]
+async fn main() {
+    bedrock::install_crypto();
+    let duration = seconds();
+    println!(
+        "# persistence: transitions committed per second (group commit, synchronous commit on)"
+    );
+    println!("| backend | concurrent conversations | transitions/s | commit p50 | commit p99 |");
+    println!("|---|---|---|---|---|");
+    for db in BenchDb::all().await {
+        for concurrency in [1, 100] {
+            let (rate, p50, p99) = run(&db, concurrency, duration).await;
+            println!(
+                "| {} | {concurrency} | {rate:.0} | {} | {} |",
+                db.label,
+                ms(p50),
+                ms(p99)
+            );
+        }
+        db.drop_db().await;
+    }
+}

@@ -1,0 +1,382 @@
+//! Runtime figures (the runtime issue):
+//! - turns per second and orchestration overhead per turn, 50 concurrent conversations, a
+//!   zero-latency fake LLM, one tool call per turn, durable persistence;
+//! - cancel latency (cancel call to the stored Idle frame) with a CPU-bound tool running and
+//!   1,000 other conversations active;
+//! - how many conversations run concurrently, with a fake LLM of 200 ms, before the overhead
+//!   doubles;
+//! - memory per idle activated conversation.
+//!
+//!     cargo bench --bench runtime            (BENCH_SECONDS=5 by default)
+
+#![allow(clippy::print_stdout, clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bedrock::config::Settings;
+use bedrock::model::{NewConversation, Tenant};
+use bedrock::persistence::WriteJob;
+use bedrock::runtime::{ConvMsg, Runtime};
+use bedrock::store::{Store, StoreOptions};
+use bedrock::testkit::{FakeLlm, Reply};
+use common::{BenchDb, ms, percentile, rss_bytes, seconds};
+use serde_json::{Value, json};
+
+struct Bench {
+    runtime: Runtime,
+    llm: FakeLlm,
+    tenant: String,
+    workspace: std::path::PathBuf,
+}
+
+async fn start(db: &BenchDb) -> Bench {
+    let llm = FakeLlm::start().await;
+    llm.forget_requests();
+    let workspace = std::env::temp_dir().join(format!(
+        "bedrock-bench-ws-{}",
+        uuid::Uuid::now_v7().simple()
+    ));
+    std::fs::create_dir_all(&workspace).unwrap();
+    let env: Vec<(String, String)> = vec![
+        ("BEDROCK_DATABASE_URL".into(), db.url.clone()),
+        ("BEDROCK_LLM_BASE_URL".into(), llm.base_url.clone()),
+        ("BEDROCK_LLM_API_KEY".into(), "k".into()),
+        (
+            "BEDROCK_WORKSPACE_ROOT".into(),
+            workspace.display().to_string(),
+        ),
+        ("BEDROCK_LLM__MAX_CONCURRENCY".into(), "4096".into()),
+        (
+            "BEDROCK_CONVERSATIONS__IDLE_TIMEOUT_MS".into(),
+            "3600000".into(),
+        ),
+        ("BEDROCK_DATABASE__MAX_CONNECTIONS".into(), "16".into()),
+    ];
+    let settings = Arc::new(Settings::load_from(None, env).unwrap());
+    let store = Store::connect(&StoreOptions {
+        url: settings.database_url(),
+        max_connections: 16,
+        acquire_timeout: Duration::from_secs(30),
+    })
+    .await
+    .unwrap();
+    store.migrate().await.unwrap();
+    let (runtime, _) = Runtime::start(settings, store).await.unwrap();
+    let tenant = uuid::Uuid::now_v7().to_string();
+    runtime
+        .services
+        .persistence
+        .write(WriteJob::EnsureTenant {
+            tenant: Tenant {
+                id: tenant.clone(),
+                name: tenant.clone(),
+            },
+            at: chrono::Utc::now(),
+        })
+        .await
+        .unwrap();
+    Bench {
+        runtime,
+        llm,
+        tenant,
+        workspace,
+    }
+}
+
+impl Bench {
+    async fn conversations(&self, n: usize) -> Vec<String> {
+        let mut ids = Vec::with_capacity(n);
+        for _ in 0..n {
+            let id = uuid::Uuid::now_v7().to_string();
+            self.runtime
+                .services
+                .persistence
+                .write(WriteJob::CreateConversation(NewConversation {
+                    id: id.clone(),
+                    tenant_id: self.tenant.clone(),
+                    slug: id.clone(),
+                    cwd: self.workspace.display().to_string(),
+                    model: "fake".into(),
+                    system_prompt: None,
+                    parent_id: None,
+                    user_initiated: true,
+                    require_approval: vec![],
+                    created_at: chrono::Utc::now(),
+                }))
+                .await
+                .unwrap();
+            ids.push(id);
+        }
+        ids
+    }
+}
+
+/// One turn's timings, from the frames a client sees.
+#[derive(Clone, Copy, Debug, Default)]
+struct Turn {
+    total: Duration,
+    llm: Duration,
+    tool: Duration,
+}
+
+impl Turn {
+    fn overhead(self) -> Duration {
+        self.total.saturating_sub(self.llm + self.tool)
+    }
+}
+
+/// Sends a message and follows the frames until the conversation is idle again.
+async fn turn(
+    bench: &Bench,
+    id: &str,
+    frames: &mut tokio::sync::broadcast::Receiver<Arc<bedrock::hub::Frame>>,
+) -> Turn {
+    let services = &bench.runtime.services;
+    let live = services.registry.get_or_start(services, id).await.unwrap();
+    let started = Instant::now();
+    let sent = live
+        .actor
+        .call(
+            |reply| ConvMsg::Send {
+                text: "go".into(),
+                images: vec![],
+                client_message_id: None,
+                reply,
+            },
+            Some(Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(sent, ractor::rpc::CallResult::Success(Ok(_))),
+        "{sent:?}"
+    );
+    let mut timing = Turn::default();
+    let mut phase: Option<(Instant, bool)> = None;
+    loop {
+        let frame = frames.recv().await.unwrap();
+        if frame.kind != "state" && frame.kind != "message" {
+            continue;
+        }
+        let value: Value = serde_json::from_str(&frame.json).unwrap();
+        let now = Instant::now();
+        match (
+            frame.kind.as_str(),
+            value["state"]["kind"].as_str(),
+            value["message"]["message_type"].as_str(),
+        ) {
+            ("state", Some("llm_requesting"), _) => phase = Some((now, true)),
+            ("state", Some("tool_executing"), _) => phase = Some((now, false)),
+            ("message", _, Some("agent" | "tool")) => {
+                if let Some((since, llm)) = phase.take() {
+                    if llm {
+                        timing.llm += now - since
+                    } else {
+                        timing.tool += now - since
+                    }
+                }
+            }
+            ("state", Some("idle"), _) => break,
+            _ => {}
+        }
+    }
+    timing.total = started.elapsed();
+    timing
+}
+
+/// Runs `n` conversations doing turns back to back for `duration`.
+async fn load(bench: &Arc<Bench>, ids: &[String], duration: Duration) -> (f64, Vec<Turn>) {
+    let deadline = Instant::now() + duration;
+    let mut tasks = Vec::new();
+    for id in ids {
+        let (bench, id) = (bench.clone(), id.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut frames = bench.runtime.services.hub.subscribe(&id);
+            let mut turns = Vec::new();
+            while Instant::now() < deadline {
+                turns.push(turn(&bench, &id, &mut frames).await);
+            }
+            turns
+        }));
+    }
+    let started = Instant::now();
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.unwrap());
+    }
+    (all.len() as f64 / started.elapsed().as_secs_f64(), all)
+}
+
+fn summary(turns: &[Turn], f: impl Fn(&Turn) -> Duration) -> (Duration, Duration) {
+    let mut values: Vec<Duration> = turns.iter().map(f).collect();
+    values.sort();
+    (percentile(&values, 50.0), percentile(&values, 99.0))
+}
+
+#[tokio::main]
+async fn main() {
+    bedrock::install_crypto();
+    let duration = seconds();
+    for db in BenchDb::all().await {
+        let bench = Arc::new(start(&db).await);
+        println!("\n# runtime on {}", db.label);
+
+        // Throughput and overhead: 50 conversations, zero-latency LLM, one tool call a turn.
+        bench
+            .llm
+            .auto_tool_turns("think", json!({"thoughts": "one tool call per turn"}));
+        let ids = bench.conversations(50).await;
+        let _ = load(&bench, &ids, Duration::from_secs(1)).await; // warm-up
+        let (rate, turns) = load(&bench, &ids, duration).await;
+        let (total50, total99) = summary(&turns, |t| t.total);
+        let (over50, over99) = summary(&turns, |t| t.overhead());
+        let (llm50, _) = summary(&turns, |t| t.llm);
+        println!("| measure | p50 | p99 |");
+        println!("|---|---|---|");
+        println!(
+            "| turn time (50 concurrent, zero-latency LLM, 1 tool call) | {} | {} |",
+            ms(total50),
+            ms(total99)
+        );
+        println!(
+            "| LLM phases of a turn (2 round trips to the fake) | {} | - |",
+            ms(llm50)
+        );
+        println!(
+            "| orchestration overhead (turn - LLM phases - tool) | {} | {} |",
+            ms(over50),
+            ms(over99)
+        );
+        println!("turns/s with 50 concurrent conversations: {rate:.0}");
+
+        // Memory per idle activated conversation.
+        let idle = bench.conversations(5000).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let before = rss_bytes();
+        for id in &idle {
+            bench
+                .runtime
+                .services
+                .registry
+                .get_or_start(&bench.runtime.services, id)
+                .await
+                .unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let after = rss_bytes();
+        println!(
+            "memory per idle activated conversation: {:.1} KB ({} activated, RSS {} -> {} MB)",
+            (after.saturating_sub(before)) as f64 / idle.len() as f64 / 1024.0,
+            idle.len(),
+            before / 1_048_576,
+            after / 1_048_576
+        );
+
+        // Cancel latency: a CPU-bound tool running, 1,000 other conversations active (the
+        // idle ones above plus 50 doing turns in the background).
+        let background_deadline = Instant::now() + Duration::from_secs(3600);
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mut background = Vec::new();
+        for id in ids.iter().take(50) {
+            let (bench, id, mut stop) = (bench.clone(), id.clone(), stop_rx.clone());
+            background.push(tokio::spawn(async move {
+                let mut frames = bench.runtime.services.hub.subscribe(&id);
+                while Instant::now() < background_deadline && !*stop.borrow_and_update() {
+                    turn(&bench, &id, &mut frames).await;
+                }
+            }));
+        }
+        let target = bench.conversations(1).await.remove(0);
+        bench.llm.route(
+            "spin",
+            std::iter::repeat_n(Reply::bash("spin", "while :; do :; done"), 200),
+        );
+        let services = &bench.runtime.services;
+        let live = services
+            .registry
+            .get_or_start(services, &target)
+            .await
+            .unwrap();
+        let mut frames = services.hub.subscribe(&target);
+        let mut latencies = Vec::new();
+        for _ in 0..100 {
+            let sent = live
+                .actor
+                .call(
+                    |reply| ConvMsg::Send {
+                        text: "spin".into(),
+                        images: vec![],
+                        client_message_id: None,
+                        reply,
+                    },
+                    Some(Duration::from_secs(60)),
+                )
+                .await
+                .unwrap();
+            assert!(matches!(sent, ractor::rpc::CallResult::Success(Ok(_))));
+            loop {
+                let frame = frames.recv().await.unwrap();
+                if frame.kind == "state" && frame.json.contains("tool_executing") {
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await; // let the tool spin
+            let started = Instant::now();
+            let answer = live.cancel.request();
+            let _ = live.actor.cast(ConvMsg::Cancel);
+            loop {
+                let frame = frames.recv().await.unwrap();
+                if frame.kind == "state" && frame.json.contains("\"idle\"") {
+                    break;
+                }
+            }
+            latencies.push(started.elapsed());
+            answer.await.unwrap();
+        }
+        let _ = stop_tx.send(true);
+        for task in background {
+            let _ = task.await;
+        }
+        latencies.sort();
+        println!(
+            "cancel latency (cancel call to the Idle frame, CPU-bound tool, {} conversations active): p50 {} p99 {}",
+            services.registry.len(),
+            ms(percentile(&latencies, 50.0)),
+            ms(percentile(&latencies, 99.0))
+        );
+
+        // Concurrency before the overhead doubles, with a 200 ms LLM.
+        bench.llm.latency(Duration::from_millis(200));
+        println!(
+            "| concurrent conversations (200 ms LLM) | turns/s | overhead p50 | overhead p99 |"
+        );
+        println!("|---|---|---|---|");
+        let mut baseline = None;
+        let mut pool = bench.conversations(50).await;
+        for n in [50usize, 100, 200, 400, 800, 1600] {
+            if pool.len() < n {
+                pool.extend(bench.conversations(n - pool.len()).await);
+            }
+            let (rate, turns) =
+                load(&bench, &pool[..n], duration.max(Duration::from_secs(3))).await;
+            let (over50, over99) = summary(&turns, |t| t.overhead());
+            println!("| {n} | {rate:.0} | {} | {} |", ms(over50), ms(over99));
+            let base = *baseline.get_or_insert(over50);
+            if over50 >= base * 2 {
+                println!(
+                    "overhead doubled (from {} at 50) at {n} concurrent conversations",
+                    ms(base)
+                );
+                break;
+            }
+        }
+        bench.llm.latency(Duration::ZERO);
+        let bench = Arc::try_unwrap(bench).ok().unwrap();
+        bench.runtime.shutdown(Duration::from_secs(10)).await;
+        let _ = std::fs::remove_dir_all(&bench.workspace);
+        db.drop_db().await;
+    }
+}

@@ -1,0 +1,192 @@
+//! Background (long-running) tools (system-bus-plan.md): `bash` with `background: true`.
+//!
+//! The tool call returns at once with a task id; the output goes to clients as tool_progress
+//! frames; the final result is stored on the task, sent as a durable tool_result system
+//! event, and handed to the conversation as a `BackgroundResult` (a system message now if it
+//! is idle, or before its next LLM request). Tasks end by themselves, by an explicit cancel,
+//! or with their conversation's deletion; a restart marks them failed.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::Services;
+use super::requests::emit;
+use crate::hub::Frame;
+use crate::model::BackgroundTask;
+use crate::persistence::WriteJob;
+use crate::state_machine::{BackgroundResult, Event, TurnId};
+use crate::tools::{OnLine, run_bash_with};
+
+/// What starts a background task.
+#[derive(Clone, Debug)]
+pub struct TaskSpec {
+    pub conversation_id: String,
+    pub tool_use_id: String,
+    pub command: String,
+    pub cwd: PathBuf,
+    pub timeout: Duration,
+    pub wake: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct BackgroundTasks {
+    running: Mutex<HashMap<String, (String, CancellationToken)>>,
+}
+
+impl BackgroundTasks {
+    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, CancellationToken)>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts a task; returns its id once its row is stored.
+    pub async fn start(&self, services: &Arc<Services>, spec: TaskSpec) -> Result<String, String> {
+        let id = uuid::Uuid::now_v7().to_string();
+        let task = BackgroundTask {
+            id: id.clone(),
+            conversation_id: spec.conversation_id.clone(),
+            tool_use_id: spec.tool_use_id.clone(),
+            tool_name: "bash".into(),
+            command: spec.command.clone(),
+            status: "running".into(),
+            output: None,
+            exit_code: None,
+            wake: spec.wake,
+            created_at: Utc::now(),
+            finished_at: None,
+        };
+        services
+            .persistence
+            .write(WriteJob::CreateBackgroundTask(task))
+            .await
+            .map_err(|e| format!("the task could not be stored: {e}"))?;
+        let cancel = CancellationToken::new();
+        self.running()
+            .insert(id.clone(), (spec.conversation_id.clone(), cancel.clone()));
+        tokio::spawn(run(services.clone(), id.clone(), spec, cancel));
+        Ok(id)
+    }
+
+    /// Kills a running task of the conversation; false if it is not running.
+    pub fn cancel(&self, conversation_id: &str, task_id: &str) -> bool {
+        match self.running().get(task_id) {
+            Some((owner, cancel)) if owner == conversation_id => {
+                cancel.cancel();
+                true
+            }
+            Some(_) | None => false,
+        }
+    }
+
+    /// Kills every running task of the conversation (it is being deleted).
+    pub fn cancel_all(&self, conversation_id: &str) {
+        for (owner, cancel) in self.running().values() {
+            if owner == conversation_id {
+                cancel.cancel();
+            }
+        }
+    }
+
+    /// How many tasks run for the conversation.
+    pub fn count(&self, conversation_id: &str) -> usize {
+        self.running()
+            .values()
+            .filter(|(owner, _)| owner == conversation_id)
+            .count()
+    }
+}
+
+async fn run(services: Arc<Services>, id: String, spec: TaskSpec, cancel: CancellationToken) {
+    let progress: OnLine = {
+        let (hub, conversation, task, tool_use_id) = (
+            services.hub.clone(),
+            spec.conversation_id.clone(),
+            id.clone(),
+            spec.tool_use_id.clone(),
+        );
+        Arc::new(move |line: &str| {
+            let frame = json!({
+                "type": "tool_progress",
+                "tool_use_id": tool_use_id,
+                "tool_name": "bash",
+                "task_id": task,
+                "stage": "running",
+                "progress": null,
+                "message": line,
+            });
+            hub.publish(&conversation, Arc::new(Frame::from_value(&frame)));
+        })
+    };
+    let outcome = run_bash_with(
+        &spec.command,
+        &spec.cwd,
+        spec.timeout,
+        services.tool_limits.output_cap_bytes,
+        cancel,
+        Some(progress),
+    )
+    .await;
+    services.background.running().remove(&id);
+    let status = if outcome.cancelled {
+        "cancelled"
+    } else if outcome.ok() {
+        "completed"
+    } else {
+        "failed"
+    };
+    let exit_code = outcome.exit_code;
+    let result = outcome.into_outcome();
+    let finished = services
+        .persistence
+        .write(WriteJob::FinishBackgroundTask {
+            id: id.clone(),
+            status,
+            output: result.output.clone(),
+            exit_code,
+            at: Utc::now(),
+        })
+        .await;
+    if finished.is_err() {
+        tracing::warn!(task = %id, "the background task's end could not be stored");
+    }
+    // A deleted conversation takes no more results.
+    let Ok(live) = services
+        .registry
+        .get_or_start(&services, &spec.conversation_id)
+        .await
+    else {
+        return;
+    };
+    let event = json!({
+        "type": "system_event",
+        "event": {
+            "type": "tool_result",
+            "task_id": id,
+            "tool_name": "bash",
+            "tool_use_id": spec.tool_use_id,
+            "status": status,
+            "result": {"ok": result.ok, "output": result.output},
+            "error": if result.ok { serde_json::Value::Null } else { json!(result.output) },
+        },
+    });
+    let _ = emit(&live.actor, vec![(event, None)]).await;
+    let wake = spec
+        .wake
+        .then(|| TurnId::new(uuid::Uuid::now_v7().to_string()));
+    let _ = live
+        .actor
+        .cast(super::ConvMsg::Event(Event::BackgroundResult {
+            result: BackgroundResult {
+                task_id: id,
+                tool_name: "bash".into(),
+                ok: result.ok,
+                output: result.output,
+            },
+            wake,
+        }));
+}
