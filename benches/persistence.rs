@@ -20,7 +20,13 @@ use bedrock::store::{Store, StoreOptions};
 use common::{BenchDb, ms, percentile, seconds};
 use ractor::Actor;
 
-async fn run(db: &BenchDb, concurrency: usize, duration: Duration) -> (f64, Duration, Duration) {
+/// `rate`: transitions per second per conversation (`None`: back to back, saturated).
+async fn run(
+    db: &BenchDb,
+    concurrency: usize,
+    duration: Duration,
+    rate: Option<f64>,
+) -> (f64, Duration, Duration) {
     let store = Store::connect(&StoreOptions {
         url: db.url.clone(),
         max_connections: 8,
@@ -29,13 +35,10 @@ async fn run(db: &BenchDb, concurrency: usize, duration: Duration) -> (f64, Dura
     .await
     .unwrap();
     store.migrate().await.unwrap();
-    let (actor, _) = Actor::spawn(
-        None,
-        PersistenceActor,
-        (store.clone(), Arc::new(Metrics::default())),
-    )
-    .await
-    .unwrap();
+    let metrics = Arc::new(Metrics::default());
+    let (actor, _) = Actor::spawn(None, PersistenceActor, (store.clone(), metrics.clone()))
+        .await
+        .unwrap();
     let persistence = Persistence::new(actor.clone(), Duration::from_secs(30));
     let tenant = Tenant {
         id: uuid::Uuid::now_v7().to_string(),
@@ -81,7 +84,18 @@ async fn run(db: &BenchDb, concurrency: usize, duration: Duration) -> (f64, Dura
             };
             let mut latencies = Vec::new();
             let mut n = 0u64;
+            let start = Instant::now();
+            // Spread the conversations' phases so an offered load is smooth.
+            let period = rate.map(|r| Duration::from_secs_f64(1.0 / r));
+            if let Some(period) = period {
+                tokio::time::sleep(period.mul_f64(rand_fraction(&id))).await;
+            }
+            let start = if period.is_some() { Instant::now() } else { start };
             while Instant::now() < deadline {
+                if let Some(period) = period {
+                    let due = start + period * n as u32;
+                    tokio::time::sleep_until(due.into()).await;
+                }
                 // Alternate a user message (state + message + two frames) and a cancel
                 // (state + one frame): what real transitions write.
                 let event = if n.is_multiple_of(2) {
@@ -112,6 +126,21 @@ async fn run(db: &BenchDb, concurrency: usize, duration: Duration) -> (f64, Dura
     }
     let elapsed = started.elapsed().max(duration);
     all.sort();
+    if std::env::var("BENCH_VERBOSE").is_ok() {
+        let text = metrics.encode();
+        let value = |name: &str| -> f64 {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+                .unwrap_or(0.0)
+        };
+        let flushes = value("bedrock_commit_latency_seconds_count");
+        println!(
+            "  flushes {flushes}, mean flush {:.2} ms, mean batch {:.1}",
+            value("bedrock_commit_latency_seconds_sum") / flushes * 1000.0,
+            value("bedrock_commit_batch_size_sum") / flushes
+        );
+    }
     actor.stop(None);
     let _ = store.close().await;
     (
@@ -121,6 +150,14 @@ async fn run(db: &BenchDb, concurrency: usize, duration: Duration) -> (f64, Dura
     )
 }
 
+/// A fraction in [0, 1) derived from an id, to spread start times.
+fn rand_fraction(id: &str) -> f64 {
+    let hash = id
+        .bytes()
+        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+    (hash % 1000) as f64 / 1000.0
+}
+
 #[tokio::main]
 async fn main() {
     bedrock::install_crypto();
@@ -128,18 +165,26 @@ async fn main() {
     println!(
         "# persistence: transitions committed per second (group commit, synchronous commit on)"
     );
-    println!("| backend | concurrent conversations | transitions/s | commit p50 | commit p99 |");
-    println!("|---|---|---|---|---|");
+    println!("| backend | conversations | load | transitions/s | commit p50 | commit p99 |");
+    println!("|---|---|---|---|---|---|");
     for db in BenchDb::all().await {
         for concurrency in [1, 100] {
-            let (rate, p50, p99) = run(&db, concurrency, duration).await;
+            let (rate, p50, p99) = run(&db, concurrency, duration, None).await;
+            let label = db.label;
             println!(
-                "| {} | {concurrency} | {rate:.0} | {} | {} |",
-                db.label,
+                "| {label} | {concurrency} | saturated | {rate:.0} | {} | {} |",
                 ms(p50),
                 ms(p99)
             );
         }
+        // 100 conversations offering 5,000 transitions/s together (50/s each).
+        let (rate, p50, p99) = run(&db, 100, duration, Some(50.0)).await;
+        let label = db.label;
+        println!(
+            "| {label} | 100 | offered 5,000/s | {rate:.0} | {} | {} |",
+            ms(p50),
+            ms(p99)
+        );
         db.drop_db().await;
     }
 }

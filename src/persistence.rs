@@ -117,8 +117,11 @@ pub struct PersistenceState {
     metrics: Arc<Metrics>,
     /// Jobs waiting for the next flush, in arrival order.
     queue: VecDeque<Job>,
-    /// Whether a flush task is running.
-    flushing: bool,
+    /// Flush tasks running.
+    flushing: usize,
+    /// How many may run at once: one for SQLite (one writer at a time anyway), a few for
+    /// Postgres, whose own group commit then merges their WAL flushes.
+    parallel: usize,
 }
 
 impl std::fmt::Debug for PersistenceState {
@@ -126,6 +129,7 @@ impl std::fmt::Debug for PersistenceState {
         f.debug_struct("PersistenceState")
             .field("queued", &self.queue.len())
             .field("flushing", &self.flushing)
+            .field("parallel", &self.parallel)
             .finish()
     }
 }
@@ -140,11 +144,31 @@ impl Actor for PersistenceActor {
         _myself: ActorRef<Self::Msg>,
         (store, metrics): (Store, Arc<Metrics>),
     ) -> Result<Self::State, ActorProcessingErr> {
+        let parallel = if store.backend() == sea_orm::DbBackend::Postgres {
+            4
+        } else {
+            1
+        };
+        if store.backend() == sea_orm::DbBackend::Sqlite {
+            // Keep the write-ahead log short without making any commit pay for it.
+            let store = store.clone();
+            let me = _myself.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_millis(500));
+                while me.get_status() <= ractor::ActorStatus::Running {
+                    tick.tick().await;
+                    if let Err(e) = store.checkpoint().await {
+                        tracing::debug!(%e, "checkpoint skipped");
+                    }
+                }
+            });
+        }
         Ok(PersistenceState {
             store,
             metrics,
             queue: VecDeque::new(),
-            flushing: false,
+            flushing: 0,
+            parallel,
         })
     }
 
@@ -159,13 +183,14 @@ impl Actor for PersistenceActor {
                 state.queue.push_back(Job::Commit(commit, reply))
             }
             PersistenceMsg::Write(job, reply) => state.queue.push_back(Job::Write(job, reply)),
-            PersistenceMsg::Flushed => state.flushing = false,
+            PersistenceMsg::Flushed => state.flushing -= 1,
         }
-        if !state.flushing && !state.queue.is_empty() {
-            state.flushing = true;
+        while state.flushing < state.parallel && !state.queue.is_empty() {
+            state.flushing += 1;
             let jobs = take_batch(&mut state.queue);
             let store = state.store.clone();
             let metrics = state.metrics.clone();
+            let myself = myself.clone();
             tokio::spawn(async move {
                 flush(&store, &metrics, jobs).await;
                 // The actor is gone only when the server stops; then nothing waits.

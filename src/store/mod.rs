@@ -94,6 +94,9 @@ impl Store {
                     .synchronous(SqliteSynchronous::Full)
                     .foreign_keys(true)
                     .busy_timeout(Duration::from_secs(2))
+                    // Checkpoints run in the background (see `checkpoint`), not inside
+                    // whichever commit crosses the threshold.
+                    .pragma("wal_autocheckpoint", "0")
             })
             // A statement stuck on a dead connection must fail, not hang a flush.
             .map_sqlx_postgres_opts(|opts| opts.options([("statement_timeout", "15000")]));
@@ -109,6 +112,17 @@ impl Store {
 
     pub fn backend(&self) -> DbBackend {
         self.db.get_database_backend()
+    }
+
+    /// Copies the SQLite write-ahead log back into the database without blocking writers
+    /// (a passive checkpoint); a no-op on Postgres. The persistence actor calls it on a timer.
+    pub async fn checkpoint(&self) -> Result<()> {
+        if self.backend() == DbBackend::Sqlite {
+            self.db
+                .execute_unprepared("PRAGMA wal_checkpoint(PASSIVE)")
+                .await?;
+        }
+        Ok(())
     }
 
     /// Whether the database answers (GET /readyz).
@@ -525,8 +539,10 @@ impl Store {
     /// Writes several conversations' transitions in one transaction (group commit).
     pub(crate) async fn commit_batch(&self, commits: &[ConversationCommit]) -> Result<()> {
         let txn = self.db.begin().await?;
-        for commit in commits {
-            update_conversation(&txn, commit).await?;
+        // One statement for every conversation of the batch: a round trip per conversation
+        // would make the batch as slow as the commits it groups.
+        for chunk in commits.chunks(500) {
+            update_conversations(&txn, self.backend(), chunk).await?;
         }
         let message_rows: Vec<messages::ActiveModel> = commits
             .iter()
@@ -682,39 +698,94 @@ async fn insert_key<C: ConnectionTrait>(
     Ok(())
 }
 
-async fn update_conversation<C: ConnectionTrait>(
+/// Updates the rows of `commits` in one statement, each guarded by its expected counters.
+async fn update_conversations<C: ConnectionTrait>(
     db: &C,
-    commit: &ConversationCommit,
+    backend: DbBackend,
+    commits: &[ConversationCommit],
 ) -> Result<()> {
-    use conversations::Column as C;
-    let mut update = conversations::Entity::update_many()
-        .col_expr(C::NextSequenceId, Expr::value(commit.next_sequence_id))
-        .col_expr(C::NextEventId, Expr::value(commit.next_event_id))
-        .col_expr(C::UpdatedAt, Expr::value(commit.at));
-    if let Some(state) = &commit.state {
-        let data = serde_json::to_value(state)
+    use sea_orm::{Statement, Value};
+    let postgres = backend == DbBackend::Postgres;
+    // Postgres needs the types of the VALUES spelt out; SQLite takes them as they come.
+    let casts: [&str; 12] = if postgres {
+        [
+            "::text",
+            "::bigint",
+            "::bigint",
+            "::bigint",
+            "::bigint",
+            "::timestamptz",
+            "::text",
+            "::json",
+            "::timestamptz",
+            "::bigint",
+            "::bigint",
+            "::bigint",
+        ]
+    } else {
+        [""; 12]
+    };
+    let mut values: Vec<Value> = Vec::with_capacity(commits.len() * casts.len());
+    let mut rows = Vec::with_capacity(commits.len());
+    for commit in commits {
+        let base = values.len();
+        let row: Vec<String> = casts
+            .iter()
+            .enumerate()
+            .map(|(i, cast)| {
+                if postgres {
+                    format!("${}{cast}", base + i + 1)
+                } else {
+                    "?".to_owned()
+                }
+            })
+            .collect();
+        rows.push(format!("({})", row.join(", ")));
+        let state_data = commit
+            .state
+            .as_ref()
+            .map(serde_json::to_value)
+            .transpose()
             .map_err(|e| StoreError::Other(format!("state does not serialise: {e}")))?;
-        update = update
-            .col_expr(C::State, Expr::value(state.kind()))
-            .col_expr(C::StateData, Expr::value(data))
-            .col_expr(C::StateUpdatedAt, Expr::value(commit.at));
+        let usage = commit.usage;
+        values.extend([
+            Value::from(commit.conversation_id.clone()),
+            Value::from(commit.expected_next_sequence_id),
+            Value::from(commit.expected_next_event_id),
+            Value::from(commit.next_sequence_id),
+            Value::from(commit.next_event_id),
+            Value::from(commit.at),
+            Value::String(commit.state.as_ref().map(|s| s.kind().to_owned())),
+            Value::Json(state_data.map(Box::new)),
+            Value::ChronoDateTimeUtc(commit.state.as_ref().map(|_| commit.at)),
+            Value::BigInt(usage.map(|u| to_i64(u.input_tokens))),
+            Value::BigInt(usage.map(|u| to_i64(u.output_tokens))),
+            Value::BigInt(usage.map(|u| to_i64(u.context_tokens))),
+        ]);
     }
-    if let Some(usage) = commit.usage {
-        update = update
-            .col_expr(C::InputTokens, Expr::value(to_i64(usage.input_tokens)))
-            .col_expr(C::OutputTokens, Expr::value(to_i64(usage.output_tokens)))
-            .col_expr(C::ContextTokens, Expr::value(to_i64(usage.context_tokens)));
-    }
-    let result = update
-        .filter(C::Id.eq(commit.conversation_id.as_str()))
-        .filter(C::NextSequenceId.eq(commit.expected_next_sequence_id))
-        .filter(C::NextEventId.eq(commit.expected_next_event_id))
-        .exec(db)
+    let sql = format!(
+        "WITH v(id, exp_seq, exp_evt, next_seq, next_evt, updated_at, state, state_data, state_at, \
+         input_tokens, output_tokens, context_tokens) AS (VALUES {}) \
+         UPDATE conversations SET \
+           next_sequence_id = v.next_seq, next_event_id = v.next_evt, updated_at = v.updated_at, \
+           state = COALESCE(v.state, conversations.state), \
+           state_data = COALESCE(v.state_data, conversations.state_data), \
+           state_updated_at = COALESCE(v.state_at, conversations.state_updated_at), \
+           input_tokens = COALESCE(v.input_tokens, conversations.input_tokens), \
+           output_tokens = COALESCE(v.output_tokens, conversations.output_tokens), \
+           context_tokens = COALESCE(v.context_tokens, conversations.context_tokens) \
+         FROM v WHERE conversations.id = v.id \
+           AND conversations.next_sequence_id = v.exp_seq AND conversations.next_event_id = v.exp_evt",
+        rows.join(", ")
+    );
+    let result = db
+        .execute_raw(Statement::from_sql_and_values(backend, sql, values))
         .await?;
-    if result.rows_affected != 1 {
+    if result.rows_affected() != commits.len() as u64 {
         return Err(StoreError::Conflict(format!(
-            "conversation {} was deleted or changed by another writer",
-            commit.conversation_id
+            "{} of {} conversations were deleted or changed by another writer",
+            commits.len() as u64 - result.rows_affected(),
+            commits.len()
         )));
     }
     Ok(())
