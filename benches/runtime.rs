@@ -140,12 +140,7 @@ async fn turn(
     let sent = live
         .actor
         .call(
-            |reply| ConvMsg::Send {
-                text: "go".into(),
-                images: vec![],
-                client_message_id: None,
-                reply,
-            },
+            |reply| ConvMsg::send("go".into(), vec![], None, reply),
             Some(Duration::from_secs(60)),
         )
         .await
@@ -216,6 +211,50 @@ fn summary(turns: &[Turn], f: impl Fn(&Turn) -> Duration) -> (Duration, Duration
     (percentile(&values, 50.0), percentile(&values, 99.0))
 }
 
+/// Starts a CPU-bound tool `n` times and cancels it; the time from the cancel call to the
+/// stored Idle frame, sorted.
+async fn cancel_latency(bench: &Bench, target: &str, n: usize) -> Vec<Duration> {
+    let services = &bench.runtime.services;
+    let live = services
+        .registry
+        .get_or_start(services, target)
+        .await
+        .unwrap();
+    let mut frames = services.hub.subscribe(target);
+    let mut latencies = Vec::with_capacity(n);
+    for _ in 0..n {
+        let sent = live
+            .actor
+            .call(
+                |reply| ConvMsg::send("spin".into(), vec![], None, reply),
+                Some(Duration::from_secs(60)),
+            )
+            .await
+            .unwrap();
+        assert!(matches!(sent, ractor::rpc::CallResult::Success(Ok(_))));
+        loop {
+            let frame = frames.recv().await.unwrap();
+            if frame.kind == "state" && frame.json.contains("tool_executing") {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await; // let the tool spin
+        let started = Instant::now();
+        let answer = live.cancel.request();
+        let _ = live.actor.cast(ConvMsg::Cancel);
+        loop {
+            let frame = frames.recv().await.unwrap();
+            if frame.kind == "state" && frame.json.contains("\"idle\"") {
+                break;
+            }
+        }
+        latencies.push(started.elapsed());
+        answer.await.unwrap();
+    }
+    latencies.sort();
+    latencies
+}
+
 #[tokio::main]
 async fn main() {
     bedrock::install_crypto();
@@ -252,6 +291,10 @@ async fn main() {
         );
         println!("turns/s with 50 concurrent conversations: {rate:.0}");
 
+        let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+        if only == "turns" {
+            continue;
+        }
         // Memory per idle activated conversation.
         let idle = bench.conversations(5000).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -275,77 +318,40 @@ async fn main() {
             after / 1_048_576
         );
 
-        // Cancel latency: a CPU-bound tool running, 1,000 other conversations active (the
-        // idle ones above plus 50 doing turns in the background).
-        let background_deadline = Instant::now() + Duration::from_secs(3600);
+        // Cancel latency: a CPU-bound tool running, with the activated conversations above
+        // (over 1,000) around it; then again while 50 of them also run turns back to back.
+        let target = bench.conversations(1).await.remove(0);
+        bench.llm.route(
+            "spin",
+            std::iter::repeat_n(Reply::bash("spin", "while :; do :; done"), 400),
+        );
+        let quiet = cancel_latency(&bench, &target, 100).await;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut background = Vec::new();
         for id in ids.iter().take(50) {
             let (bench, id, mut stop) = (bench.clone(), id.clone(), stop_rx.clone());
             background.push(tokio::spawn(async move {
                 let mut frames = bench.runtime.services.hub.subscribe(&id);
-                while Instant::now() < background_deadline && !*stop.borrow_and_update() {
+                while !*stop.borrow_and_update() {
                     turn(&bench, &id, &mut frames).await;
                 }
             }));
         }
-        let target = bench.conversations(1).await.remove(0);
-        bench.llm.route(
-            "spin",
-            std::iter::repeat_n(Reply::bash("spin", "while :; do :; done"), 200),
-        );
-        let services = &bench.runtime.services;
-        let live = services
-            .registry
-            .get_or_start(services, &target)
-            .await
-            .unwrap();
-        let mut frames = services.hub.subscribe(&target);
-        let mut latencies = Vec::new();
-        for _ in 0..100 {
-            let sent = live
-                .actor
-                .call(
-                    |reply| ConvMsg::Send {
-                        text: "spin".into(),
-                        images: vec![],
-                        client_message_id: None,
-                        reply,
-                    },
-                    Some(Duration::from_secs(60)),
-                )
-                .await
-                .unwrap();
-            assert!(matches!(sent, ractor::rpc::CallResult::Success(Ok(_))));
-            loop {
-                let frame = frames.recv().await.unwrap();
-                if frame.kind == "state" && frame.json.contains("tool_executing") {
-                    break;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await; // let the tool spin
-            let started = Instant::now();
-            let answer = live.cancel.request();
-            let _ = live.actor.cast(ConvMsg::Cancel);
-            loop {
-                let frame = frames.recv().await.unwrap();
-                if frame.kind == "state" && frame.json.contains("\"idle\"") {
-                    break;
-                }
-            }
-            latencies.push(started.elapsed());
-            answer.await.unwrap();
-        }
+        let loaded = cancel_latency(&bench, &target, 100).await;
         let _ = stop_tx.send(true);
         for task in background {
             let _ = task.await;
         }
-        latencies.sort();
+        let active = bench.runtime.services.registry.len();
         println!(
-            "cancel latency (cancel call to the Idle frame, CPU-bound tool, {} conversations active): p50 {} p99 {}",
-            services.registry.len(),
-            ms(percentile(&latencies, 50.0)),
-            ms(percentile(&latencies, 99.0))
+            "cancel latency (cancel call to the Idle frame, CPU-bound tool running, {active} conversations activated): p50 {} p99 {}",
+            ms(percentile(&quiet, 50.0)),
+            ms(percentile(&quiet, 99.0))
+        );
+        println!(
+            "cancel latency, as above while 50 conversations run turns back to back: p50 {} p99 {}",
+            ms(percentile(&loaded, 50.0)),
+            ms(percentile(&loaded, 99.0))
         );
 
         // Concurrency before the overhead doubles, with a 200 ms LLM.

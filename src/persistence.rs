@@ -92,6 +92,8 @@ enum Job {
 
 pub enum PersistenceMsg {
     Commit(Box<ConversationCommit>, Reply<()>),
+    /// A commit that goes before every queued one (a cancel: the user is waiting).
+    UrgentCommit(Box<ConversationCommit>, Reply<()>),
     Write(WriteJob, Reply<WriteOutcome>),
     /// A flush finished.
     Flushed,
@@ -100,7 +102,7 @@ pub enum PersistenceMsg {
 impl std::fmt::Debug for PersistenceMsg {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            PersistenceMsg::Commit(commit, _) => {
+            PersistenceMsg::Commit(commit, _) | PersistenceMsg::UrgentCommit(commit, _) => {
                 write!(f, "Commit({})", commit.conversation_id)
             }
             PersistenceMsg::Write(job, _) => write!(f, "Write({job:?})"),
@@ -181,6 +183,9 @@ impl Actor for PersistenceActor {
         match message {
             PersistenceMsg::Commit(commit, reply) => {
                 state.queue.push_back(Job::Commit(commit, reply))
+            }
+            PersistenceMsg::UrgentCommit(commit, reply) => {
+                state.queue.push_front(Job::Commit(commit, reply))
             }
             PersistenceMsg::Write(job, reply) => state.queue.push_back(Job::Write(job, reply)),
             PersistenceMsg::Flushed => state.flushing -= 1,
@@ -353,6 +358,13 @@ impl Persistence {
     pub async fn commit(&self, commit: ConversationCommit) -> Result<(), StoreError> {
         let commit = Box::new(commit);
         self.request(|reply| PersistenceMsg::Commit(commit, reply), None)
+            .await
+    }
+
+    /// [`commit`](Self::commit), ahead of everything queued.
+    pub async fn commit_urgent(&self, commit: ConversationCommit) -> Result<(), StoreError> {
+        let commit = Box::new(commit);
+        self.request(|reply| PersistenceMsg::UrgentCommit(commit, reply), None)
             .await
     }
 

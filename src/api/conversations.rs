@@ -382,12 +382,7 @@ pub async fn deliver(
         let answer = live
             .actor
             .call(
-                |reply| ConvMsg::Send {
-                    text,
-                    images,
-                    client_message_id,
-                    reply,
-                },
+                |reply| ConvMsg::send(text, images, client_message_id, reply),
                 Some(CALL_TIMEOUT),
             )
             .await;

@@ -93,14 +93,22 @@ pub enum GatewayMsg {
     Request(Box<LlmJob>),
 }
 
+/// The backend client, with our HTTP layer under it. Built once: building one loads the
+/// system's root certificates.
+type Backend = async_openai::Client<OpenAIConfig>;
+
+tokio::task_local! {
+    /// What the HTTP layer learns about the request of the current task.
+    static PROBE: Arc<http::Probe>;
+}
+
 /// What every request task shares.
 struct Shared {
     settings: Arc<Settings>,
     metrics: Arc<Metrics>,
     store: Store,
     hub: Arc<EventHub>,
-    http: reqwest::Client,
-    config: OpenAIConfig,
+    backend: Backend,
     permits: Arc<Semaphore>,
 }
 
@@ -143,6 +151,17 @@ impl Actor for LlmGateway {
         let config = OpenAIConfig::new()
             .with_api_base(llm.base_url.trim_end_matches('/'))
             .with_api_key(llm.api_key.expose_secret());
+        let limits = http::HttpLimits {
+            first_byte: Duration::from_millis(llm.first_byte_timeout_ms),
+            idle: Duration::from_millis(llm.idle_timeout_ms),
+            max_response_bytes: llm.max_response_bytes,
+        };
+        let service = tower::service_fn(move |factory| {
+            // Every request runs inside `PROBE.scope`; outside one, nothing is learnt.
+            let probe = PROBE.try_with(Arc::clone).unwrap_or_default();
+            http::execute(http.clone(), factory, limits, probe)
+        });
+        let backend = async_openai::Client::with_config(config).with_http_service(service);
         let permits = Arc::new(Semaphore::new(llm.max_concurrency));
         Ok(GatewayState {
             shared: Arc::new(Shared {
@@ -150,8 +169,7 @@ impl Actor for LlmGateway {
                 metrics: args.metrics,
                 store: args.store,
                 hub: args.hub,
-                http,
-                config,
+                backend,
                 permits,
             }),
         })
@@ -310,20 +328,24 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
     }
 
     let probe = Arc::new(http::Probe::default());
-    let limits = http::HttpLimits {
-        first_byte: Duration::from_millis(llm.first_byte_timeout_ms),
-        idle: Duration::from_millis(llm.idle_timeout_ms),
-        max_response_bytes: llm.max_response_bytes,
-    };
-    let service = {
-        let client = shared.http.clone();
-        let probe = probe.clone();
-        tower::service_fn(move |factory| {
-            http::execute(client.clone(), factory, limits, probe.clone())
-        })
-    };
-    let client =
-        async_openai::Client::with_config(shared.config.clone()).with_http_service(service);
+    PROBE
+        .scope(
+            probe.clone(),
+            stream_reply(shared, job, request, deadline, started, probe),
+        )
+        .await
+}
+
+/// Sends `request` and accumulates the streamed reply, forwarding text deltas live.
+async fn stream_reply(
+    shared: &Shared,
+    job: &LlmJob,
+    request: async_openai::types::chat::CreateChatCompletionRequest,
+    deadline: tokio::time::Instant,
+    started: Instant,
+    probe: Arc<http::Probe>,
+) -> Result<LlmReply, Failure> {
+    let llm = &shared.settings.llm;
     let total_limit = || {
         Failure::new(
             ErrorKind::Network,
@@ -333,10 +355,11 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
             ),
         )
     };
-    let mut stream = tokio::time::timeout_at(deadline, client.chat().create_stream(request))
-        .await
-        .map_err(|_| total_limit())?
-        .map_err(|e| http::classify(&e, &probe))?;
+    let mut stream =
+        tokio::time::timeout_at(deadline, shared.backend.chat().create_stream(request))
+            .await
+            .map_err(|_| total_limit())?
+            .map_err(|e| http::classify(&e, &probe))?;
     let mut accumulator = Accumulator::new(llm.max_tool_args_bytes);
     let mut first_token = None;
     loop {

@@ -180,7 +180,7 @@ async fn run(services: Arc<Services>, id: String, spec: TaskSpec, cancel: Cancel
         .then(|| TurnId::new(uuid::Uuid::now_v7().to_string()));
     let _ = live
         .actor
-        .cast(super::ConvMsg::Event(Event::BackgroundResult {
+        .cast(super::ConvMsg::event(Event::BackgroundResult {
             result: BackgroundResult {
                 task_id: id,
                 tool_name: "bash".into(),

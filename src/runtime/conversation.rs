@@ -48,38 +48,93 @@ pub struct ParentLink {
     pub agent_id: String,
 }
 
+/// A conversation's messages. Payloads are boxed so the enum, and with it every idle
+/// actor's mailbox, stays small.
 pub enum ConvMsg {
     /// A user message (REQ-BED-002). Answered once it is stored, or refused.
-    Send {
+    Send(Box<SendRequest>),
+    /// Wake up: the cancel slot has a request.
+    Cancel,
+    /// An answer from work this conversation started (LLM, tools, timers, sub-agents).
+    Event(Box<Event>),
+    /// The idle timer of the given generation fired.
+    IdleCheck(u64),
+    /// Store durable frames that no transition makes (client requests, system events).
+    Emit(Box<EmitRequest>),
+    /// Graceful shutdown: interrupt the turn, store it, and stop.
+    Shutdown(Box<RpcReplyPort<()>>),
+}
+
+/// A user message for [`ConvMsg::Send`].
+pub struct SendRequest {
+    pub text: String,
+    pub images: Vec<ImageRef>,
+    pub client_message_id: Option<String>,
+    pub reply: RpcReplyPort<Result<MessageRecord, SendError>>,
+}
+
+/// Frames for [`ConvMsg::Emit`]: `(payload, dedup key)`. Answers false when a dedup key was
+/// already stored.
+pub struct EmitRequest {
+    pub frames: Vec<(serde_json::Value, Option<String>)>,
+    pub reply: RpcReplyPort<Result<bool, String>>,
+}
+
+impl std::fmt::Debug for SendRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendRequest")
+            .field("images", &self.images.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for EmitRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmitRequest")
+            .field("frames", &self.frames.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConvMsg {
+    pub fn send(
         text: String,
         images: Vec<ImageRef>,
         client_message_id: Option<String>,
         reply: RpcReplyPort<Result<MessageRecord, SendError>>,
-    },
-    /// Wake up: the cancel slot has a request.
-    Cancel,
-    /// An answer from work this conversation started (LLM, tools, timers, sub-agents).
-    Event(Event),
-    /// The idle timer of the given generation fired.
-    IdleCheck(u64),
-    /// Store durable frames that no transition makes (client requests, system events):
-    /// `(payload, dedup key)`. Answers false when a dedup key was already stored.
-    Emit {
+    ) -> ConvMsg {
+        ConvMsg::Send(Box::new(SendRequest {
+            text,
+            images,
+            client_message_id,
+            reply,
+        }))
+    }
+
+    pub fn event(event: Event) -> ConvMsg {
+        ConvMsg::Event(Box::new(event))
+    }
+
+    pub fn emit(
         frames: Vec<(serde_json::Value, Option<String>)>,
         reply: RpcReplyPort<Result<bool, String>>,
-    },
-    /// Graceful shutdown: interrupt the turn, store it, and stop.
-    Shutdown(RpcReplyPort<()>),
+    ) -> ConvMsg {
+        ConvMsg::Emit(Box::new(EmitRequest { frames, reply }))
+    }
+
+    pub fn shutdown(reply: RpcReplyPort<()>) -> ConvMsg {
+        ConvMsg::Shutdown(Box::new(reply))
+    }
 }
 
 impl std::fmt::Debug for ConvMsg {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ConvMsg::Send { .. } => f.write_str("Send"),
+            ConvMsg::Send(_) => f.write_str("Send"),
             ConvMsg::Cancel => f.write_str("Cancel"),
             ConvMsg::Event(event) => write!(f, "Event({})", event.name()),
             ConvMsg::IdleCheck(generation) => write!(f, "IdleCheck({generation})"),
-            ConvMsg::Emit { frames, .. } => write!(f, "Emit({})", frames.len()),
+            ConvMsg::Emit(emit) => write!(f, "Emit({})", emit.frames.len()),
             ConvMsg::Shutdown(_) => f.write_str("Shutdown"),
         }
     }
@@ -173,7 +228,12 @@ impl Actor for ConversationActor {
         // A fresh actor runs none of the work its stored state waits for (the process or the
         // previous actor died): close the turn like a restart would.
         if state.record.state.is_busy() {
-            apply_internal(&myself, state, Event::Interrupted(Interruption::Restart)).await?;
+            Box::pin(apply_internal(
+                &myself,
+                state,
+                Event::Interrupted(Interruption::Restart),
+            ))
+            .await?;
         }
         state
             .services
@@ -190,21 +250,22 @@ impl Actor for ConversationActor {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         state.idle_generation += 1;
-        drain_cancels(&myself, state).await?;
+        Box::pin(drain_cancels(&myself, state)).await?;
         match message {
-            ConvMsg::Send {
-                text,
-                images,
-                client_message_id,
-                reply,
-            } => {
-                let outcome = send(&myself, state, text, images, client_message_id).await;
+            ConvMsg::Send(request) => {
+                let SendRequest {
+                    text,
+                    images,
+                    client_message_id,
+                    reply,
+                } = *request;
+                let outcome = Box::pin(send(&myself, state, text, images, client_message_id)).await;
                 let _ = reply.send(outcome);
             }
             ConvMsg::Cancel => {}
             ConvMsg::Event(event) => {
-                if !(state.stopping && matches!(event, Event::Continue { .. })) {
-                    apply_internal(&myself, state, event).await?;
+                if !(state.stopping && matches!(*event, Event::Continue { .. })) {
+                    Box::pin(apply_internal(&myself, state, *event)).await?;
                 }
             }
             ConvMsg::IdleCheck(generation) => {
@@ -215,8 +276,9 @@ impl Actor for ConversationActor {
                     return Ok(());
                 }
             }
-            ConvMsg::Emit { frames, reply } => {
-                let _ = reply.send(emit_frames(state, frames).await);
+            ConvMsg::Emit(emit) => {
+                let EmitRequest { frames, reply } = *emit;
+                let _ = reply.send(Box::pin(emit_frames(state, frames)).await);
             }
             ConvMsg::Shutdown(reply) => {
                 state.stopping = true;
@@ -258,8 +320,8 @@ impl Actor for ConversationActor {
                         }
                     }
                 };
-                drain_cancels(&myself, state).await?;
-                apply_internal(&myself, state, event).await?;
+                Box::pin(drain_cancels(&myself, state)).await?;
+                Box::pin(apply_internal(&myself, state, event)).await?;
             }
             SupervisionEvent::ActorTerminated(cell, _, _) => {
                 state.children.remove(&cell.get_id());
@@ -369,7 +431,11 @@ async fn send(
     })?;
     // The user is waiting: a database failure is theirs to retry, not ours.
     let has_client_key = client_message_id.is_some();
-    match store_and_dispatch(myself, state, result, client_message_id, false).await {
+    let how = Commit {
+        retry: false,
+        urgent: false,
+    };
+    match store_and_dispatch(myself, state, result, client_message_id, how).await {
         Ok((messages, _)) => messages
             .into_iter()
             .find(|m| m.content.message_type() == crate::state_machine::MessageType::User)
@@ -419,6 +485,8 @@ async fn apply_internal(
     event: Event,
 ) -> Result<Applied, ActorProcessingErr> {
     let name = event.name();
+    // A cancel (and the abort answer that completes it) goes before other commits.
+    let urgent = matches!(event, Event::UserCancel | Event::LlmAborted { .. });
     let result = match transition(&state.record.state, &state.ctx, event) {
         Ok(result) => result,
         Err(InvalidTransition::Ignored {
@@ -434,9 +502,18 @@ async fn apply_internal(
             return Ok(Applied::Ignored);
         }
     };
-    let (_, dispatched) = store_and_dispatch(myself, state, result, None, true)
-        .await
-        .map_err(|e| ActorProcessingErr::from(format!("cannot store the conversation: {e}")))?;
+    let (_, dispatched) = store_and_dispatch(
+        myself,
+        state,
+        result,
+        None,
+        Commit {
+            retry: true,
+            urgent,
+        },
+    )
+    .await
+    .map_err(|e| ActorProcessingErr::from(format!("cannot store the conversation: {e}")))?;
     Ok(Applied::Done { dispatched })
 }
 
@@ -446,7 +523,7 @@ async fn store_and_dispatch(
     state: &mut ConversationState,
     result: crate::state_machine::TransitionResult,
     client_message_id: Option<String>,
-    retry: bool,
+    how: Commit,
 ) -> Result<(Vec<MessageRecord>, Vec<Effect>), StoreError> {
     let was_busy = state.record.state.is_busy();
     let kind_before = state.record.state.kind();
@@ -466,7 +543,7 @@ async fn store_and_dispatch(
             events = commit.events.len(),
         );
         let _entered = span.enter();
-        commit_with_retry(state, commit, retry).await?;
+        commit_with_retry(state, commit, how).await?;
         commit::apply(&mut state.record, commit);
         state.ctx.context_tokens = state.record.usage.context_tokens;
     }
@@ -512,15 +589,31 @@ async fn store_and_dispatch(
     Ok((plan.messages, plan.dispatch))
 }
 
+/// How a transition is committed.
+#[derive(Clone, Copy, Debug)]
+struct Commit {
+    /// Retry while the database is unavailable (events that must not be lost).
+    retry: bool,
+    /// Go before the commits of other conversations (a cancel).
+    urgent: bool,
+}
+
 async fn commit_with_retry(
     state: &mut ConversationState,
     commit: &crate::model::ConversationCommit,
-    retry: bool,
+    how: Commit,
 ) -> Result<(), StoreError> {
+    let retry = how.retry;
     let mut delay = Duration::from_millis(100);
     let mut retried = false;
     loop {
-        match state.services.persistence.commit(commit.clone()).await {
+        let persistence = &state.services.persistence;
+        let outcome = if how.urgent {
+            persistence.commit_urgent(commit.clone()).await
+        } else {
+            persistence.commit(commit.clone()).await
+        };
+        match outcome {
             Ok(()) => return Ok(()),
             Err(StoreError::Conflict(what)) if retried => {
                 // An earlier try may have committed without us hearing it: look.
@@ -553,7 +646,7 @@ async fn commit_with_retry(
 fn reply_to(myself: &ActorRef<ConvMsg>) -> crate::llm::ReplyTo {
     let me = myself.clone();
     Arc::new(move |event| {
-        let _ = me.cast(ConvMsg::Event(event));
+        let _ = me.cast(ConvMsg::event(event));
     })
 }
 
@@ -565,7 +658,7 @@ async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, eff
     match effect {
         Effect::Continue { turn } => {
             if !starting_blocked {
-                let _ = myself.cast(ConvMsg::Event(Event::Continue { turn }));
+                let _ = myself.cast(ConvMsg::event(Event::Continue { turn }));
             }
         }
         Effect::RequestLlm { request, model } => {
@@ -594,7 +687,7 @@ async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, eff
                     () = tokio::time::sleep(Duration::from_millis(delay_ms)) => Event::RetryTimeout { request },
                     () = cancel.cancelled() => Event::LlmAborted { request },
                 };
-                let _ = me.cast(ConvMsg::Event(event));
+                let _ = me.cast(ConvMsg::event(event));
             });
         }
         Effect::AbortLlm { .. } | Effect::CancelTool { .. } | Effect::StopSubAgents { .. } => {
@@ -640,7 +733,7 @@ async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, eff
                 }
                 Err(error) => {
                     cancel.cancel();
-                    let _ = myself.cast(ConvMsg::Event(Event::ToolComplete {
+                    let _ = myself.cast(ConvMsg::event(Event::ToolComplete {
                         turn,
                         tool_use_id: tool.id,
                         outcome: ToolOutcome {
@@ -677,7 +770,7 @@ async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, eff
                 }
                 Err(error) => {
                     cancel.cancel();
-                    let _ = myself.cast(ConvMsg::Event(Event::ToolComplete {
+                    let _ = myself.cast(ConvMsg::event(Event::ToolComplete {
                         turn,
                         tool_use_id,
                         outcome: ToolOutcome {

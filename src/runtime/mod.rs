@@ -172,7 +172,7 @@ impl Runtime {
         let running = self.services.registry.running();
         let stops = running.into_iter().map(|(_, live)| async move {
             live.cancel.stop_work();
-            let _ = live.actor.call(ConvMsg::Shutdown, Some(grace)).await;
+            let _ = live.actor.call(ConvMsg::shutdown, Some(grace)).await;
         });
         let _ = tokio::time::timeout(grace, futures::future::join_all(stops)).await;
         // Let the last commits land before the persistence actor goes.

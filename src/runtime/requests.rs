@@ -259,7 +259,7 @@ pub async fn emit(
 ) -> Result<bool, String> {
     match conversation
         .call(
-            |reply| ConvMsg::Emit { frames, reply },
+            |reply| ConvMsg::emit(frames, reply),
             Some(Duration::from_secs(30)),
         )
         .await

@@ -121,7 +121,7 @@ impl Actor for SubAgentSupervisor {
                 .write(WriteJob::CreateConversation(new))
                 .await
             {
-                let _ = args.parent.cast(ConvMsg::Event(Event::ToolComplete {
+                let _ = args.parent.cast(ConvMsg::event(Event::ToolComplete {
                     turn: args.turn.clone(),
                     tool_use_id: args.tool_use_id.clone(),
                     outcome: ToolOutcome {
@@ -134,7 +134,7 @@ impl Actor for SubAgentSupervisor {
             }
             created.push(id);
         }
-        let _ = args.parent.cast(ConvMsg::Event(Event::SubAgentsSpawned {
+        let _ = args.parent.cast(ConvMsg::event(Event::SubAgentsSpawned {
             turn: args.turn.clone(),
             tool_use_id: args.tool_use_id.clone(),
             agent_ids: created.clone(),
@@ -155,12 +155,7 @@ impl Actor for SubAgentSupervisor {
                     tokio::spawn(async move {
                         let sent = actor
                             .call(
-                                |reply| ConvMsg::Send {
-                                    text: task.prompt,
-                                    images: Vec::new(),
-                                    client_message_id: None,
-                                    reply,
-                                },
+                                |reply| ConvMsg::send(task.prompt, Vec::new(), None, reply),
                                 None,
                             )
                             .await;
@@ -323,7 +318,7 @@ fn report(state: &mut SupervisorState, agent_id: &str, outcome: SubAgentOutcome)
     let _ = state
         .args
         .parent
-        .cast(ConvMsg::Event(Event::SubAgentResult {
+        .cast(ConvMsg::event(Event::SubAgentResult {
             agent_id: agent_id.to_owned(),
             outcome,
         }));

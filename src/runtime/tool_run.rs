@@ -147,7 +147,7 @@ impl Actor for ToolRun {
                         outcome: if outcome.ok { "ok" } else { "failed" }.into(),
                     })
                     .inc();
-                let _ = state.args.reply.cast(ConvMsg::Event(Event::ToolComplete {
+                let _ = state.args.reply.cast(ConvMsg::event(Event::ToolComplete {
                     turn: state.args.turn.clone(),
                     tool_use_id: state.args.tool.id.clone(),
                     outcome,

@@ -97,7 +97,14 @@ async fn each_request_kind_answered_over_websocket_and_rest() {
                 .await
                 .expect(200);
             }
-            // A second answer is refused.
+            // Every client learns the request was answered; a second answer is refused.
+            let resolved = ws
+                .frames_until(|f| f["type"] == "client_request_resolved")
+                .await
+                .pop()
+                .expect("a resolution");
+            assert_eq!(resolved["request_id"], request_id.as_str());
+            assert_eq!(resolved["status"], "answered");
             app.post(
                 &format!("/v1/conversations/{id}/requests/{request_id}"),
                 json!({"payload": reply}),

@@ -142,12 +142,7 @@ impl TestRuntime {
         match live
             .actor
             .call(
-                |reply| bedrock::runtime::ConvMsg::Send {
-                    text,
-                    images,
-                    client_message_id: None,
-                    reply,
-                },
+                |reply| bedrock::runtime::ConvMsg::send(text, images, None, reply),
                 Some(Duration::from_secs(20)),
             )
             .await
