@@ -83,7 +83,7 @@ async fn main() {
     ))
     .await
     .unwrap();
-    let deadline = Instant::now() + duration + Duration::from_millis(500);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut clients = Vec::new();
     for conversation in &conversations {
         for _ in 0..CLIENTS_PER_CONVERSATION {
@@ -92,12 +92,18 @@ async fn main() {
             ))
             .await
             .unwrap();
+            let mut stop = stop_rx.clone();
             clients.push(tokio::spawn(async move {
                 let (_sink, mut stream) = socket.split();
                 let mut latencies = Vec::new();
-                while let Ok(Some(Ok(message))) =
-                    tokio::time::timeout_at(deadline.into(), stream.next()).await
-                {
+                loop {
+                    let message = tokio::select! {
+                        _ = stop.changed() => break,
+                        message = stream.next() => match message {
+                            Some(Ok(message)) => message,
+                            _ => break,
+                        },
+                    };
                     if let Message::Text(text) = message
                         && let Some(at) = text.find("\"t\":")
                     {
@@ -129,6 +135,9 @@ async fn main() {
         }
     }
     let elapsed = started.elapsed();
+    // Let the last frames arrive, then stop the clients.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let _ = stop_tx.send(true);
     let mut all = Vec::new();
     for client in clients {
         all.extend(client.await.unwrap());

@@ -18,11 +18,14 @@ pub struct Frame {
     pub kind: String,
     /// The frame, serialised.
     pub json: Arc<str>,
+    /// The same text as a WebSocket payload, shared by every client without a copy.
+    pub ws: axum::extract::ws::Utf8Bytes,
 }
 
 impl Frame {
     /// A frame from its JSON value (which carries `type`, and `event_id` when durable).
     pub fn from_value(value: &serde_json::Value) -> Frame {
+        let text = value.to_string();
         Frame {
             event_id: value.get("event_id").and_then(serde_json::Value::as_i64),
             kind: value
@@ -30,7 +33,8 @@ impl Frame {
                 .and_then(serde_json::Value::as_str)
                 .unwrap_or_default()
                 .to_owned(),
-            json: value.to_string().into(),
+            json: text.as_str().into(),
+            ws: text.into(),
         }
     }
 }

@@ -64,93 +64,112 @@ async fn snapshot(app: &AppState, conv: &ConversationRecord) -> Result<Value, Ap
     }))
 }
 
-/// Sends the durable frames after `after` from the database; returns the last id sent.
+/// Where a stream's frames go: a WebSocket or an SSE response.
+trait FrameSink {
+    /// Sends one frame; false when the client is gone.
+    async fn frame(&mut self, frame: Arc<Frame>) -> bool;
+}
+
+type WsSink = futures::stream::SplitSink<WebSocket, Message>;
+
+impl FrameSink for WsSink {
+    async fn frame(&mut self, frame: Arc<Frame>) -> bool {
+        let send = self.send(Message::Text(frame.ws.clone()));
+        matches!(tokio::time::timeout(SEND_TIMEOUT, send).await, Ok(Ok(())))
+    }
+}
+
+impl FrameSink for mpsc::Sender<Out> {
+    async fn frame(&mut self, frame: Arc<Frame>) -> bool {
+        self.send(Out::Frame(frame)).await.is_ok()
+    }
+}
+
+/// Sends the durable frames in `(after, until]` from the database; returns the last id sent.
 async fn replay(
     app: &AppState,
     id: &str,
     mut after: i64,
     until: Option<i64>,
-    tx: &mpsc::Sender<Out>,
-) -> Result<i64, ()> {
+    sink: &mut impl FrameSink,
+) -> Option<i64> {
     loop {
-        let events = app
-            .services
-            .store
-            .events_after(id, after, 500)
-            .await
-            .map_err(|_| ())?;
+        let events = app.services.store.events_after(id, after, 500).await.ok()?;
         if events.is_empty() {
-            return Ok(after);
+            return Some(after);
         }
         for event in events {
             if until.is_some_and(|until| event.event_id > until) {
-                return Ok(after);
+                return Some(after);
             }
             after = event.event_id;
-            tx.send(Out::Frame(frame(&event.payload)))
-                .await
-                .map_err(|_| ())?;
+            if !sink.frame(frame(&event.payload)).await {
+                return None;
+            }
         }
     }
 }
 
-/// Feeds one client: snapshot, replay, then live frames, until it goes or the server stops.
-async fn pump(app: AppState, conv: ConversationRecord, after: Option<i64>, tx: mpsc::Sender<Out>) {
-    let mut live = app.services.hub.subscribe(&conv.id);
+/// Subscribes, then sends the snapshot and the replay after `after`. Returns the live
+/// receiver and the last event id sent, or `None` when the client went away.
+async fn open(
+    app: &AppState,
+    id: &str,
+    after: Option<i64>,
+    sink: &mut impl FrameSink,
+) -> Option<(broadcast::Receiver<Arc<Frame>>, i64)> {
+    let live = app.services.hub.subscribe(id);
     // Read the row after subscribing, so nothing committed in between is missed.
-    let conv = match app.services.store.conversation_by_id(&conv.id).await {
-        Ok(Some(conv)) => conv,
-        _ => return,
-    };
-    let Ok(first) = snapshot(&app, &conv).await else {
-        let _ = tx
-            .send(Out::Close(1011, "the snapshot could not be read".into()))
-            .await;
-        return;
-    };
-    if tx.send(Out::Frame(frame(&first))).await.is_err() {
-        return;
+    let conv = app.services.store.conversation_by_id(id).await.ok()??;
+    let first = snapshot(app, &conv).await.ok()?;
+    if !sink.frame(frame(&first)).await {
+        return None;
     }
     let mut last = conv.last_event_id();
     if let Some(after) = after.filter(|a| *a < conv.last_event_id()) {
-        match replay(&app, &conv.id, after.max(0), None, &tx).await {
-            Ok(sent) => last = sent.max(last),
-            Err(()) => return,
-        }
+        last = replay(app, id, after.max(0), None, sink).await?.max(last);
     }
-    loop {
-        tokio::select! {
-            () = app.shutdown.cancelled() => {
-                let _ = tx.send(Out::Close(CLOSE_GOING_AWAY, "the server is shutting down; reconnect with after_event_id".into())).await;
-                return;
-            }
-            () = tx.closed() => return,
-            received = live.recv() => match received {
-                Ok(frame) => {
-                    if let Some(id) = frame.event_id {
-                        if id <= last {
-                            continue;
-                        }
-                        if id > last + 1 && replay(&app, &conv.id, last, Some(id - 1), &tx).await.is_err() {
-                            return;
-                        }
-                        last = id;
-                    }
-                    if tx.send(Out::Frame(frame)).await.is_err() {
-                        return;
-                    }
-                }
-                Err(broadcast::error::RecvError::Lagged(_)) => {
-                    let _ = tx
-                        .send(Out::Close(CLOSE_LAGGED, format!("lagged: reconnect with after_event_id={last}")))
-                        .await;
-                    return;
-                }
-                Err(broadcast::error::RecvError::Closed) => return,
-            },
+    Some((live, last))
+}
+
+/// Forwards one item from the hub: a durable frame at or below `last` is a duplicate from the
+/// seam and dropped; a gap is filled from the database. `Err` carries the close to send.
+async fn forward(
+    app: &AppState,
+    id: &str,
+    received: Result<Arc<Frame>, broadcast::error::RecvError>,
+    last: &mut i64,
+    sink: &mut impl FrameSink,
+) -> Result<(), Option<(u16, String)>> {
+    let frame = match received {
+        Ok(frame) => frame,
+        Err(broadcast::error::RecvError::Lagged(_)) => {
+            return Err(Some((
+                CLOSE_LAGGED,
+                format!("lagged: reconnect with after_event_id={last}"),
+            )));
         }
+        Err(broadcast::error::RecvError::Closed) => return Err(None),
+    };
+    if let Some(event_id) = frame.event_id {
+        if event_id <= *last {
+            return Ok(());
+        }
+        if event_id > *last + 1 {
+            replay(app, id, *last, Some(event_id - 1), sink)
+                .await
+                .ok_or(None)?;
+        }
+        *last = event_id;
+    }
+    if sink.frame(frame).await {
+        Ok(())
+    } else {
+        Err(None)
     }
 }
+
+const GOING_AWAY: &str = "the server is shutting down; reconnect with after_event_id";
 
 pub async fn websocket(
     State(app): State<AppState>,
@@ -179,48 +198,47 @@ async fn serve_socket(
     let metrics = app.services.metrics.clone();
     metrics.websocket_connections.inc();
     let (mut sink, mut incoming) = socket.split();
-    let (tx, mut rx) = mpsc::channel::<Out>(64);
-    // Answers to the client's own frames (rejections, pongs).
-    let (reply_tx, mut reply_rx) = mpsc::channel::<Value>(64);
-    let pump = tokio::spawn(pump(app.clone(), conv.clone(), after, tx));
-    let limit = app.settings.server.max_ws_frame_bytes;
-    loop {
-        tokio::select! {
-            out = rx.recv() => match out {
-                Some(Out::Frame(frame)) => {
-                    let send = sink.send(Message::Text(frame.json.to_string().into()));
-                    if !matches!(tokio::time::timeout(SEND_TIMEOUT, send).await, Ok(Ok(()))) {
-                        break;
+    if let Some((mut live, mut last)) = open(&app, &conv.id, after, &mut sink).await {
+        // Answers to the client's own frames (rejections, pongs).
+        let (reply_tx, mut reply_rx) = mpsc::channel::<Value>(64);
+        let limit = app.settings.server.max_ws_frame_bytes;
+        let close = loop {
+            tokio::select! {
+                () = app.shutdown.cancelled() => break Some((CLOSE_GOING_AWAY, GOING_AWAY.to_owned())),
+                received = live.recv() => {
+                    if let Err(close) = forward(&app, &conv.id, received, &mut last, &mut sink).await {
+                        break close;
                     }
                 }
-                Some(Out::Close(code, reason)) => {
-                    let _ = sink.send(Message::Close(Some(CloseFrame { code, reason: reason.into() }))).await;
-                    break;
+                reply = reply_rx.recv() => {
+                    if let Some(reply) = reply && !sink.frame(Arc::new(Frame::from_value(&reply))).await {
+                        break None;
+                    }
                 }
-                None => break,
-            },
-            reply = reply_rx.recv() => {
-                if let Some(reply) = reply && sink.send(Message::Text(reply.to_string().into())).await.is_err() {
-                    break;
-                }
+                message = incoming.next() => match message {
+                    Some(Ok(Message::Text(text))) => {
+                        if text.len() > limit {
+                            let _ = reply_tx.try_send(rejected("payload_too_large", &format!("frames are limited to {limit} bytes")));
+                            continue;
+                        }
+                        client_frame(&app, &conv, text.as_str(), &reply_tx);
+                    }
+                    Some(Ok(Message::Binary(_))) => {
+                        let _ = reply_tx.try_send(rejected("invalid_request", "binary frames are not accepted; send JSON text"));
+                    }
+                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+                    Some(Ok(Message::Close(_)) | Err(_)) | None => break None,
+                },
             }
-            message = incoming.next() => match message {
-                Some(Ok(Message::Text(text))) => {
-                    if text.len() > limit {
-                        let _ = reply_tx.try_send(rejected("payload_too_large", &format!("frames are limited to {limit} bytes")));
-                        continue;
-                    }
-                    client_frame(&app, &conv, text.as_str(), &reply_tx);
-                }
-                Some(Ok(Message::Binary(_))) => {
-                    let _ = reply_tx.try_send(rejected("invalid_request", "binary frames are not accepted; send JSON text"));
-                }
-                Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
-                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
-            },
+        };
+        if let Some((code, reason)) = close {
+            let close = sink.send(Message::Close(Some(CloseFrame {
+                code,
+                reason: reason.into(),
+            })));
+            let _ = tokio::time::timeout(SEND_TIMEOUT, close).await;
         }
     }
-    pump.abort();
     metrics.websocket_connections.dec();
 }
 
@@ -333,7 +351,26 @@ pub async fn sse(
             None => q.after_event_id,
         };
     let (tx, rx) = mpsc::channel::<Out>(64);
-    tokio::spawn(pump(app, conv, after, tx));
+    tokio::spawn(async move {
+        let mut sink = tx;
+        let Some((mut live, mut last)) = open(&app, &conv.id, after, &mut sink).await else {
+            return;
+        };
+        let close = loop {
+            tokio::select! {
+                () = app.shutdown.cancelled() => break Some((CLOSE_GOING_AWAY, GOING_AWAY.to_owned())),
+                () = sink.closed() => break None,
+                received = live.recv() => {
+                    if let Err(close) = forward(&app, &conv.id, received, &mut last, &mut sink).await {
+                        break close;
+                    }
+                }
+            }
+        };
+        if let Some((code, reason)) = close {
+            let _ = sink.send(Out::Close(code, reason)).await;
+        }
+    });
     let events = tokio_stream::wrappers::ReceiverStream::new(rx).map(|out| {
         let event = match out {
             Out::Frame(frame) => {
