@@ -155,3 +155,56 @@ fn panicked(_: Box<dyn std::any::Any + Send + 'static>) -> axum::response::Respo
     tracing::error!("a request handler panicked");
     ApiError::internal("the server failed while handling this request").into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    /// Every route of the router, as OpenAPI spells it.
+    const ROUTES: [(&str, &str); 20] = [
+        ("post", "/v1/conversations"),
+        ("get", "/v1/conversations"),
+        ("get", "/v1/conversations/{id}"),
+        ("delete", "/v1/conversations/{id}"),
+        ("get", "/v1/conversations/{id}/messages"),
+        ("post", "/v1/conversations/{id}/messages"),
+        ("get", "/v1/conversations/{id}/children"),
+        ("post", "/v1/conversations/{id}/cancel"),
+        ("post", "/v1/conversations/{id}/archive"),
+        ("post", "/v1/conversations/{id}/unarchive"),
+        ("post", "/v1/conversations/{id}/events"),
+        ("post", "/v1/conversations/{id}/requests/{request_id}"),
+        ("get", "/v1/conversations/{id}/tasks"),
+        ("post", "/v1/conversations/{id}/tasks/{task_id}/cancel"),
+        ("get", "/v1/conversations/{id}/ws"),
+        ("get", "/v1/conversations/{id}/stream"),
+        ("get", "/healthz"),
+        ("get", "/readyz"),
+        ("get", "/metrics"),
+        ("get", "/openapi.json"),
+    ];
+
+    #[test]
+    fn the_openapi_document_covers_every_route() {
+        let doc: Value =
+            serde_json::from_str(super::ops::OPENAPI).expect("docs/openapi.json is JSON");
+        let paths = doc["paths"].as_object().expect("paths");
+        for (method, path) in ROUTES {
+            assert!(
+                paths.get(path).and_then(|p| p.get(method)).is_some(),
+                "{method} {path} is not documented"
+            );
+        }
+        let documented: usize = paths
+            .values()
+            .map(|p| {
+                p.as_object()
+                    .map_or(0, |o| o.keys().filter(|k| *k != "parameters").count())
+            })
+            .sum();
+        assert_eq!(
+            documented, 20,
+            "a documented route that the router does not have"
+        );
+    }
+}
