@@ -222,6 +222,33 @@ fn usage_chunk(prompt: u64, completion: u64) -> Bytes {
     Bytes::from(format!("data: {value}\n\n"))
 }
 
+/// The chunks of one tool call: id and name first, then the arguments in fragments.
+fn tool_call(
+    chunks: &mut Vec<Bytes>,
+    index: usize,
+    id: &str,
+    name: &str,
+    fragments: impl IntoIterator<Item = String>,
+) {
+    chunks.push(chunk(
+        json!({"tool_calls": [{"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}),
+        None,
+    ));
+    for fragment in fragments {
+        chunks.push(chunk(
+            json!({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]}),
+            None,
+        ));
+    }
+}
+
+/// The end of a stream: the finish reason, the usage chunk, `[DONE]`.
+fn finish(chunks: &mut Vec<Bytes>, reason: &str, prompt: u64, completion: u64) {
+    chunks.push(chunk(json!({}), Some(reason)));
+    chunks.push(usage_chunk(prompt, completion));
+    chunks.push(Bytes::from_static(b"data: [DONE]\n\n"));
+}
+
 /// Splits `text` into about three pieces on character boundaries.
 fn pieces(text: &str) -> Vec<String> {
     let chars: Vec<char> = text.chars().collect();
@@ -348,16 +375,17 @@ async fn complete(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
 async fn reply_with(reply: Reply, prompt: u64, completion: u64, shared: Arc<Shared>) -> Response {
     let role = chunk(json!({"role": "assistant", "content": ""}), None);
     match reply {
-        Reply::Text { text, finish } => {
+        Reply::Text {
+            text,
+            finish: reason,
+        } => {
             let mut chunks = vec![role];
             chunks.extend(
                 pieces(&text)
                     .into_iter()
                     .map(|p| chunk(json!({"content": p}), None)),
             );
-            chunks.push(chunk(json!({}), Some(finish)));
-            chunks.push(usage_chunk(prompt, completion));
-            chunks.push(Bytes::from_static(b"data: [DONE]\n\n"));
+            finish(&mut chunks, reason, prompt, completion);
             stream_response(chunks, false, shared)
         }
         Reply::Tools { text, calls } => {
@@ -370,20 +398,9 @@ async fn reply_with(reply: Reply, prompt: u64, completion: u64, shared: Arc<Shar
                 );
             }
             for (index, (id, name, args)) in calls.into_iter().enumerate() {
-                chunks.push(chunk(
-                    json!({"tool_calls": [{"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}),
-                    None,
-                ));
-                for piece in pieces(&args.to_string()) {
-                    chunks.push(chunk(
-                        json!({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}),
-                        None,
-                    ));
-                }
+                tool_call(&mut chunks, index, &id, &name, pieces(&args.to_string()));
             }
-            chunks.push(chunk(json!({}), Some("tool_calls")));
-            chunks.push(usage_chunk(prompt, completion));
-            chunks.push(Bytes::from_static(b"data: [DONE]\n\n"));
+            finish(&mut chunks, "tool_calls", prompt, completion);
             stream_response(chunks, false, shared)
         }
         Reply::RawToolCall {
@@ -392,20 +409,12 @@ async fn reply_with(reply: Reply, prompt: u64, completion: u64, shared: Arc<Shar
             arguments,
         } => {
             let mut chunks = vec![role];
-            chunks.push(chunk(
-                json!({"tool_calls": [{"index": 0, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}),
-                None,
-            ));
-            for piece in arguments.as_bytes().chunks(4096) {
-                let piece = String::from_utf8_lossy(piece).into_owned();
-                chunks.push(chunk(
-                    json!({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}),
-                    None,
-                ));
-            }
-            chunks.push(chunk(json!({}), Some("tool_calls")));
-            chunks.push(usage_chunk(prompt, completion));
-            chunks.push(Bytes::from_static(b"data: [DONE]\n\n"));
+            let fragments = arguments
+                .as_bytes()
+                .chunks(4096)
+                .map(|piece| String::from_utf8_lossy(piece).into_owned());
+            tool_call(&mut chunks, 0, &id, &name, fragments);
+            finish(&mut chunks, "tool_calls", prompt, completion);
             stream_response(chunks, false, shared)
         }
         Reply::Status {
