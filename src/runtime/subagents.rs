@@ -220,6 +220,7 @@ impl Actor for SubAgentSupervisor {
                     .filter(|a| !a.done)
                     .map(|a| a.id.clone())
                     .collect();
+                cancel_unfinished(state);
                 for id in pending {
                     report(
                         state,
@@ -235,6 +236,7 @@ impl Actor for SubAgentSupervisor {
             }
             SupervisorMsg::Cancelled => {
                 // The parent has moved on; it takes no more reports.
+                cancel_unfinished(state);
                 for agent in &mut state.agents {
                     agent.done = true;
                 }
@@ -286,22 +288,29 @@ impl Actor for SubAgentSupervisor {
 
     async fn post_stop(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        // Our sub-agents die with us (ractor stops a subtree with its root); stop their work
-        // first, process groups included, and let the registry forget them.
+        // ractor kills a stopping actor's children after this returns. Sub-agents must not
+        // die mid-turn (their rows would stay busy): unlink them, so that the unfinished ones
+        // complete their cancel, and every one rests and idles out like any conversation.
         for agent in &state.agents {
             if let Some(live) = &agent.live {
-                live.cancel.stop_work();
-                state
-                    .args
-                    .services
-                    .registry
-                    .forget(&agent.id, live.actor.get_id());
+                live.actor.get_cell().unlink(myself.get_cell());
             }
         }
         Ok(())
+    }
+}
+
+/// Cancels the sub-agents that have not finished, through their cancel path: their running
+/// work stops at once and their turns close with synthetic results.
+fn cancel_unfinished(state: &SupervisorState) {
+    for agent in state.agents.iter().filter(|a| !a.done) {
+        if let Some(live) = &agent.live {
+            drop(live.cancel.request());
+            let _ = live.actor.cast(ConvMsg::Cancel);
+        }
     }
 }
 

@@ -494,6 +494,14 @@ async fn cancel_while_awaiting_sub_agents_stops_them() {
         }
         other => panic!("expected the synthetic spawn result, got {other:?}"),
     }
+    // The stopped sub-agents are closed too, not left busy.
+    for child in rt.store.children(&conv).await.expect("children") {
+        let child = rt
+            .wait_state(&child.id, "the sub-agent to rest", |s| !s.is_busy())
+            .await;
+        assert!(matches!(child.state, ConvState::Idle), "{:?}", child.state);
+        rt.assert_chain_valid(&child.id).await;
+    }
     rt.assert_chain_valid(&conv).await;
     rt.stop().await;
     db.drop_db().await;
@@ -538,6 +546,18 @@ async fn sub_agent_timeout_is_a_failure_entry() {
         (rt.llm.hangups() == 1).then_some(())
     })
     .await;
+    // The sub-agent that ran out of time is closed, not left busy.
+    let slow_id = entries[1]["agent_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let slow = rt
+        .wait_state(&slow_id, "the timed-out sub-agent to rest", |s| {
+            !s.is_busy()
+        })
+        .await;
+    assert!(matches!(slow.state, ConvState::Idle), "{:?}", slow.state);
+    rt.assert_chain_valid(&slow_id).await;
     rt.stop().await;
     db.drop_db().await;
 }
