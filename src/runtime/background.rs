@@ -92,6 +92,13 @@ impl BackgroundTasks {
         }
     }
 
+    /// Kills every running task (the server is shutting down; a restart marks them failed).
+    pub fn cancel_everything(&self) {
+        for (_, cancel) in self.running().values() {
+            cancel.cancel();
+        }
+    }
+
     /// How many tasks run for the conversation.
     pub fn count(&self, conversation_id: &str) -> usize {
         self.running()
@@ -132,7 +139,11 @@ async fn run(services: Arc<Services>, id: String, spec: TaskSpec, cancel: Cancel
     )
     .await;
     services.background.running().remove(&id);
-    let status = if outcome.cancelled {
+    // Killed by a shutdown is an interruption, not a cancel anyone asked for.
+    let interrupted = outcome.cancelled && services.is_shutting_down();
+    let status = if interrupted {
+        "failed"
+    } else if outcome.cancelled {
         "cancelled"
     } else if outcome.ok() {
         "completed"
@@ -140,7 +151,10 @@ async fn run(services: Arc<Services>, id: String, spec: TaskSpec, cancel: Cancel
         "failed"
     };
     let exit_code = outcome.exit_code;
-    let result = outcome.into_outcome();
+    let mut result = outcome.into_outcome();
+    if interrupted {
+        result.output.push_str("\n[interrupted by server shutdown]");
+    }
     let finished = services
         .persistence
         .write(WriteJob::FinishBackgroundTask {

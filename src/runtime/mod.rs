@@ -169,6 +169,7 @@ impl Runtime {
     /// then the tree stops. Bounded by `grace`.
     pub async fn shutdown(&self, grace: Duration) {
         self.services.shutdown.cancel();
+        self.services.background.cancel_everything();
         let running = self.services.registry.running();
         let stops = running.into_iter().map(|(_, live)| async move {
             live.cancel.stop_work();

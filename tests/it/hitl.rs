@@ -572,3 +572,139 @@ async fn user_requests_are_answered() {
     assert_eq!(over_ws["event"]["request_id"], "r4");
     app.cleanup(db).await;
 }
+
+/// An approval nobody answers times out: the tool does not run and the LLM is told.
+#[tokio::test]
+async fn approval_timeout_means_the_tool_does_not_run() {
+    let db = TestDb::sqlite();
+    let app = TestApp::spawn_with(&db, &[("BEDROCK_REQUESTS__APPROVAL_TIMEOUT_MS", "1000")]).await;
+    let created = app
+        .post("/v1/conversations", json!({"require_approval": ["bash"]}))
+        .await
+        .expect(201);
+    let id = created["id"].as_str().expect("an id").to_owned();
+    let cwd = std::path::PathBuf::from(created["cwd"].as_str().expect("a cwd"));
+    app.llm
+        .push([Llm::bash("gated", "touch ran.txt"), Llm::text("ok")]);
+    app.post(
+        &format!("/v1/conversations/{id}/messages"),
+        json!({"text": "go"}),
+    )
+    .await
+    .expect(202);
+    app.wait_kind(&id, "idle").await;
+    eventually("the turn to end", WAIT, || async {
+        (app.messages(&id).await.len() == 4).then_some(())
+    })
+    .await;
+    let output = tool_output(&app.messages(&id).await, "gated");
+    assert_eq!(output["ok"], false);
+    assert_eq!(
+        output["output"],
+        "no approval came within 1 s; bash did not run"
+    );
+    assert!(!cwd.join("ran.txt").exists());
+    app.cleanup(db).await;
+}
+
+async fn start_background(app: &TestApp, id: &str) -> (String, i32) {
+    app.llm.push([
+        Llm::tool(
+            "bg",
+            "bash",
+            json!({"command": "echo $$ > bg.pid; sleep 300", "background": true}),
+        ),
+        Llm::text("started"),
+    ]);
+    app.post(
+        &format!("/v1/conversations/{id}/messages"),
+        json!({"text": "go"}),
+    )
+    .await
+    .expect(202);
+    app.wait_kind(id, "idle").await;
+    let cwd = std::path::PathBuf::from(
+        app.get(&format!("/v1/conversations/{id}"))
+            .await
+            .expect(200)["cwd"]
+            .as_str()
+            .unwrap_or_default(),
+    );
+    let pid: i32 = eventually("the task to start", WAIT, || async {
+        std::fs::read_to_string(cwd.join("bg.pid"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    })
+    .await;
+    let tasks = app
+        .get(&format!("/v1/conversations/{id}/tasks"))
+        .await
+        .expect(200);
+    (
+        tasks["tasks"][0]["task_id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        pid,
+    )
+}
+
+fn process_gone(pid: i32) -> bool {
+    !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.contains(") Z "))
+            .unwrap_or(true)
+}
+
+/// Deleting a conversation kills its background tasks.
+#[tokio::test]
+async fn deleting_a_conversation_kills_its_background_tasks() {
+    let db = TestDb::sqlite();
+    let app = TestApp::spawn(&db).await;
+    let id = app.conversation().await;
+    let (_, pid) = start_background(&app, &id).await;
+    assert!(!process_gone(pid));
+    let deleted = app
+        .request(
+            reqwest::Method::DELETE,
+            &format!("/v1/conversations/{id}"),
+            Some(&app.key_a),
+            None,
+        )
+        .await;
+    assert_eq!(deleted.status, 204);
+    eventually("the task's process to be killed", WAIT, || async {
+        process_gone(pid).then_some(())
+    })
+    .await;
+    app.cleanup(db).await;
+}
+
+/// A shutdown kills background tasks and the restart marks them failed.
+#[tokio::test]
+async fn background_tasks_are_failed_by_a_restart() {
+    let db = TestDb::sqlite();
+    let mut app = TestApp::spawn(&db).await;
+    let id = app.conversation().await;
+    let (task_id, pid) = start_background(&app, &id).await;
+    app.stop().await;
+    eventually("the task's process to be killed", WAIT, || async {
+        process_gone(pid).then_some(())
+    })
+    .await;
+    app.start().await;
+    let tasks = app
+        .get(&format!("/v1/conversations/{id}/tasks"))
+        .await
+        .expect(200);
+    assert_eq!(tasks["tasks"][0]["task_id"], task_id.as_str());
+    assert_eq!(tasks["tasks"][0]["status"], "failed", "{tasks}");
+    assert!(
+        tasks["tasks"][0]["output"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("interrupted by server"),
+        "{tasks}"
+    );
+    app.cleanup(db).await;
+}
