@@ -161,19 +161,3 @@ pub async fn create_tenant(settings: &Settings, name: &str) -> anyhow::Result<(T
     store.close().await?;
     Ok((tenant, key))
 }
-
-/// Logs to stderr, as JSON when BEDROCK_LOG_FORMAT=json; RUST_LOG filters.
-pub fn init_logging(json: bool) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        EnvFilter::new("info,ractor=warn,sqlx=warn,sea_orm=warn,sea_orm_migration=warn")
-    });
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        let _ = builder.json().try_init();
-    } else {
-        let _ = builder.try_init();
-    }
-}

@@ -12,6 +12,7 @@ pub mod persistence;
 pub mod runtime;
 pub mod state_machine;
 pub mod store;
+pub mod telemetry;
 pub mod testkit;
 pub mod tools;
 pub mod wire;

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use bedrock::app::{Application, create_tenant, init_logging, open_store};
+use bedrock::app::{Application, create_tenant, open_store};
 use bedrock::config::Settings;
 use clap::{Parser, Subcommand};
 
@@ -76,7 +76,10 @@ fn main() -> std::process::ExitCode {
 async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
     match command {
         Command::Serve => {
-            init_logging(std::env::var("BEDROCK_LOG_FORMAT").is_ok_and(|f| f == "json"));
+            bedrock::install_crypto();
+            let telemetry = bedrock::telemetry::init(
+                std::env::var("BEDROCK_LOG_FORMAT").is_ok_and(|f| f == "json"),
+            )?;
             let app = Application::build(settings).await?;
             tracing::info!(addr = %app.addr, "listening");
             let token = app.shutdown_token();
@@ -84,7 +87,10 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
                 wait_for_signal().await;
                 token.cancel();
             });
-            app.run_until_stopped().await
+            let outcome = app.run_until_stopped().await;
+            // Flush the spans of the last moments before the process ends.
+            telemetry.shutdown();
+            outcome
         }
         Command::Migrate => {
             let store = open_store(&settings).await?;

@@ -18,11 +18,13 @@ use super::cancel::{CancelOutcome, CancelSlot};
 use super::commit;
 use super::subagents::{SubAgentSupervisor, SupervisorArgs, SupervisorMsg};
 use super::tool_run::{ToolRun, ToolRunArgs};
+use tracing::Instrument;
+
 use crate::llm::LlmJob;
 use crate::metrics::OutcomeLabel;
 use crate::model::{ConversationRecord, MessageRecord};
 use crate::state_machine::{
-    ConvContext, Effect, Event, ImageRef, Interruption, InvalidTransition, Rejection,
+    ConvContext, ConvState, Effect, Event, ImageRef, Interruption, InvalidTransition, Rejection,
     SubAgentOutcome, ToolOutcome, TurnId, transition,
 };
 use crate::store::StoreError;
@@ -527,6 +529,18 @@ async fn store_and_dispatch(
 ) -> Result<(Vec<MessageRecord>, Vec<Effect>), StoreError> {
     let was_busy = state.record.state.is_busy();
     let kind_before = state.record.state.kind();
+    // A turn's span opens before the transition that starts it, so all of it is one trace.
+    let starts_turn = !was_busy && result.new_state.is_busy();
+    if starts_turn {
+        state.turn_span = Some(tracing::info_span!(
+            parent: None,
+            "conversation.turn",
+            tenant = %state.record.tenant_id,
+            conversation = %state.record.id,
+            model = %state.record.model,
+            outcome = tracing::field::Empty,
+        ));
+    }
     let plan = commit::plan(
         &state.record,
         result,
@@ -535,15 +549,28 @@ async fn store_and_dispatch(
         client_message_id,
     );
     if let Some(commit) = &plan.commit {
-        let span = tracing::debug_span!(
+        // A transition of a turn is a child of the turn's span; the commit, of the transition.
+        let transition = tracing::info_span!(
             parent: state.turn_span.as_ref().and_then(tracing::Span::id),
+            "conversation.transition",
+            tenant = %state.record.tenant_id,
+            conversation = %state.record.id,
+            from = kind_before,
+            to = commit.state.as_ref().map_or(kind_before, ConvState::kind),
+        );
+        let span = tracing::info_span!(
+            parent: &transition,
             "persistence.commit",
             conversation = %state.record.id,
             messages = commit.messages.len(),
             events = commit.events.len(),
         );
-        let _entered = span.enter();
-        commit_with_retry(state, commit, how).await?;
+        if let Err(error) = commit_with_retry(state, commit, how).instrument(span).await {
+            if starts_turn {
+                state.turn_span = None; // the turn did not start
+            }
+            return Err(error);
+        }
         commit::apply(&mut state.record, commit);
         state.ctx.context_tokens = state.record.usage.context_tokens;
     }
@@ -554,15 +581,7 @@ async fn store_and_dispatch(
     let metrics = &state.services.metrics;
     if !was_busy && busy {
         metrics.turns_started.inc();
-        state.turn_span = Some(tracing::info_span!(
-            parent: None,
-            "conversation.turn",
-            tenant = %state.record.tenant_id,
-            conversation = %state.record.id,
-            model = %state.record.model,
-            outcome = tracing::field::Empty,
-        ));
-    } else if was_busy && !busy {
+    } else if !busy && state.turn_span.is_some() {
         metrics
             .turns_finished
             .get_or_create(&OutcomeLabel {

@@ -12,3 +12,4 @@ mod hitl;
 mod persistence;
 mod runtime;
 mod stream;
+mod telemetry;

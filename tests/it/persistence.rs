@@ -1,67 +1,13 @@
 //! Persistence (REQ-BED-007; the persistence issue): restart recovery after a real kill,
 //! the database going away and coming back, the commands that manage the database.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use bedrock::testkit::{FakeLlm, Reply as Llm};
 use serde_json::{Value, json};
 
+use crate::support::process::{Server, command};
 use crate::support::{TestApp, TestDb, WAIT, eventually};
-
-/// The `bedrock` binary, started as a real process.
-struct Server {
-    child: Child,
-    base: String,
-}
-
-fn command(db: &TestDb, llm: &FakeLlm, workspace: &std::path::Path) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_bedrock"));
-    cmd.env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("BEDROCK_DATABASE_URL", &db.url)
-        .env("BEDROCK_LLM_BASE_URL", &llm.base_url)
-        .env("BEDROCK_LLM_API_KEY", "k")
-        .env("BEDROCK_WORKSPACE_ROOT", workspace)
-        .env("BEDROCK_AUTH", "dev")
-        .env("BEDROCK_LISTEN", "127.0.0.1:0")
-        .env("BEDROCK_LOG_FORMAT", "json")
-        .env("RUST_LOG", "info");
-    cmd
-}
-
-impl Server {
-    fn start(db: &TestDb, llm: &FakeLlm, workspace: &std::path::Path) -> Server {
-        let mut child = command(db, llm, workspace)
-            .arg("serve")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the binary starts");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Ok(value) = serde_json::from_str::<Value>(&line)
-                    && let Some(addr) = value["fields"]["addr"].as_str()
-                {
-                    let _ = tx.send(addr.to_owned());
-                }
-            }
-        });
-        let addr = rx.recv_timeout(WAIT).expect("the server logs its address");
-        Server {
-            child,
-            base: format!("http://{addr}"),
-        }
-    }
-
-    fn kill_hard(mut self) {
-        self.child.kill().expect("SIGKILL");
-        let _ = self.child.wait();
-    }
-}
 
 /// A real kill -9 in the middle of a tool, then a restart on the same database: the turn is
 /// closed with a synthetic result, the conversation is idle, and the next LLM request is valid.

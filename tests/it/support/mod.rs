@@ -4,6 +4,7 @@
 
 pub mod app;
 pub mod db;
+pub mod process;
 pub mod rt;
 pub mod ws;
 

@@ -1,0 +1,74 @@
+//! The `bedrock` binary run as a real process.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+use bedrock::testkit::FakeLlm;
+use serde_json::Value;
+
+use super::{TestDb, WAIT};
+
+/// The `bedrock` binary, started as a real process.
+pub struct Server {
+    pub child: Child,
+    pub base: String,
+}
+
+pub fn command(db: &TestDb, llm: &FakeLlm, workspace: &std::path::Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_bedrock"));
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("BEDROCK_DATABASE_URL", &db.url)
+        .env("BEDROCK_LLM_BASE_URL", &llm.base_url)
+        .env("BEDROCK_LLM_API_KEY", "k")
+        .env("BEDROCK_WORKSPACE_ROOT", workspace)
+        .env("BEDROCK_AUTH", "dev")
+        .env("BEDROCK_LISTEN", "127.0.0.1:0")
+        .env("BEDROCK_LOG_FORMAT", "json")
+        .env("RUST_LOG", "info");
+    cmd
+}
+
+impl Server {
+    pub fn start(db: &TestDb, llm: &FakeLlm, workspace: &std::path::Path) -> Server {
+        Self::start_with(command(db, llm, workspace))
+    }
+
+    /// Starts `serve` with the given command (environment and all).
+    pub fn start_with(mut cmd: Command) -> Server {
+        let mut child = cmd
+            .arg("serve")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the binary starts");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(value) = serde_json::from_str::<Value>(&line)
+                    && let Some(addr) = value["fields"]["addr"].as_str()
+                {
+                    let _ = tx.send(addr.to_owned());
+                }
+            }
+        });
+        let addr = rx.recv_timeout(WAIT).expect("the server logs its address");
+        Server {
+            child,
+            base: format!("http://{addr}"),
+        }
+    }
+
+    pub fn kill_hard(mut self) {
+        self.child.kill().expect("SIGKILL");
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then waits for the process to exit.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap_or(0));
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        self.child.wait().expect("the server exits")
+    }
+}

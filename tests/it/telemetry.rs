@@ -1,0 +1,190 @@
+//! Traces reach a real OTLP receiver with the right names, attributes and parents (the
+//! operations issue). The receiver takes OTLP/HTTP with the protocol's JSON encoding.
+
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::extract::State;
+use axum::routing::post;
+use bedrock::testkit::{FakeLlm, Reply as Llm};
+use serde_json::{Value, json};
+
+use crate::support::process::{Server, command};
+use crate::support::{TestDb, WAIT, eventually};
+
+type Received = Arc<Mutex<Vec<Value>>>;
+
+async fn receive(State(received): State<Received>, body: axum::body::Bytes) -> axum::Json<Value> {
+    if let Ok(value) = serde_json::from_slice::<Value>(&body) {
+        received
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(value);
+    }
+    axum::Json(json!({}))
+}
+
+/// A flat list of every span received, with its attributes as a map.
+fn spans(received: &Received) -> Vec<Value> {
+    let batches = received.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut spans = Vec::new();
+    for batch in batches {
+        for resource in batch["resourceSpans"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+        {
+            let service = resource["resource"]["attributes"]
+                .as_array()
+                .and_then(|a| a.iter().find(|kv| kv["key"] == "service.name"))
+                .map(|kv| kv["value"]["stringValue"].clone())
+                .unwrap_or(Value::Null);
+            for scope in resource["scopeSpans"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+            {
+                for span in scope["spans"].as_array().cloned().unwrap_or_default() {
+                    let attributes: serde_json::Map<String, Value> = span["attributes"]
+                        .as_array()
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|kv| {
+                                    let value = &kv["value"];
+                                    let value = value
+                                        .get("stringValue")
+                                        .or(value.get("intValue"))
+                                        .or(value.get("boolValue"))
+                                        .cloned()?;
+                                    Some((kv["key"].as_str()?.to_owned(), value))
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    spans.push(json!({
+                        "name": span["name"],
+                        "trace": span["traceId"],
+                        "id": span["spanId"],
+                        "parent": span["parentSpanId"],
+                        "service": service,
+                        "attributes": attributes,
+                    }));
+                }
+            }
+        }
+    }
+    spans
+}
+
+#[tokio::test]
+async fn a_turn_is_exported_as_one_trace() {
+    bedrock::install_crypto();
+    let received: Received = Arc::default();
+    let app = Router::new()
+        .route("/v1/traces", post(receive))
+        .with_state(received.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let collector = listener.local_addr().expect("an address");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let db = TestDb::sqlite();
+    let llm = FakeLlm::start().await;
+    let workspace = crate::support::db::temp_dir("ws");
+    let mut cmd = command(&db, &llm, &workspace);
+    cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{collector}"))
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .env_remove("RUST_LOG");
+    let server = Server::start_with(cmd);
+    let http = reqwest::Client::new();
+    let created: Value = http
+        .post(format!("{}/v1/conversations", server.base))
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("create")
+        .json()
+        .await
+        .expect("json");
+    let id = created["id"].as_str().expect("an id").to_owned();
+    llm.push([Llm::bash("call_1", "echo traced"), Llm::text("done")]);
+    http.post(format!("{}/v1/conversations/{id}/messages", server.base))
+        .json(&json!({"text": "go"}))
+        .send()
+        .await
+        .expect("send");
+    eventually("the turn to end", WAIT, || async {
+        let conv: Value = http
+            .get(format!("{}/v1/conversations/{id}", server.base))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        (conv["state"]["kind"] == "idle" && llm.requests().len() == 2).then_some(())
+    })
+    .await;
+    // The receiver runs on this test's runtime: wait for the exit off it.
+    let status = tokio::task::spawn_blocking(move || server.terminate())
+        .await
+        .expect("the wait");
+    assert!(status.success(), "a clean exit flushes the exporter");
+
+    let spans = spans(&received);
+    let names: Vec<&str> = spans.iter().filter_map(|s| s["name"].as_str()).collect();
+    let named = |name: &str| {
+        spans
+            .iter()
+            .filter(|s| s["name"] == name)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let turn = named("conversation.turn");
+    assert_eq!(turn.len(), 1, "one turn: {names:?}");
+    let turn = &turn[0];
+    assert_eq!(turn["service"], "bedrock");
+    assert_eq!(turn["attributes"]["conversation"], id.as_str());
+    assert!(turn["attributes"]["tenant"].is_string());
+    let llm_spans = named("llm.request");
+    assert_eq!(llm_spans.len(), 2);
+    for span in llm_spans
+        .iter()
+        .chain(named("tool.run").iter())
+        .chain(named("conversation.transition").iter())
+    {
+        assert_eq!(
+            span["trace"], turn["trace"],
+            "every part of the turn is in its trace: {span}"
+        );
+        assert_eq!(
+            span["parent"], turn["id"],
+            "and a child of the turn: {span}"
+        );
+        assert_eq!(span["attributes"]["conversation"], id.as_str());
+    }
+    assert!(
+        llm_spans
+            .iter()
+            .all(|s| s["attributes"]["outcome"] == "ok" && s["attributes"]["model"].is_string())
+    );
+    let tools = named("tool.run");
+    assert_eq!(tools.len(), 1);
+    assert_eq!(tools[0]["attributes"]["tool"], "bash");
+    assert_eq!(tools[0]["attributes"]["ok"], true);
+    let commits = named("persistence.commit");
+    assert!(!commits.is_empty());
+    let transitions = named("conversation.transition");
+    let transition_ids: Vec<&Value> = transitions.iter().map(|s| &s["id"]).collect();
+    assert!(
+        commits
+            .iter()
+            .filter(|c| c["trace"] == turn["trace"])
+            .all(|c| transition_ids.contains(&&c["parent"])),
+        "commits are children of transitions"
+    );
+    let _ = std::fs::remove_dir_all(&workspace);
+    db.drop_db().await;
+}
