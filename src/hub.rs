@@ -80,10 +80,69 @@ impl EventHub {
         }
     }
 
+    /// Drops the conversation's channel once nobody watches it. A stream calls it after its
+    /// receiver is gone, so a conversation that is never active again keeps nothing here.
+    pub fn release(&self, conversation_id: &str) {
+        let mut channels = self.channels();
+        if channels
+            .get(conversation_id)
+            .is_some_and(|sender| sender.receiver_count() == 0)
+        {
+            channels.remove(conversation_id);
+        }
+    }
+
+    /// How many conversations have a channel.
+    pub fn channel_count(&self) -> usize {
+        self.channels().len()
+    }
+
     /// How many clients watch the conversation.
     pub fn subscribers(&self, conversation_id: &str) -> usize {
         self.channels()
             .get(conversation_id)
             .map_or(0, broadcast::Sender::receiver_count)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(n: i64) -> Arc<Frame> {
+        Arc::new(Frame::from_value(
+            &serde_json::json!({"type": "state", "event_id": n}),
+        ))
+    }
+
+    #[test]
+    fn channels_go_when_the_last_watcher_goes() {
+        let hub = EventHub::new(4);
+        let first = hub.subscribe("c");
+        let mut second = hub.subscribe("c");
+        drop(first);
+        hub.release("c");
+        assert_eq!(hub.channel_count(), 1, "one watcher is left");
+        hub.publish("c", frame(1));
+        assert_eq!(second.try_recv().map(|f| f.event_id), Ok(Some(1)));
+        drop(second);
+        hub.release("c");
+        assert_eq!(hub.channel_count(), 0);
+        // Publishing with nobody watching keeps nothing either.
+        hub.publish("d", frame(1));
+        assert_eq!(hub.channel_count(), 0);
+    }
+
+    #[test]
+    fn a_slow_watcher_lags_and_the_publisher_never_waits() {
+        let hub = EventHub::new(2);
+        let mut slow = hub.subscribe("c");
+        for n in 1..=5 {
+            hub.publish("c", frame(n));
+        }
+        assert!(matches!(
+            slow.try_recv(),
+            Err(broadcast::error::TryRecvError::Lagged(3))
+        ));
     }
 }

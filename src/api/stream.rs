@@ -231,6 +231,7 @@ async fn serve_socket(
                 },
             }
         };
+        drop(live);
         if let Some((code, reason)) = close {
             let close = sink.send(Message::Close(Some(CloseFrame {
                 code,
@@ -239,6 +240,8 @@ async fn serve_socket(
             let _ = tokio::time::timeout(SEND_TIMEOUT, close).await;
         }
     }
+    // Our receiver is gone (dropped with the loop above); drop the channel if it was the last.
+    app.services.hub.release(&conv.id);
     metrics.websocket_connections.dec();
 }
 
@@ -354,6 +357,7 @@ pub async fn sse(
     tokio::spawn(async move {
         let mut sink = tx;
         let Some((mut live, mut last)) = open(&app, &conv.id, after, &mut sink).await else {
+            app.services.hub.release(&conv.id);
             return;
         };
         let close = loop {
@@ -367,6 +371,8 @@ pub async fn sse(
                 }
             }
         };
+        drop(live);
+        app.services.hub.release(&conv.id);
         if let Some((code, reason)) = close {
             let _ = sink.send(Out::Close(code, reason)).await;
         }
