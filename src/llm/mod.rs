@@ -6,6 +6,7 @@
 //! the conversation tagged with the request it answers. No retries happen here: the state
 //! machine owns them.
 
+mod history;
 mod http;
 mod request;
 mod stream;
@@ -110,6 +111,7 @@ struct Shared {
     hub: Arc<EventHub>,
     backend: Backend,
     permits: Arc<Semaphore>,
+    histories: history::HistoryCache,
 }
 
 #[derive(Debug)]
@@ -171,6 +173,7 @@ impl Actor for LlmGateway {
                 hub: args.hub,
                 backend,
                 permits,
+                histories: history::HistoryCache::new(512),
             }),
         })
     }
@@ -279,8 +282,8 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
     let deadline = tokio::time::Instant::now() + Duration::from_millis(llm.total_timeout_ms);
 
     let history = shared
-        .store
-        .history(&job.conversation_id)
+        .histories
+        .current(&shared.store, &job.conversation_id)
         .await
         .map_err(|e| {
             Failure::new(
@@ -289,7 +292,7 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
             )
         })?;
     let mut images = HashMap::new();
-    for record in &history {
+    for record in history.iter() {
         if let crate::state_machine::MessageContent::User { images: refs, .. } = &record.content {
             for image in refs {
                 if let Ok(Some(found)) = shared
@@ -314,6 +317,7 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
     };
     let loader = |id: &str| images.get(id).cloned();
     let request = request::build(&ctx, &history, &loader);
+    drop(history);
     let size = serde_json::to_vec(&request)
         .map(|v| v.len())
         .unwrap_or(usize::MAX);
