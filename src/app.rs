@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::{self, AppState, DEV_TENANT};
 use crate::config::Settings;
+use crate::metrics::Metrics;
 use crate::model::Tenant;
 use crate::persistence::WriteJob;
 use crate::runtime::{RecoveryReport, Runtime};
@@ -46,6 +47,14 @@ pub struct Application {
 impl Application {
     /// Opens the store, starts the actor tree (running restart recovery) and binds.
     pub async fn build(settings: Settings) -> anyhow::Result<Application> {
+        Self::build_with(settings, Arc::new(Metrics::default())).await
+    }
+
+    /// [`build`](Self::build) with the process's metrics (see `telemetry::init`).
+    pub async fn build_with(
+        settings: Settings,
+        metrics: Arc<Metrics>,
+    ) -> anyhow::Result<Application> {
         let settings = Arc::new(settings);
         let dev = api::resolve_auth(settings.server.auth, settings.server.listen)
             .map_err(anyhow::Error::msg)?;
@@ -56,7 +65,8 @@ impl Application {
         let workspace_root: PathBuf = root
             .canonicalize()
             .with_context(|| format!("cannot resolve the workspace root {}", root.display()))?;
-        let (runtime, recovery) = Runtime::start(settings.clone(), store.clone()).await?;
+        let (runtime, recovery) =
+            Runtime::start_with(settings.clone(), store.clone(), metrics).await?;
         if recovery != RecoveryReport::default() {
             tracing::info!(?recovery, "restart recovery");
         }

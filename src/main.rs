@@ -80,7 +80,7 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             let telemetry = bedrock::telemetry::init(
                 std::env::var("BEDROCK_LOG_FORMAT").is_ok_and(|f| f == "json"),
             )?;
-            let app = Application::build(settings).await?;
+            let app = Application::build_with(settings, telemetry.metrics()).await?;
             tracing::info!(addr = %app.addr, "listening");
             let token = app.shutdown_token();
             tokio::spawn(async move {

@@ -1,181 +1,222 @@
-//! Metrics, exposed at GET /metrics in the Prometheus text format.
+//! Metrics as OpenTelemetry instruments: exported over OTLP when configured, and always
+//! readable at GET /metrics in the Prometheus text format.
+//!
+//! Names are chosen so the Prometheus names are `bedrock_*` (counters get `_total`,
+//! instruments in seconds `_seconds`).
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter, MeterProvider as _, UpDownCounter};
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
+use prometheus::{Encoder, TextEncoder};
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabel {
-    pub outcome: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ToolLabels {
-    pub tool: String,
-    pub outcome: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StateLabel {
-    pub state: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TokenLabels {
-    pub tenant: String,
-    pub model: String,
-    pub direction: String,
+/// Bucket bounds for durations in seconds: 0.5 ms to about 65 s.
+fn second_bounds() -> Vec<f64> {
+    (0..18).map(|i| 0.0005 * 2f64.powi(i)).collect()
 }
 
 /// Every metric of the service.
 #[derive(Debug)]
 pub struct Metrics {
-    registry: Registry,
-    pub turns_started: Counter,
-    pub turns_finished: Family<OutcomeLabel, Counter>,
-    pub llm_requests: Family<OutcomeLabel, Counter>,
-    pub llm_duration: Histogram,
-    pub retries: Counter,
-    pub tokens: Family<TokenLabels, Counter>,
-    pub tool_runs: Family<ToolLabels, Counter>,
-    pub cancel_latency: Histogram,
-    pub commit_latency: Histogram,
-    pub commit_batch: Histogram,
-    pub websocket_connections: Gauge,
-    pub conversations_active: Family<StateLabel, Gauge>,
-    pub conversations_running: Gauge,
-    pub db_pool_connections: Gauge,
-}
-
-fn seconds() -> Histogram {
-    Histogram::new(exponential_buckets(0.0005, 2.0, 18))
+    registry: prometheus::Registry,
+    provider: SdkMeterProvider,
+    turns_started: Counter<u64>,
+    turns_finished: Counter<u64>,
+    llm_requests: Counter<u64>,
+    llm_duration: Histogram<f64>,
+    retries: Counter<u64>,
+    tokens: Counter<u64>,
+    tool_runs: Counter<u64>,
+    cancel_latency: Histogram<f64>,
+    commit_latency: Histogram<f64>,
+    commit_batch: Histogram<u64>,
+    websocket_connections: UpDownCounter<i64>,
+    conversations_active: UpDownCounter<i64>,
+    conversations_running: Gauge<i64>,
+    db_pool_connections: Gauge<u64>,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("bedrock");
-        let metrics = Metrics {
-            turns_started: Counter::default(),
-            turns_finished: Family::default(),
-            llm_requests: Family::default(),
-            llm_duration: seconds(),
-            retries: Counter::default(),
-            tokens: Family::default(),
-            tool_runs: Family::default(),
-            cancel_latency: seconds(),
-            commit_latency: seconds(),
-            commit_batch: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
-            websocket_connections: Gauge::default(),
-            conversations_active: Family::default(),
-            conversations_running: Gauge::default(),
-            db_pool_connections: Gauge::default(),
-            registry: Registry::default(),
-        };
-        registry.register(
-            "turns_started",
-            "User turns started",
-            metrics.turns_started.clone(),
-        );
-        registry.register(
-            "turns_finished",
-            "User turns finished, by the state they ended in",
-            metrics.turns_finished.clone(),
-        );
-        registry.register(
-            "llm_requests",
-            "LLM requests, by outcome (ok or error kind)",
-            metrics.llm_requests.clone(),
-        );
-        registry.register(
-            "llm_request_duration_seconds",
-            "LLM request duration",
-            metrics.llm_duration.clone(),
-        );
-        registry.register(
-            "llm_retries",
-            "LLM retries scheduled",
-            metrics.retries.clone(),
-        );
-        registry.register(
-            "tokens",
-            "Tokens by tenant, model and direction (input/output)",
-            metrics.tokens.clone(),
-        );
-        registry.register(
-            "tool_runs",
-            "Tool runs by tool and outcome",
-            metrics.tool_runs.clone(),
-        );
-        registry.register(
-            "cancel_latency_seconds",
-            "From the cancel call to the stored idle state",
-            metrics.cancel_latency.clone(),
-        );
-        registry.register(
-            "commit_latency_seconds",
-            "Persistence commit latency (group commit)",
-            metrics.commit_latency.clone(),
-        );
-        registry.register(
-            "commit_batch_size",
-            "Transitions written per transaction",
-            metrics.commit_batch.clone(),
-        );
-        registry.register(
-            "websocket_connections",
-            "Open WebSocket connections",
-            metrics.websocket_connections.clone(),
-        );
-        registry.register(
-            "conversations_active",
-            "Conversations with a running actor, by state",
-            metrics.conversations_active.clone(),
-        );
-        registry.register(
-            "conversations_running",
-            "Conversations with a running actor",
-            metrics.conversations_running.clone(),
-        );
-        registry.register(
-            "db_pool_connections",
-            "Connections in the database pool",
-            metrics.db_pool_connections.clone(),
-        );
-        Metrics {
-            registry,
-            ..metrics
-        }
+        Metrics::new(None)
+    }
+}
+
+fn build(meter: &Meter, registry: prometheus::Registry, provider: SdkMeterProvider) -> Metrics {
+    Metrics {
+        turns_started: meter
+            .u64_counter("bedrock.turns_started")
+            .with_description("User turns started")
+            .build(),
+        turns_finished: meter
+            .u64_counter("bedrock.turns_finished")
+            .with_description("User turns finished, by the state they ended in")
+            .build(),
+        llm_requests: meter
+            .u64_counter("bedrock.llm_requests")
+            .with_description("LLM requests, by outcome (ok, an error kind, aborted)")
+            .build(),
+        llm_duration: meter
+            .f64_histogram("bedrock.llm_request_duration")
+            .with_unit("s")
+            .with_description("LLM request duration")
+            .with_boundaries(second_bounds())
+            .build(),
+        retries: meter
+            .u64_counter("bedrock.llm_retries")
+            .with_description("LLM retries scheduled")
+            .build(),
+        tokens: meter
+            .u64_counter("bedrock.tokens")
+            .with_description("Tokens by tenant, model and direction (input/output)")
+            .build(),
+        tool_runs: meter
+            .u64_counter("bedrock.tool_runs")
+            .with_description("Tool runs by tool and outcome")
+            .build(),
+        cancel_latency: meter
+            .f64_histogram("bedrock.cancel_latency")
+            .with_unit("s")
+            .with_description("From the cancel call to the stored idle state")
+            .with_boundaries(second_bounds())
+            .build(),
+        commit_latency: meter
+            .f64_histogram("bedrock.commit_latency")
+            .with_unit("s")
+            .with_description("Persistence commit latency (one group commit)")
+            .with_boundaries(second_bounds())
+            .build(),
+        commit_batch: meter
+            .u64_histogram("bedrock.commit_batch_size")
+            .with_description("Transitions written per transaction")
+            .with_boundaries((0..11).map(|i| f64::from(1u32 << i)).collect())
+            .build(),
+        websocket_connections: meter
+            .i64_up_down_counter("bedrock.websocket_connections")
+            .with_description("Open WebSocket connections")
+            .build(),
+        conversations_active: meter
+            .i64_up_down_counter("bedrock.conversations_active")
+            .with_description("Conversations with a running actor, by state")
+            .build(),
+        conversations_running: meter
+            .i64_gauge("bedrock.conversations_running")
+            .with_description("Conversations with a running actor")
+            .build(),
+        db_pool_connections: meter
+            .u64_gauge("bedrock.db_pool_connections")
+            .with_description("Connections in the database pool")
+            .build(),
+        registry,
+        provider,
     }
 }
 
 impl Metrics {
+    /// The instruments, read for /metrics and, with an exporter, pushed over OTLP.
+    pub fn new(otlp: Option<opentelemetry_otlp::MetricExporter>) -> Metrics {
+        let registry = prometheus::Registry::new();
+        let mut builder = SdkMeterProvider::builder();
+        match opentelemetry_prometheus::exporter()
+            .with_registry(registry.clone())
+            .build()
+        {
+            Ok(reader) => builder = builder.with_reader(reader),
+            Err(e) => {
+                tracing::error!(%e, "the Prometheus exporter could not start; /metrics will be empty")
+            }
+        }
+        if let Some(exporter) = otlp {
+            builder = builder.with_reader(PeriodicReader::builder(exporter).build());
+        }
+        let provider = builder.build();
+        let meter = provider.meter("bedrock");
+        build(&meter, registry, provider)
+    }
+
+    pub fn turn_started(&self) {
+        self.turns_started.add(1, &[]);
+    }
+
+    pub fn turn_finished(&self, outcome: &str) {
+        self.turns_finished
+            .add(1, &[KeyValue::new("outcome", outcome.to_owned())]);
+    }
+
+    pub fn llm_request(&self, outcome: &str, seconds: f64) {
+        self.llm_requests
+            .add(1, &[KeyValue::new("outcome", outcome.to_owned())]);
+        self.llm_duration.record(seconds, &[]);
+    }
+
+    pub fn retry(&self) {
+        self.retries.add(1, &[]);
+    }
+
+    pub fn tokens(&self, tenant: &str, model: &str, direction: &'static str, tokens: u64) {
+        self.tokens.add(
+            tokens,
+            &[
+                KeyValue::new("tenant", tenant.to_owned()),
+                KeyValue::new("model", model.to_owned()),
+                KeyValue::new("direction", direction),
+            ],
+        );
+    }
+
+    pub fn tool_run(&self, tool: &str, ok: bool) {
+        self.tool_runs.add(
+            1,
+            &[
+                KeyValue::new("tool", tool.to_owned()),
+                KeyValue::new("outcome", if ok { "ok" } else { "failed" }),
+            ],
+        );
+    }
+
+    pub fn cancel_latency(&self, seconds: f64) {
+        self.cancel_latency.record(seconds, &[]);
+    }
+
+    pub fn commit(&self, seconds: f64, batch: usize) {
+        self.commit_latency.record(seconds, &[]);
+        self.commit_batch.record(batch as u64, &[]);
+    }
+
+    pub fn websocket(&self, opened: bool) {
+        self.websocket_connections
+            .add(if opened { 1 } else { -1 }, &[]);
+    }
+
     /// A conversation actor moved from state `from` to state `to` (`None`: started/stopped).
     pub fn conversation_state(&self, from: Option<&str>, to: Option<&str>) {
         if let Some(from) = from {
             self.conversations_active
-                .get_or_create(&StateLabel {
-                    state: from.to_owned(),
-                })
-                .dec();
+                .add(-1, &[KeyValue::new("state", from.to_owned())]);
         }
         if let Some(to) = to {
             self.conversations_active
-                .get_or_create(&StateLabel {
-                    state: to.to_owned(),
-                })
-                .inc();
+                .add(1, &[KeyValue::new("state", to.to_owned())]);
         }
+    }
+
+    /// Refreshes the gauges read at scrape time.
+    pub fn gauges(&self, running: usize, pool: u32) {
+        self.conversations_running
+            .record(i64::try_from(running).unwrap_or(i64::MAX), &[]);
+        self.db_pool_connections.record(u64::from(pool), &[]);
     }
 
     /// The Prometheus text exposition.
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+        let mut out = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
             tracing::error!(%e, "metrics encoding failed");
         }
-        out
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    /// Pushes what is left to the OTLP exporter, if any.
+    pub fn shutdown(&self) {
+        let _ = self.provider.shutdown();
     }
 }

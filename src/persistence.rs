@@ -241,10 +241,7 @@ async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>) {
     let started = Instant::now();
     let batch: Vec<ConversationCommit> = commits.iter().map(|(c, _)| (**c).clone()).collect();
     let outcome = store.commit_batch(&batch).await;
-    metrics
-        .commit_latency
-        .observe(started.elapsed().as_secs_f64());
-    metrics.commit_batch.observe(batch.len() as f64);
+    metrics.commit(started.elapsed().as_secs_f64(), batch.len());
     tracing::trace!(
         target: "bedrock::persistence",
         commits = batch.len(),

@@ -3,6 +3,8 @@
 //! over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is set,
 //! honouring the standard OTEL_* variables. Without them nothing is exported or buffered.
 
+use std::sync::Arc;
+
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
@@ -10,15 +12,24 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
-/// Keeps the exporter alive; `shutdown` flushes what is buffered.
+use crate::metrics::Metrics;
+
+/// Keeps the exporters alive; `shutdown` flushes what is buffered.
 #[derive(Debug)]
 pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
+    metrics: Arc<Metrics>,
 }
 
 impl Telemetry {
-    /// Flushes and stops the exporter.
+    /// The metrics: read at /metrics, and pushed over OTLP when that is configured.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// Flushes and stops the exporters.
     pub fn shutdown(self) {
+        self.metrics.shutdown();
         if let Some(provider) = self.provider
             && let Err(e) = provider.shutdown()
         {
@@ -53,7 +64,17 @@ pub fn init(json_logs: bool) -> anyhow::Result<Telemetry> {
     } else {
         fmt.boxed()
     });
-    let provider = if otlp_configured() {
+    let otlp = otlp_configured();
+    let metrics = Arc::new(Metrics::new(if otlp {
+        Some(
+            opentelemetry_otlp::MetricExporter::builder()
+                .with_http()
+                .build()?,
+        )
+    } else {
+        None
+    }));
+    let provider = if otlp {
         // Endpoint, protocol (http/protobuf or http/json), headers and timeouts come from the
         // standard OTEL_* variables.
         let exporter = opentelemetry_otlp::SpanExporter::builder()
@@ -79,5 +100,5 @@ pub fn init(json_logs: bool) -> anyhow::Result<Telemetry> {
         .with(filter())
         .with(layers)
         .try_init()?;
-    Ok(Telemetry { provider })
+    Ok(Telemetry { provider, metrics })
 }

@@ -456,8 +456,7 @@ pub async fn cancel_conversation(
         })?;
     app.services
         .metrics
-        .cancel_latency
-        .observe(started.elapsed().as_secs_f64());
+        .cancel_latency(started.elapsed().as_secs_f64());
     Ok(outcome)
 }
 

@@ -28,16 +28,14 @@ pub async fn readyz(State(app): State<AppState>) -> Response {
 
 pub async fn metrics(State(app): State<AppState>) -> Response {
     let metrics = &app.services.metrics;
-    metrics
-        .conversations_running
-        .set(app.services.registry.running().len() as i64);
-    metrics
-        .db_pool_connections
-        .set(i64::from(app.services.store.pool_size()));
+    metrics.gauges(
+        app.services.registry.running().len(),
+        app.services.store.pool_size(),
+    );
     (
         [(
             header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            "text/plain; version=0.0.4; charset=utf-8",
         )],
         metrics.encode(),
     )

@@ -196,7 +196,7 @@ async fn serve_socket(
     socket: WebSocket,
 ) {
     let metrics = app.services.metrics.clone();
-    metrics.websocket_connections.inc();
+    metrics.websocket(true);
     let (mut sink, mut incoming) = socket.split();
     if let Some((mut live, mut last)) = open(&app, &conv.id, after, &mut sink).await {
         // Answers to the client's own frames (rejections, pongs).
@@ -242,7 +242,7 @@ async fn serve_socket(
     }
     // Our receiver is gone (dropped with the loop above); drop the channel if it was the last.
     app.services.hub.release(&conv.id);
-    metrics.websocket_connections.dec();
+    metrics.websocket(false);
 }
 
 fn rejected(code: &str, message: &str) -> Value {

@@ -28,7 +28,7 @@ pub use stream::Accumulator;
 
 use crate::config::Settings;
 use crate::hub::{EventHub, Frame};
-use crate::metrics::{Metrics, OutcomeLabel, TokenLabels};
+use crate::metrics::Metrics;
 use crate::state_machine::{ErrorKind, Event, LlmFailure, LlmReply, LlmRequestTag};
 use crate::store::Store;
 use crate::tools;
@@ -229,16 +229,8 @@ async fn run_job(shared: Arc<Shared>, job: LlmJob) {
             Ok(Ok(reply)) => {
                 span.record("input_tokens", reply.usage.input_tokens);
                 span.record("output_tokens", reply.usage.output_tokens);
-                for (direction, tokens) in [("input", reply.usage.input_tokens), ("output", reply.usage.output_tokens)] {
-                    metrics
-                        .tokens
-                        .get_or_create(&TokenLabels {
-                            tenant: tenant.clone(),
-                            model: model.clone(),
-                            direction: direction.into(),
-                        })
-                        .inc_by(tokens);
-                }
+                metrics.tokens(&tenant, &model, "input", reply.usage.input_tokens);
+                metrics.tokens(&tenant, &model, "output", reply.usage.output_tokens);
                 (Event::LlmResponse { request, reply }, "ok")
             }
             Ok(Err(failure)) => {
@@ -252,15 +244,7 @@ async fn run_job(shared: Arc<Shared>, job: LlmJob) {
         },
     };
     span.record("outcome", outcome);
-    metrics
-        .llm_duration
-        .observe(started.elapsed().as_secs_f64());
-    metrics
-        .llm_requests
-        .get_or_create(&OutcomeLabel {
-            outcome: outcome.into(),
-        })
-        .inc();
+    metrics.llm_request(outcome, started.elapsed().as_secs_f64());
     reply(event);
 }
 

@@ -21,7 +21,6 @@ use super::tool_run::{ToolRun, ToolRunArgs};
 use tracing::Instrument;
 
 use crate::llm::LlmJob;
-use crate::metrics::OutcomeLabel;
 use crate::model::{ConversationRecord, MessageRecord};
 use crate::state_machine::{
     ConvContext, ConvState, Effect, Event, ImageRef, Interruption, InvalidTransition, Rejection,
@@ -580,14 +579,9 @@ async fn store_and_dispatch(
     let busy = state.record.state.is_busy();
     let metrics = &state.services.metrics;
     if !was_busy && busy {
-        metrics.turns_started.inc();
+        metrics.turn_started();
     } else if !busy && state.turn_span.is_some() {
-        metrics
-            .turns_finished
-            .get_or_create(&OutcomeLabel {
-                outcome: state.record.state.kind().into(),
-            })
-            .inc();
+        metrics.turn_finished(state.record.state.kind());
         if let Some(span) = state.turn_span.take() {
             span.record("outcome", state.record.state.kind());
         }
@@ -600,7 +594,7 @@ async fn store_and_dispatch(
         .iter()
         .any(|e| matches!(e, Effect::ScheduleRetry { .. }))
     {
-        metrics.retries.inc();
+        metrics.retry();
     }
     for effect in &plan.dispatch {
         dispatch(myself, state, effect.clone()).await;

@@ -114,8 +114,16 @@ impl Runtime {
         settings: Arc<Settings>,
         store: Store,
     ) -> anyhow::Result<(Runtime, RecoveryReport)> {
+        Self::start_with(settings, store, Arc::new(Metrics::default())).await
+    }
+
+    /// [`start`](Self::start) with the process's metrics (exported as configured).
+    pub async fn start_with(
+        settings: Arc<Settings>,
+        store: Store,
+        metrics: Arc<Metrics>,
+    ) -> anyhow::Result<(Runtime, RecoveryReport)> {
         crate::install_crypto();
-        let metrics = Arc::new(Metrics::default());
         let (root, _) = Actor::spawn(None, Root, ()).await?;
         let (persistence, _) = Actor::spawn_linked(
             None,

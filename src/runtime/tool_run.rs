@@ -18,7 +18,7 @@ use super::Services;
 use super::background::TaskSpec;
 use super::conversation::ConvMsg;
 use super::requests::{Asked, emit};
-use crate::metrics::{Metrics, ToolLabels};
+use crate::metrics::Metrics;
 use crate::state_machine::{Event, ToolOutcome, ToolUse, TurnId};
 use crate::tools::{self, ASK_USER, ToolLimits, preview};
 
@@ -141,12 +141,7 @@ impl Actor for ToolRun {
                 state
                     .args
                     .metrics
-                    .tool_runs
-                    .get_or_create(&ToolLabels {
-                        tool: state.args.tool.name.clone(),
-                        outcome: if outcome.ok { "ok" } else { "failed" }.into(),
-                    })
-                    .inc();
+                    .tool_run(&state.args.tool.name, outcome.ok);
                 let _ = state.args.reply.cast(ConvMsg::event(Event::ToolComplete {
                     turn: state.args.turn.clone(),
                     tool_use_id: state.args.tool.id.clone(),

@@ -80,9 +80,10 @@ fn spans(received: &Received) -> Vec<Value> {
 async fn a_turn_is_exported_as_one_trace() {
     bedrock::install_crypto();
     let received: Received = Arc::default();
+    let metrics: Received = Arc::default();
     let app = Router::new()
-        .route("/v1/traces", post(receive))
-        .with_state(received.clone());
+        .route("/v1/traces", post(receive).with_state(received.clone()))
+        .route("/v1/metrics", post(receive).with_state(metrics.clone()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("a port");
@@ -96,6 +97,7 @@ async fn a_turn_is_exported_as_one_trace() {
     cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{collector}"))
         .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .env("OTEL_METRIC_EXPORT_INTERVAL", "200")
         .env_remove("RUST_LOG");
     let server = Server::start_with(cmd);
     let http = reqwest::Client::new();
@@ -185,6 +187,43 @@ async fn a_turn_is_exported_as_one_trace() {
             .all(|c| transition_ids.contains(&&c["parent"])),
         "commits are children of transitions"
     );
+    // The turn's metrics arrived too, with their attributes.
+    let batches = metrics.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let exported: Vec<Value> = batches
+        .iter()
+        .flat_map(|b| b["resourceMetrics"].as_array().cloned().unwrap_or_default())
+        .flat_map(|r| r["scopeMetrics"].as_array().cloned().unwrap_or_default())
+        .flat_map(|s| s["metrics"].as_array().cloned().unwrap_or_default())
+        .collect();
+    let metric_names: std::collections::BTreeSet<&str> =
+        exported.iter().filter_map(|m| m["name"].as_str()).collect();
+    for name in [
+        "bedrock.turns_started",
+        "bedrock.turns_finished",
+        "bedrock.llm_requests",
+        "bedrock.llm_request_duration",
+        "bedrock.tokens",
+        "bedrock.tool_runs",
+        "bedrock.commit_latency",
+    ] {
+        assert!(
+            metric_names.contains(name),
+            "{name} not exported: {metric_names:?}"
+        );
+    }
+    let of = |name: &str| {
+        exported
+            .iter()
+            .filter(|m| m["name"] == name)
+            .map(Value::to_string)
+            .collect::<String>()
+    };
+    let tokens = of("bedrock.tokens");
+    assert!(
+        tokens.contains("\"tenant\"") && tokens.contains("\"model\"") && tokens.contains("input"),
+        "{tokens}"
+    );
+    assert!(of("bedrock.tool_runs").contains("bash"));
     let _ = std::fs::remove_dir_all(&workspace);
     db.drop_db().await;
 }
