@@ -18,7 +18,9 @@ use super::cancel::{CancelOutcome, CancelSlot};
 use super::commit;
 use super::subagents::{SubAgentSupervisor, SupervisorArgs, SupervisorMsg};
 use super::tool_run::{ToolRun, ToolRunArgs};
+use opentelemetry::trace::TraceContextExt as _;
 use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::llm::LlmJob;
 use crate::model::{ConversationRecord, MessageRecord};
@@ -531,14 +533,21 @@ async fn store_and_dispatch(
     // A turn's span opens before the transition that starts it, so all of it is one trace.
     let starts_turn = !was_busy && result.new_state.is_busy();
     if starts_turn {
-        state.turn_span = Some(tracing::info_span!(
+        let span = tracing::info_span!(
             parent: None,
             "conversation.turn",
             tenant = %state.record.tenant_id,
             conversation = %state.record.id,
             model = %state.record.model,
             outcome = tracing::field::Empty,
-        ));
+            trace_id = tracing::field::Empty,
+        );
+        // Log lines of the turn carry its trace id, so a log line leads to its trace.
+        let context = span.context().span().span_context().clone();
+        if context.is_valid() {
+            span.record("trace_id", context.trace_id().to_string());
+        }
+        state.turn_span = Some(span);
     }
     let plan = commit::plan(
         &state.record,
@@ -583,7 +592,9 @@ async fn store_and_dispatch(
     } else if !busy && state.turn_span.is_some() {
         metrics.turn_finished(state.record.state.kind());
         if let Some(span) = state.turn_span.take() {
-            span.record("outcome", state.record.state.kind());
+            let outcome = state.record.state.kind();
+            span.record("outcome", outcome);
+            tracing::info!(parent: &span, outcome, "turn finished");
         }
     }
     if kind_before != state.record.state.kind() {

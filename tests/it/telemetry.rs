@@ -129,6 +129,7 @@ async fn a_turn_is_exported_as_one_trace() {
         (conv["state"]["kind"] == "idle" && llm.requests().len() == 2).then_some(())
     })
     .await;
+    let logs = server.logs.clone();
     // The receiver runs on this test's runtime: wait for the exit off it.
     let status = tokio::task::spawn_blocking(move || server.terminate())
         .await
@@ -187,6 +188,16 @@ async fn a_turn_is_exported_as_one_trace() {
             .all(|c| transition_ids.contains(&&c["parent"])),
         "commits are children of transitions"
     );
+    // The turn's log line carries its trace id.
+    let finished = logs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|line| line["fields"]["message"] == "turn finished")
+        .expect("a 'turn finished' log line");
+    assert_eq!(finished["span"]["trace_id"], turn["trace"], "{finished}");
+
     // The turn's metrics arrived too, with their attributes.
     let batches = metrics.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let exported: Vec<Value> = batches

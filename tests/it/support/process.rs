@@ -12,6 +12,8 @@ use super::{TestDb, WAIT};
 pub struct Server {
     pub child: Child,
     pub base: String,
+    /// Every line the server wrote to stderr (its logs).
+    pub logs: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 pub fn command(db: &TestDb, llm: &FakeLlm, workspace: &std::path::Path) -> Command {
@@ -44,8 +46,13 @@ impl Server {
             .expect("the binary starts");
         let stderr = child.stderr.take().expect("stderr");
         let (tx, rx) = std::sync::mpsc::channel();
+        let logs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = logs.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                kept.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(line.clone());
                 if let Ok(value) = serde_json::from_str::<Value>(&line)
                     && let Some(addr) = value["fields"]["addr"].as_str()
                 {
@@ -57,6 +64,7 @@ impl Server {
         Server {
             child,
             base: format!("http://{addr}"),
+            logs,
         }
     }
 
