@@ -21,6 +21,7 @@ pub struct Metrics {
     provider: SdkMeterProvider,
     turns_started: Counter<u64>,
     turns_finished: Counter<u64>,
+    turn_duration: Histogram<f64>,
     llm_requests: Counter<u64>,
     llm_duration: Histogram<f64>,
     retries: Counter<u64>,
@@ -50,6 +51,12 @@ fn build(meter: &Meter, registry: prometheus::Registry, provider: SdkMeterProvid
         turns_finished: meter
             .u64_counter("bedrock.turns_finished")
             .with_description("User turns finished, by the state they ended in")
+            .build(),
+        turn_duration: meter
+            .f64_histogram("bedrock.turn_duration")
+            .with_unit("s")
+            .with_description("User turn duration, from the message to the end of the turn")
+            .with_boundaries(second_bounds())
             .build(),
         llm_requests: meter
             .u64_counter("bedrock.llm_requests")
@@ -137,9 +144,10 @@ impl Metrics {
         self.turns_started.add(1, &[]);
     }
 
-    pub fn turn_finished(&self, outcome: &str) {
-        self.turns_finished
-            .add(1, &[KeyValue::new("outcome", outcome.to_owned())]);
+    pub fn turn_finished(&self, outcome: &str, seconds: f64) {
+        let attributes = [KeyValue::new("outcome", outcome.to_owned())];
+        self.turns_finished.add(1, &attributes);
+        self.turn_duration.record(seconds, &attributes);
     }
 
     pub fn llm_request(&self, outcome: &str, seconds: f64) {

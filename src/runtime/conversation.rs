@@ -178,6 +178,8 @@ pub struct ConversationState {
     children: HashMap<ActorId, Child>,
     /// The span of the turn in progress.
     turn_span: Option<tracing::Span>,
+    /// When the current turn started, for the turn duration metric.
+    turn_started_at: Option<std::time::Instant>,
     idle_generation: u64,
     idle_timer: bool,
     stopping: bool,
@@ -217,6 +219,7 @@ impl Actor for ConversationActor {
             parent: args.parent,
             children: HashMap::new(),
             turn_span: None,
+            turn_started_at: None,
             idle_generation: 0,
             idle_timer: false,
             stopping: false,
@@ -548,6 +551,7 @@ async fn store_and_dispatch(
             span.record("trace_id", context.trace_id().to_string());
         }
         state.turn_span = Some(span);
+        state.turn_started_at = Some(std::time::Instant::now());
     }
     let plan = commit::plan(
         &state.record,
@@ -576,6 +580,7 @@ async fn store_and_dispatch(
         if let Err(error) = commit_with_retry(state, commit, how).instrument(span).await {
             if starts_turn {
                 state.turn_span = None; // the turn did not start
+                state.turn_started_at = None;
             }
             return Err(error);
         }
@@ -590,7 +595,11 @@ async fn store_and_dispatch(
     if !was_busy && busy {
         metrics.turn_started();
     } else if !busy && state.turn_span.is_some() {
-        metrics.turn_finished(state.record.state.kind());
+        let took = state
+            .turn_started_at
+            .take()
+            .map_or(0.0, |started| started.elapsed().as_secs_f64());
+        metrics.turn_finished(state.record.state.kind(), took);
         if let Some(span) = state.turn_span.take() {
             let outcome = state.record.state.kind();
             span.record("outcome", outcome);

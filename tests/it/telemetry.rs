@@ -211,6 +211,7 @@ async fn a_turn_is_exported_as_one_trace() {
     for name in [
         "bedrock.turns_started",
         "bedrock.turns_finished",
+        "bedrock.turn_duration",
         "bedrock.llm_requests",
         "bedrock.llm_request_duration",
         "bedrock.tokens",
