@@ -677,12 +677,7 @@ async fn graceful_shutdown_interrupts_running_work() {
     ws.frame().await;
     app.llm
         .push([Llm::bash("call_long", "echo $$ > pgid; sleep 300")]);
-    app.post(
-        &format!("/v1/conversations/{id}/messages"),
-        json!({"text": "long"}),
-    )
-    .await
-    .expect(202);
+    app.send(&id, "long").await;
     ws.frames_until(|f| is_state(f, "tool_executing")).await;
     let cwd = std::path::PathBuf::from(
         app.get(&format!("/v1/conversations/{id}"))

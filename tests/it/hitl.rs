@@ -98,11 +98,7 @@ async fn each_request_kind_answered_over_websocket_and_rest() {
                 .expect(200);
             }
             // Every client learns the request was answered; a second answer is refused.
-            let resolved = ws
-                .frames_until(|f| f["type"] == "client_request_resolved")
-                .await
-                .pop()
-                .expect("a resolution");
+            let resolved = ws.frame_of("client_request_resolved").await;
             assert_eq!(resolved["request_id"], request_id.as_str());
             assert_eq!(resolved["status"], "answered");
             app.post(
@@ -138,28 +134,15 @@ async fn wrong_kind_timeout_and_late_answer() {
     ]);
     let mut ws = Ws::connect(&app.ws_url(&id, "")).await;
     ws.frame().await;
-    app.post(
-        &format!("/v1/conversations/{id}/messages"),
-        json!({"text": "ask"}),
-    )
-    .await
-    .expect(202);
-    let request = ws
-        .frames_until(|f| f["type"] == "client_request")
-        .await
-        .pop()
-        .expect("a request");
+    app.send(&id, "ask").await;
+    let request = ws.frame_of("client_request").await;
     let request_id = request["request_id"].as_str().expect("an id").to_owned();
     assert_eq!(request["timeout_ms"], 1500);
     let path = format!("/v1/conversations/{id}/requests/{request_id}");
     app.post(&path, json!({"payload": {"text": "not a confirm"}}))
         .await
         .expect_error(400, "invalid_request");
-    let resolved = ws
-        .frames_until(|f| f["type"] == "client_request_resolved")
-        .await
-        .pop()
-        .expect("resolved");
+    let resolved = ws.frame_of("client_request_resolved").await;
     assert_eq!(resolved["status"], "expired");
     app.post(&path, json!({"payload": {"confirmed": true}}))
         .await
@@ -180,26 +163,13 @@ async fn cancel_with_a_request_pending() {
     app.llm.push([ask("q1", "prompt", json!({}))]);
     let mut ws = Ws::connect(&app.ws_url(&id, "")).await;
     ws.frame().await;
-    app.post(
-        &format!("/v1/conversations/{id}/messages"),
-        json!({"text": "ask"}),
-    )
-    .await
-    .expect(202);
-    let request = ws
-        .frames_until(|f| f["type"] == "client_request")
-        .await
-        .pop()
-        .expect("a request");
+    app.send(&id, "ask").await;
+    let request = ws.frame_of("client_request").await;
     let request_id = request["request_id"].as_str().expect("an id").to_owned();
     app.post(&format!("/v1/conversations/{id}/cancel"), json!({}))
         .await
         .expect(202);
-    let resolved = ws
-        .frames_until(|f| f["type"] == "client_request_resolved")
-        .await
-        .pop()
-        .expect("resolved");
+    let resolved = ws.frame_of("client_request_resolved").await;
     assert_eq!(resolved["status"], "cancelled");
     app.post(
         &format!("/v1/conversations/{id}/requests/{request_id}"),
@@ -223,17 +193,8 @@ async fn restart_with_a_request_pending() {
     app.llm.push([ask("q1", "confirm", json!({}))]);
     let mut ws = Ws::connect(&app.ws_url(&id, "")).await;
     ws.frame().await;
-    app.post(
-        &format!("/v1/conversations/{id}/messages"),
-        json!({"text": "ask"}),
-    )
-    .await
-    .expect(202);
-    let request = ws
-        .frames_until(|f| f["type"] == "client_request")
-        .await
-        .pop()
-        .expect("a request");
+    app.send(&id, "ask").await;
+    let request = ws.frame_of("client_request").await;
     let request_id = request["request_id"].as_str().expect("an id").to_owned();
     drop(ws);
     app.stop().await;
@@ -270,12 +231,7 @@ async fn approvals_approved_and_denied() {
     ]);
     let mut ws = Ws::connect(&app.ws_url(&id, "")).await;
     ws.frame().await;
-    app.post(
-        &format!("/v1/conversations/{id}/messages"),
-        json!({"text": "go"}),
-    )
-    .await
-    .expect(202);
+    app.send(&id, "go").await;
     // The first: approved over REST.
     let frames = ws.frames_until(|f| f["type"] == "client_request").await;
     let approval_event = frames
@@ -306,11 +262,7 @@ async fn approvals_approved_and_denied() {
     .await
     .expect(200);
     // The second: denied with an approval_response system event.
-    let request = ws
-        .frames_until(|f| f["type"] == "client_request")
-        .await
-        .pop()
-        .expect("a request");
+    let request = ws.frame_of("client_request").await;
     let request_id = request["request_id"].as_str().expect("an id").to_owned();
     app.post(
         &format!("/v1/conversations/{id}/events"),
@@ -371,12 +323,7 @@ async fn background_task_progress_and_result_reach_client_and_llm() {
     ]);
     let mut ws = Ws::connect(&app.ws_url(&id, "")).await;
     ws.frame().await;
-    app.post(
-        &format!("/v1/conversations/{id}/messages"),
-        json!({"text": "run in background"}),
-    )
-    .await
-    .expect(202);
+    app.send(&id, "run in background").await;
     let frames = ws
         .frames_until(|f| f["type"] == "system_event" && f["event"]["type"] == "tool_result")
         .await;
@@ -410,12 +357,7 @@ async fn background_task_progress_and_result_reach_client_and_llm() {
     })
     .await;
     app.wait_kind(&id, "idle").await;
-    app.post(
-        &format!("/v1/conversations/{id}/messages"),
-        json!({"text": "what happened?"}),
-    )
-    .await
-    .expect(202);
+    app.send(&id, "what happened?").await;
     app.wait_kind(&id, "idle").await;
     let request = app.llm.requests().last().cloned().expect("a request");
     assert!(
@@ -445,12 +387,7 @@ async fn background_task_cancelled() {
         ),
         Llm::text("started"),
     ]);
-    app.post(
-        &format!("/v1/conversations/{id}/messages"),
-        json!({"text": "go"}),
-    )
-    .await
-    .expect(202);
+    app.send(&id, "go").await;
     app.wait_kind(&id, "idle").await;
     let tasks = eventually("the task", WAIT, || async {
         let tasks = app
@@ -504,12 +441,7 @@ async fn user_requests_are_answered() {
     let app = TestApp::spawn(&db).await;
     let id = app.conversation().await;
     app.llm.push([Llm::text("hello")]);
-    app.post(
-        &format!("/v1/conversations/{id}/messages"),
-        json!({"text": "hi"}),
-    )
-    .await
-    .expect(202);
+    app.send(&id, "hi").await;
     app.wait_kind(&id, "idle").await;
     let mut ws = Ws::connect(&app.ws_url(&id, "")).await;
     ws.frame().await;
@@ -586,12 +518,7 @@ async fn approval_timeout_means_the_tool_does_not_run() {
     let cwd = std::path::PathBuf::from(created["cwd"].as_str().expect("a cwd"));
     app.llm
         .push([Llm::bash("gated", "touch ran.txt"), Llm::text("ok")]);
-    app.post(
-        &format!("/v1/conversations/{id}/messages"),
-        json!({"text": "go"}),
-    )
-    .await
-    .expect(202);
+    app.send(&id, "go").await;
     app.wait_kind(&id, "idle").await;
     eventually("the turn to end", WAIT, || async {
         (app.messages(&id).await.len() == 4).then_some(())
@@ -616,12 +543,7 @@ async fn start_background(app: &TestApp, id: &str) -> (String, i32) {
         ),
         Llm::text("started"),
     ]);
-    app.post(
-        &format!("/v1/conversations/{id}/messages"),
-        json!({"text": "go"}),
-    )
-    .await
-    .expect(202);
+    app.send(id, "go").await;
     app.wait_kind(id, "idle").await;
     let cwd = std::path::PathBuf::from(
         app.get(&format!("/v1/conversations/{id}"))

@@ -147,12 +147,7 @@ async fn sqlite_locked_gives_503_and_recovers() {
     let id = app.conversation().await;
     app.llm
         .push([Llm::bash("c1", "sleep 1; echo done"), Llm::text("finished")]);
-    app.post(
-        &format!("/v1/conversations/{id}/messages"),
-        json!({"text": "work"}),
-    )
-    .await
-    .expect(202);
+    app.send(&id, "work").await;
     app.wait_kind(&id, "tool_executing").await;
     let mut locker = SqliteConnection::connect(&db.url)
         .await
@@ -263,12 +258,7 @@ async fn postgres_down_gives_503_and_recovers() {
     })
     .await;
     app.llm.push([Llm::text("back")]);
-    app.post(
-        &format!("/v1/conversations/{id}/messages"),
-        json!({"text": "again"}),
-    )
-    .await
-    .expect(202);
+    app.send(&id, "again").await;
     app.wait_kind(&id, "idle").await;
     assert_eq!(
         app.messages(&id).await.len(),

@@ -250,12 +250,7 @@ async fn sse_streams_and_resumes_with_last_event_id() {
         ("snapshot", Some("snapshot"))
     );
     app.llm.push([Llm::text("over sse")]);
-    app.post(
-        &format!("/v1/conversations/{id}/messages"),
-        json!({"text": "hi"}),
-    )
-    .await
-    .expect(202);
+    app.send(&id, "hi").await;
     let mut seen = Vec::new();
     loop {
         let (sse_id, event, data) = sse.event().await;
@@ -339,12 +334,7 @@ async fn no_frame_is_lost_or_duplicated_at_the_seam() {
         },
         Llm::text("finished"),
     ]);
-    app.post(
-        &format!("/v1/conversations/{id}/messages"),
-        json!({"text": "think a lot"}),
-    )
-    .await
-    .expect(202);
+    app.send(&id, "think a lot").await;
     // Connect repeatedly while the turn runs, each resuming after event 1.
     let mut clients = Vec::new();
     for _ in 0..6 {
@@ -383,12 +373,7 @@ async fn a_slow_client_is_disconnected_and_blocks_nobody() {
     let mut fast = Ws::connect(&app.ws_url(&id, "")).await;
     fast.frame().await;
     app.llm.push([Llm::Huge { size: 6_000_000 }]);
-    app.post(
-        &format!("/v1/conversations/{id}/messages"),
-        json!({"text": "flood"}),
-    )
-    .await
-    .expect(202);
+    app.send(&id, "flood").await;
     let frames = fast.frames_until(|f| is_state(f, "idle")).await;
     let deltas: usize = frames
         .iter()

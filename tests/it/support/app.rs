@@ -185,6 +185,16 @@ impl TestApp {
             .await
     }
 
+    /// Sends a user message to a conversation of tenant a and expects it accepted.
+    pub async fn send(&self, id: &str, text: &str) -> Value {
+        self.post(
+            &format!("/v1/conversations/{id}/messages"),
+            json!({ "text": text }),
+        )
+        .await
+        .expect(202)
+    }
+
     /// A new conversation of tenant a; returns its id.
     pub async fn conversation(&self) -> String {
         let body = self.post("/v1/conversations", json!({})).await.expect(201);

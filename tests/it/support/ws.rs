@@ -85,6 +85,15 @@ impl Ws {
             }
         }
     }
+
+    /// The next frame of `kind` (its `type`), skipping others.
+    pub async fn frame_of(&mut self, kind: &str) -> Value {
+        let frames = self.frames_until(|f| f["type"] == kind).await;
+        frames
+            .into_iter()
+            .next_back()
+            .expect("frames_until ends with a match")
+    }
 }
 
 /// Whether a frame is the state frame of `kind`.
