@@ -8,6 +8,7 @@
 mod support;
 
 mod api;
+mod architecture;
 mod hitl;
 mod persistence;
 mod runtime;
