@@ -287,16 +287,12 @@ async fn errors_have_the_contract_shape() {
     app.post("/v1/conversations", json!({"cwd": "/etc"}))
         .await
         .expect_error(400, "invalid_request");
-    let tenant_root = std::path::Path::new(
-        app.get(&format!("/v1/conversations/{id}"))
-            .await
-            .expect(200)["cwd"]
-            .as_str()
-            .unwrap_or_default(),
-    )
-    .parent()
-    .expect("the tenant root")
-    .to_path_buf();
+    let tenant_root = app
+        .cwd(&id)
+        .await
+        .parent()
+        .expect("the tenant root")
+        .to_path_buf();
     std::os::unix::fs::symlink("/tmp", tenant_root.join("link-out")).expect("a symlink");
     app.post("/v1/conversations", json!({"cwd": "link-out/x"}))
         .await
@@ -679,19 +675,7 @@ async fn graceful_shutdown_interrupts_running_work() {
         .push([Llm::bash("call_long", "echo $$ > pgid; sleep 300")]);
     app.send(&id, "long").await;
     ws.frames_until(|f| is_state(f, "tool_executing")).await;
-    let cwd = std::path::PathBuf::from(
-        app.get(&format!("/v1/conversations/{id}"))
-            .await
-            .expect(200)["cwd"]
-            .as_str()
-            .unwrap_or_default(),
-    );
-    let pid: i32 = eventually("the tool to start", WAIT, || async {
-        std::fs::read_to_string(cwd.join("pgid"))
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-    })
-    .await;
+    let pid = app.pid_written(&id, "pgid").await;
     let started = std::time::Instant::now();
     app.stop().await;
     assert!(

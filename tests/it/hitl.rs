@@ -545,19 +545,7 @@ async fn start_background(app: &TestApp, id: &str) -> (String, i32) {
     ]);
     app.send(id, "go").await;
     app.wait_kind(id, "idle").await;
-    let cwd = std::path::PathBuf::from(
-        app.get(&format!("/v1/conversations/{id}"))
-            .await
-            .expect(200)["cwd"]
-            .as_str()
-            .unwrap_or_default(),
-    );
-    let pid: i32 = eventually("the task to start", WAIT, || async {
-        std::fs::read_to_string(cwd.join("bg.pid"))
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-    })
-    .await;
+    let pid = app.pid_written(id, "bg.pid").await;
     let tasks = app
         .get(&format!("/v1/conversations/{id}/tasks"))
         .await

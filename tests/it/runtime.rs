@@ -263,19 +263,9 @@ async fn retries_exhausted_then_recovery() {
         Reply::status(503, "down"),
     ]);
     rt.send(&conv, "hi").await.expect("accepted");
-    let record = rt
-        .wait_state(&conv, "error", |s| matches!(s, ConvState::Error { .. }))
-        .await;
-    match record.state {
-        ConvState::Error {
-            error_kind,
-            message,
-        } => {
-            assert_eq!(error_kind, ErrorKind::Network);
-            assert!(message.contains("after 3 attempts"), "{message}");
-        }
-        other => panic!("{other:?}"),
-    }
+    let (error_kind, message) = rt.wait_error(&conv).await;
+    assert_eq!(error_kind, ErrorKind::Network);
+    assert!(message.contains("after 3 attempts"), "{message}");
     assert_eq!(rt.llm.requests().len(), 3);
     rt.llm.push([Reply::text("back")]);
     rt.send(&conv, "again")
@@ -295,19 +285,9 @@ async fn non_retryable_error_fails_at_once() {
     let conv = rt.create_conversation().await;
     rt.llm.push([Reply::status(401, "bad key")]);
     rt.send(&conv, "hi").await.expect("accepted");
-    let record = rt
-        .wait_state(&conv, "error", |s| matches!(s, ConvState::Error { .. }))
-        .await;
-    match record.state {
-        ConvState::Error {
-            error_kind,
-            message,
-        } => {
-            assert_eq!(error_kind, ErrorKind::Auth);
-            assert!(message.contains("bad key"), "{message}");
-        }
-        other => panic!("{other:?}"),
-    }
+    let (error_kind, message) = rt.wait_error(&conv).await;
+    assert_eq!(error_kind, ErrorKind::Auth);
+    assert!(message.contains("bad key"), "{message}");
     assert_eq!(rt.llm.requests().len(), 1);
     rt.stop().await;
     db.drop_db().await;

@@ -195,6 +195,27 @@ impl TestApp {
         .expect(202)
     }
 
+    /// The working directory of a conversation of tenant a.
+    pub async fn cwd(&self, id: &str) -> PathBuf {
+        let body = self
+            .get(&format!("/v1/conversations/{id}"))
+            .await
+            .expect(200);
+        PathBuf::from(body["cwd"].as_str().expect("a cwd"))
+    }
+
+    /// The process id a tool wrote to `file` in the conversation's cwd (`echo $$ > file`),
+    /// once it is there.
+    pub async fn pid_written(&self, id: &str, file: &str) -> i32 {
+        let path = self.cwd(id).await.join(file);
+        eventually("the tool to write its pid", WAIT, || async {
+            std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+        })
+        .await
+    }
+
     /// A new conversation of tenant a; returns its id.
     pub async fn conversation(&self) -> String {
         let body = self.post("/v1/conversations", json!({})).await.expect(201);

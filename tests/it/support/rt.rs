@@ -8,7 +8,7 @@ use bedrock::config::Settings;
 use bedrock::model::{ConversationRecord, MessageRecord, NewConversation};
 use bedrock::persistence::WriteJob;
 use bedrock::runtime::{Runtime, SendError};
-use bedrock::state_machine::{ConvState, ImageRef, MessageContent, validate_chain};
+use bedrock::state_machine::{ConvState, ErrorKind, ImageRef, MessageContent, validate_chain};
 use bedrock::store::{Store, StoreOptions};
 use bedrock::testkit::FakeLlm;
 
@@ -193,6 +193,20 @@ impl TestRuntime {
     pub async fn wait_idle(&self, id: &str) -> ConversationRecord {
         self.wait_state(id, "idle", |s| matches!(s, ConvState::Idle))
             .await
+    }
+
+    /// Waits for the error state; returns its kind and message.
+    pub async fn wait_error(&self, id: &str) -> (ErrorKind, String) {
+        eventually("error", WAIT, || async {
+            match self.record(id).await.state {
+                ConvState::Error {
+                    error_kind,
+                    message,
+                } => Some((error_kind, message)),
+                _ => None,
+            }
+        })
+        .await
     }
 
     pub async fn messages(&self, id: &str) -> Vec<MessageRecord> {
