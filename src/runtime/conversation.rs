@@ -176,10 +176,8 @@ pub struct ConversationState {
     parent: Option<ParentLink>,
     /// Children that report back as events, so a crash becomes a result.
     children: HashMap<ActorId, Child>,
-    /// The span of the turn in progress.
-    turn_span: Option<tracing::Span>,
-    /// When the current turn started, for the turn duration metric.
-    turn_started_at: Option<std::time::Instant>,
+    /// The turn in progress.
+    turn: Option<Turn>,
     idle_generation: u64,
     idle_timer: bool,
     stopping: bool,
@@ -195,6 +193,12 @@ impl std::fmt::Debug for ConversationState {
 }
 
 /// What applying an event came to.
+/// A user turn in progress: its trace span and when it started.
+struct Turn {
+    span: tracing::Span,
+    started: std::time::Instant,
+}
+
 enum Applied {
     Done { dispatched: Vec<Effect> },
     Ignored,
@@ -218,8 +222,7 @@ impl Actor for ConversationActor {
             cancel: args.cancel,
             parent: args.parent,
             children: HashMap::new(),
-            turn_span: None,
-            turn_started_at: None,
+            turn: None,
             idle_generation: 0,
             idle_timer: false,
             stopping: false,
@@ -550,8 +553,10 @@ async fn store_and_dispatch(
         if context.is_valid() {
             span.record("trace_id", context.trace_id().to_string());
         }
-        state.turn_span = Some(span);
-        state.turn_started_at = Some(std::time::Instant::now());
+        state.turn = Some(Turn {
+            span,
+            started: std::time::Instant::now(),
+        });
     }
     let plan = commit::plan(
         &state.record,
@@ -563,7 +568,7 @@ async fn store_and_dispatch(
     if let Some(commit) = &plan.commit {
         // A transition of a turn is a child of the turn's span; the commit, of the transition.
         let transition = tracing::info_span!(
-            parent: state.turn_span.as_ref().and_then(tracing::Span::id),
+            parent: state.turn.as_ref().and_then(|turn| turn.span.id()),
             "conversation.transition",
             tenant = %state.record.tenant_id,
             conversation = %state.record.id,
@@ -579,8 +584,7 @@ async fn store_and_dispatch(
         );
         if let Err(error) = commit_with_retry(state, commit, how).instrument(span).await {
             if starts_turn {
-                state.turn_span = None; // the turn did not start
-                state.turn_started_at = None;
+                state.turn = None; // the turn did not start
             }
             return Err(error);
         }
@@ -594,17 +598,11 @@ async fn store_and_dispatch(
     let metrics = &state.services.metrics;
     if !was_busy && busy {
         metrics.turn_started();
-    } else if !busy && state.turn_span.is_some() {
-        let took = state
-            .turn_started_at
-            .take()
-            .map_or(0.0, |started| started.elapsed().as_secs_f64());
-        metrics.turn_finished(state.record.state.kind(), took);
-        if let Some(span) = state.turn_span.take() {
-            let outcome = state.record.state.kind();
-            span.record("outcome", outcome);
-            tracing::info!(parent: &span, outcome, "turn finished");
-        }
+    } else if !busy && let Some(turn) = state.turn.take() {
+        let outcome = state.record.state.kind();
+        metrics.turn_finished(outcome, turn.started.elapsed().as_secs_f64());
+        turn.span.record("outcome", outcome);
+        tracing::info!(parent: &turn.span, outcome, "turn finished");
     }
     if kind_before != state.record.state.kind() {
         metrics.conversation_state(Some(kind_before), Some(state.record.state.kind()));
@@ -709,7 +707,10 @@ async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, eff
                 is_sub_agent: state.ctx.is_sub_agent,
                 reply: reply_to(myself),
                 cancel,
-                span: state.turn_span.clone().unwrap_or_else(tracing::Span::none),
+                span: state
+                    .turn
+                    .as_ref()
+                    .map_or_else(tracing::Span::none, |turn| turn.span.clone()),
             });
         }
         Effect::ScheduleRetry { request, delay_ms } => {
@@ -744,7 +745,7 @@ async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, eff
                 is_sub_agent: state.ctx.is_sub_agent,
                 needs_approval: state.record.require_approval.contains(&tool.name),
                 span: tracing::info_span!(
-                    parent: state.turn_span.as_ref().and_then(tracing::Span::id),
+                    parent: state.turn.as_ref().and_then(|turn| turn.span.id()),
                     "tool.run",
                     tenant = %state.record.tenant_id,
                     conversation = %state.record.id,
