@@ -144,15 +144,15 @@ impl Metrics {
         self.turns_started.add(1, &[]);
     }
 
-    pub fn turn_finished(&self, outcome: &str, seconds: f64) {
-        let attributes = [KeyValue::new("outcome", outcome.to_owned())];
+    pub fn turn_finished(&self, outcome: &'static str, seconds: f64) {
+        let attributes = [KeyValue::new("outcome", outcome)];
         self.turns_finished.add(1, &attributes);
         self.turn_duration.record(seconds, &attributes);
     }
 
-    pub fn llm_request(&self, outcome: &str, seconds: f64) {
+    pub fn llm_request(&self, outcome: &'static str, seconds: f64) {
         self.llm_requests
-            .add(1, &[KeyValue::new("outcome", outcome.to_owned())]);
+            .add(1, &[KeyValue::new("outcome", outcome)]);
         self.llm_duration.record(seconds, &[]);
     }
 
@@ -196,14 +196,14 @@ impl Metrics {
     }
 
     /// A conversation actor moved from state `from` to state `to` (`None`: started/stopped).
-    pub fn conversation_state(&self, from: Option<&str>, to: Option<&str>) {
+    pub fn conversation_state(&self, from: Option<&'static str>, to: Option<&'static str>) {
         if let Some(from) = from {
             self.conversations_active
-                .add(-1, &[KeyValue::new("state", from.to_owned())]);
+                .add(-1, &[KeyValue::new("state", from)]);
         }
         if let Some(to) = to {
             self.conversations_active
-                .add(1, &[KeyValue::new("state", to.to_owned())]);
+                .add(1, &[KeyValue::new("state", to)]);
         }
     }
 
