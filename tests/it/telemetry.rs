@@ -1,5 +1,6 @@
-//! Traces reach a real OTLP receiver with the right names, attributes and parents (the
-//! operations issue). The receiver takes OTLP/HTTP with the protocol's JSON encoding.
+//! Traces and metrics reach a real OTLP receiver with the right names, attributes and
+//! parents, and /metrics serves what the dashboard queries (the operations issue). The
+//! receiver takes OTLP/HTTP with the protocol's JSON encoding.
 
 use std::sync::{Arc, Mutex};
 
@@ -238,4 +239,68 @@ async fn a_turn_is_exported_as_one_trace() {
     assert!(of("bedrock.tool_runs").contains("bash"));
     let _ = std::fs::remove_dir_all(&workspace);
     db.drop_db().await;
+}
+
+/// Every series the Grafana dashboard queries is one that /metrics serves, once a turn with
+/// a retry, a tool, a cancel and a WebSocket client have happened (the dashboard and the
+/// code agree).
+#[tokio::test]
+async fn the_dashboard_queries_only_served_metrics() {
+    let db = TestDb::sqlite();
+    let app = crate::support::TestApp::spawn(&db).await;
+    let id = app.conversation().await;
+    let mut ws = crate::support::ws::Ws::connect(&app.ws_url(&id, "")).await;
+    ws.frame().await;
+    app.llm.push([
+        Llm::status(503, "down"), // one retry
+        Llm::bash("call_1", "echo hi"),
+        Llm::text("done"),
+    ]);
+    app.send(&id, "one").await;
+    app.wait_kind(&id, "idle").await;
+    app.llm.push([Llm::bash("call_2", "sleep 300")]);
+    app.send(&id, "two").await;
+    app.wait_kind(&id, "tool_executing").await;
+    app.post(&format!("/v1/conversations/{id}/cancel"), json!({}))
+        .await
+        .expect(202);
+    app.wait_kind(&id, "idle").await;
+
+    let dashboard: Value =
+        serde_json::from_str(include_str!("../../deploy/grafana/dashboards/bedrock.json"))
+            .expect("the dashboard is JSON");
+    let mut queried = std::collections::BTreeSet::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().expect("an expression");
+            for (start, _) in expr.match_indices("bedrock_") {
+                let name: String = expr[start..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                queried.insert(name);
+            }
+        }
+    }
+    assert!(queried.len() >= 10, "{queried:?}");
+    let text = eventually("the metrics to be served", WAIT, || async {
+        let response = app.http.get(format!("{}/metrics", app.base)).send().await;
+        let text = response.ok()?.text().await.ok()?;
+        text.contains("bedrock_cancel_latency_seconds_bucket")
+            .then_some(text)
+    })
+    .await;
+    let served: std::collections::BTreeSet<&str> = text
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.split(['{', ' ']).next())
+        .collect();
+    for name in &queried {
+        assert!(
+            served.contains(name.as_str()),
+            "{name} is not served: {served:?}"
+        );
+    }
+    drop(ws);
+    app.cleanup(db).await;
 }
