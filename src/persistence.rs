@@ -226,20 +226,23 @@ fn take_batch(queue: &mut VecDeque<Job>) -> Vec<Job> {
 }
 
 async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>) {
-    let mut commits = Vec::with_capacity(jobs.len());
+    let mut batch = Vec::with_capacity(jobs.len());
+    let mut replies = Vec::with_capacity(jobs.len());
     for job in jobs {
         match job {
-            Job::Commit(commit, reply) => commits.push((commit, reply)),
+            Job::Commit(commit, reply) => {
+                batch.push(*commit);
+                replies.push(reply);
+            }
             Job::Write(job, reply) => {
                 let _ = reply.send(write(store, job).await);
             }
         }
     }
-    if commits.is_empty() {
+    if batch.is_empty() {
         return;
     }
     let started = Instant::now();
-    let batch: Vec<ConversationCommit> = commits.iter().map(|(c, _)| (**c).clone()).collect();
     let outcome = store.commit_batch(&batch).await;
     metrics.commit(started.elapsed().as_secs_f64(), batch.len());
     tracing::trace!(
@@ -251,18 +254,18 @@ async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>) {
     );
     match outcome {
         Ok(()) => {
-            for (_, reply) in commits {
+            for reply in replies {
                 let _ = reply.send(Ok(()));
             }
         }
         // One bad commit must not fail its neighbours: write each alone to find it.
         Err(error) if batch.len() > 1 && !error.is_unavailable() => {
-            for (commit, reply) in commits {
-                let _ = reply.send(store.commit_batch(std::slice::from_ref(&*commit)).await);
+            for (commit, reply) in batch.chunks(1).zip(replies) {
+                let _ = reply.send(store.commit_batch(commit).await);
             }
         }
         Err(error) => {
-            for (_, reply) in commits {
+            for reply in replies {
                 let _ = reply.send(Err(error.clone()));
             }
         }
@@ -390,5 +393,111 @@ impl Persistence {
                 "the persistence actor has stopped".into(),
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ConversationCommit, NewConversation};
+    use crate::state_machine::ConvState;
+    use chrono::{TimeZone as _, Utc};
+
+    /// A group commit with one stale commit in it: the others still land, and only the
+    /// stale one is answered with a conflict (the fallback that writes each alone).
+    #[tokio::test]
+    async fn a_bad_commit_does_not_fail_its_neighbours() {
+        let dir = std::env::temp_dir().join(format!("bedrock-flush-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temp dir");
+        let path = dir.join("flush.db");
+        let _ = std::fs::remove_file(&path);
+        let store = Store::connect(&crate::store::StoreOptions {
+            url: format!("sqlite://{}?mode=rwc", path.display()),
+            max_connections: 2,
+            acquire_timeout: Duration::from_secs(5),
+        })
+        .await
+        .expect("the store opens");
+        store.migrate().await.expect("migrations apply");
+        let at = Utc
+            .with_ymd_and_hms(2026, 1, 1, 0, 0, 0)
+            .single()
+            .expect("a time");
+        let tenant = Tenant {
+            id: "t".into(),
+            name: "t".into(),
+        };
+        store.ensure_tenant(&tenant, at).await.expect("a tenant");
+        let ids = ["c1", "c2", "c3"];
+        for id in ids {
+            store
+                .insert_conversation(&NewConversation {
+                    id: id.into(),
+                    tenant_id: "t".into(),
+                    slug: id.into(),
+                    cwd: "/tmp".into(),
+                    model: "m".into(),
+                    system_prompt: None,
+                    parent_id: None,
+                    user_initiated: true,
+                    require_approval: Vec::new(),
+                    created_at: at,
+                })
+                .await
+                .expect("a conversation");
+        }
+        let before = store
+            .conversation_by_id("c1")
+            .await
+            .expect("reads")
+            .expect("exists");
+        let commit = |id: &str, expected_event: i64| ConversationCommit {
+            conversation_id: id.into(),
+            state: Some(ConvState::Error {
+                error_kind: crate::state_machine::ErrorKind::Unknown,
+                message: "x".into(),
+            }),
+            messages: Vec::new(),
+            events: Vec::new(),
+            usage: None,
+            expected_next_sequence_id: before.next_sequence_id,
+            expected_next_event_id: expected_event,
+            next_sequence_id: before.next_sequence_id,
+            next_event_id: expected_event,
+            at,
+        };
+        let stale = before.next_event_id + 7;
+        let mut jobs = Vec::new();
+        let mut answers = Vec::new();
+        for (id, expected) in [
+            ("c1", before.next_event_id),
+            ("c2", stale),
+            ("c3", before.next_event_id),
+        ] {
+            let (tx, rx) = ractor::concurrency::oneshot();
+            jobs.push(Job::Commit(Box::new(commit(id, expected)), tx.into()));
+            answers.push(rx);
+        }
+        flush(&store, &Metrics::default(), jobs).await;
+
+        let mut outcomes = Vec::new();
+        for rx in answers {
+            outcomes.push(rx.await.expect("every commit is answered"));
+        }
+        assert!(outcomes[0].is_ok(), "{outcomes:?}");
+        assert!(
+            matches!(outcomes[1], Err(StoreError::Conflict(_))),
+            "{outcomes:?}"
+        );
+        assert!(outcomes[2].is_ok(), "{outcomes:?}");
+        for (id, landed) in [("c1", true), ("c2", false), ("c3", true)] {
+            let row = store
+                .conversation_by_id(id)
+                .await
+                .expect("reads")
+                .expect("exists");
+            assert_eq!(matches!(row.state, ConvState::Error { .. }), landed, "{id}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
