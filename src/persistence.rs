@@ -86,14 +86,14 @@ pub enum WriteOutcome {
 type Reply<T> = RpcReplyPort<Result<T, StoreError>>;
 
 enum Job {
-    Commit(Box<ConversationCommit>, Reply<()>),
+    Commit(Arc<ConversationCommit>, Reply<()>),
     Write(WriteJob, Reply<WriteOutcome>),
 }
 
 pub enum PersistenceMsg {
-    Commit(Box<ConversationCommit>, Reply<()>),
+    Commit(Arc<ConversationCommit>, Reply<()>),
     /// A commit that goes before every queued one (a cancel: the user is waiting).
-    UrgentCommit(Box<ConversationCommit>, Reply<()>),
+    UrgentCommit(Arc<ConversationCommit>, Reply<()>),
     Write(WriteJob, Reply<WriteOutcome>),
     /// A flush finished.
     Flushed,
@@ -231,7 +231,7 @@ async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>) {
     for job in jobs {
         match job {
             Job::Commit(commit, reply) => {
-                batch.push(*commit);
+                batch.push(commit);
                 replies.push(reply);
             }
             Job::Write(job, reply) => {
@@ -355,15 +355,13 @@ impl Persistence {
     /// purpose: a commit reported as failed must not land later, or the conversation's
     /// memory and its row would disagree. Every flush answers every commit it took (the
     /// database calls themselves are bounded by the pool's and the server's timeouts).
-    pub async fn commit(&self, commit: ConversationCommit) -> Result<(), StoreError> {
-        let commit = Box::new(commit);
+    pub async fn commit(&self, commit: Arc<ConversationCommit>) -> Result<(), StoreError> {
         self.request(|reply| PersistenceMsg::Commit(commit, reply), None)
             .await
     }
 
     /// [`commit`](Self::commit), ahead of everything queued.
-    pub async fn commit_urgent(&self, commit: ConversationCommit) -> Result<(), StoreError> {
-        let commit = Box::new(commit);
+    pub async fn commit_urgent(&self, commit: Arc<ConversationCommit>) -> Result<(), StoreError> {
         self.request(|reply| PersistenceMsg::UrgentCommit(commit, reply), None)
             .await
     }
@@ -475,7 +473,7 @@ mod tests {
             ("c3", before.next_event_id),
         ] {
             let (tx, rx) = ractor::concurrency::oneshot();
-            jobs.push(Job::Commit(Box::new(commit(id, expected)), tx.into()));
+            jobs.push(Job::Commit(Arc::new(commit(id, expected)), tx.into()));
             answers.push(rx);
         }
         flush(&store, &Metrics::default(), jobs).await;

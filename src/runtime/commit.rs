@@ -16,12 +16,11 @@ use crate::wire;
 /// What a transition writes, and what is done after the commit.
 #[derive(Debug)]
 pub struct Plan {
-    /// `None` when the transition changed nothing that is stored.
-    pub commit: Option<ConversationCommit>,
+    /// `None` when the transition changed nothing that is stored. Shared: the persistence
+    /// actor writes it while the conversation keeps it to apply once it is stored.
+    pub commit: Option<Arc<ConversationCommit>>,
     /// Durable frames to publish once committed, in event-id order.
     pub frames: Vec<Arc<Frame>>,
-    /// The messages written.
-    pub messages: Vec<MessageRecord>,
     /// Effects to carry out after the commit.
     pub dispatch: Vec<Effect>,
 }
@@ -141,25 +140,27 @@ pub fn plan(
         .collect();
     let commit =
         (state_changed || !messages.is_empty() || !events.is_empty() || usage_totals.is_some())
-            .then(|| ConversationCommit {
-                conversation_id: conv.id.clone(),
-                state: state_changed.then(|| result.new_state.clone()),
-                messages: messages.clone(),
-                events,
-                usage: usage_totals,
-                expected_next_sequence_id: conv.next_sequence_id,
-                expected_next_event_id: conv.next_event_id,
-                next_sequence_id: next_seq,
-                next_event_id: next_event,
-                at,
+            .then(|| {
+                Arc::new(ConversationCommit {
+                    conversation_id: conv.id.clone(),
+                    state: state_changed.then(|| result.new_state.clone()),
+                    messages,
+                    events,
+                    usage: usage_totals,
+                    expected_next_sequence_id: conv.next_sequence_id,
+                    expected_next_event_id: conv.next_event_id,
+                    next_sequence_id: next_seq,
+                    next_event_id: next_event,
+                    at,
+                })
             });
     Plan {
         commit,
         frames,
-        messages,
         dispatch,
     }
 }
+
 
 /// A commit of durable frames alone (client requests, system events), numbered from `conv`'s
 /// counters. `frames` are `(payload without event_id, dedup key)`.
@@ -189,20 +190,21 @@ pub fn plan_frames(
         .map(|e| Arc::new(Frame::from_value(&e.payload)))
         .collect();
     Plan {
-        commit: (!events.is_empty()).then(|| ConversationCommit {
-            conversation_id: conv.id.clone(),
-            state: None,
-            messages: Vec::new(),
-            events,
-            usage: None,
-            expected_next_sequence_id: conv.next_sequence_id,
-            expected_next_event_id: conv.next_event_id,
-            next_sequence_id: conv.next_sequence_id,
-            next_event_id: next_event,
-            at,
+        commit: (!events.is_empty()).then(|| {
+            Arc::new(ConversationCommit {
+                conversation_id: conv.id.clone(),
+                state: None,
+                messages: Vec::new(),
+                events,
+                usage: None,
+                expected_next_sequence_id: conv.next_sequence_id,
+                expected_next_event_id: conv.next_event_id,
+                next_sequence_id: conv.next_sequence_id,
+                next_event_id: next_event,
+                at,
+            })
         }),
         frames,
-        messages: Vec::new(),
         dispatch: Vec::new(),
     }
 }

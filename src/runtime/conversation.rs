@@ -445,9 +445,11 @@ async fn send(
         urgent: false,
     };
     match store_and_dispatch(myself, state, result, client_message_id, how).await {
-        Ok((messages, _)) => messages
-            .into_iter()
+        Ok((commit, _)) => commit
+            .iter()
+            .flat_map(|commit| &commit.messages)
             .find(|m| m.content.message_type() == crate::state_machine::MessageType::User)
+            .cloned()
             .ok_or_else(|| SendError::Unavailable("the message was not stored".into())),
         Err(StoreError::Conflict(_)) if has_client_key => Err(SendError::Duplicate),
         Err(e) => Err(SendError::Unavailable(e.to_string())),
@@ -463,7 +465,7 @@ async fn emit_frames(
     let Some(commit) = &plan.commit else {
         return Ok(true);
     };
-    match state.services.persistence.commit(commit.clone()).await {
+    match state.services.persistence.commit(Arc::clone(commit)).await {
         Ok(()) => {
             commit::apply(&mut state.record, commit);
             for frame in &plan.frames {
@@ -533,7 +535,7 @@ async fn store_and_dispatch(
     result: crate::state_machine::TransitionResult,
     client_message_id: Option<String>,
     how: Commit,
-) -> Result<(Vec<MessageRecord>, Vec<Effect>), StoreError> {
+) -> Result<(Option<Arc<crate::model::ConversationCommit>>, Vec<Effect>), StoreError> {
     let was_busy = state.record.state.is_busy();
     let kind_before = state.record.state.kind();
     // A turn's span opens before the transition that starts it, so all of it is one trace.
@@ -617,7 +619,7 @@ async fn store_and_dispatch(
     for effect in &plan.dispatch {
         dispatch(myself, state, effect.clone()).await;
     }
-    Ok((plan.messages, plan.dispatch))
+    Ok((plan.commit, plan.dispatch))
 }
 
 /// How a transition is committed.
@@ -631,7 +633,7 @@ struct Commit {
 
 async fn commit_with_retry(
     state: &mut ConversationState,
-    commit: &crate::model::ConversationCommit,
+    commit: &Arc<crate::model::ConversationCommit>,
     how: Commit,
 ) -> Result<(), StoreError> {
     let retry = how.retry;
@@ -640,9 +642,9 @@ async fn commit_with_retry(
     loop {
         let persistence = &state.services.persistence;
         let outcome = if how.urgent {
-            persistence.commit_urgent(commit.clone()).await
+            persistence.commit_urgent(Arc::clone(commit)).await
         } else {
-            persistence.commit(commit.clone()).await
+            persistence.commit(Arc::clone(commit)).await
         };
         match outcome {
             Ok(()) => return Ok(()),

@@ -35,13 +35,13 @@ pub async fn recover(services: &Services) -> Result<RecoveryReport, StoreError> 
         };
         let plan = commit::plan(&record, result, ctx.context_window, now, None);
         if let Some(commit) = plan.commit {
-            services.persistence.commit(commit).await?;
-            report.conversations += 1;
-            report.synthetic_results += plan
+            report.synthetic_results += commit
                 .messages
                 .iter()
                 .filter(|m| matches!(m.content, MessageContent::Tool(_)))
                 .count() as u64;
+            services.persistence.commit(commit).await?;
+            report.conversations += 1;
         }
     }
     if let WriteOutcome::Expired(requests, tasks) = services

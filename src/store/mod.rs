@@ -7,6 +7,7 @@
 mod error;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -537,7 +538,7 @@ impl Store {
     }
 
     /// Writes several conversations' transitions in one transaction (group commit).
-    pub(crate) async fn commit_batch(&self, commits: &[ConversationCommit]) -> Result<()> {
+    pub(crate) async fn commit_batch(&self, commits: &[Arc<ConversationCommit>]) -> Result<()> {
         let txn = self.db.begin().await?;
         // One statement for every conversation of the batch: a round trip per conversation
         // would make the batch as slow as the commits it groups.
@@ -702,7 +703,7 @@ async fn insert_key<C: ConnectionTrait>(
 async fn update_conversations<C: ConnectionTrait>(
     db: &C,
     backend: DbBackend,
-    commits: &[ConversationCommit],
+    commits: &[Arc<ConversationCommit>],
 ) -> Result<()> {
     use sea_orm::{Statement, Value};
     let postgres = backend == DbBackend::Postgres;
