@@ -161,7 +161,6 @@ pub fn plan(
     }
 }
 
-
 /// A commit of durable frames alone (client requests, system events), numbered from `conv`'s
 /// counters. `frames` are `(payload without event_id, dedup key)`.
 pub fn plan_frames(
