@@ -31,6 +31,7 @@ pub struct Settings {
     pub sub_agents: SubAgentSettings,
     pub requests: RequestSettings,
     pub conversations: ConversationSettings,
+    pub sandbox: SandboxSettings,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -161,6 +162,65 @@ pub struct SubAgentSettings {
 #[serde(deny_unknown_fields)]
 pub struct ConversationSettings {
     pub idle_timeout_ms: u64,
+}
+
+/// Whether tool processes run confined (docs/security.md).
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxMode {
+    /// Confined; `bedrock serve` refuses to start where the kernel cannot do it.
+    Enforce,
+    /// Not confined: tools see what the server sees. A warning at start and in /readyz.
+    Off,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxSettings {
+    pub mode: SandboxMode,
+    /// Where the sandbox keeps its mount point and the private temp dirs; empty: <data.dir>/sandbox.
+    pub dir: PathBuf,
+    /// The user and group tool processes run as when the server runs as root.
+    pub uid: u32,
+    pub gid: u32,
+    /// Read-only (and executable) paths of the host a tool sees; missing ones are skipped.
+    pub read_only_paths: Vec<PathBuf>,
+    /// Paths under those that a tool never sees (each reads as empty).
+    pub hidden_paths: Vec<PathBuf>,
+    /// Variables of the server's environment passed through to tool processes.
+    pub env_passthrough: Vec<String>,
+    /// Limits of every tool process (the process count is per tool run).
+    pub cpu_seconds: u64,
+    pub address_space_bytes: u64,
+    pub max_processes: u64,
+    pub max_open_files: u64,
+    pub max_file_bytes: u64,
+    /// Output past this ends the run as failed (what is kept is `tools.output_cap_bytes`).
+    pub max_output_bytes: u64,
+    pub network: NetworkSettings,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkSettings {
+    /// Tenants whose tool processes have network access in every conversation.
+    pub tenants: Vec<String>,
+    /// Tenants that may turn it on per conversation (`"network": true` at creation).
+    pub per_conversation_tenants: Vec<String>,
+    /// With network on, the TCP ports a tool may connect to (never the server's or the
+    /// database's).
+    pub tcp_ports: Vec<u16>,
+}
+
+impl SandboxSettings {
+    /// The sandbox's own directory.
+    pub fn dir(&self, data: &DataSettings) -> PathBuf {
+        if self.dir.as_os_str().is_empty() {
+            data.dir.join("sandbox")
+        } else {
+            self.dir.clone()
+        }
+    }
 }
 
 /// A setting that cannot be used; the message names it and the expected form.

@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod model;
 pub mod persistence;
 pub mod runtime;
+pub mod sandbox;
 pub mod state_machine;
 pub mod store;
 pub mod telemetry;

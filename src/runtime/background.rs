@@ -21,7 +21,7 @@ use crate::hub::Frame;
 use crate::model::BackgroundTask;
 use crate::persistence::WriteJob;
 use crate::state_machine::{BackgroundResult, Event, TurnId};
-use crate::tools::{OnLine, run_bash_with};
+use crate::tools::{OnLine, ToolLimits, run_bash};
 
 /// What starts a background task.
 #[derive(Clone, Debug)]
@@ -32,6 +32,8 @@ pub struct TaskSpec {
     pub cwd: PathBuf,
     pub timeout: Duration,
     pub wake: bool,
+    /// The conversation's limits and confinement.
+    pub limits: ToolLimits,
 }
 
 #[derive(Debug, Default)]
@@ -129,11 +131,10 @@ async fn run(services: Arc<Services>, id: String, spec: TaskSpec, cancel: Cancel
             hub.publish(&conversation, Arc::new(Frame::from_value(&frame)));
         })
     };
-    let outcome = run_bash_with(
+    let outcome = run_bash(
         &spec.command,
         &spec.cwd,
-        spec.timeout,
-        services.tool_limits.output_cap_bytes,
+        &spec.limits.bash(spec.timeout),
         cancel,
         Some(progress),
     )

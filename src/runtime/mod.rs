@@ -44,6 +44,7 @@ use crate::llm::{Gateway, GatewayArgs, LlmGateway};
 use crate::metrics::Metrics;
 use crate::persistence::{Persistence, PersistenceActor};
 use crate::store::Store;
+use crate::sandbox::{Network, Sandbox};
 use crate::tools::ToolLimits;
 
 /// Everything the actors share.
@@ -67,6 +68,16 @@ impl Services {
     /// The supervisor of conversation actors.
     pub fn root(&self) -> ActorCell {
         self.root.clone()
+    }
+
+    /// The tool limits of a conversation of `tenant` (`network`: what it asked for).
+    pub fn tool_limits_for(&self, tenant: &str, network: bool) -> ToolLimits {
+        let mut limits = self.tool_limits.clone();
+        limits.network = match &limits.sandbox {
+            Some(sandbox) => sandbox.network_for(tenant, network),
+            None => Network::On,
+        };
+        limits
     }
 
     /// Once set, no new LLM request or tool run starts.
@@ -145,13 +156,31 @@ impl Runtime {
             root.get_cell(),
         )
         .await?;
+        let sandbox = match Sandbox::new(&settings)? {
+            Some(sandbox) => {
+                let sandbox = Arc::new(sandbox);
+                crate::sandbox::self_test(&sandbox, &settings).await?;
+                tracing::info!(sandbox = %sandbox.describe(), "tool sandbox enforced");
+                Some(sandbox)
+            }
+            None => {
+                tracing::warn!(
+                    "sandbox.mode is off: tool processes run unconfined, with the server's \
+                     view of the filesystem and network"
+                );
+                None
+            }
+        };
         let tools = &settings.tools;
         let services = Arc::new(Services {
             tool_limits: ToolLimits {
                 bash_timeout: Duration::from_millis(tools.bash_timeout_ms),
                 bash_max_timeout: Duration::from_millis(tools.bash_max_timeout_ms),
                 output_cap_bytes: tools.output_cap_bytes,
+                max_output_bytes: settings.sandbox.max_output_bytes,
                 search_max_results: tools.search_max_results,
+                sandbox,
+                network: Network::Off,
             },
             persistence: Persistence::new(
                 persistence,

@@ -363,6 +363,7 @@ async fn background(run: &Run) -> ToolOutcome {
         command: command.to_owned(),
         cwd: run.cwd.clone(),
         timeout,
+        limits: run.limits.clone(),
         wake: input
             .get("wake_on_result")
             .and_then(Value::as_bool)

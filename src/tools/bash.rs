@@ -3,7 +3,9 @@
 
 use std::os::fd::OwnedFd;
 use std::path::Path;
+use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
@@ -11,6 +13,7 @@ use nix::unistd::Pid;
 use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
 
+use crate::sandbox::{Network, SETUP_FAILED, Sandbox};
 use crate::state_machine::ToolOutcome;
 
 /// How a bash run ended.
@@ -19,13 +22,17 @@ pub struct BashOutcome {
     /// stdout and stderr merged, capped.
     pub output: String,
     pub exit_code: Option<i32>,
+    /// The signal that ended it, if one did.
+    pub signal: Option<i32>,
     pub timed_out: bool,
     pub cancelled: bool,
+    /// It printed more than `sandbox.max_output_bytes` and was killed.
+    pub output_exceeded: bool,
 }
 
 impl BashOutcome {
     pub fn ok(&self) -> bool {
-        self.exit_code == Some(0) && !self.timed_out && !self.cancelled
+        self.exit_code == Some(0) && !self.timed_out && !self.cancelled && !self.output_exceeded
     }
 
     /// The result the LLM sees.
@@ -36,11 +43,17 @@ impl BashOutcome {
             Some("[cancelled: the process group was killed]".to_owned())
         } else if self.timed_out {
             Some("[timed out: the process group was killed]".to_owned())
+        } else if self.output_exceeded {
+            Some("[output limit exceeded: the process group was killed]".to_owned())
         } else {
-            match self.exit_code {
-                Some(0) => None,
-                Some(code) => Some(format!("[exit status {code}]")),
-                None => Some("[killed by a signal]".to_owned()),
+            match (self.exit_code, self.signal) {
+                (Some(0), _) => None,
+                (Some(SETUP_FAILED), _) => Some(format!(
+                    "[exit status {SETUP_FAILED}: the sandbox could not be set up]"
+                )),
+                (Some(code), _) => Some(format!("[exit status {code}]")),
+                (None, Some(signal)) => Some(describe_signal(signal)),
+                (None, None) => Some("[killed by a signal]".to_owned()),
             }
         };
         if let Some(note) = note {
@@ -51,6 +64,18 @@ impl BashOutcome {
         }
         ToolOutcome { ok, output }
     }
+}
+
+fn describe_signal(signal: i32) -> String {
+    let name = Signal::try_from(signal).map_or_else(|_| format!("signal {signal}"), |s| s.as_str().to_owned());
+    let why = match signal {
+        libc::SIGXCPU => ": CPU time limit",
+        libc::SIGXFSZ => ": file size limit",
+        libc::SIGKILL => " (a limit, or killed from outside)",
+        libc::SIGSEGV | libc::SIGBUS => " (out of memory under the address-space limit?)",
+        _ => "",
+    };
+    format!("[killed by {name}{why}]")
 }
 
 /// Keeps the head and the tail of a stream when it is longer than the cap.
@@ -103,9 +128,10 @@ impl Capped {
     }
 }
 
-/// The environment a tool process gets: nothing of the server's but what a shell needs.
-fn tool_env(cwd: &Path) -> Vec<(&'static str, String)> {
-    vec![
+/// The environment a tool process gets: nothing of the server's but what a shell needs
+/// (and what `sandbox.env_passthrough` names).
+fn tool_env(cwd: &Path, sandboxed: bool) -> Vec<(&'static str, String)> {
+    let mut env = vec![
         (
             "PATH",
             "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned(),
@@ -113,7 +139,11 @@ fn tool_env(cwd: &Path) -> Vec<(&'static str, String)> {
         ("HOME", cwd.display().to_string()),
         ("LANG", "C.UTF-8".to_owned()),
         ("TERM", "dumb".to_owned()),
-    ]
+    ];
+    if sandboxed {
+        env.push(("TMPDIR", "/tmp".to_owned()));
+    }
+    env
 }
 
 fn kill_group(pgid: Option<u32>) {
@@ -124,33 +154,50 @@ fn kill_group(pgid: Option<u32>) {
 }
 
 /// Called with each line of output as it comes (background tasks stream it to clients).
-pub type OnLine = std::sync::Arc<dyn Fn(&str) + Send + Sync>;
+pub type OnLine = Arc<dyn Fn(&str) + Send + Sync>;
 
-/// Runs `command` with `bash -c` in `cwd`.
+/// How one bash run is bounded and confined.
+#[derive(Clone, Debug)]
+pub struct BashLimits {
+    pub timeout: Duration,
+    /// Output kept (head and tail).
+    pub output_cap: usize,
+    /// Output past this kills the run.
+    pub max_output: u64,
+    /// `None`: unconfined (sandbox.mode = "off").
+    pub sandbox: Option<Arc<Sandbox>>,
+    pub network: Network,
+}
+
+impl BashLimits {
+    /// Unconfined, with the given timeout and output cap (tests and tools of the server).
+    pub fn unconfined(timeout: Duration, output_cap: usize) -> Self {
+        BashLimits {
+            timeout,
+            output_cap,
+            max_output: u64::MAX,
+            sandbox: None,
+            network: Network::Off,
+        }
+    }
+}
+
+/// Runs `command` with `bash -c` in `cwd`, calling `on_line` with every complete line of
+/// output.
 pub async fn run_bash(
     command: &str,
     cwd: &Path,
-    timeout: Duration,
-    output_cap: usize,
-    cancel: CancellationToken,
-) -> BashOutcome {
-    run_bash_with(command, cwd, timeout, output_cap, cancel, None).await
-}
-
-/// [`run_bash`], calling `on_line` with every complete line of output.
-pub async fn run_bash_with(
-    command: &str,
-    cwd: &Path,
-    timeout: Duration,
-    output_cap: usize,
+    limits: &BashLimits,
     cancel: CancellationToken,
     on_line: Option<OnLine>,
 ) -> BashOutcome {
     let failed = |output: String| BashOutcome {
         output,
         exit_code: None,
+        signal: None,
         timed_out: false,
         cancelled: false,
+        output_exceeded: false,
     };
     let (reader, writer) = match std::io::pipe() {
         Ok(pipe) => pipe,
@@ -160,7 +207,7 @@ pub async fn run_bash_with(
         Ok(w) => w,
         Err(e) => return failed(format!("cannot create a pipe: {e}")),
     };
-    let mut cmd = tokio::process::Command::new("bash");
+    let mut cmd = tokio::process::Command::new("/bin/bash");
     cmd.arg("-c")
         .arg(command)
         .current_dir(cwd)
@@ -169,8 +216,18 @@ pub async fn run_bash_with(
         .stdout(writer)
         .stderr(stderr)
         .env_clear()
-        .envs(tool_env(cwd))
+        .envs(tool_env(cwd, limits.sandbox.is_some()))
         .kill_on_drop(true);
+    let _temp = match &limits.sandbox {
+        Some(sandbox) => {
+            cmd.envs(sandbox.passthrough().iter().map(|(k, v)| (k, v)));
+            match sandbox.prepare(cwd, limits.network) {
+                Ok(prepared) => Some(prepared.apply(&mut cmd)),
+                Err(e) => return failed(format!("cannot prepare the sandbox: {e}")),
+            }
+        }
+        None => None,
+    };
     let spawned = cmd.spawn();
     // Close our copies of the pipe's write end, or the reader never sees EOF.
     drop(cmd);
@@ -187,44 +244,56 @@ pub async fn run_bash_with(
             return failed(format!("cannot read the output: {e}"));
         }
     };
-    let reading = tokio::spawn(async move {
-        let mut capped = Capped::new(output_cap);
-        let mut buf = vec![0u8; 16 * 1024];
-        let mut partial = Vec::new();
-        loop {
-            match receiver.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    capped.push(&buf[..n]);
-                    if let Some(on_line) = &on_line {
-                        partial.extend_from_slice(&buf[..n]);
-                        while let Some(end) = partial.iter().position(|b| *b == b'\n') {
-                            let line: Vec<u8> = partial.drain(..=end).collect();
-                            on_line(String::from_utf8_lossy(&line[..line.len() - 1]).as_ref());
+    let output_cap = limits.output_cap;
+    let max_output = limits.max_output;
+    let exceeded = CancellationToken::new();
+    let reading = tokio::spawn({
+        let exceeded = exceeded.clone();
+        async move {
+            let mut capped = Capped::new(output_cap);
+            let mut buf = vec![0u8; 16 * 1024];
+            let mut partial = Vec::new();
+            loop {
+                match receiver.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        capped.push(&buf[..n]);
+                        if capped.total as u64 > max_output {
+                            exceeded.cancel();
+                            break;
                         }
-                        // A line longer than the cap goes out in pieces.
-                        if partial.len() > output_cap {
-                            on_line(String::from_utf8_lossy(&partial).as_ref());
-                            partial.clear();
+                        if let Some(on_line) = &on_line {
+                            partial.extend_from_slice(&buf[..n]);
+                            while let Some(end) = partial.iter().position(|b| *b == b'\n') {
+                                let line: Vec<u8> = partial.drain(..=end).collect();
+                                on_line(String::from_utf8_lossy(&line[..line.len() - 1]).as_ref());
+                            }
+                            // A line longer than the cap goes out in pieces.
+                            if partial.len() > output_cap {
+                                on_line(String::from_utf8_lossy(&partial).as_ref());
+                                partial.clear();
+                            }
                         }
                     }
                 }
             }
+            if let Some(on_line) = &on_line
+                && !partial.is_empty()
+            {
+                on_line(String::from_utf8_lossy(&partial).as_ref());
+            }
+            capped.finish()
         }
-        if let Some(on_line) = &on_line
-            && !partial.is_empty()
-        {
-            on_line(String::from_utf8_lossy(&partial).as_ref());
-        }
-        capped.finish()
     });
 
-    let (exit_code, timed_out, cancelled) = tokio::select! {
-        status = child.wait() => (status.ok().and_then(|s| s.code()), false, false),
-        () = tokio::time::sleep(timeout) => (None, true, false),
+    let (status, timed_out, cancelled) = tokio::select! {
+        status = child.wait() => (status.ok(), false, false),
+        () = tokio::time::sleep(limits.timeout) => (None, true, false),
         () = cancel.cancelled() => (None, false, true),
+        () = exceeded.cancelled() => (None, false, false),
     };
-    // Whatever ended the run, nothing of the group may outlive it.
+    // Whatever ended the run, nothing of the group may outlive it (in the sandbox, PID 1
+    // of the run dying takes its whole PID namespace with it).
     kill_group(pgid);
     let _ = child.wait().await;
     let output = match tokio::time::timeout(Duration::from_secs(2), reading).await {
@@ -233,9 +302,11 @@ pub async fn run_bash_with(
     };
     BashOutcome {
         output,
-        exit_code,
+        exit_code: status.and_then(|s| s.code()),
+        signal: status.and_then(|s| s.signal()),
         timed_out,
         cancelled,
+        output_exceeded: exceeded.is_cancelled(),
     }
 }
 
@@ -265,9 +336,9 @@ mod tests {
         let outcome = run_bash(
             "echo out; echo err >&2; exit 3",
             &cwd,
-            Duration::from_secs(10),
-            1000,
+            &BashLimits::unconfined(Duration::from_secs(10), 1000),
             CancellationToken::new(),
+            None,
         )
         .await;
         assert_eq!(outcome.exit_code, Some(3));
@@ -290,9 +361,9 @@ mod tests {
         let outcome = run_bash(
             "sleep 30 & sleep 30",
             &cwd,
-            Duration::from_millis(200),
-            1000,
+            &BashLimits::unconfined(Duration::from_millis(200), 1000),
             CancellationToken::new(),
+            None,
         )
         .await;
         assert!(outcome.timed_out);
@@ -305,9 +376,9 @@ mod tests {
         let outcome = run_bash(
             "env | sort",
             &cwd,
-            Duration::from_secs(10),
-            10_000,
+            &BashLimits::unconfined(Duration::from_secs(10), 10_000),
             CancellationToken::new(),
+            None,
         )
         .await;
         let names: Vec<&str> = outcome

@@ -10,14 +10,16 @@ mod patch;
 mod search;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-pub use bash::{BashOutcome, OnLine, run_bash, run_bash_with};
+pub use bash::{BashLimits, BashOutcome, OnLine, run_bash};
 pub use fs::{PathError, resolve_in};
 
+use crate::sandbox::{Network, Sandbox};
 use crate::state_machine::{SPAWN_SUB_AGENTS, SUBMIT_RESULT, ToolOutcome, ToolUse};
 
 /// Name of the tool that asks the user (user conversations only).
@@ -31,13 +33,35 @@ pub struct ToolDefinition {
     pub parameters: Value,
 }
 
-/// What the tools may use; fixed per server.
+/// What the tools may use: the server's limits, and the network of the run.
 #[derive(Clone, Debug)]
 pub struct ToolLimits {
     pub bash_timeout: Duration,
     pub bash_max_timeout: Duration,
     pub output_cap_bytes: usize,
+    pub max_output_bytes: u64,
     pub search_max_results: usize,
+    /// `None`: tools run unconfined (sandbox.mode = "off").
+    pub sandbox: Option<Arc<Sandbox>>,
+    pub network: Network,
+}
+
+impl ToolLimits {
+    /// The limits of a bash run with `timeout`.
+    pub fn bash(&self, timeout: Duration) -> BashLimits {
+        BashLimits {
+            timeout,
+            output_cap: self.output_cap_bytes,
+            max_output: self.max_output_bytes,
+            sandbox: self.sandbox.clone(),
+            network: self.network,
+        }
+    }
+
+    /// Who files the server writes into a working directory belong to.
+    fn owner(&self) -> Option<(u32, u32)> {
+        self.sandbox.as_ref().and_then(|s| s.owner())
+    }
 }
 
 /// The tools offered to a conversation: sub-agents get submit_result and never
@@ -187,13 +211,14 @@ pub async fn run(
                     }
                 },
             };
-            run_bash(command, &cwd, timeout, limits.output_cap_bytes, cancel)
+            run_bash(command, &cwd, &limits.bash(timeout), cancel, None)
                 .await
                 .into_outcome()
         }
         "patch" => {
             let input = input.clone();
-            blocking(move || patch::apply(&cwd, &input)).await
+            let owner = limits.owner();
+            blocking(move || patch::apply(&cwd, &input, owner)).await
         }
         "think" => match input.get("thoughts").and_then(Value::as_str) {
             Some(_) => ToolOutcome {

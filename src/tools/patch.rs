@@ -8,7 +8,9 @@ use super::{failed, resolve_in};
 use crate::state_machine::ToolOutcome;
 
 /// Applies `{"path", "edits": [{"old_text", "new_text"}]}`.
-pub fn apply(cwd: &Path, input: &Map<String, Value>) -> ToolOutcome {
+/// `owner`: who the file and directories it writes belong to (the sandbox's tool user when
+/// the server runs as root).
+pub fn apply(cwd: &Path, input: &Map<String, Value>, owner: Option<(u32, u32)>) -> ToolOutcome {
     let Some(path) = input.get("path").and_then(Value::as_str) else {
         return failed("invalid arguments: `path` must be a string");
     };
@@ -41,7 +43,7 @@ pub fn apply(cwd: &Path, input: &Map<String, Value>) -> ToolOutcome {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             // A new file: one edit with an empty old_text.
             if let [("", new)] = pairs.as_slice() {
-                return write(&file, new, path, "created");
+                return write(cwd, &file, new, path, "created", owner);
             }
             return failed(format!(
                 "{path} does not exist (to create it, use one edit with an empty old_text)"
@@ -67,14 +69,31 @@ pub fn apply(cwd: &Path, input: &Map<String, Value>) -> ToolOutcome {
             }
         }
     }
-    write(&file, &text, path, "edited")
+    write(cwd, &file, &text, path, "edited", owner)
 }
 
-fn write(file: &Path, text: &str, shown: &str, what: &str) -> ToolOutcome {
+fn write(
+    cwd: &Path,
+    file: &Path,
+    text: &str,
+    shown: &str,
+    what: &str,
+    owner: Option<(u32, u32)>,
+) -> ToolOutcome {
     if let Some(dir) = file.parent()
-        && let Err(e) = std::fs::create_dir_all(dir)
+        && !dir.exists()
     {
-        return failed(format!("cannot create the directory of {shown}: {e}"));
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            return failed(format!("cannot create the directory of {shown}: {e}"));
+        }
+        // The new directories belong to the tool user too.
+        if let Some((uid, gid)) = owner {
+            let mut at = Some(dir);
+            while let Some(d) = at.filter(|d| d.starts_with(cwd) && *d != cwd) {
+                let _ = std::os::unix::fs::lchown(d, Some(uid), Some(gid));
+                at = d.parent();
+            }
+        }
     }
     // Write beside and rename, so a crash never leaves half a file.
     let temp = file.with_extension(format!(
@@ -83,7 +102,11 @@ fn write(file: &Path, text: &str, shown: &str, what: &str) -> ToolOutcome {
             .and_then(|e| e.to_str())
             .unwrap_or_default()
     ));
-    if let Err(e) = std::fs::write(&temp, text).and_then(|()| std::fs::rename(&temp, file)) {
+    let written = std::fs::write(&temp, text).and_then(|()| match owner {
+        Some((uid, gid)) => std::os::unix::fs::lchown(&temp, Some(uid), Some(gid)),
+        None => Ok(()),
+    });
+    if let Err(e) = written.and_then(|()| std::fs::rename(&temp, file)) {
         let _ = std::fs::remove_file(&temp);
         return failed(format!("cannot write {shown}: {e}"));
     }
@@ -112,11 +135,13 @@ mod tests {
             &input(
                 json!({"path": "a/f.txt", "edits": [{"old_text": "", "new_text": "one two one"}]}),
             ),
+            None,
         );
         assert!(created.ok, "{created:?}");
         let twice = apply(
             &cwd,
             &input(json!({"path": "a/f.txt", "edits": [{"old_text": "one", "new_text": "1"}]})),
+            None,
         );
         assert!(
             !twice.ok && twice.output.contains("occurs 2 times"),
@@ -127,6 +152,7 @@ mod tests {
             &input(
                 json!({"path": "a/f.txt", "edits": [{"old_text": "two", "new_text": "2"}, {"old_text": "2 one", "new_text": "2 1"}]}),
             ),
+            None,
         );
         assert!(edited.ok, "{edited:?}");
         assert_eq!(
@@ -136,6 +162,7 @@ mod tests {
         let escape = apply(
             &cwd,
             &input(json!({"path": "../x", "edits": [{"old_text": "", "new_text": "x"}]})),
+            None,
         );
         assert!(
             !escape.ok && escape.output.contains("leaves the working directory"),

@@ -671,11 +671,13 @@ async fn graceful_shutdown_interrupts_running_work() {
     let id = app.conversation().await;
     let mut ws = Ws::connect(&app.ws_url(&id, "")).await;
     ws.frame().await;
+    let sleep = crate::support::unique_sleep();
     app.llm
-        .push([Llm::bash("call_long", "echo $$ > pgid; sleep 300")]);
+        .push([Llm::bash("call_long", &format!("touch started; {sleep}"))]);
     app.send(&id, "long").await;
     ws.frames_until(|f| is_state(f, "tool_executing")).await;
-    let pid = app.pid_written(&id, "pgid").await;
+    app.written(&id, "started").await;
+    assert!(crate::support::running(&sleep));
     let started = std::time::Instant::now();
     app.stop().await;
     assert!(
@@ -693,7 +695,7 @@ async fn graceful_shutdown_interrupts_running_work() {
     }
     assert_eq!(closed, Some(1001));
     eventually("the tool's process to be killed", WAIT, || async {
-        (!std::path::Path::new(&format!("/proc/{pid}")).exists()).then_some(())
+        (!crate::support::running(&sleep)).then_some(())
     })
     .await;
     app.start().await;

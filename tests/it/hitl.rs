@@ -534,18 +534,20 @@ async fn approval_timeout_means_the_tool_does_not_run() {
     app.cleanup(db).await;
 }
 
-async fn start_background(app: &TestApp, id: &str) -> (String, i32) {
+/// Starts a background `sleep`; returns its task id and its command line.
+async fn start_background(app: &TestApp, id: &str) -> (String, String) {
+    let sleep = crate::support::unique_sleep();
     app.llm.push([
         Llm::tool(
             "bg",
             "bash",
-            json!({"command": "echo $$ > bg.pid; sleep 300", "background": true}),
+            json!({"command": format!("touch bg.started; {sleep}"), "background": true}),
         ),
         Llm::text("started"),
     ]);
     app.send(id, "go").await;
     app.wait_kind(id, "idle").await;
-    let pid = app.pid_written(id, "bg.pid").await;
+    app.written(id, "bg.started").await;
     let tasks = app
         .get(&format!("/v1/conversations/{id}/tasks"))
         .await
@@ -555,15 +557,12 @@ async fn start_background(app: &TestApp, id: &str) -> (String, i32) {
             .as_str()
             .unwrap_or_default()
             .to_owned(),
-        pid,
+        sleep,
     )
 }
 
-fn process_gone(pid: i32) -> bool {
-    !std::path::Path::new(&format!("/proc/{pid}")).exists()
-        || std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| s.contains(") Z "))
-            .unwrap_or(true)
+fn process_gone(sleep: &str) -> bool {
+    !crate::support::running(sleep)
 }
 
 /// Deleting a conversation kills its background tasks.
@@ -572,8 +571,8 @@ async fn deleting_a_conversation_kills_its_background_tasks() {
     let db = TestDb::sqlite();
     let app = TestApp::spawn(&db).await;
     let id = app.conversation().await;
-    let (_, pid) = start_background(&app, &id).await;
-    assert!(!process_gone(pid));
+    let (_, sleep) = start_background(&app, &id).await;
+    assert!(!process_gone(&sleep));
     let deleted = app
         .request(
             reqwest::Method::DELETE,
@@ -584,7 +583,7 @@ async fn deleting_a_conversation_kills_its_background_tasks() {
         .await;
     assert_eq!(deleted.status, 204);
     eventually("the task's process to be killed", WAIT, || async {
-        process_gone(pid).then_some(())
+        process_gone(&sleep).then_some(())
     })
     .await;
     app.cleanup(db).await;
@@ -596,10 +595,10 @@ async fn background_tasks_are_failed_by_a_restart() {
     let db = TestDb::sqlite();
     let mut app = TestApp::spawn(&db).await;
     let id = app.conversation().await;
-    let (task_id, pid) = start_background(&app, &id).await;
+    let (task_id, sleep) = start_background(&app, &id).await;
     app.stop().await;
     eventually("the task's process to be killed", WAIT, || async {
-        process_gone(pid).then_some(())
+        process_gone(&sleep).then_some(())
     })
     .await;
     app.start().await;

@@ -30,13 +30,14 @@ async fn killed_mid_tool_recovers_on_restart() {
             .expect("json");
         let id = created["id"].as_str().expect("an id").to_owned();
         let cwd = std::path::PathBuf::from(created["cwd"].as_str().expect("a cwd"));
+        let sleep = crate::support::unique_sleep();
         llm.push([Llm::Tools {
             text: None,
             calls: vec![
                 (
                     "call_long".into(),
                     "bash".into(),
-                    json!({"command": "echo $$ > pgid; sleep 300"}),
+                    json!({"command": format!("touch started; {sleep}")}),
                 ),
                 (
                     "call_next".into(),
@@ -52,19 +53,17 @@ async fn killed_mid_tool_recovers_on_restart() {
             .await
             .expect("send");
         assert_eq!(sent.status(), 202);
-        let pgid: i32 = eventually("the tool to start", WAIT, || async {
-            std::fs::read_to_string(cwd.join("pgid"))
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
+        eventually("the tool to start", WAIT, || async {
+            cwd.join("started").exists().then_some(())
         })
         .await;
+        assert!(crate::support::running(&sleep));
         server.kill_hard();
-        // The tool's process group outlives a SIGKILLed server (the sandbox issue closes
-        // that with a PID namespace); clean it up here.
-        let _ = nix::sys::signal::killpg(
-            nix::unistd::Pid::from_raw(pgid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
+        // The sandbox ties every tool process to the server: it dies with it.
+        eventually("the tool's processes to die with the server", WAIT, || async {
+            (!crate::support::running(&sleep)).then_some(())
+        })
+        .await;
 
         let server = Server::start(&db, &llm, &workspace);
         let state: Value = http

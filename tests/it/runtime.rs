@@ -7,7 +7,7 @@ use bedrock::state_machine::{ConvState, ErrorKind, MessageContent};
 use bedrock::testkit::Reply;
 use serde_json::{Value, json};
 
-use crate::support::{TestDb, TestRuntime, WAIT, eventually};
+use crate::support::{TestDb, TestRuntime, WAIT, eventually, running, unique_sleep};
 
 fn tool_messages(request: &Value) -> Vec<(String, String)> {
     request["messages"]
@@ -141,14 +141,6 @@ async fn cancel_during_llm_request_aborts_it() {
     }
 }
 
-fn pid_alive(pid: i32) -> bool {
-    // Signal 0 checks for existence; a zombie is reaped by its parent shortly.
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
-        && std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| !s.contains(") Z "))
-            .unwrap_or(false)
-}
-
 /// REQ-BED-005: a cancel during a tool kills its whole process group (the grandchild too),
 /// records "cancelled by user" and skips the queued tool.
 #[tokio::test]
@@ -156,13 +148,14 @@ async fn cancel_during_tool_kills_the_grandchild() {
     for db in TestDb::each().await {
         let rt = TestRuntime::start(&db, &[]).await;
         let conv = rt.create_conversation().await;
+        let sleep = unique_sleep();
         rt.llm.push([Reply::Tools {
             text: None,
             calls: vec![
                 (
                     "call_1".into(),
                     "bash".into(),
-                    json!({"command": "bash -c 'sleep 300 & echo $! > grandchild.pid; wait' "}),
+                    json!({"command": format!("bash -c '{sleep} & touch grandchild.started; wait' ")}),
                 ),
                 (
                     "call_2".into(),
@@ -172,19 +165,17 @@ async fn cancel_during_tool_kills_the_grandchild() {
             ],
         }]);
         rt.send(&conv, "start").await.expect("accepted");
-        let pid_file = rt.cwd(&conv).join("grandchild.pid");
-        let pid: i32 = eventually("the grandchild to start", WAIT, || async {
-            std::fs::read_to_string(&pid_file)
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
+        let started = rt.cwd(&conv).join("grandchild.started");
+        eventually("the grandchild to start", WAIT, || async {
+            started.exists().then_some(())
         })
         .await;
-        assert!(pid_alive(pid));
+        assert!(running(&sleep));
         let outcome = rt.cancel(&conv).await;
         assert_eq!(outcome.stopped_tools, vec!["call_1".to_owned()]);
         assert!(matches!(outcome.state, ConvState::Idle));
         eventually("the grandchild to die", WAIT, || async {
-            (!pid_alive(pid)).then_some(())
+            (!running(&sleep)).then_some(())
         })
         .await;
         let history = rt.messages(&conv).await;

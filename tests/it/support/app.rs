@@ -204,14 +204,11 @@ impl TestApp {
         PathBuf::from(body["cwd"].as_str().expect("a cwd"))
     }
 
-    /// The process id a tool wrote to `file` in the conversation's cwd (`echo $$ > file`),
-    /// once it is there.
-    pub async fn pid_written(&self, id: &str, file: &str) -> i32 {
+    /// Waits until a tool has written `file` in the conversation's cwd.
+    pub async fn written(&self, id: &str, file: &str) {
         let path = self.cwd(id).await.join(file);
-        eventually("the tool to write its pid", WAIT, || async {
-            std::fs::read_to_string(&path)
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
+        eventually("the tool to write its file", WAIT, || async {
+            path.exists().then_some(())
         })
         .await
     }

@@ -36,3 +36,28 @@ where
 
 /// Generous: tests must not be flaky on a busy 2-core machine.
 pub const WAIT: Duration = Duration::from_secs(30);
+
+/// A command that sleeps like `sleep 300` and that [`running`] can find in the host's /proc,
+/// whatever PID namespace the sandbox put it in (its `$$` is the namespace's, not the host's).
+pub fn unique_sleep() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("sleep 300.{}{n:04}", std::process::id())
+}
+
+/// Whether a live (not zombie) process has exactly `command` (split on spaces) as its
+/// command line.
+pub fn running(command: &str) -> bool {
+    let wanted: Vec<u8> = command
+        .split(' ')
+        .flat_map(|part| part.bytes().chain([0]))
+        .collect();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.flatten().any(|entry| {
+        let dir = entry.path();
+        std::fs::read(dir.join("cmdline")).is_ok_and(|line| line == wanted)
+            && std::fs::read_to_string(dir.join("stat")).is_ok_and(|s| !s.contains(") Z "))
+    })
+}

@@ -1,0 +1,641 @@
+//! The tool sandbox (docs/security.md): every tool process runs confined by the kernel.
+//!
+//! A run gets its own user, mount, PID, IPC and (network off) network namespaces. Its root
+//! is a read-only tmpfs holding only bind mounts of what it may see: the system paths
+//! read-only, minus hidden secrets; a minimal /dev; a private /tmp; its conversation's cwd
+//! read-write. Landlock then allows exactly those paths (and, with network on, only the
+//! configured TCP ports), so even a mistake in the mount list stays closed. Resource limits
+//! bound each process and the process count bounds the run. When the server runs as root,
+//! tool processes run as `sandbox.uid`, which owns the working directories.
+//!
+//! [`Sandbox::new`] checks the kernel and runs a self-test; it fails, naming what is missing,
+//! when the configured confinement cannot be had (fail closed).
+
+#[allow(unsafe_code)] // fork/exec-time system calls; see child.rs
+mod child;
+
+use std::collections::BTreeSet;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use landlock::{
+    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, PathFd,
+    Ruleset, RulesetAttr, RulesetCreated, RulesetCreatedAttr, Scope,
+};
+
+pub use child::SETUP_FAILED;
+use child::{INSIDE_ID, Plan, Step};
+
+use crate::config::{SandboxMode, SandboxSettings, Settings};
+
+/// Device nodes a tool gets in its /dev.
+const DEVICES: [&str; 5] = ["null", "zero", "full", "random", "urandom"];
+
+/// The oldest Landlock ABI the sandbox works with: filesystem rules with truncate and
+/// TCP port rules.
+const MIN_ABI: ABI = ABI::V4;
+
+/// A read-only path of the host, as found at start.
+#[derive(Clone, Debug)]
+enum Visible {
+    Dir(PathBuf, libc::c_ulong),
+    File(PathBuf, libc::c_ulong),
+    Symlink(PathBuf, PathBuf),
+}
+
+/// What the kernel offers, read at start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelSupport {
+    /// The Landlock ABI version (0: none).
+    pub landlock_abi: i32,
+}
+
+impl KernelSupport {
+    pub fn detect() -> Self {
+        // SAFETY: the documented ABI-version query of landlock_create_ruleset.
+        #[allow(unsafe_code)]
+        let version = unsafe {
+            libc::syscall(
+                libc::SYS_landlock_create_ruleset,
+                std::ptr::null::<libc::c_void>(),
+                0usize,
+                1u32, // LANDLOCK_CREATE_RULESET_VERSION
+            )
+        };
+        KernelSupport {
+            landlock_abi: i32::try_from(version).unwrap_or(0).max(0),
+        }
+    }
+
+    /// What the configured confinement needs and the kernel lacks (empty: all there).
+    pub fn missing(&self, network_on_anywhere: bool) -> Vec<String> {
+        let mut missing = Vec::new();
+        if self.landlock_abi < MIN_ABI as i32 {
+            missing.push(format!(
+                "Landlock ABI {} or later (the kernel offers {}; Linux 6.7+ with landlock in the lsm= list)",
+                MIN_ABI as i32,
+                if self.landlock_abi == 0 {
+                    "none".to_owned()
+                } else {
+                    self.landlock_abi.to_string()
+                }
+            ));
+        } else if network_on_anywhere && self.landlock_abi < ABI::V6 as i32 {
+            missing.push(format!(
+                "Landlock ABI 6 (scoped abstract UNIX sockets and signals), needed because \
+                 sandbox.network lets some tenants' tools use the host's network; the kernel offers {}",
+                self.landlock_abi
+            ));
+        }
+        missing
+    }
+}
+
+/// A run's network access.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Network {
+    /// A network namespace of its own with only loopback.
+    #[default]
+    Off,
+    /// The host's network, TCP only to `sandbox.network.tcp_ports`.
+    On,
+}
+
+/// The confinement of tool processes, set up once at start.
+#[derive(Debug)]
+pub struct Sandbox {
+    settings: SandboxSettings,
+    abi: ABI,
+    /// The mount point of every run's new root.
+    root: PathBuf,
+    /// Where the private temp dirs live.
+    tmp: PathBuf,
+    /// Ids tool processes have on the host: (uid, gid), and whether to switch to them.
+    owner: (u32, u32),
+    switch_user: bool,
+    visible: Vec<Visible>,
+    hidden: Vec<(PathBuf, bool)>,
+    passthrough: Vec<(String, String)>,
+}
+
+/// Why the sandbox cannot start.
+#[derive(Debug, thiserror::Error)]
+#[error("the tool sandbox cannot start: {0}. Fix it, or set sandbox.mode = \"off\" (BEDROCK_SANDBOX__MODE=off) to run tools unconfined")]
+pub struct SandboxError(pub String);
+
+impl Sandbox {
+    /// Checks the kernel and the settings and prepares the directories. `None` when the
+    /// sandbox is off.
+    pub fn new(settings: &Settings) -> Result<Option<Sandbox>, SandboxError> {
+        let config = &settings.sandbox;
+        if config.mode == SandboxMode::Off {
+            return Ok(None);
+        }
+        let network_on_anywhere = !config.network.tenants.is_empty()
+            || !config.network.per_conversation_tenants.is_empty();
+        let missing = KernelSupport::detect().missing(network_on_anywhere);
+        if !missing.is_empty() {
+            return Err(SandboxError(format!(
+                "the kernel lacks {}",
+                missing.join(" and ")
+            )));
+        }
+        let abi = ABI::from(KernelSupport::detect().landlock_abi);
+        let dir = config.dir(&settings.data);
+        let io = |what: &str, path: &Path, e: std::io::Error| {
+            SandboxError(format!("{what} {}: {e}", path.display()))
+        };
+        std::fs::create_dir_all(&dir).map_err(|e| io("cannot create", &dir, e))?;
+        let dir = dir.canonicalize().map_err(|e| io("cannot resolve", &dir, e))?;
+        let root = dir.join("root");
+        let tmp = dir.join("tmp");
+        for path in [&root, &tmp] {
+            std::fs::create_dir_all(path).map_err(|e| io("cannot create", path, e))?;
+        }
+        let (euid, egid) = (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw());
+        let switch_user = euid == 0;
+        let owner = if switch_user {
+            (config.uid, config.gid)
+        } else {
+            (euid, egid)
+        };
+        if switch_user && config.uid == 0 {
+            return Err(SandboxError(
+                "sandbox.uid is 0: tool processes must not run as root".into(),
+            ));
+        }
+        let visible = read_only_entries(&config.read_only_paths)?;
+        let hidden = config
+            .hidden_paths
+            .iter()
+            .filter_map(|path| {
+                std::fs::symlink_metadata(path)
+                    .ok()
+                    .map(|m| (path.clone(), m.is_dir()))
+            })
+            .collect();
+        let sandbox = Sandbox {
+            settings: config.clone(),
+            abi,
+            root,
+            tmp,
+            owner,
+            switch_user,
+            visible,
+            hidden,
+            passthrough: config
+                .env_passthrough
+                .iter()
+                .filter_map(|name| std::env::var(name).ok().map(|v| (name.clone(), v)))
+                .collect(),
+        };
+        // The server's own files must not be among what tools see.
+        let data = settings.data.dir.canonicalize().unwrap_or_else(|_| settings.data.dir.clone());
+        if let Some(path) = sandbox.exposes(&data) {
+            return Err(SandboxError(format!(
+                "data.dir {} lies under sandbox.read_only_paths ({}); tools would read the database",
+                data.display(),
+                path.display()
+            )));
+        }
+        Ok(Some(sandbox))
+    }
+
+    /// The read-only path under which `path` would be visible to tools, if any.
+    fn exposes(&self, path: &Path) -> Option<PathBuf> {
+        if self.hidden.iter().any(|(h, _)| path.starts_with(h)) {
+            return None;
+        }
+        self.visible.iter().find_map(|v| match v {
+            Visible::Dir(p, _) | Visible::File(p, _) if path.starts_with(p) => Some(p.clone()),
+            _ => None,
+        })
+    }
+
+    /// The ids tool processes have on the host; files the server writes for them (the
+    /// patch tool's) are given to these.
+    pub fn owner(&self) -> Option<(u32, u32)> {
+        self.switch_user.then_some(self.owner)
+    }
+
+    /// The network a conversation of `tenant` gets (`requested`: its own setting).
+    pub fn network_for(&self, tenant: &str, requested: bool) -> Network {
+        let network = &self.settings.network;
+        if network.tenants.iter().any(|t| t == tenant)
+            || (requested && network.per_conversation_tenants.iter().any(|t| t == tenant))
+        {
+            Network::On
+        } else {
+            Network::Off
+        }
+    }
+
+    /// The extra environment of tool processes.
+    pub fn passthrough(&self) -> &[(String, String)] {
+        &self.passthrough
+    }
+
+    /// A summary for /readyz and the start-up log.
+    pub fn describe(&self) -> serde_json::Value {
+        serde_json::json!({
+            "mode": "enforce",
+            "landlock_abi": self.abi as i32,
+            "run_as": if self.switch_user { Some(self.owner.0) } else { None },
+            "network_tenants": self.settings.network.tenants,
+        })
+    }
+
+    /// Checks that a TCP port the server depends on is not open to tools with network on.
+    pub fn check_port(&self, port: u16, what: &str) -> Result<(), SandboxError> {
+        if self.settings.network.tcp_ports.contains(&port) {
+            return Err(SandboxError(format!(
+                "sandbox.network.tcp_ports contains {port}, the port of {what}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Gives `path` (and, for a directory, everything under it that is not yet theirs) to
+    /// the tool user, when the server runs as root.
+    pub fn adopt(&self, path: &Path) -> std::io::Result<()> {
+        let Some((uid, gid)) = self.owner() else {
+            return Ok(());
+        };
+        let meta = std::fs::symlink_metadata(path)?;
+        if meta.uid() == uid {
+            return Ok(());
+        }
+        std::os::unix::fs::lchown(path, Some(uid), Some(gid))?;
+        if meta.is_dir() {
+            for entry in std::fs::read_dir(path)? {
+                self.adopt(&entry?.path())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Prepares one run in `cwd`: its private temp dir, mount plan and Landlock ruleset.
+    pub fn prepare(&self, cwd: &Path, network: Network) -> std::io::Result<Prepared> {
+        let cwd = cwd.canonicalize()?;
+        self.adopt(&cwd)?;
+        let tmp = self.tmp.join(uuid::Uuid::now_v7().simple().to_string());
+        std::fs::create_dir(&tmp)?;
+        let tmp = TempDir(tmp);
+        std::fs::set_permissions(&tmp.0, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+        if let Some((uid, gid)) = self.owner() {
+            std::os::unix::fs::chown(&tmp.0, Some(uid), Some(gid))?;
+        }
+        let plan = self.plan(&cwd, &tmp.0, network)?;
+        let ruleset = self.ruleset(&cwd, &tmp.0, network).map_err(|e| {
+            std::io::Error::other(format!("cannot build the Landlock ruleset: {e:#}"))
+        })?;
+        Ok(Prepared {
+            plan,
+            ruleset: Some(ruleset),
+            tmp: Some(tmp),
+        })
+    }
+
+    fn plan(&self, cwd: &Path, tmp: &Path, network: Network) -> std::io::Result<Plan> {
+        let mut steps = Vec::new();
+        let mut made = BTreeSet::new();
+        let inside = |path: &Path| -> PathBuf {
+            self.root
+                .join(path.strip_prefix("/").unwrap_or(path))
+        };
+        // mkdir -p of `path` inside the new root.
+        let mut mkdir_all = |steps: &mut Vec<Step>, path: &Path| -> std::io::Result<()> {
+            let mut at = PathBuf::from("/");
+            for part in path.strip_prefix("/").unwrap_or(path).components() {
+                at.push(part);
+                if made.insert(at.clone()) {
+                    steps.push(Step::Mkdir(c_path(&inside(&at))?));
+                }
+            }
+            Ok(())
+        };
+        steps.push(Step::Tmpfs {
+            dst: c_path(&self.root)?,
+            data: CString::new("mode=0755,size=1m")?,
+        });
+        for entry in &self.visible {
+            match entry {
+                Visible::Symlink(link, target) => steps.push(Step::Symlink {
+                    target: c_path(target)?,
+                    link: c_path(&inside(link))?,
+                }),
+                Visible::Dir(path, flags) => {
+                    mkdir_all(&mut steps, path)?;
+                    steps.push(bind(path, &inside(path), libc::MS_RDONLY | flags)?);
+                }
+                Visible::File(path, flags) => {
+                    if let Some(parent) = path.parent() {
+                        mkdir_all(&mut steps, parent)?;
+                    }
+                    steps.push(Step::Touch(c_path(&inside(path))?));
+                    steps.push(bind(path, &inside(path), libc::MS_RDONLY | flags)?);
+                }
+            }
+        }
+        for (path, is_dir) in &self.hidden {
+            if *is_dir {
+                steps.push(Step::Tmpfs {
+                    dst: c_path(&inside(path))?,
+                    data: CString::new("mode=0555,size=4k")?,
+                });
+                steps.push(Step::ReadOnly(c_path(&inside(path))?));
+            } else {
+                steps.push(bind(Path::new("/dev/null"), &inside(path), libc::MS_RDONLY)?);
+            }
+        }
+        // A minimal /dev.
+        let dev = Path::new("/dev");
+        mkdir_all(&mut steps, dev)?;
+        steps.push(Step::Tmpfs {
+            dst: c_path(&inside(dev))?,
+            data: CString::new("mode=0755,size=64k")?,
+        });
+        for name in DEVICES {
+            let path = dev.join(name);
+            steps.push(Step::Touch(c_path(&inside(&path))?));
+            steps.push(bind(&path, &inside(&path), mount_flags(&path)?)?);
+        }
+        for (name, target) in [
+            ("fd", "/proc/self/fd"),
+            ("stdin", "/proc/self/fd/0"),
+            ("stdout", "/proc/self/fd/1"),
+            ("stderr", "/proc/self/fd/2"),
+        ] {
+            steps.push(Step::Symlink {
+                target: CString::new(target)?,
+                link: c_path(&inside(&dev.join(name)))?,
+            });
+        }
+        steps.push(Step::ReadOnly(c_path(&inside(dev))?));
+        // The private temp dir and the working directory, read-write.
+        let slash_tmp = Path::new("/tmp");
+        mkdir_all(&mut steps, slash_tmp)?;
+        steps.push(bind(tmp, &inside(slash_tmp), libc::MS_NOSUID | libc::MS_NODEV | mount_flags(tmp)?)?);
+        mkdir_all(&mut steps, cwd)?;
+        steps.push(bind(cwd, &inside(cwd), libc::MS_NOSUID | libc::MS_NODEV | mount_flags(cwd)?)?);
+        let old = Path::new("/.oldroot");
+        mkdir_all(&mut steps, old)?;
+        let s = &self.settings;
+        let limits = vec![
+            (libc::RLIMIT_CPU, s.cpu_seconds),
+            (libc::RLIMIT_AS, s.address_space_bytes),
+            (libc::RLIMIT_NPROC, s.max_processes),
+            (libc::RLIMIT_NOFILE, s.max_open_files),
+            (libc::RLIMIT_FSIZE, s.max_file_bytes),
+            (libc::RLIMIT_CORE, 0),
+        ];
+        Ok(Plan {
+            switch_user: self.switch_user.then_some(self.owner),
+            uid_map: CString::new(format!("{INSIDE_ID} {} 1\n", self.owner.0))?,
+            gid_map: CString::new(format!("{INSIDE_ID} {} 1\n", self.owner.1))?,
+            new_net: network == Network::Off,
+            root: c_path(&self.root)?,
+            steps,
+            old_root: c_path(&inside(old))?,
+            old_root_inside: c_path(old)?,
+            cwd: c_path(cwd)?,
+            limits,
+        })
+    }
+
+    fn ruleset(
+        &self,
+        cwd: &Path,
+        tmp: &Path,
+        network: Network,
+    ) -> anyhow::Result<RulesetCreated> {
+        let abi = self.abi;
+        let mut ruleset = Ruleset::default()
+            .set_compatibility(CompatLevel::HardRequirement)
+            .handle_access(AccessFs::from_all(abi))?;
+        if network == Network::On {
+            ruleset = ruleset
+                .handle_access(AccessNet::from_all(abi))?
+                .scope(Scope::from_all(abi))?;
+        }
+        let mut created = ruleset.create()?;
+        let read = AccessFs::from_read(abi);
+        for entry in &self.visible {
+            if let Visible::Dir(path, _) | Visible::File(path, _) = entry
+                && let Ok(fd) = PathFd::new(path)
+            {
+                created = created.add_rule(PathBeneath::new(fd, read))?;
+            }
+        }
+        for name in DEVICES {
+            if let Ok(fd) = PathFd::new(Path::new("/dev").join(name)) {
+                created = created.add_rule(PathBeneath::new(fd, AccessFs::from_file(abi)))?;
+            }
+        }
+        for path in [cwd, tmp] {
+            let fd = PathFd::new(path)?;
+            created = created.add_rule(PathBeneath::new(fd, AccessFs::from_all(abi)))?;
+        }
+        if network == Network::On {
+            for port in &self.settings.network.tcp_ports {
+                created = created.add_rule(NetPort::new(*port, AccessNet::ConnectTcp))?;
+            }
+        }
+        Ok(created)
+    }
+}
+
+/// Runs a trivial command through the sandbox (with each network setting in use) and fails,
+/// with the reason, unless it works: the kernel may refuse a step the checks above cannot see.
+pub async fn self_test(sandbox: &std::sync::Arc<Sandbox>, settings: &Settings) -> Result<(), SandboxError> {
+    let cwd = settings.sandbox.dir(&settings.data).join("self-test");
+    std::fs::create_dir_all(&cwd)
+        .map_err(|e| SandboxError(format!("cannot create {}: {e}", cwd.display())))?;
+    let mut networks = vec![Network::Off];
+    if !settings.sandbox.network.tenants.is_empty()
+        || !settings.sandbox.network.per_conversation_tenants.is_empty()
+    {
+        networks.push(Network::On);
+    }
+    for network in networks {
+        let limits = crate::tools::BashLimits {
+            timeout: std::time::Duration::from_secs(30),
+            output_cap: 4096,
+            max_output: 4096,
+            sandbox: Some(sandbox.clone()),
+            network,
+        };
+        let outcome = crate::tools::run_bash(
+            "echo sandbox-ok",
+            &cwd,
+            &limits,
+            tokio_util::sync::CancellationToken::new(),
+            None,
+        )
+        .await;
+        if !outcome.ok() || outcome.output.trim() != "sandbox-ok" {
+            return Err(SandboxError(format!(
+                "the self-test (network {network:?}) failed: {}",
+                outcome.into_outcome().output.trim()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// One run's preparation; applies itself to the command and removes the temp dir after.
+#[derive(Debug)]
+pub struct Prepared {
+    plan: Plan,
+    ruleset: Option<RulesetCreated>,
+    tmp: Option<TempDir>,
+}
+
+impl Prepared {
+    /// Makes `command` enter the sandbox between fork and exec. The temp dir lives as long
+    /// as the returned guard.
+    pub fn apply(mut self, command: &mut tokio::process::Command) -> TempDirGuard {
+        let plan = std::sync::Arc::new(self.plan);
+        let mut ruleset = self.ruleset.take();
+        // SAFETY: the closure runs in the forked child and only makes system calls on data
+        // prepared here (see child.rs); Landlock's restrict_self is two system calls.
+        #[allow(unsafe_code)]
+        unsafe {
+            command.pre_exec(move || child::enter(&plan, ruleset.take()));
+        }
+        TempDirGuard(self.tmp.take())
+    }
+}
+
+/// Removes a run's private temp dir when dropped.
+#[derive(Debug)]
+pub struct TempDirGuard(#[expect(dead_code, reason = "held for its Drop")] Option<TempDir>);
+
+#[derive(Debug)]
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let path = std::mem::take(&mut self.0);
+        let remove = move || {
+            let _ = std::fs::remove_dir_all(&path);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn_blocking(remove);
+            }
+            Err(_) => remove(),
+        }
+    }
+}
+
+fn c_path(path: &Path) -> std::io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)
+}
+
+/// The flags of the mount `path` is on that a bind remount must keep (the kernel refuses to
+/// clear locked ones).
+fn mount_flags(path: &Path) -> std::io::Result<libc::c_ulong> {
+    let stat = nix::sys::statvfs::statvfs(path).map_err(std::io::Error::from)?;
+    use nix::sys::statvfs::FsFlags;
+    let flags = stat.flags();
+    let mut out = 0;
+    for (fs, ms) in [
+        (FsFlags::ST_RDONLY, libc::MS_RDONLY),
+        (FsFlags::ST_NOSUID, libc::MS_NOSUID),
+        (FsFlags::ST_NODEV, libc::MS_NODEV),
+        (FsFlags::ST_NOEXEC, libc::MS_NOEXEC),
+        (FsFlags::ST_NOATIME, libc::MS_NOATIME),
+        (FsFlags::ST_NODIRATIME, libc::MS_NODIRATIME),
+        (FsFlags::ST_RELATIME, libc::MS_RELATIME),
+    ] {
+        if flags.contains(fs) {
+            out |= ms;
+        }
+    }
+    Ok(out)
+}
+
+fn bind(src: &Path, dst: &Path, flags: libc::c_ulong) -> std::io::Result<Step> {
+    Ok(Step::Bind {
+        src: c_path(src)?,
+        dst: c_path(dst)?,
+        remount: flags | libc::MS_NOSUID,
+    })
+}
+
+fn read_only_entries(paths: &[PathBuf]) -> Result<Vec<Visible>, SandboxError> {
+    let mut entries = Vec::new();
+    for path in paths {
+        if !path.is_absolute() {
+            return Err(SandboxError(format!(
+                "sandbox.read_only_paths: {} is not absolute",
+                path.display()
+            )));
+        }
+        let Ok(meta) = std::fs::symlink_metadata(path) else {
+            continue;
+        };
+        if meta.file_type().is_symlink() {
+            let target = std::fs::read_link(path)
+                .map_err(|e| SandboxError(format!("cannot read {}: {e}", path.display())))?;
+            entries.push(Visible::Symlink(path.clone(), target));
+            continue;
+        }
+        let flags = mount_flags(path)
+            .map_err(|e| SandboxError(format!("cannot stat {}: {e}", path.display())))?;
+        entries.push(if meta.is_dir() {
+            Visible::Dir(path.clone(), flags)
+        } else {
+            Visible::File(path.clone(), flags)
+        });
+    }
+    // Directories before what is under them.
+    entries.sort_by_key(|e| match e {
+        Visible::Dir(p, _) | Visible::File(p, _) | Visible::Symlink(p, _) => {
+            p.components().count()
+        }
+    });
+    Ok(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    #[ignore]
+    async fn probe() {
+        let base = std::env::temp_dir().join(format!("bedrock-sbx-{}", std::process::id()));
+        let env = vec![("BEDROCK_DATA_DIR".to_owned(), base.join("data").display().to_string())];
+        let settings = Settings::load_from(None, env).unwrap();
+        let sandbox = std::sync::Arc::new(Sandbox::new(&settings).unwrap().unwrap());
+        let cwd = base.join("ws");
+        std::fs::create_dir_all(&cwd).unwrap();
+        let cmd = std::env::var("CMD").unwrap_or("id; pwd; ls -la /; ls /tmp /dev; echo hi > x; cat x".into());
+        let limits = crate::tools::BashLimits {
+            timeout: std::time::Duration::from_secs(20),
+            output_cap: 100_000,
+            max_output: 1_000_000,
+            sandbox: Some(sandbox),
+            network: Network::Off,
+        };
+        let out = crate::tools::run_bash(&cmd, &cwd, &limits, Default::default(), None).await;
+        println!("{}", out.clone().into_outcome().output);
+    }
+
+    #[test]
+    fn missing_names_what_the_kernel_lacks() {
+        let none = KernelSupport { landlock_abi: 0 };
+        let missing = none.missing(false);
+        assert_eq!(missing.len(), 1);
+        assert!(missing[0].contains("Landlock ABI 4"), "{missing:?}");
+        let v5 = KernelSupport { landlock_abi: 5 };
+        assert!(v5.missing(false).is_empty());
+        let needs_scopes = v5.missing(true);
+        assert!(needs_scopes[0].contains("ABI 6"), "{needs_scopes:?}");
+        assert!(KernelSupport { landlock_abi: 7 }.missing(true).is_empty());
+    }
+}
