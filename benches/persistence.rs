@@ -66,6 +66,7 @@ async fn run(
                 parent_id: None,
                 user_initiated: true,
                 require_approval: vec![],
+                network: false,
                 created_at: chrono::Utc::now(),
             }))
             .await

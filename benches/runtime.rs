@@ -104,6 +104,7 @@ impl Bench {
                     parent_id: None,
                     user_initiated: true,
                     require_approval: vec![],
+                    network: false,
                     created_at: chrono::Utc::now(),
                 }))
                 .await

@@ -33,6 +33,20 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
     Ok(store)
 }
 
+/// The TCP port of a Postgres URL (none for SQLite).
+fn database_port(url: &str) -> Option<u16> {
+    let rest = url
+        .strip_prefix("postgres://")
+        .or_else(|| url.strip_prefix("postgresql://"))?;
+    let host = rest.split(['/', '?']).next()?;
+    let host = host.rsplit('@').next()?;
+    Some(
+        host.rsplit_once(':')
+            .and_then(|(_, port)| port.parse().ok())
+            .unwrap_or(5432),
+    )
+}
+
 /// A built, bound, not yet serving application.
 #[derive(Debug)]
 pub struct Application {
@@ -79,6 +93,12 @@ impl Application {
             .await
             .with_context(|| format!("cannot listen on {}", settings.server.listen))?;
         let addr = listener.local_addr()?;
+        if let Some(sandbox) = &runtime.services.tool_limits.sandbox {
+            sandbox.check_port(addr.port(), "Bedrock's API (server.listen)")?;
+            if let Some(port) = database_port(&settings.database_url()) {
+                sandbox.check_port(port, "the database (database.url)")?;
+            }
+        }
         let shutdown = CancellationToken::new();
         let state = AppState::new(
             runtime.services.clone(),

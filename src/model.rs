@@ -44,6 +44,8 @@ pub struct ConversationRecord {
     pub parent_id: Option<String>,
     pub user_initiated: bool,
     pub require_approval: Vec<String>,
+    /// Its tool processes have network access (settled at creation from sandbox.network).
+    pub network: bool,
     pub state: ConvState,
     pub archived: bool,
     pub usage: UsageTotals,
@@ -74,6 +76,7 @@ pub struct NewConversation {
     pub parent_id: Option<String>,
     pub user_initiated: bool,
     pub require_approval: Vec<String>,
+    pub network: bool,
     pub created_at: DateTime<Utc>,
 }
 

@@ -439,6 +439,7 @@ mod tests {
                     parent_id: None,
                     user_initiated: true,
                     require_approval: Vec::new(),
+                    network: false,
                     created_at: at,
                 })
                 .await

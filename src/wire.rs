@@ -65,6 +65,7 @@ pub fn conversation(conv: &ConversationRecord, context_window: u64) -> Value {
         "parent_id": conv.parent_id,
         "user_initiated": conv.user_initiated,
         "require_approval": conv.require_approval,
+        "network": conv.network,
         "archived": conv.archived,
         "state": state(&conv.state),
         "usage": usage(

@@ -17,6 +17,8 @@ pub struct Model {
     pub user_initiated: bool,
     /// Tool names that need a client's approval before they run.
     pub require_approval: Json,
+    /// Its tool processes asked for network access (granted per `sandbox.network`).
+    pub network: bool,
     /// The state's kind (`idle`, `tool_executing`, ...), for queries.
     pub state: String,
     /// The whole state machine state, as JSON.

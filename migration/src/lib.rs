@@ -3,6 +3,7 @@
 pub use sea_orm_migration::prelude::*;
 
 mod m20261121_000001_initial;
+mod m20261121_000002_conversation_network;
 
 /// Every migration, in order.
 #[derive(Debug)]
@@ -11,6 +12,9 @@ pub struct Migrator;
 #[async_trait::async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(m20261121_000001_initial::Migration)]
+        vec![
+            Box::new(m20261121_000001_initial::Migration),
+            Box::new(m20261121_000002_conversation_network::Migration),
+        ]
     }
 }

@@ -1,5 +1,6 @@
 //! The conversation routes of the contract.
 
+use crate::sandbox::Network;
 use std::time::{Duration, Instant};
 
 use axum::Json;
@@ -71,6 +72,8 @@ pub struct CreateBody {
     system_prompt: Option<String>,
     slug: Option<String>,
     require_approval: Option<Vec<String>>,
+    /// Network for the tool processes, where `sandbox.network` allows the tenant to ask.
+    network: Option<bool>,
 }
 
 fn valid_slug(slug: &str) -> bool {
@@ -142,6 +145,24 @@ pub async fn create(
             "require_approval must be a list of at most 32 tool names",
         ));
     }
+    // Settled at creation and stored: what the conversation's tools get from now on.
+    let requested = body.network.unwrap_or(false);
+    let network = match &app.services.tool_limits.sandbox {
+        Some(sandbox) => sandbox.network_for(&caller.0, requested) == Network::On,
+        None => true,
+    };
+    if requested && !network {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "network_not_allowed",
+            "this tenant's tools may not use the network (sandbox.network.per_conversation_tenants)",
+        ));
+    }
+    if let Some(sandbox) = &app.services.tool_limits.sandbox {
+        sandbox.adopt(&real).map_err(|e| {
+            ApiError::internal(format!("cannot give the cwd to the tool user: {e}"))
+        })?;
+    }
     let new = NewConversation {
         id: id.clone(),
         tenant_id: caller.0.id.clone(),
@@ -152,6 +173,7 @@ pub async fn create(
         parent_id: None,
         user_initiated: true,
         require_approval,
+        network,
         created_at: Utc::now(),
     };
     match app

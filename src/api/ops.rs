@@ -16,11 +16,20 @@ pub async fn healthz() -> Json<Value> {
 }
 
 pub async fn readyz(State(app): State<AppState>) -> Response {
+    let sandbox = match &app.services.tool_limits.sandbox {
+        Some(sandbox) => sandbox.describe(),
+        None => json!({
+            "mode": "off",
+            "warning": "sandbox.mode is off: tool processes run unconfined, with the server's view of the filesystem and network",
+        }),
+    };
     match app.services.store.ping().await {
-        Ok(()) => Json(json!({"status": "ready", "database": "ok"})).into_response(),
+        Ok(()) => {
+            Json(json!({"status": "ready", "database": "ok", "sandbox": sandbox})).into_response()
+        }
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "unavailable", "database": e.to_string()})),
+            Json(json!({"status": "unavailable", "database": e.to_string(), "sandbox": sandbox})),
         )
             .into_response(),
     }

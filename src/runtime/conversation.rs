@@ -738,7 +738,7 @@ async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, eff
                 tool: tool.clone(),
                 turn: turn.clone(),
                 cwd: state.record.cwd.clone().into(),
-                limits: services.tool_limits_for(&state.record.tenant_id, false),
+                limits: services.tool_limits_for(state.record.network),
                 cancel: cancel.clone(),
                 reply: myself.clone(),
                 metrics: services.metrics.clone(),

@@ -43,8 +43,8 @@ use crate::hub::EventHub;
 use crate::llm::{Gateway, GatewayArgs, LlmGateway};
 use crate::metrics::Metrics;
 use crate::persistence::{Persistence, PersistenceActor};
-use crate::store::Store;
 use crate::sandbox::{Network, Sandbox};
+use crate::store::Store;
 use crate::tools::ToolLimits;
 
 /// Everything the actors share.
@@ -70,13 +70,10 @@ impl Services {
         self.root.clone()
     }
 
-    /// The tool limits of a conversation of `tenant` (`network`: what it asked for).
-    pub fn tool_limits_for(&self, tenant: &str, network: bool) -> ToolLimits {
+    /// The tool limits of a conversation (`network`: what it was given at creation).
+    pub fn tool_limits_for(&self, network: bool) -> ToolLimits {
         let mut limits = self.tool_limits.clone();
-        limits.network = match &limits.sandbox {
-            Some(sandbox) => sandbox.network_for(tenant, network),
-            None => Network::On,
-        };
+        limits.network = if network { Network::On } else { Network::Off };
         limits
     }
 

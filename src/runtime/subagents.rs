@@ -114,6 +114,7 @@ impl Actor for SubAgentSupervisor {
                 parent_id: Some(parent.id.clone()),
                 user_initiated: false,
                 require_approval: parent.require_approval.clone(),
+                network: parent.network,
                 created_at: now,
             };
             if let Err(error) = services

@@ -154,7 +154,11 @@ fn build_root(plan: &Plan) {
                     libc::close(fd);
                 }
                 Step::Symlink { target, link } => {
-                    check(libc::symlink(target.as_ptr(), link.as_ptr()), "symlink", link);
+                    check(
+                        libc::symlink(target.as_ptr(), link.as_ptr()),
+                        "symlink",
+                        link,
+                    );
                 }
                 Step::Bind { src, dst, remount } => {
                     check(

@@ -122,7 +122,9 @@ pub struct Sandbox {
 
 /// Why the sandbox cannot start.
 #[derive(Debug, thiserror::Error)]
-#[error("the tool sandbox cannot start: {0}. Fix it, or set sandbox.mode = \"off\" (BEDROCK_SANDBOX__MODE=off) to run tools unconfined")]
+#[error(
+    "the tool sandbox cannot start: {0}. Fix it, or set sandbox.mode = \"off\" (BEDROCK_SANDBOX__MODE=off) to run tools unconfined"
+)]
 pub struct SandboxError(pub String);
 
 impl Sandbox {
@@ -148,13 +150,18 @@ impl Sandbox {
             SandboxError(format!("{what} {}: {e}", path.display()))
         };
         std::fs::create_dir_all(&dir).map_err(|e| io("cannot create", &dir, e))?;
-        let dir = dir.canonicalize().map_err(|e| io("cannot resolve", &dir, e))?;
+        let dir = dir
+            .canonicalize()
+            .map_err(|e| io("cannot resolve", &dir, e))?;
         let root = dir.join("root");
         let tmp = dir.join("tmp");
         for path in [&root, &tmp] {
             std::fs::create_dir_all(path).map_err(|e| io("cannot create", path, e))?;
         }
-        let (euid, egid) = (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw());
+        let (euid, egid) = (
+            nix::unistd::geteuid().as_raw(),
+            nix::unistd::getegid().as_raw(),
+        );
         let switch_user = euid == 0;
         let owner = if switch_user {
             (config.uid, config.gid)
@@ -192,7 +199,11 @@ impl Sandbox {
                 .collect(),
         };
         // The server's own files must not be among what tools see.
-        let data = settings.data.dir.canonicalize().unwrap_or_else(|_| settings.data.dir.clone());
+        let data = settings
+            .data
+            .dir
+            .canonicalize()
+            .unwrap_or_else(|_| settings.data.dir.clone());
         if let Some(path) = sandbox.exposes(&data) {
             return Err(SandboxError(format!(
                 "data.dir {} lies under sandbox.read_only_paths ({}); tools would read the database",
@@ -209,8 +220,8 @@ impl Sandbox {
             return None;
         }
         self.visible.iter().find_map(|v| match v {
-            Visible::Dir(p, _) | Visible::File(p, _) if path.starts_with(p) => Some(p.clone()),
-            _ => None,
+            Visible::Dir(p, _) | Visible::File(p, _) => path.starts_with(p).then(|| p.clone()),
+            Visible::Symlink(..) => None,
         })
     }
 
@@ -220,12 +231,12 @@ impl Sandbox {
         self.switch_user.then_some(self.owner)
     }
 
-    /// The network a conversation of `tenant` gets (`requested`: its own setting).
-    pub fn network_for(&self, tenant: &str, requested: bool) -> Network {
+    /// The network a new conversation of `tenant` gets (`requested`: what it asked for).
+    /// The lists name tenants by id or by name.
+    pub fn network_for(&self, tenant: &crate::model::Tenant, requested: bool) -> Network {
         let network = &self.settings.network;
-        if network.tenants.iter().any(|t| t == tenant)
-            || (requested && network.per_conversation_tenants.iter().any(|t| t == tenant))
-        {
+        let listed = |list: &[String]| list.iter().any(|t| *t == tenant.id || *t == tenant.name);
+        if listed(&network.tenants) || (requested && listed(&network.per_conversation_tenants)) {
             Network::On
         } else {
             Network::Off
@@ -279,13 +290,23 @@ impl Sandbox {
     /// Prepares one run in `cwd`: its private temp dir, mount plan and Landlock ruleset.
     pub fn prepare(&self, cwd: &Path, network: Network) -> std::io::Result<Prepared> {
         let cwd = cwd.canonicalize()?;
-        self.adopt(&cwd)?;
+        let given = |path: &Path, e: std::io::Error| {
+            std::io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot give {} to the tool user (uid {}): {e}",
+                    path.display(),
+                    self.owner.0
+                ),
+            )
+        };
+        self.adopt(&cwd).map_err(|e| given(&cwd, e))?;
         let tmp = self.tmp.join(uuid::Uuid::now_v7().simple().to_string());
         std::fs::create_dir(&tmp)?;
         let tmp = TempDir(tmp);
         std::fs::set_permissions(&tmp.0, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
         if let Some((uid, gid)) = self.owner() {
-            std::os::unix::fs::chown(&tmp.0, Some(uid), Some(gid))?;
+            std::os::unix::fs::chown(&tmp.0, Some(uid), Some(gid)).map_err(|e| given(&tmp.0, e))?;
         }
         let plan = self.plan(&cwd, &tmp.0, network)?;
         let ruleset = self.ruleset(&cwd, &tmp.0, network).map_err(|e| {
@@ -301,10 +322,8 @@ impl Sandbox {
     fn plan(&self, cwd: &Path, tmp: &Path, network: Network) -> std::io::Result<Plan> {
         let mut steps = Vec::new();
         let mut made = BTreeSet::new();
-        let inside = |path: &Path| -> PathBuf {
-            self.root
-                .join(path.strip_prefix("/").unwrap_or(path))
-        };
+        let inside =
+            |path: &Path| -> PathBuf { self.root.join(path.strip_prefix("/").unwrap_or(path)) };
         // mkdir -p of `path` inside the new root.
         let mut mkdir_all = |steps: &mut Vec<Step>, path: &Path| -> std::io::Result<()> {
             let mut at = PathBuf::from("/");
@@ -347,7 +366,11 @@ impl Sandbox {
                 });
                 steps.push(Step::ReadOnly(c_path(&inside(path))?));
             } else {
-                steps.push(bind(Path::new("/dev/null"), &inside(path), libc::MS_RDONLY)?);
+                steps.push(bind(
+                    Path::new("/dev/null"),
+                    &inside(path),
+                    libc::MS_RDONLY,
+                )?);
             }
         }
         // A minimal /dev.
@@ -377,9 +400,17 @@ impl Sandbox {
         // The private temp dir and the working directory, read-write.
         let slash_tmp = Path::new("/tmp");
         mkdir_all(&mut steps, slash_tmp)?;
-        steps.push(bind(tmp, &inside(slash_tmp), libc::MS_NOSUID | libc::MS_NODEV | mount_flags(tmp)?)?);
+        steps.push(bind(
+            tmp,
+            &inside(slash_tmp),
+            libc::MS_NOSUID | libc::MS_NODEV | mount_flags(tmp)?,
+        )?);
         mkdir_all(&mut steps, cwd)?;
-        steps.push(bind(cwd, &inside(cwd), libc::MS_NOSUID | libc::MS_NODEV | mount_flags(cwd)?)?);
+        steps.push(bind(
+            cwd,
+            &inside(cwd),
+            libc::MS_NOSUID | libc::MS_NODEV | mount_flags(cwd)?,
+        )?);
         let old = Path::new("/.oldroot");
         mkdir_all(&mut steps, old)?;
         let s = &self.settings;
@@ -405,12 +436,7 @@ impl Sandbox {
         })
     }
 
-    fn ruleset(
-        &self,
-        cwd: &Path,
-        tmp: &Path,
-        network: Network,
-    ) -> anyhow::Result<RulesetCreated> {
+    fn ruleset(&self, cwd: &Path, tmp: &Path, network: Network) -> anyhow::Result<RulesetCreated> {
         let abi = self.abi;
         let mut ruleset = Ruleset::default()
             .set_compatibility(CompatLevel::HardRequirement)
@@ -449,7 +475,10 @@ impl Sandbox {
 
 /// Runs a trivial command through the sandbox (with each network setting in use) and fails,
 /// with the reason, unless it works: the kernel may refuse a step the checks above cannot see.
-pub async fn self_test(sandbox: &std::sync::Arc<Sandbox>, settings: &Settings) -> Result<(), SandboxError> {
+pub async fn self_test(
+    sandbox: &std::sync::Arc<Sandbox>,
+    settings: &Settings,
+) -> Result<(), SandboxError> {
     let cwd = settings.sandbox.dir(&settings.data).join("self-test");
     std::fs::create_dir_all(&cwd)
         .map_err(|e| SandboxError(format!("cannot create {}: {e}", cwd.display())))?;
@@ -594,9 +623,7 @@ fn read_only_entries(paths: &[PathBuf]) -> Result<Vec<Visible>, SandboxError> {
     }
     // Directories before what is under them.
     entries.sort_by_key(|e| match e {
-        Visible::Dir(p, _) | Visible::File(p, _) | Visible::Symlink(p, _) => {
-            p.components().count()
-        }
+        Visible::Dir(p, _) | Visible::File(p, _) | Visible::Symlink(p, _) => p.components().count(),
     });
     Ok(entries)
 }
@@ -604,27 +631,6 @@ fn read_only_entries(paths: &[PathBuf]) -> Result<Vec<Visible>, SandboxError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[tokio::test]
-    #[ignore]
-    async fn probe() {
-        let base = std::env::temp_dir().join(format!("bedrock-sbx-{}", std::process::id()));
-        let env = vec![("BEDROCK_DATA_DIR".to_owned(), base.join("data").display().to_string())];
-        let settings = Settings::load_from(None, env).unwrap();
-        let sandbox = std::sync::Arc::new(Sandbox::new(&settings).unwrap().unwrap());
-        let cwd = base.join("ws");
-        std::fs::create_dir_all(&cwd).unwrap();
-        let cmd = std::env::var("CMD").unwrap_or("id; pwd; ls -la /; ls /tmp /dev; echo hi > x; cat x".into());
-        let limits = crate::tools::BashLimits {
-            timeout: std::time::Duration::from_secs(20),
-            output_cap: 100_000,
-            max_output: 1_000_000,
-            sandbox: Some(sandbox),
-            network: Network::Off,
-        };
-        let out = crate::tools::run_bash(&cmd, &cwd, &limits, Default::default(), None).await;
-        println!("{}", out.clone().into_outcome().output);
-    }
 
     #[test]
     fn missing_names_what_the_kernel_lacks() {

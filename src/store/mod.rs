@@ -471,6 +471,7 @@ impl Store {
             parent_conversation_id: Set(new.parent_id.clone()),
             user_initiated: Set(new.user_initiated),
             require_approval: Set(serde_json::json!(new.require_approval)),
+            network: Set(new.network),
             state: Set("idle".into()),
             state_data: Set(state),
             state_updated_at: Set(new.created_at),
@@ -833,6 +834,7 @@ fn conversation(row: conversations::Model) -> Result<ConversationRecord> {
         parent_id: row.parent_conversation_id,
         user_initiated: row.user_initiated,
         require_approval,
+        network: row.network,
         state,
         archived: row.archived,
         usage: UsageTotals {

@@ -2,8 +2,8 @@
 //! cancel that kills the whole group (grandchildren included) at once.
 
 use std::os::fd::OwnedFd;
-use std::path::Path;
 use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,7 +67,8 @@ impl BashOutcome {
 }
 
 fn describe_signal(signal: i32) -> String {
-    let name = Signal::try_from(signal).map_or_else(|_| format!("signal {signal}"), |s| s.as_str().to_owned());
+    let name = Signal::try_from(signal)
+        .map_or_else(|_| format!("signal {signal}"), |s| s.as_str().to_owned());
     let why = match signal {
         libc::SIGXCPU => ": CPU time limit",
         libc::SIGXFSZ => ": file size limit",

@@ -12,5 +12,6 @@ mod architecture;
 mod hitl;
 mod persistence;
 mod runtime;
+mod sandbox;
 mod stream;
 mod telemetry;

@@ -60,9 +60,11 @@ async fn killed_mid_tool_recovers_on_restart() {
         assert!(crate::support::running(&sleep));
         server.kill_hard();
         // The sandbox ties every tool process to the server: it dies with it.
-        eventually("the tool's processes to die with the server", WAIT, || async {
-            (!crate::support::running(&sleep)).then_some(())
-        })
+        eventually(
+            "the tool's processes to die with the server",
+            WAIT,
+            || async { (!crate::support::running(&sleep)).then_some(()) },
+        )
         .await;
 
         let server = Server::start(&db, &llm, &workspace);

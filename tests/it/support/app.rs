@@ -85,6 +85,11 @@ fn settings_for(
             workspace.display().to_string(),
         ),
         ("BEDROCK_DATABASE__MAX_CONNECTIONS".into(), "4".into()),
+        // The data dir (the sandbox's mount point and temp dirs) beside the workspace.
+        (
+            "BEDROCK_DATA_DIR".into(),
+            format!("{}-data", workspace.display()),
+        ),
         ("BEDROCK_SERVER__SHUTDOWN_GRACE_MS".into(), "5000".into()),
     ];
     env.extend(extra.iter().cloned());
@@ -253,6 +258,7 @@ impl TestApp {
     pub async fn cleanup(mut self, db: TestDb) {
         self.stop().await;
         let _ = std::fs::remove_dir_all(&self.workspace);
+        let _ = std::fs::remove_dir_all(format!("{}-data", self.workspace.display()));
         db.drop_db().await;
     }
 }

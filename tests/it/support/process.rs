@@ -24,6 +24,7 @@ pub fn command(db: &TestDb, llm: &FakeLlm, workspace: &std::path::Path) -> Comma
         .env("BEDROCK_LLM_BASE_URL", &llm.base_url)
         .env("BEDROCK_LLM_API_KEY", "k")
         .env("BEDROCK_WORKSPACE_ROOT", workspace)
+        .env("BEDROCK_DATA_DIR", format!("{}-data", workspace.display()))
         .env("BEDROCK_AUTH", "dev")
         .env("BEDROCK_LISTEN", "127.0.0.1:0")
         .env("BEDROCK_LOG_FORMAT", "json")

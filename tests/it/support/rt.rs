@@ -40,6 +40,11 @@ pub fn settings(
             workspace.display().to_string(),
         ),
         ("BEDROCK_DATABASE__MAX_CONNECTIONS".into(), "4".into()),
+        // The data dir (the sandbox's mount point and temp dirs) beside the workspace.
+        (
+            "BEDROCK_DATA_DIR".into(),
+            format!("{}-data", workspace.display()),
+        ),
     ];
     env.extend(
         extra
@@ -110,6 +115,7 @@ impl TestRuntime {
                 parent_id: None,
                 user_initiated: true,
                 require_approval: vec![],
+                network: false,
                 created_at: chrono::Utc::now(),
             }))
             .await
