@@ -5,6 +5,7 @@
 //! spawn_sub_agents and submit_result are settled by the core and the runtime, not here.
 
 mod bash;
+mod beneath;
 mod fs;
 mod patch;
 mod search;

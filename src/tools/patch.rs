@@ -4,6 +4,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
+use super::beneath::Beneath;
 use super::{failed, resolve_in};
 use crate::state_machine::ToolOutcome;
 
@@ -38,12 +39,25 @@ pub fn apply(cwd: &Path, input: &Map<String, Value>, owner: Option<(u32, u32)>) 
         Ok(file) => file,
         Err(e) => return failed(e.to_string()),
     };
-    let mut text = match std::fs::read_to_string(&file) {
+    // resolve_in explains a path that leaves cwd; the reads and writes themselves are made
+    // beneath cwd by the kernel, so a tree changed meanwhile cannot lead out either.
+    let beneath = match Beneath::new(cwd) {
+        Ok(beneath) => beneath,
+        Err(e) => return failed(format!("cannot open the working directory: {e}")),
+    };
+    let base = cwd.canonicalize().unwrap_or_else(|_| cwd.to_path_buf());
+    let Ok(file) = file.strip_prefix(&base).map(Path::to_path_buf) else {
+        return failed(format!("the path {path:?} leaves the working directory"));
+    };
+    let read = beneath
+        .read(&file)
+        .and_then(|bytes| String::from_utf8(bytes).map_err(std::io::Error::other));
+    let mut text = match read {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             // A new file: one edit with an empty old_text.
             if let [("", new)] = pairs.as_slice() {
-                return write(cwd, &file, new, path, "created", owner);
+                return write(&beneath, &file, new, path, "created", owner);
             }
             return failed(format!(
                 "{path} does not exist (to create it, use one edit with an empty old_text)"
@@ -69,45 +83,19 @@ pub fn apply(cwd: &Path, input: &Map<String, Value>, owner: Option<(u32, u32)>) 
             }
         }
     }
-    write(cwd, &file, &text, path, "edited", owner)
+    write(&beneath, &file, &text, path, "edited", owner)
 }
 
 fn write(
-    cwd: &Path,
+    beneath: &Beneath,
     file: &Path,
     text: &str,
     shown: &str,
     what: &str,
     owner: Option<(u32, u32)>,
 ) -> ToolOutcome {
-    if let Some(dir) = file.parent()
-        && !dir.exists()
-    {
-        if let Err(e) = std::fs::create_dir_all(dir) {
-            return failed(format!("cannot create the directory of {shown}: {e}"));
-        }
-        // The new directories belong to the tool user too.
-        if let Some((uid, gid)) = owner {
-            let mut at = Some(dir);
-            while let Some(d) = at.filter(|d| d.starts_with(cwd) && *d != cwd) {
-                let _ = std::os::unix::fs::lchown(d, Some(uid), Some(gid));
-                at = d.parent();
-            }
-        }
-    }
-    // Write beside and rename, so a crash never leaves half a file.
-    let temp = file.with_extension(format!(
-        "{}.bedrock-tmp",
-        file.extension()
-            .and_then(|e| e.to_str())
-            .unwrap_or_default()
-    ));
-    let written = std::fs::write(&temp, text).and_then(|()| match owner {
-        Some((uid, gid)) => std::os::unix::fs::lchown(&temp, Some(uid), Some(gid)),
-        None => Ok(()),
-    });
-    if let Err(e) = written.and_then(|()| std::fs::rename(&temp, file)) {
-        let _ = std::fs::remove_file(&temp);
+    // Written beside and renamed, so a crash never leaves half a file.
+    if let Err(e) = beneath.write(file, text.as_bytes(), owner) {
         return failed(format!("cannot write {shown}: {e}"));
     }
     ToolOutcome {

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
+use super::beneath::Beneath;
 use super::{failed, preview, resolve_in};
 use crate::state_machine::ToolOutcome;
 
@@ -44,6 +45,12 @@ pub fn search(
         },
     };
     let base = cwd.canonicalize().unwrap_or_else(|_| cwd.to_path_buf());
+    // Files are opened beneath cwd by the kernel: one swapped for a symlink out after the
+    // walk saw it is not read.
+    let beneath = match Beneath::new(&base) {
+        Ok(beneath) => beneath,
+        Err(e) => return failed(format!("cannot read the working directory: {e}")),
+    };
     let mut out = String::new();
     let mut found = 0usize;
     let walker = ignore::WalkBuilder::new(&root)
@@ -63,7 +70,10 @@ pub fn search(
         {
             continue;
         }
-        let Ok(file) = std::fs::File::open(entry.path()) else {
+        let Ok(relative) = entry.path().strip_prefix(&base) else {
+            continue;
+        };
+        let Ok(file) = beneath.file(relative) else {
             continue;
         };
         let mut reader = BufReader::new(file);
