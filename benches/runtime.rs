@@ -355,6 +355,34 @@ async fn main() {
             ms(percentile(&loaded, 99.0))
         );
 
+        // The sandbox's cost per tool run: `true` through bash, unconfined and confined.
+        let cwd =
+            std::env::temp_dir().join(format!("bedrock-bench-sandbox-{}", std::process::id()));
+        std::fs::create_dir_all(&cwd).unwrap();
+        let confined = bench
+            .runtime
+            .services
+            .tool_limits
+            .bash(Duration::from_secs(30));
+        let mut unconfined = confined.clone();
+        unconfined.sandbox = None;
+        for (what, limits) in [("unconfined", &unconfined), ("sandboxed", &confined)] {
+            let mut samples = Vec::new();
+            for _ in 0..200 {
+                let started = Instant::now();
+                let outcome =
+                    bedrock::tools::run_bash("true", &cwd, limits, Default::default(), None).await;
+                assert!(outcome.ok(), "{outcome:?}");
+                samples.push(started.elapsed());
+            }
+            println!(
+                "bash tool run of `true`, {what}: p50 {} p99 {}",
+                ms(percentile(&samples, 50.0)),
+                ms(percentile(&samples, 99.0))
+            );
+        }
+        let _ = std::fs::remove_dir_all(&cwd);
+
         // Concurrency before the overhead doubles, with a 200 ms LLM.
         bench.llm.latency(Duration::from_millis(200));
         println!(
