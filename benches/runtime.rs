@@ -375,6 +375,7 @@ async fn main() {
                 assert!(outcome.ok(), "{outcome:?}");
                 samples.push(started.elapsed());
             }
+            samples.sort();
             println!(
                 "bash tool run of `true`, {what}: p50 {} p99 {}",
                 ms(percentile(&samples, 50.0)),

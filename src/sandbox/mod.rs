@@ -198,18 +198,29 @@ impl Sandbox {
                 .filter_map(|name| std::env::var(name).ok().map(|v| (name.clone(), v)))
                 .collect(),
         };
-        // The server's own files must not be among what tools see.
-        let data = settings
-            .data
-            .dir
-            .canonicalize()
-            .unwrap_or_else(|_| settings.data.dir.clone());
-        if let Some(path) = sandbox.exposes(&data) {
-            return Err(SandboxError(format!(
-                "data.dir {} lies under sandbox.read_only_paths ({}); tools would read the database",
-                data.display(),
-                path.display()
-            )));
+        // The server's own files, other workspaces and other runs' temp dirs must not be
+        // among what tools see.
+        for (setting, path, why) in [
+            (
+                "data.dir",
+                &settings.data.dir,
+                "tools would read the database",
+            ),
+            (
+                "workspace.root",
+                &settings.workspace.root,
+                "tools would see every tenant's workspace",
+            ),
+            ("sandbox.dir", &dir, "tools would see other runs' temp dirs"),
+        ] {
+            let real = path.canonicalize().unwrap_or_else(|_| path.clone());
+            if let Some(under) = sandbox.exposes(&real) {
+                return Err(SandboxError(format!(
+                    "{setting} {} lies under sandbox.read_only_paths ({}): {why}",
+                    real.display(),
+                    under.display()
+                )));
+            }
         }
         Ok(Some(sandbox))
     }
@@ -254,7 +265,8 @@ impl Sandbox {
             "mode": "enforce",
             "landlock_abi": self.abi as i32,
             "run_as": if self.switch_user { Some(self.owner.0) } else { None },
-            "network_tenants": self.settings.network.tenants,
+            "network_tenants": self.settings.network.tenants.len()
+                + self.settings.network.per_conversation_tenants.len(),
         })
     }
 
@@ -473,6 +485,50 @@ impl Sandbox {
     }
 }
 
+/// A job for the spawner thread.
+type SpawnJob = Box<dyn FnOnce() + Send>;
+
+/// Spawns `command` (prepared with [`Prepared::apply`]) from one long-lived thread.
+///
+/// Two reasons. The parent-death signal that ties a run to the server is sent when the
+/// *thread* that forked it exits, so the fork must come from a thread that lives as long as
+/// the process (not a blocking-pool thread, which ends when idle). And a fork with a
+/// `pre_exec` hook copies the server's page tables, which takes milliseconds in a large
+/// process: that stall lands on this thread, not on an async worker (cancels stay quick).
+pub async fn spawn(mut command: tokio::process::Command) -> std::io::Result<tokio::process::Child> {
+    static SPAWNER: std::sync::OnceLock<std::sync::mpsc::Sender<SpawnJob>> =
+        std::sync::OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<SpawnJob>();
+        let started = std::thread::Builder::new()
+            .name("bedrock-spawner".into())
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    job();
+                }
+            });
+        if let Err(e) = started {
+            tracing::error!(error = %e, "cannot start the tool spawner thread");
+        }
+        tx
+    });
+    let handle = tokio::runtime::Handle::current();
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let job: SpawnJob = Box::new(move || {
+        let _runtime = handle.enter();
+        let spawned = command.spawn();
+        // Close the command's copies of the pipes before answering.
+        drop(command);
+        let _ = reply.send(spawned);
+    });
+    spawner
+        .send(job)
+        .map_err(|_| std::io::Error::other("the tool spawner thread is gone"))?;
+    answer
+        .await
+        .map_err(|_| std::io::Error::other("the tool spawner thread is gone"))?
+}
+
 /// Runs a trivial command through the sandbox (with each network setting in use) and fails,
 /// with the reason, unless it works: the kernel may refuse a step the checks above cannot see.
 pub async fn self_test(
@@ -631,6 +687,34 @@ fn read_only_entries(paths: &[PathBuf]) -> Result<Vec<Visible>, SandboxError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refuses_to_expose_the_servers_files() {
+        let base = std::env::temp_dir().join(format!("bedrock-expose-{}", std::process::id()));
+        let env = |extra: &[(&str, String)]| {
+            let mut env = vec![
+                (
+                    "BEDROCK_DATA_DIR".to_owned(),
+                    base.join("data").display().to_string(),
+                ),
+                (
+                    "BEDROCK_WORKSPACE_ROOT".to_owned(),
+                    base.join("ws").display().to_string(),
+                ),
+            ];
+            env.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
+            Settings::load_from(None, env).expect("valid settings")
+        };
+        std::fs::create_dir_all(base.join("ws")).expect("a dir");
+        assert!(Sandbox::new(&env(&[])).is_ok());
+        let exposed = env(&[(
+            "BEDROCK_SANDBOX__READ_ONLY_PATHS",
+            format!("[\"/usr\", \"{}\"]", base.join("ws").display()),
+        )]);
+        let error = Sandbox::new(&exposed).expect_err("refused").to_string();
+        assert!(error.contains("workspace.root"), "{error}");
+        let _ = std::fs::remove_dir_all(&base);
+    }
 
     #[test]
     fn missing_names_what_the_kernel_lacks() {

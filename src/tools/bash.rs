@@ -229,9 +229,14 @@ pub async fn run_bash(
         }
         None => None,
     };
-    let spawned = cmd.spawn();
-    // Close our copies of the pipe's write end, or the reader never sees EOF.
-    drop(cmd);
+    let spawned = if limits.sandbox.is_some() {
+        crate::sandbox::spawn(cmd).await
+    } else {
+        let spawned = cmd.spawn();
+        // Close our copies of the pipe's write end, or the reader never sees EOF.
+        drop(cmd);
+        spawned
+    };
     let mut child = match spawned {
         Ok(child) => child,
         Err(e) => return failed(format!("cannot start bash in {}: {e}", cwd.display())),

@@ -677,7 +677,7 @@ async fn graceful_shutdown_interrupts_running_work() {
     app.send(&id, "long").await;
     ws.frames_until(|f| is_state(f, "tool_executing")).await;
     app.written(&id, "started").await;
-    assert!(crate::support::running(&sleep));
+    crate::support::wait_running(&sleep).await;
     let started = std::time::Instant::now();
     app.stop().await;
     assert!(

@@ -57,7 +57,7 @@ async fn killed_mid_tool_recovers_on_restart() {
             cwd.join("started").exists().then_some(())
         })
         .await;
-        assert!(crate::support::running(&sleep));
+        crate::support::wait_running(&sleep).await;
         server.kill_hard();
         // The sandbox ties every tool process to the server: it dies with it.
         eventually(

@@ -170,7 +170,7 @@ async fn cancel_during_tool_kills_the_grandchild() {
             started.exists().then_some(())
         })
         .await;
-        assert!(running(&sleep));
+        crate::support::wait_running(&sleep).await;
         let outcome = rt.cancel(&conv).await;
         assert_eq!(outcome.stopped_tools, vec!["call_1".to_owned()]);
         assert!(matches!(outcome.state, ConvState::Idle));

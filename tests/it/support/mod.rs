@@ -61,3 +61,11 @@ pub fn running(command: &str) -> bool {
             && std::fs::read_to_string(dir.join("stat")).is_ok_and(|s| !s.contains(") Z "))
     })
 }
+
+/// Waits until a process with exactly `command` as its command line runs.
+pub async fn wait_running(command: &str) {
+    eventually(&format!("`{command}` to run"), WAIT, || async {
+        running(command).then_some(())
+    })
+    .await
+}
