@@ -309,48 +309,21 @@ fn loopback_up() {
     }
 }
 
-/// The process between the server and PID 1 of the run: it holds no file of the server's,
-/// dies with the server, and exits as PID 1 did.
-fn supervise(pid: libc::pid_t, server: libc::pid_t) -> ! {
-    // SAFETY: system calls only; this process never returns to Rust code of the parent.
-    unsafe {
-        libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32);
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
-        if libc::getppid() != server {
-            libc::kill(pid, libc::SIGKILL);
-            libc::_exit(SETUP_FAILED);
-        }
-        let mut status = 0;
-        loop {
-            let waited = libc::waitpid(pid, &mut status, 0);
-            if waited == pid {
-                break;
-            }
-            if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-                libc::_exit(SETUP_FAILED);
-            }
-        }
-        if libc::WIFSIGNALED(status) {
-            let signal = libc::WTERMSIG(status);
-            libc::signal(signal, libc::SIG_DFL);
-            libc::kill(libc::getpid(), signal);
-            libc::_exit(128 + signal);
-        }
-        libc::_exit(libc::WEXITSTATUS(status))
-    }
-}
-
-/// Runs in the child after `fork`, before `exec`. Returns in PID 1 of the run's namespaces,
-/// with every restriction applied; never returns in the supervising process.
-pub fn enter(plan: &Plan, ruleset: Option<RulesetCreated>) -> std::io::Result<()> {
-    // SAFETY: getppid has no preconditions; /proc is opened as a path only.
-    let (server, proc) = unsafe {
-        (
-            libc::getppid(),
-            libc::open(
-                c"/proc".as_ptr(),
-                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-            ),
+/// Runs in the child after `fork`, before `exec`. The child sets up the namespaces and the
+/// new root, then clones PID 1 of the run as a child of the *server* (`CLONE_PARENT`),
+/// writes its pid to `report` and exits: no process is left sharing the server's memory
+/// (a forked copy that stayed would make every write of the server copy a page). Returns in
+/// PID 1, with every restriction applied.
+pub fn enter(
+    plan: &Plan,
+    ruleset: Option<RulesetCreated>,
+    report: libc::c_int,
+) -> std::io::Result<()> {
+    // SAFETY: /proc is opened as a path only.
+    let proc = unsafe {
+        libc::open(
+            c"/proc".as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
         )
     };
     if proc < 0 {
@@ -380,14 +353,32 @@ pub fn enter(plan: &Plan, ruleset: Option<RulesetCreated>) -> std::io::Result<()
         loopback_up();
     }
     // SAFETY: fork in a single-threaded child; each side only makes system calls.
-    let pid = unsafe { libc::fork() };
+    // A sibling, not a child: its parent is the server's spawner thread.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            libc::CLONE_PARENT as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
     if pid < 0 {
-        fail("fork", b"");
+        fail("clone", b"");
     }
     if pid > 0 {
-        supervise(pid, server);
+        let bytes = (pid as i32).to_le_bytes();
+        // SAFETY: a write of a local buffer, then the end of this process.
+        unsafe {
+            if libc::write(report, bytes.as_ptr().cast(), bytes.len()) != bytes.len() as isize {
+                libc::kill(pid as libc::pid_t, libc::SIGKILL);
+                fail("report the pid", b"");
+            }
+            libc::_exit(0);
+        }
     }
-    // PID 1 of the run: dies with its supervisor, so with the server.
+    // PID 1 of the run: dies with the server (its parent is the spawner thread).
     // SAFETY: prctl and setrlimit with plain values.
     unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);

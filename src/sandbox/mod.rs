@@ -581,17 +581,145 @@ pub struct Prepared {
 impl Prepared {
     /// Makes `command` enter the sandbox between fork and exec. The temp dir lives as long
     /// as the returned guard.
-    pub fn apply(mut self, command: &mut tokio::process::Command) -> TempDirGuard {
+    pub fn apply(mut self, command: &mut tokio::process::Command) -> std::io::Result<Launch> {
         let plan = std::sync::Arc::new(self.plan);
         let mut ruleset = self.ruleset.take();
+        let (report_read, report_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(std::io::Error::from)?;
+        let report = std::os::fd::AsRawFd::as_raw_fd(&report_write);
         // SAFETY: the closure runs in the forked child and only makes system calls on data
-        // prepared here (see child.rs); Landlock's restrict_self is two system calls.
+        // prepared here (see child.rs); Landlock's restrict_self is two system calls. The
+        // closure owns the pipe's write end, so it closes when the command is dropped.
         #[allow(unsafe_code)]
         unsafe {
-            command.pre_exec(move || child::enter(&plan, ruleset.take()));
+            command.pre_exec(move || {
+                let _keep = &report_write;
+                child::enter(&plan, ruleset.take(), report)
+            });
         }
-        TempDirGuard(self.tmp.take())
+        Ok(Launch {
+            report: report_read,
+            _tmp: TempDirGuard(self.tmp.take()),
+        })
     }
+}
+
+/// A launched run, until its PID 1 is known.
+#[derive(Debug)]
+pub struct Launch {
+    report: std::os::fd::OwnedFd,
+    _tmp: TempDirGuard,
+}
+
+impl Launch {
+    /// After the setup process (the spawned child) exited with `status`: PID 1 of the run,
+    /// or `None` when the setup failed (its status and output say why).
+    pub fn started(self, status: std::process::ExitStatus) -> std::io::Result<Option<RunProcess>> {
+        if !status.success() {
+            return Ok(None);
+        }
+        let mut pid = [0u8; 4];
+        let mut file = std::fs::File::from(self.report);
+        std::io::Read::read_exact(&mut file, &mut pid)?;
+        let pid = i32::from_le_bytes(pid);
+        let pidfd = rustix::process::pidfd_open(
+            rustix::process::Pid::from_raw(pid)
+                .ok_or_else(|| std::io::Error::other("the sandbox reported no pid"))?,
+            rustix::process::PidfdFlags::empty(),
+        )
+        .map_err(std::io::Error::from)?;
+        // SAFETY: the AsyncFd owns the OwnedFd, which stays open and the same while it lives.
+        #[allow(unsafe_code)]
+        let pidfd = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE)
+        }
+        .map_err(std::io::Error::from)?;
+        Ok(Some(RunProcess {
+            pid,
+            pidfd,
+            reaped: false,
+            status: None,
+            _tmp: self._tmp,
+        }))
+    }
+}
+
+/// PID 1 of a run: a child of the server, waited for through its pidfd.
+#[derive(Debug)]
+pub struct RunProcess {
+    pid: i32,
+    pidfd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+    reaped: bool,
+    status: Option<std::process::ExitStatus>,
+    _tmp: TempDirGuard,
+}
+
+impl RunProcess {
+    /// Waits until it exits (and with it every process of the run) and reaps it.
+    pub async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        if let Some(status) = self.status {
+            return Ok(status);
+        }
+        loop {
+            let mut ready = self.pidfd.readable().await?;
+            if let Some(status) = reap(self.pidfd.get_ref(), false)? {
+                self.reaped = true;
+                self.status = Some(status);
+                return Ok(status);
+            }
+            ready.clear_ready();
+        }
+    }
+}
+
+impl Drop for RunProcess {
+    fn drop(&mut self) {
+        if self.reaped {
+            return;
+        }
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        // Reap it off the async threads once the kernel has taken it down.
+        if let Ok(fd) = self.pidfd.get_ref().try_clone() {
+            let reap_it = move || {
+                let _ = reap(&fd, true);
+            };
+            match tokio::runtime::Handle::try_current() {
+                Ok(handle) => {
+                    handle.spawn_blocking(reap_it);
+                }
+                Err(_) => reap_it(),
+            }
+        }
+    }
+}
+
+/// waitid(P_PIDFD): the exit status, if it has exited (always, when `block`).
+fn reap(
+    pidfd: &std::os::fd::OwnedFd,
+    block: bool,
+) -> std::io::Result<Option<std::process::ExitStatus>> {
+    use std::os::unix::process::ExitStatusExt;
+    let mut options = rustix::process::WaitIdOptions::EXITED;
+    if !block {
+        options |= rustix::process::WaitIdOptions::NOHANG;
+    }
+    let Some(status) = rustix::process::waitid(
+        rustix::process::WaitId::PidFd(std::os::fd::AsFd::as_fd(pidfd)),
+        options,
+    )
+    .map_err(std::io::Error::from)?
+    else {
+        return Ok(None);
+    };
+    let raw = if let Some(signal) = status.terminating_signal() {
+        signal
+    } else {
+        (status.exit_status().unwrap_or(0) & 0xff) << 8
+    };
+    Ok(Some(std::process::ExitStatus::from_raw(raw)))
 }
 
 /// Removes a run's private temp dir when dropped.

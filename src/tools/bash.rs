@@ -154,6 +154,24 @@ fn kill_group(pgid: Option<u32>) {
     }
 }
 
+/// What a run waits for.
+enum Process {
+    Plain(tokio::process::Child),
+    Sandboxed(crate::sandbox::RunProcess),
+    /// The sandbox could not be set up; its setup process ended so.
+    Done(std::process::ExitStatus),
+}
+
+impl Process {
+    async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        match self {
+            Process::Plain(child) => child.wait().await,
+            Process::Sandboxed(run) => run.wait().await,
+            Process::Done(status) => Ok(*status),
+        }
+    }
+}
+
 /// Called with each line of output as it comes (background tasks stream it to clients).
 pub type OnLine = Arc<dyn Fn(&str) + Send + Sync>;
 
@@ -219,17 +237,20 @@ pub async fn run_bash(
         .env_clear()
         .envs(tool_env(cwd, limits.sandbox.is_some()))
         .kill_on_drop(true);
-    let _temp = match &limits.sandbox {
+    let launch = match &limits.sandbox {
         Some(sandbox) => {
             cmd.envs(sandbox.passthrough().iter().map(|(k, v)| (k, v)));
-            match sandbox.prepare(cwd, limits.network) {
-                Ok(prepared) => Some(prepared.apply(&mut cmd)),
+            match sandbox
+                .prepare(cwd, limits.network)
+                .and_then(|prepared| prepared.apply(&mut cmd))
+            {
+                Ok(launch) => Some(launch),
                 Err(e) => return failed(format!("cannot prepare the sandbox: {e}")),
             }
         }
         None => None,
     };
-    let spawned = if limits.sandbox.is_some() {
+    let spawned = if launch.is_some() {
         crate::sandbox::spawn(cmd).await
     } else {
         let spawned = cmd.spawn();
@@ -241,7 +262,24 @@ pub async fn run_bash(
         Ok(child) => child,
         Err(e) => return failed(format!("cannot start bash in {}: {e}", cwd.display())),
     };
+    // The process group: every process of the run is in it (in the sandbox, the setup
+    // process's group, which PID 1 of the run inherits).
     let pgid = child.id();
+    let mut process = match launch {
+        None => Process::Plain(child),
+        // The setup process exits as soon as PID 1 of the run is cloned.
+        Some(launch) => match child.wait().await.and_then(|status| {
+            launch
+                .started(status)
+                .map(|run| run.map_or(Process::Done(status), Process::Sandboxed))
+        }) {
+            Ok(process) => process,
+            Err(e) => {
+                kill_group(pgid);
+                return failed(format!("cannot start the sandboxed run: {e}"));
+            }
+        },
+    };
     let mut receiver = match tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(reader))
     {
         Ok(receiver) => receiver,
@@ -293,7 +331,7 @@ pub async fn run_bash(
     });
 
     let (status, timed_out, cancelled) = tokio::select! {
-        status = child.wait() => (status.ok(), false, false),
+        status = process.wait() => (status.ok(), false, false),
         () = tokio::time::sleep(limits.timeout) => (None, true, false),
         () = cancel.cancelled() => (None, false, true),
         () = exceeded.cancelled() => (None, false, false),
@@ -301,7 +339,7 @@ pub async fn run_bash(
     // Whatever ended the run, nothing of the group may outlive it (in the sandbox, PID 1
     // of the run dying takes its whole PID namespace with it).
     kill_group(pgid);
-    let _ = child.wait().await;
+    let _ = process.wait().await;
     let output = match tokio::time::timeout(Duration::from_secs(2), reading).await {
         Ok(Ok(output)) => output,
         Ok(Err(_)) | Err(_) => String::from("[output unavailable]"),
