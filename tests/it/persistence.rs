@@ -19,15 +19,7 @@ async fn killed_mid_tool_recovers_on_restart() {
         bedrock::install_crypto();
         let http = reqwest::Client::new();
         let server = Server::start(&db, &llm, &workspace);
-        let created: Value = http
-            .post(format!("{}/v1/conversations", server.base))
-            .json(&json!({}))
-            .send()
-            .await
-            .expect("create")
-            .json()
-            .await
-            .expect("json");
+        let created = server.conversation().await;
         let id = created["id"].as_str().expect("an id").to_owned();
         let cwd = std::path::PathBuf::from(created["cwd"].as_str().expect("a cwd"));
         let sleep = crate::support::unique_sleep();
@@ -133,7 +125,7 @@ async fn killed_mid_tool_recovers_on_restart() {
             ["system", "user", "assistant", "tool", "tool", "user"]
         );
         server.kill_hard();
-        let _ = std::fs::remove_dir_all(&workspace);
+        crate::support::process::remove_workspace(&workspace);
         db.drop_db().await;
     }
 }
@@ -337,6 +329,6 @@ async fn commands_manage_the_database() {
         !raw.windows(key.len()).any(|w| w == key.as_bytes()),
         "the key is not stored in clear"
     );
-    let _ = std::fs::remove_dir_all(&workspace);
+    crate::support::process::remove_workspace(&workspace);
     db.drop_db().await;
 }

@@ -476,15 +476,7 @@ async fn secrets_of_the_server_are_out_of_reach() {
         .env("DATABASE_PASSWORD", "db-secret-4711");
     let server = Server::start_with(cmd);
     let http = reqwest::Client::new();
-    let created: Value = http
-        .post(format!("{}/v1/conversations", server.base))
-        .json(&json!({}))
-        .send()
-        .await
-        .expect("create")
-        .json()
-        .await
-        .expect("json");
+    let created = server.conversation().await;
     let id = created["id"].as_str().expect("an id").to_owned();
     llm.push([
         Llm::bash(
@@ -523,8 +515,7 @@ async fn secrets_of_the_server_are_out_of_reach() {
     assert!(!output.contains("4711"), "{output}");
     assert!(!output.contains("BEDROCK_"), "{output}");
     server.terminate();
-    let _ = std::fs::remove_dir_all(&workspace);
-    let _ = std::fs::remove_dir_all(format!("{}-data", workspace.display()));
+    crate::support::process::remove_workspace(&workspace);
 }
 
 /// Fail closed: where the sandbox cannot be set up (here: a user namespace in which no
@@ -579,8 +570,7 @@ async fn serve_refuses_to_start_without_the_sandbox() {
     assert_eq!(ready["sandbox"]["mode"], "off", "{ready}");
     assert!(ready["sandbox"]["warning"].is_string(), "{ready}");
     server.terminate();
-    let _ = std::fs::remove_dir_all(&workspace);
-    let _ = std::fs::remove_dir_all(format!("{}-data", workspace.display()));
+    crate::support::process::remove_workspace(&workspace);
 }
 
 /// /readyz reports the enforced sandbox.

@@ -102,15 +102,7 @@ async fn a_turn_is_exported_as_one_trace() {
         .env_remove("RUST_LOG");
     let server = Server::start_with(cmd);
     let http = reqwest::Client::new();
-    let created: Value = http
-        .post(format!("{}/v1/conversations", server.base))
-        .json(&json!({}))
-        .send()
-        .await
-        .expect("create")
-        .json()
-        .await
-        .expect("json");
+    let created = server.conversation().await;
     let id = created["id"].as_str().expect("an id").to_owned();
     llm.push([Llm::bash("call_1", "echo traced"), Llm::text("done")]);
     http.post(format!("{}/v1/conversations/{id}/messages", server.base))
@@ -237,7 +229,7 @@ async fn a_turn_is_exported_as_one_trace() {
         "{tokens}"
     );
     assert!(of("bedrock.tool_runs").contains("bash"));
-    let _ = std::fs::remove_dir_all(&workspace);
+    crate::support::process::remove_workspace(&workspace);
     db.drop_db().await;
 }
 

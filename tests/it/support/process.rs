@@ -74,10 +74,34 @@ impl Server {
         let _ = self.child.wait();
     }
 
+    /// POSTs `path` (under /v1) with a JSON body and returns the JSON answer.
+    pub async fn post(&self, path: &str, body: Value) -> Value {
+        reqwest::Client::new()
+            .post(format!("{}/v1{path}", self.base))
+            .json(&body)
+            .send()
+            .await
+            .expect("the server answers")
+            .json()
+            .await
+            .expect("a JSON answer")
+    }
+
+    /// A new conversation (dev tenant); returns its JSON.
+    pub async fn conversation(&self) -> Value {
+        self.post("/conversations", serde_json::json!({})).await
+    }
+
     /// SIGTERM, then waits for the process to exit.
     pub fn terminate(mut self) -> std::process::ExitStatus {
         let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap_or(0));
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
         self.child.wait().expect("the server exits")
     }
+}
+
+/// Removes a test's workspace and the data dir beside it.
+pub fn remove_workspace(workspace: &std::path::Path) {
+    let _ = std::fs::remove_dir_all(workspace);
+    let _ = std::fs::remove_dir_all(format!("{}-data", workspace.display()));
 }
