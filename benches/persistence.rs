@@ -56,19 +56,13 @@ async fn run(
     for _ in 0..concurrency {
         let id = uuid::Uuid::now_v7().to_string();
         persistence
-            .write(WriteJob::CreateConversation(NewConversation {
-                id: id.clone(),
-                tenant_id: tenant.id.clone(),
-                slug: id.clone(),
-                cwd: "/tmp".into(),
-                model: "m".into(),
-                system_prompt: None,
-                parent_id: None,
-                user_initiated: true,
-                require_approval: vec![],
-                network: false,
-                created_at: chrono::Utc::now(),
-            }))
+            .write(WriteJob::CreateConversation(NewConversation::user(
+                &id,
+                &tenant.id,
+                "/tmp",
+                "m",
+                chrono::Utc::now(),
+            )))
             .await
             .unwrap();
         let mut record = store.conversation_by_id(&id).await.unwrap().unwrap();

@@ -94,19 +94,13 @@ impl Bench {
             self.runtime
                 .services
                 .persistence
-                .write(WriteJob::CreateConversation(NewConversation {
-                    id: id.clone(),
-                    tenant_id: self.tenant.clone(),
-                    slug: id.clone(),
-                    cwd: self.workspace.display().to_string(),
-                    model: "fake".into(),
-                    system_prompt: None,
-                    parent_id: None,
-                    user_initiated: true,
-                    require_approval: vec![],
-                    network: false,
-                    created_at: chrono::Utc::now(),
-                }))
+                .write(WriteJob::CreateConversation(NewConversation::user(
+                    &id,
+                    &self.tenant,
+                    self.workspace.display().to_string(),
+                    "fake",
+                    chrono::Utc::now(),
+                )))
                 .await
                 .unwrap();
             ids.push(id);

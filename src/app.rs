@@ -35,16 +35,8 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
 
 /// The TCP port of a Postgres URL (none for SQLite).
 fn database_port(url: &str) -> Option<u16> {
-    let rest = url
-        .strip_prefix("postgres://")
-        .or_else(|| url.strip_prefix("postgresql://"))?;
-    let host = rest.split(['/', '?']).next()?;
-    let host = host.rsplit('@').next()?;
-    Some(
-        host.rsplit_once(':')
-            .and_then(|(_, port)| port.parse().ok())
-            .unwrap_or(5432),
-    )
+    let url = url::Url::parse(url).ok()?;
+    matches!(url.scheme(), "postgres" | "postgresql").then(|| url.port().unwrap_or(5432))
 }
 
 /// A built, bound, not yet serving application.
@@ -190,4 +182,18 @@ pub async fn create_tenant(settings: &Settings, name: &str) -> anyhow::Result<(T
         .await?;
     store.close().await?;
     Ok((tenant, key))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_database_port_comes_from_a_postgres_url() {
+        use super::database_port;
+        assert_eq!(
+            database_port("postgres://u:p@db:6543/x?sslmode=disable"),
+            Some(6543)
+        );
+        assert_eq!(database_port("postgresql://u@db/x"), Some(5432));
+        assert_eq!(database_port("sqlite:///tmp/b.db?mode=rwc"), None);
+    }
 }

@@ -80,6 +80,32 @@ pub struct NewConversation {
     pub created_at: DateTime<Utc>,
 }
 
+impl NewConversation {
+    /// A user-initiated conversation with the defaults of an empty create request: the id
+    /// as slug, no system prompt, no approvals, network off.
+    pub fn user(
+        id: &str,
+        tenant_id: &str,
+        cwd: impl Into<String>,
+        model: &str,
+        created_at: DateTime<Utc>,
+    ) -> Self {
+        NewConversation {
+            id: id.to_owned(),
+            tenant_id: tenant_id.to_owned(),
+            slug: id.to_owned(),
+            cwd: cwd.into(),
+            model: model.to_owned(),
+            system_prompt: None,
+            parent_id: None,
+            user_initiated: true,
+            require_approval: Vec::new(),
+            network: false,
+            created_at,
+        }
+    }
+}
+
 /// A stored message.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MessageRecord {

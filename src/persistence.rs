@@ -429,19 +429,7 @@ mod tests {
         let ids = ["c1", "c2", "c3"];
         for id in ids {
             store
-                .insert_conversation(&NewConversation {
-                    id: id.into(),
-                    tenant_id: "t".into(),
-                    slug: id.into(),
-                    cwd: "/tmp".into(),
-                    model: "m".into(),
-                    system_prompt: None,
-                    parent_id: None,
-                    user_initiated: true,
-                    require_approval: Vec::new(),
-                    network: false,
-                    created_at: at,
-                })
+                .insert_conversation(&NewConversation::user(id, "t", "/tmp", "m", at))
                 .await
                 .expect("a conversation");
         }

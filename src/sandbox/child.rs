@@ -8,7 +8,7 @@
 //! stderr and exits with status 125, so the reason reaches the tool result and the start-up
 //! self-test verbatim instead of being lost as an errno.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 
 use landlock::RulesetCreated;
 
@@ -52,6 +52,8 @@ pub struct Plan {
     pub new_net: bool,
     /// The mount point of the new root.
     pub root: CString,
+    /// The steps every run shares (prepared once at start), then this run's own.
+    pub base: std::sync::Arc<[Step]>,
     pub steps: Vec<Step>,
     /// `<root>/.oldroot`, and the same seen from the new root.
     pub old_root: CString,
@@ -91,9 +93,9 @@ fn fail(step: &str, detail: &[u8]) -> ! {
     unsafe { libc::_exit(SETUP_FAILED) }
 }
 
-fn check(result: libc::c_int, step: &str, detail: &CString) {
+fn check(result: libc::c_int, step: &str, detail: &CStr) {
     if result != 0 {
-        fail(step, detail.as_bytes());
+        fail(step, detail.to_bytes());
     }
 }
 
@@ -131,9 +133,9 @@ fn build_root(plan: &Plan) {
                 std::ptr::null(),
             ),
             "make / private",
-            &CString::default(),
+            c"",
         );
-        for step in &plan.steps {
+        for step in plan.base.iter().chain(&plan.steps) {
             match step {
                 Step::Mkdir(path) => {
                     if libc::mkdir(path.as_ptr(), 0o755) != 0
@@ -223,11 +225,11 @@ fn build_root(plan: &Plan) {
             "pivot_root to",
             &plan.root,
         );
-        check(libc::chdir(slash.as_ptr()), "chdir", &CString::default());
+        check(libc::chdir(slash.as_ptr()), "chdir", c"");
         check(
             libc::umount2(plan.old_root_inside.as_ptr(), libc::MNT_DETACH),
             "detach the old root",
-            &CString::default(),
+            c"",
         );
         libc::rmdir(plan.old_root_inside.as_ptr());
         check(
@@ -239,7 +241,7 @@ fn build_root(plan: &Plan) {
                 std::ptr::null(),
             ),
             "read-only remount of the new root",
-            &CString::default(),
+            c"",
         );
         check(libc::chdir(plan.cwd.as_ptr()), "chdir to", &plan.cwd);
     }
@@ -256,7 +258,7 @@ fn enter_user_namespace(plan: &Plan, proc: libc::c_int, extra: libc::c_int) {
         check(
             libc::unshare(flags),
             "unshare (user, pid, ipc, net namespaces)",
-            &CString::default(),
+            c"",
         );
     }
     write_file(proc, b"self/setgroups\0", &CString::from(c"deny"));
@@ -269,15 +271,15 @@ fn enter_user_namespace(plan: &Plan, proc: libc::c_int, extra: libc::c_int) {
 fn switch_user(uid: libc::uid_t, gid: libc::gid_t) {
     // SAFETY: credential system calls.
     unsafe {
-        let none = CString::default();
-        check(libc::setgroups(0, std::ptr::null()), "setgroups", &none);
-        check(libc::setresgid(gid, gid, gid), "setresgid", &none);
-        check(libc::setresuid(uid, uid, uid), "setresuid", &none);
+        let none = c"";
+        check(libc::setgroups(0, std::ptr::null()), "setgroups", none);
+        check(libc::setresgid(gid, gid, gid), "setresgid", none);
+        check(libc::setresuid(uid, uid, uid), "setresuid", none);
         // A uid change clears it; /proc/self/uid_map needs it.
         check(
             libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0),
             "prctl(PR_SET_DUMPABLE)",
-            &none,
+            none,
         );
     }
 }
@@ -286,7 +288,7 @@ fn switch_user(uid: libc::uid_t, gid: libc::gid_t) {
 fn loopback_up() {
     // SAFETY: a datagram socket and two interface ioctls on a zeroed ifreq.
     unsafe {
-        let none = CString::default();
+        let none = c"";
         let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
         if fd < 0 {
             fail("socket", b"");
@@ -297,13 +299,13 @@ fn loopback_up() {
         check(
             libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut request),
             "SIOCGIFFLAGS lo",
-            &none,
+            none,
         );
         request.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
         check(
             libc::ioctl(fd, libc::SIOCSIFFLAGS, &request),
             "bring up lo",
-            &none,
+            none,
         );
         libc::close(fd);
     }
@@ -337,7 +339,7 @@ pub fn enter(
                 check(
                     libc::unshare(libc::CLONE_NEWNS),
                     "unshare (mount namespace)",
-                    &CString::default(),
+                    c"",
                 );
             }
             build_root(plan);

@@ -115,8 +115,16 @@ pub struct Sandbox {
     /// Ids tool processes have on the host: (uid, gid), and whether to switch to them.
     owner: (u32, u32),
     switch_user: bool,
-    visible: Vec<Visible>,
-    hidden: Vec<(PathBuf, bool)>,
+    /// The mount steps every run shares, built once: the new root, the read-only paths,
+    /// the hidden ones, /dev, and the directories for /tmp and the old root.
+    base: std::sync::Arc<[Step]>,
+    /// The directories (host paths) the base steps create inside the new root.
+    made: BTreeSet<PathBuf>,
+    /// The mount flags of the filesystem of the temp dirs.
+    tmp_flags: libc::c_ulong,
+    /// Landlock's read-only and device rules, opened once.
+    read_only: Vec<PathFd>,
+    devices: Vec<PathFd>,
     passthrough: Vec<(String, String)>,
 }
 
@@ -137,14 +145,15 @@ impl Sandbox {
         }
         let network_on_anywhere = !config.network.tenants.is_empty()
             || !config.network.per_conversation_tenants.is_empty();
-        let missing = KernelSupport::detect().missing(network_on_anywhere);
+        let kernel = KernelSupport::detect();
+        let missing = kernel.missing(network_on_anywhere);
         if !missing.is_empty() {
             return Err(SandboxError(format!(
                 "the kernel lacks {}",
                 missing.join(" and ")
             )));
         }
-        let abi = ABI::from(KernelSupport::detect().landlock_abi);
+        let abi = ABI::from(kernel.landlock_abi);
         let dir = config.dir(&settings.data);
         let io = |what: &str, path: &Path, e: std::io::Error| {
             SandboxError(format!("{what} {}: {e}", path.display()))
@@ -174,7 +183,7 @@ impl Sandbox {
             ));
         }
         let visible = read_only_entries(&config.read_only_paths)?;
-        let hidden = config
+        let hidden: Vec<(PathBuf, bool)> = config
             .hidden_paths
             .iter()
             .filter_map(|path| {
@@ -183,21 +192,6 @@ impl Sandbox {
                     .map(|m| (path.clone(), m.is_dir()))
             })
             .collect();
-        let sandbox = Sandbox {
-            settings: config.clone(),
-            abi,
-            root,
-            tmp,
-            owner,
-            switch_user,
-            visible,
-            hidden,
-            passthrough: config
-                .env_passthrough
-                .iter()
-                .filter_map(|name| std::env::var(name).ok().map(|v| (name.clone(), v)))
-                .collect(),
-        };
         // The server's own files, other workspaces and other runs' temp dirs must not be
         // among what tools see.
         for (setting, path, why) in [
@@ -214,7 +208,7 @@ impl Sandbox {
             ("sandbox.dir", &dir, "tools would see other runs' temp dirs"),
         ] {
             let real = path.canonicalize().unwrap_or_else(|_| path.clone());
-            if let Some(under) = sandbox.exposes(&real) {
+            if let Some(under) = exposes(&visible, &hidden, &real) {
                 return Err(SandboxError(format!(
                     "{setting} {} lies under sandbox.read_only_paths ({}): {why}",
                     real.display(),
@@ -222,18 +216,46 @@ impl Sandbox {
                 )));
             }
         }
-        Ok(Some(sandbox))
-    }
-
-    /// The read-only path under which `path` would be visible to tools, if any.
-    fn exposes(&self, path: &Path) -> Option<PathBuf> {
-        if self.hidden.iter().any(|(h, _)| path.starts_with(h)) {
-            return None;
-        }
-        self.visible.iter().find_map(|v| match v {
-            Visible::Dir(p, _) | Visible::File(p, _) => path.starts_with(p).then(|| p.clone()),
-            Visible::Symlink(..) => None,
-        })
+        let mut base = RootBuilder {
+            root: root.clone(),
+            steps: Vec::new(),
+            made: BTreeSet::new(),
+        };
+        base.shared(&visible, &hidden)
+            .map_err(|e| SandboxError(format!("cannot plan the sandbox's root: {e}")))?;
+        let open = |path: &Path| {
+            PathFd::new(path)
+                .map_err(|e| SandboxError(format!("cannot open {}: {e}", path.display())))
+        };
+        let read_only = visible
+            .iter()
+            .filter_map(|v| match v {
+                Visible::Dir(path, _) | Visible::File(path, _) => Some(open(path)),
+                Visible::Symlink(..) => None,
+            })
+            .collect::<Result<_, _>>()?;
+        let devices = DEVICES
+            .iter()
+            .map(|name| open(&Path::new("/dev").join(name)))
+            .collect::<Result<_, _>>()?;
+        Ok(Some(Sandbox {
+            settings: config.clone(),
+            abi,
+            tmp_flags: mount_flags(&tmp).map_err(|e| io("cannot stat", &tmp, e))?,
+            root,
+            tmp,
+            owner,
+            switch_user,
+            base: base.steps.into(),
+            made: base.made,
+            read_only,
+            devices,
+            passthrough: config
+                .env_passthrough
+                .iter()
+                .filter_map(|name| std::env::var(name).ok().map(|v| (name.clone(), v)))
+                .collect(),
+        }))
     }
 
     /// The ids tool processes have on the host; files the server writes for them (the
@@ -324,107 +346,30 @@ impl Sandbox {
         let ruleset = self.ruleset(&cwd, &tmp.0, network).map_err(|e| {
             std::io::Error::other(format!("cannot build the Landlock ruleset: {e:#}"))
         })?;
-        Ok(Prepared {
-            plan,
-            ruleset: Some(ruleset),
-            tmp: Some(tmp),
-        })
+        Ok(Prepared { plan, ruleset, tmp })
     }
 
+    /// This run's steps after the shared ones: its temp dir, its cwd.
     fn plan(&self, cwd: &Path, tmp: &Path, network: Network) -> std::io::Result<Plan> {
-        let mut steps = Vec::new();
-        let mut made = BTreeSet::new();
-        let inside =
-            |path: &Path| -> PathBuf { self.root.join(path.strip_prefix("/").unwrap_or(path)) };
-        // mkdir -p of `path` inside the new root.
-        let mut mkdir_all = |steps: &mut Vec<Step>, path: &Path| -> std::io::Result<()> {
-            let mut at = PathBuf::from("/");
-            for part in path.strip_prefix("/").unwrap_or(path).components() {
-                at.push(part);
-                if made.insert(at.clone()) {
-                    steps.push(Step::Mkdir(c_path(&inside(&at))?));
-                }
-            }
-            Ok(())
-        };
-        steps.push(Step::Tmpfs {
-            dst: c_path(&self.root)?,
-            data: CString::new("mode=0755,size=1m")?,
-        });
-        for entry in &self.visible {
-            match entry {
-                Visible::Symlink(link, target) => steps.push(Step::Symlink {
-                    target: c_path(target)?,
-                    link: c_path(&inside(link))?,
-                }),
-                Visible::Dir(path, flags) => {
-                    mkdir_all(&mut steps, path)?;
-                    steps.push(bind(path, &inside(path), libc::MS_RDONLY | flags)?);
-                }
-                Visible::File(path, flags) => {
-                    if let Some(parent) = path.parent() {
-                        mkdir_all(&mut steps, parent)?;
-                    }
-                    steps.push(Step::Touch(c_path(&inside(path))?));
-                    steps.push(bind(path, &inside(path), libc::MS_RDONLY | flags)?);
-                }
-            }
-        }
-        for (path, is_dir) in &self.hidden {
-            if *is_dir {
-                steps.push(Step::Tmpfs {
-                    dst: c_path(&inside(path))?,
-                    data: CString::new("mode=0555,size=4k")?,
-                });
-                steps.push(Step::ReadOnly(c_path(&inside(path))?));
-            } else {
-                steps.push(bind(
-                    Path::new("/dev/null"),
-                    &inside(path),
-                    libc::MS_RDONLY,
-                )?);
-            }
-        }
-        // A minimal /dev.
-        let dev = Path::new("/dev");
-        mkdir_all(&mut steps, dev)?;
-        steps.push(Step::Tmpfs {
-            dst: c_path(&inside(dev))?,
-            data: CString::new("mode=0755,size=64k")?,
-        });
-        for name in DEVICES {
-            let path = dev.join(name);
-            steps.push(Step::Touch(c_path(&inside(&path))?));
-            steps.push(bind(&path, &inside(&path), mount_flags(&path)?)?);
-        }
-        for (name, target) in [
-            ("fd", "/proc/self/fd"),
-            ("stdin", "/proc/self/fd/0"),
-            ("stdout", "/proc/self/fd/1"),
-            ("stderr", "/proc/self/fd/2"),
-        ] {
-            steps.push(Step::Symlink {
-                target: CString::new(target)?,
-                link: c_path(&inside(&dev.join(name)))?,
-            });
-        }
-        steps.push(Step::ReadOnly(c_path(&inside(dev))?));
-        // The private temp dir and the working directory, read-write.
-        let slash_tmp = Path::new("/tmp");
-        mkdir_all(&mut steps, slash_tmp)?;
-        steps.push(bind(
+        let inside = |path: &Path| inside(&self.root, path);
+        let mut steps = vec![bind(
             tmp,
-            &inside(slash_tmp),
-            libc::MS_NOSUID | libc::MS_NODEV | mount_flags(tmp)?,
-        )?);
-        mkdir_all(&mut steps, cwd)?;
+            &inside(Path::new("/tmp")),
+            libc::MS_NOSUID | libc::MS_NODEV | self.tmp_flags,
+        )?];
+        let mut at = PathBuf::from("/");
+        for part in cwd.strip_prefix("/").unwrap_or(cwd).components() {
+            at.push(part);
+            if !self.made.contains(&at) {
+                steps.push(Step::Mkdir(c_path(&inside(&at))?));
+            }
+        }
         steps.push(bind(
             cwd,
             &inside(cwd),
             libc::MS_NOSUID | libc::MS_NODEV | mount_flags(cwd)?,
         )?);
         let old = Path::new("/.oldroot");
-        mkdir_all(&mut steps, old)?;
         let s = &self.settings;
         let limits = vec![
             (libc::RLIMIT_CPU, s.cpu_seconds),
@@ -440,6 +385,7 @@ impl Sandbox {
             gid_map: CString::new(format!("{INSIDE_ID} {} 1\n", self.owner.1))?,
             new_net: network == Network::Off,
             root: c_path(&self.root)?,
+            base: self.base.clone(),
             steps,
             old_root: c_path(&inside(old))?,
             old_root_inside: c_path(old)?,
@@ -459,18 +405,11 @@ impl Sandbox {
                 .scope(Scope::from_all(abi))?;
         }
         let mut created = ruleset.create()?;
-        let read = AccessFs::from_read(abi);
-        for entry in &self.visible {
-            if let Visible::Dir(path, _) | Visible::File(path, _) = entry
-                && let Ok(fd) = PathFd::new(path)
-            {
-                created = created.add_rule(PathBeneath::new(fd, read))?;
-            }
+        for fd in &self.read_only {
+            created = created.add_rule(PathBeneath::new(fd, AccessFs::from_read(abi)))?;
         }
-        for name in DEVICES {
-            if let Ok(fd) = PathFd::new(Path::new("/dev").join(name)) {
-                created = created.add_rule(PathBeneath::new(fd, AccessFs::from_file(abi)))?;
-            }
+        for fd in &self.devices {
+            created = created.add_rule(PathBeneath::new(fd, AccessFs::from_file(abi)))?;
         }
         for path in [cwd, tmp] {
             let fd = PathFd::new(path)?;
@@ -482,6 +421,116 @@ impl Sandbox {
             }
         }
         Ok(created)
+    }
+}
+
+/// `path` inside the new root mounted at `root`.
+fn inside(root: &Path, path: &Path) -> PathBuf {
+    root.join(path.strip_prefix("/").unwrap_or(path))
+}
+
+/// The read-only path under which `path` would be visible to tools, if any.
+fn exposes(visible: &[Visible], hidden: &[(PathBuf, bool)], path: &Path) -> Option<PathBuf> {
+    if hidden.iter().any(|(h, _)| path.starts_with(h)) {
+        return None;
+    }
+    visible.iter().find_map(|v| match v {
+        Visible::Dir(p, _) | Visible::File(p, _) => path.starts_with(p).then(|| p.clone()),
+        Visible::Symlink(..) => None,
+    })
+}
+
+/// Builds the mount steps every run shares.
+struct RootBuilder {
+    root: PathBuf,
+    steps: Vec<Step>,
+    made: BTreeSet<PathBuf>,
+}
+
+impl RootBuilder {
+    fn inside(&self, path: &Path) -> PathBuf {
+        inside(&self.root, path)
+    }
+
+    /// mkdir -p of `path` inside the new root.
+    fn mkdir_all(&mut self, path: &Path) -> std::io::Result<()> {
+        let mut at = PathBuf::from("/");
+        for part in path.strip_prefix("/").unwrap_or(path).components() {
+            at.push(part);
+            if self.made.insert(at.clone()) {
+                self.steps.push(Step::Mkdir(c_path(&self.inside(&at))?));
+            }
+        }
+        Ok(())
+    }
+
+    fn shared(&mut self, visible: &[Visible], hidden: &[(PathBuf, bool)]) -> std::io::Result<()> {
+        self.steps.push(Step::Tmpfs {
+            dst: c_path(&self.root)?,
+            data: CString::new("mode=0755,size=1m")?,
+        });
+        for entry in visible {
+            match entry {
+                Visible::Symlink(link, target) => self.steps.push(Step::Symlink {
+                    target: c_path(target)?,
+                    link: c_path(&self.inside(link))?,
+                }),
+                Visible::Dir(path, flags) => {
+                    self.mkdir_all(path)?;
+                    self.steps
+                        .push(bind(path, &self.inside(path), libc::MS_RDONLY | flags)?);
+                }
+                Visible::File(path, flags) => {
+                    if let Some(parent) = path.parent() {
+                        self.mkdir_all(parent)?;
+                    }
+                    self.steps.push(Step::Touch(c_path(&self.inside(path))?));
+                    self.steps
+                        .push(bind(path, &self.inside(path), libc::MS_RDONLY | flags)?);
+                }
+            }
+        }
+        for (path, is_dir) in hidden {
+            let dst = self.inside(path);
+            if *is_dir {
+                self.steps.push(Step::Tmpfs {
+                    dst: c_path(&dst)?,
+                    data: CString::new("mode=0555,size=4k")?,
+                });
+                self.steps.push(Step::ReadOnly(c_path(&dst)?));
+            } else {
+                self.steps
+                    .push(bind(Path::new("/dev/null"), &dst, libc::MS_RDONLY)?);
+            }
+        }
+        // A minimal /dev.
+        let dev = Path::new("/dev");
+        self.mkdir_all(dev)?;
+        self.steps.push(Step::Tmpfs {
+            dst: c_path(&self.inside(dev))?,
+            data: CString::new("mode=0755,size=64k")?,
+        });
+        for name in DEVICES {
+            let path = dev.join(name);
+            self.steps.push(Step::Touch(c_path(&self.inside(&path))?));
+            self.steps
+                .push(bind(&path, &self.inside(&path), mount_flags(&path)?)?);
+        }
+        for (name, target) in [
+            ("fd", "/proc/self/fd"),
+            ("stdin", "/proc/self/fd/0"),
+            ("stdout", "/proc/self/fd/1"),
+            ("stderr", "/proc/self/fd/2"),
+        ] {
+            self.steps.push(Step::Symlink {
+                target: CString::new(target)?,
+                link: c_path(&self.inside(&dev.join(name)))?,
+            });
+        }
+        self.steps.push(Step::ReadOnly(c_path(&self.inside(dev))?));
+        // Mount points of each run's temp dir, and of the old root for pivot_root.
+        self.mkdir_all(Path::new("/tmp"))?;
+        self.mkdir_all(Path::new("/.oldroot"))
     }
 }
 
@@ -574,16 +623,16 @@ pub async fn self_test(
 #[derive(Debug)]
 pub struct Prepared {
     plan: Plan,
-    ruleset: Option<RulesetCreated>,
-    tmp: Option<TempDir>,
+    ruleset: RulesetCreated,
+    tmp: TempDir,
 }
 
 impl Prepared {
     /// Makes `command` enter the sandbox between fork and exec. The temp dir lives as long
-    /// as the returned guard.
-    pub fn apply(mut self, command: &mut tokio::process::Command) -> std::io::Result<Launch> {
+    /// as the returned launch and the run it becomes.
+    pub fn apply(self, command: &mut tokio::process::Command) -> std::io::Result<Launch> {
         let plan = std::sync::Arc::new(self.plan);
-        let mut ruleset = self.ruleset.take();
+        let mut ruleset = Some(self.ruleset);
         let (report_read, report_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
             .map_err(std::io::Error::from)?;
         let report = std::os::fd::AsRawFd::as_raw_fd(&report_write);
@@ -599,7 +648,7 @@ impl Prepared {
         }
         Ok(Launch {
             report: report_read,
-            _tmp: TempDirGuard(self.tmp.take()),
+            _tmp: self.tmp,
         })
     }
 }
@@ -608,7 +657,7 @@ impl Prepared {
 #[derive(Debug)]
 pub struct Launch {
     report: std::os::fd::OwnedFd,
-    _tmp: TempDirGuard,
+    _tmp: TempDir,
 }
 
 impl Launch {
@@ -651,7 +700,7 @@ pub struct RunProcess {
     pidfd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
     reaped: bool,
     status: Option<std::process::ExitStatus>,
-    _tmp: TempDirGuard,
+    _tmp: TempDir,
 }
 
 impl RunProcess {
@@ -722,10 +771,7 @@ fn reap(
     Ok(Some(std::process::ExitStatus::from_raw(raw)))
 }
 
-/// Removes a run's private temp dir when dropped.
-#[derive(Debug)]
-pub struct TempDirGuard(#[expect(dead_code, reason = "held for its Drop")] Option<TempDir>);
-
+/// A run's private temp dir, removed when dropped.
 #[derive(Debug)]
 struct TempDir(PathBuf);
 

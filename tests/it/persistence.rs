@@ -17,7 +17,6 @@ async fn killed_mid_tool_recovers_on_restart() {
         let llm = FakeLlm::start().await;
         let workspace = crate::support::db::temp_dir("ws");
         bedrock::install_crypto();
-        let http = reqwest::Client::new();
         let server = Server::start(&db, &llm, &workspace);
         let created = server.conversation().await;
         let id = created["id"].as_str().expect("an id").to_owned();
@@ -38,13 +37,7 @@ async fn killed_mid_tool_recovers_on_restart() {
                 ),
             ],
         }]);
-        let sent = http
-            .post(format!("{}/v1/conversations/{id}/messages", server.base))
-            .json(&json!({"text": "long job"}))
-            .send()
-            .await
-            .expect("send");
-        assert_eq!(sent.status(), 202);
+        server.send(&id, "long job").await;
         eventually("the tool to start", WAIT, || async {
             cwd.join("started").exists().then_some(())
         })
@@ -60,27 +53,19 @@ async fn killed_mid_tool_recovers_on_restart() {
         .await;
 
         let server = Server::start(&db, &llm, &workspace);
-        let state: Value = http
-            .get(format!("{}/v1/conversations/{id}", server.base))
-            .send()
+        let state = server
+            .get(&format!("/conversations/{id}"))
             .await
-            .expect("get")
-            .json()
-            .await
-            .expect("json");
+            .expect("a JSON answer");
         assert_eq!(
             state["state"],
             json!({"kind": "idle"}),
             "recovered to idle at start"
         );
-        let messages: Value = http
-            .get(format!("{}/v1/conversations/{id}/messages", server.base))
-            .send()
+        let messages = server
+            .get(&format!("/conversations/{id}/messages"))
             .await
-            .expect("get")
-            .json()
-            .await
-            .expect("json");
+            .expect("a JSON answer");
         let results: Vec<(Value, Value)> = messages["messages"]
             .as_array()
             .expect("messages")
@@ -103,13 +88,7 @@ async fn killed_mid_tool_recovers_on_restart() {
         assert!(!cwd.join("never").exists());
         // The next LLM request is valid: every tool call has its result, in order.
         llm.push([Llm::text("resumed")]);
-        let sent = http
-            .post(format!("{}/v1/conversations/{id}/messages", server.base))
-            .json(&json!({"text": "go on"}))
-            .send()
-            .await
-            .expect("send");
-        assert_eq!(sent.status(), 202);
+        server.send(&id, "go on").await;
         let request = eventually("the next request", WAIT, || async {
             llm.requests().get(1).cloned()
         })

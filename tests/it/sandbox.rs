@@ -97,7 +97,7 @@ async fn ordinary_work_runs_in_the_sandbox() {
     app.cleanup(db).await;
 }
 
-/// Another tenant's workspace does not exist for a tool, nor does the workspace root.
+/// Another tenant's workspace does not exist for a tool.
 #[tokio::test]
 async fn another_tenants_workspace_is_out_of_reach() {
     let db = TestDb::sqlite();
@@ -405,21 +405,10 @@ async fn a_fork_bomb_is_contained() {
     );
     goes_on(&app, &id).await;
     eventually("the bomb's processes to be gone", WAIT, || async {
-        (!host_has_process_with("bomb() { bomb | bomb & }")).then_some(())
+        (!crate::support::running_containing("bomb() { bomb | bomb & }")).then_some(())
     })
     .await;
     app.cleanup(db).await;
-}
-
-/// Whether a host process's command line contains `text`.
-fn host_has_process_with(text: &str) -> bool {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return false;
-    };
-    entries.flatten().any(|entry| {
-        std::fs::read(entry.path().join("cmdline"))
-            .is_ok_and(|line| String::from_utf8_lossy(&line).contains(text))
-    })
 }
 
 /// 10 GB of memory: refused under the address-space limit; a failed result.
@@ -475,7 +464,6 @@ async fn secrets_of_the_server_are_out_of_reach() {
         .env("OPENAI_API_KEY", "sk-server-secret-4711")
         .env("DATABASE_PASSWORD", "db-secret-4711");
     let server = Server::start_with(cmd);
-    let http = reqwest::Client::new();
     let created = server.conversation().await;
     let id = created["id"].as_str().expect("an id").to_owned();
     llm.push([
@@ -485,22 +473,9 @@ async fn secrets_of_the_server_are_out_of_reach() {
         ),
         Llm::text("done"),
     ]);
-    let sent = http
-        .post(format!("{}/v1/conversations/{id}/messages", server.base))
-        .json(&json!({"text": "look around"}))
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(sent.status(), 202);
+    server.send(&id, "look around").await;
     let output = eventually("the tool result", WAIT, || async {
-        let body: Value = http
-            .get(format!("{}/v1/conversations/{id}/messages", server.base))
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
+        let body = server.get(&format!("/conversations/{id}/messages")).await?;
         body["messages"].as_array()?.iter().find_map(|m| {
             (m["message_type"] == "tool").then(|| {
                 m["content"]["output"]

@@ -101,24 +101,12 @@ async fn a_turn_is_exported_as_one_trace() {
         .env("OTEL_METRIC_EXPORT_INTERVAL", "200")
         .env_remove("RUST_LOG");
     let server = Server::start_with(cmd);
-    let http = reqwest::Client::new();
     let created = server.conversation().await;
     let id = created["id"].as_str().expect("an id").to_owned();
     llm.push([Llm::bash("call_1", "echo traced"), Llm::text("done")]);
-    http.post(format!("{}/v1/conversations/{id}/messages", server.base))
-        .json(&json!({"text": "go"}))
-        .send()
-        .await
-        .expect("send");
+    server.send(&id, "go").await;
     eventually("the turn to end", WAIT, || async {
-        let conv: Value = http
-            .get(format!("{}/v1/conversations/{id}", server.base))
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
+        let conv = server.get(&format!("/conversations/{id}")).await?;
         (conv["state"]["kind"] == "idle" && llm.requests().len() == 2).then_some(())
     })
     .await;

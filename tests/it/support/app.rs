@@ -73,25 +73,12 @@ fn settings_for(
     workspace: &std::path::Path,
     extra: &[(String, String)],
 ) -> Settings {
-    let mut env: Vec<(String, String)> = vec![
+    let mut env = super::rt::base_env(db_url, llm, workspace);
+    env.extend([
         ("BEDROCK_LISTEN".into(), "127.0.0.1:0".into()),
         ("BEDROCK_AUTH".into(), "required".into()),
-        ("BEDROCK_DATABASE_URL".into(), db_url.to_owned()),
-        ("BEDROCK_LLM_BASE_URL".into(), llm.base_url.clone()),
-        ("BEDROCK_LLM_API_KEY".into(), "test-key".into()),
-        ("BEDROCK_MODEL".into(), "fake-model".into()),
-        (
-            "BEDROCK_WORKSPACE_ROOT".into(),
-            workspace.display().to_string(),
-        ),
-        ("BEDROCK_DATABASE__MAX_CONNECTIONS".into(), "4".into()),
-        // The data dir (the sandbox's mount point and temp dirs) beside the workspace.
-        (
-            "BEDROCK_DATA_DIR".into(),
-            format!("{}-data", workspace.display()),
-        ),
         ("BEDROCK_SERVER__SHUTDOWN_GRACE_MS".into(), "5000".into()),
-    ];
+    ]);
     env.extend(extra.iter().cloned());
     Settings::load_from(None, env).expect("test settings are valid")
 }

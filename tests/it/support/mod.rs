@@ -52,12 +52,22 @@ pub fn running(command: &str) -> bool {
         .split(' ')
         .flat_map(|part| part.bytes().chain([0]))
         .collect();
+    any_process(|line| line == wanted.as_slice())
+}
+
+/// Whether a live process's command line contains `text`.
+pub fn running_containing(text: &str) -> bool {
+    any_process(|line| String::from_utf8_lossy(line).contains(text))
+}
+
+/// Whether a live (not zombie) process of the host has a command line that `matches`.
+fn any_process(matches: impl Fn(&[u8]) -> bool) -> bool {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return false;
     };
     entries.flatten().any(|entry| {
         let dir = entry.path();
-        std::fs::read(dir.join("cmdline")).is_ok_and(|line| line == wanted)
+        std::fs::read(dir.join("cmdline")).is_ok_and(|line| matches(&line))
             && std::fs::read_to_string(dir.join("stat")).is_ok_and(|s| !s.contains(") Z "))
     })
 }

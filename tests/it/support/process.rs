@@ -87,6 +87,27 @@ impl Server {
             .expect("a JSON answer")
     }
 
+    /// GETs `path` (under /v1); `None` when there is no JSON answer (yet).
+    pub async fn get(&self, path: &str) -> Option<Value> {
+        reqwest::get(format!("{}/v1{path}", self.base))
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()
+    }
+
+    /// Sends a user message to conversation `id` and expects it accepted.
+    pub async fn send(&self, id: &str, text: &str) {
+        let sent = reqwest::Client::new()
+            .post(format!("{}/v1/conversations/{id}/messages", self.base))
+            .json(&serde_json::json!({ "text": text }))
+            .send()
+            .await
+            .expect("the server answers");
+        assert_eq!(sent.status(), 202);
+    }
+
     /// A new conversation (dev tenant); returns its JSON.
     pub async fn conversation(&self) -> Value {
         self.post("/conversations", serde_json::json!({})).await

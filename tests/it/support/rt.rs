@@ -23,15 +23,11 @@ pub struct TestRuntime {
     pub tenant_id: String,
 }
 
-/// Settings for a test: the fake LLM, the database, a temp workspace, plus `extra`.
-pub fn settings(
-    db: &TestDb,
-    llm: &FakeLlm,
-    workspace: &std::path::Path,
-    extra: &[(&str, &str)],
-) -> Settings {
-    let mut env: Vec<(String, String)> = vec![
-        ("BEDROCK_DATABASE_URL".into(), db.url.clone()),
+/// The variables every test server gets: its database, the fake LLM, a workspace with its
+/// data dir (the sandbox's mount point and temp dirs) beside it.
+pub fn base_env(db_url: &str, llm: &FakeLlm, workspace: &std::path::Path) -> Vec<(String, String)> {
+    vec![
+        ("BEDROCK_DATABASE_URL".into(), db_url.to_owned()),
         ("BEDROCK_LLM_BASE_URL".into(), llm.base_url.clone()),
         ("BEDROCK_LLM_API_KEY".into(), "test-key".into()),
         ("BEDROCK_MODEL".into(), "fake-model".into()),
@@ -40,12 +36,21 @@ pub fn settings(
             workspace.display().to_string(),
         ),
         ("BEDROCK_DATABASE__MAX_CONNECTIONS".into(), "4".into()),
-        // The data dir (the sandbox's mount point and temp dirs) beside the workspace.
         (
             "BEDROCK_DATA_DIR".into(),
             format!("{}-data", workspace.display()),
         ),
-    ];
+    ]
+}
+
+/// Settings for a test: the fake LLM, the database, a temp workspace, plus `extra`.
+pub fn settings(
+    db: &TestDb,
+    llm: &FakeLlm,
+    workspace: &std::path::Path,
+    extra: &[(&str, &str)],
+) -> Settings {
+    let mut env = base_env(&db.url, llm, workspace);
     env.extend(
         extra
             .iter()
@@ -106,17 +111,15 @@ impl TestRuntime {
             .services
             .persistence
             .write(WriteJob::CreateConversation(NewConversation {
-                id: id.clone(),
-                tenant_id: self.tenant_id.clone(),
                 slug: format!("c-{}", &id[id.len() - 12..]),
-                cwd: cwd.display().to_string(),
-                model: "fake-model".into(),
                 system_prompt: system_prompt.map(str::to_owned),
-                parent_id: None,
-                user_initiated: true,
-                require_approval: vec![],
-                network: false,
-                created_at: chrono::Utc::now(),
+                ..NewConversation::user(
+                    &id,
+                    &self.tenant_id,
+                    cwd.display().to_string(),
+                    "fake-model",
+                    chrono::Utc::now(),
+                )
             }))
             .await
             .expect("the conversation is stored");
