@@ -6,6 +6,10 @@ use std::time::Duration;
 
 use sea_orm::{ConnectionTrait, Database};
 
+/// The server's allocator (src/main.rs), so the figures are the server's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// A database to benchmark on; dropped at the end.
 #[derive(Debug)]
 pub struct BenchDb {

@@ -1,6 +1,7 @@
 //! The histories of conversations the gateway is serving, kept between their LLM steps so a
 //! step reads only the messages added since the last one. Messages are append-only and
-//! numbered, so "every message after the last sequence id held" is always the rest.
+//! numbered, so "every message after the last sequence id held" is always the rest. Each is
+//! held in its wire form (request.rs), made once.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -8,10 +9,18 @@ use std::time::Instant;
 
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
-use crate::model::MessageRecord;
+use super::request::{Wire, wire};
 use crate::store::{Store, StoreError};
 
-type Entry = Arc<AsyncMutex<Vec<MessageRecord>>>;
+/// A conversation's history as the backend gets it.
+#[derive(Debug, Default)]
+pub struct History {
+    /// The sequence id of the last message held (0: none).
+    last: i64,
+    pub messages: Vec<Wire>,
+}
+
+type Entry = Arc<AsyncMutex<History>>;
 
 #[derive(Debug)]
 pub struct HistoryCache {
@@ -35,7 +44,7 @@ impl HistoryCache {
         &self,
         store: &Store,
         id: &str,
-    ) -> Result<OwnedMutexGuard<Vec<MessageRecord>>, StoreError> {
+    ) -> Result<OwnedMutexGuard<History>, StoreError> {
         let entry = {
             let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
             match entries.get_mut(id) {
@@ -59,9 +68,15 @@ impl HistoryCache {
             }
         };
         let mut history = entry.lock_owned().await;
-        let after = history.last().map_or(0, |m| m.sequence_id);
-        let newer = store.messages_after(id, after, u64::MAX >> 1).await?;
-        history.extend(newer);
+        let newer = store
+            .messages_after(id, history.last, u64::MAX >> 1)
+            .await?;
+        if let Some(last) = newer.last() {
+            history.last = last.sequence_id;
+        }
+        history
+            .messages
+            .extend(newer.iter().map(|record| wire(&record.content)));
         Ok(history)
     }
 }

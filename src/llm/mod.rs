@@ -23,7 +23,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-pub use request::{RequestContext, build as build_request, system_prompt};
+pub use request::{RequestContext, system_prompt};
 pub use stream::Accumulator;
 
 use crate::config::Settings;
@@ -276,8 +276,12 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
             )
         })?;
     let mut images = HashMap::new();
-    for record in history.iter() {
-        if let crate::state_machine::MessageContent::User { images: refs, .. } = &record.content {
+    for message in &history.messages {
+        if let request::Wire::Images(crate::state_machine::MessageContent::User {
+            images: refs,
+            ..
+        }) = message
+        {
             for image in refs {
                 if let Ok(Some(found)) = shared
                     .store
@@ -300,11 +304,14 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
         tools: &definitions,
     };
     let loader = |id: &str| images.get(id).cloned();
-    let request = request::build(&ctx, &history, &loader);
+    let request = request::body(&ctx, &history.messages, &loader).map_err(|e| {
+        Failure::new(
+            ErrorKind::InvalidRequest,
+            format!("cannot encode the request: {e}"),
+        )
+    })?;
     drop(history);
-    let size = serde_json::to_vec(&request)
-        .map(|v| v.len())
-        .unwrap_or(usize::MAX);
+    let size = request.get().len();
     if size > llm.max_request_bytes {
         return Err(Failure::new(
             ErrorKind::Limit,
@@ -328,7 +335,7 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
 async fn stream_reply(
     shared: &Shared,
     job: &LlmJob,
-    request: async_openai::types::chat::CreateChatCompletionRequest,
+    request: Box<serde_json::value::RawValue>,
     deadline: tokio::time::Instant,
     started: Instant,
     probe: Arc<http::Probe>,
@@ -343,11 +350,16 @@ async fn stream_reply(
             ),
         )
     };
-    let mut stream =
-        tokio::time::timeout_at(deadline, shared.backend.chat().create_stream(request))
-            .await
-            .map_err(|_| total_limit())?
-            .map_err(|e| http::classify(&e, &probe))?;
+    let chat = shared.backend.chat();
+    let mut stream = tokio::time::timeout_at(
+        deadline,
+        chat.create_stream_byot::<_, async_openai::types::chat::CreateChatCompletionStreamResponse>(
+            request,
+        ),
+    )
+    .await
+    .map_err(|_| total_limit())?
+    .map_err(|e| http::classify(&e, &probe))?;
     let mut accumulator = Accumulator::new(llm.max_tool_args_bytes);
     let mut first_token = None;
     loop {

@@ -1,4 +1,10 @@
 //! Builds the chat-completions request of one LLM step from the stored history.
+//!
+//! The backend is sent the whole history at every step, so each message is turned into its
+//! wire JSON once ([`wire`]), kept with the gateway's history, and a request's body is those
+//! pieces put together ([`body`]): a step costs a copy of the history, not its conversion
+//! and serialization. Messages with images are converted per request (their data URLs are
+//! not kept in memory).
 
 use async_openai::types::chat::{
     ChatCompletionMessageToolCall, ChatCompletionMessageToolCalls,
@@ -8,12 +14,13 @@ use async_openai::types::chat::{
     ChatCompletionRequestSystemMessageContent, ChatCompletionRequestToolMessage,
     ChatCompletionRequestToolMessageContent, ChatCompletionRequestUserMessage,
     ChatCompletionRequestUserMessageContent, ChatCompletionRequestUserMessageContentPart,
-    ChatCompletionStreamOptions, ChatCompletionTool, ChatCompletionTools,
-    CreateChatCompletionRequest, FunctionCall, FunctionObject, ImageUrl,
+    ChatCompletionStreamOptions, ChatCompletionTool, ChatCompletionTools, FunctionCall,
+    FunctionObject, ImageUrl,
 };
 use base64::Engine;
+use serde::ser::SerializeSeq as _;
+use serde_json::value::RawValue;
 
-use crate::model::MessageRecord;
 use crate::state_machine::MessageContent;
 use crate::tools::ToolDefinition;
 
@@ -49,26 +56,50 @@ pub fn system_prompt(ctx: &RequestContext<'_>) -> String {
     prompt
 }
 
-/// The request for `history`.
-pub fn build(
-    ctx: &RequestContext<'_>,
-    history: &[MessageRecord],
-    images: ImageLoader<'_>,
-) -> CreateChatCompletionRequest {
-    let mut messages = Vec::with_capacity(history.len() + 1);
-    messages.push(ChatCompletionRequestMessage::System(
-        ChatCompletionRequestSystemMessage {
-            content: ChatCompletionRequestSystemMessageContent::Text(system_prompt(ctx)),
-            name: None,
-        },
-    ));
-    for record in history {
-        if let Some(message) = convert(&record.content, images) {
-            messages.push(message);
-        }
+/// One stored message as the backend gets it.
+#[derive(Debug)]
+pub enum Wire {
+    /// Not sent (errors are for the user; an empty agent turn says nothing).
+    Skip,
+    /// Its JSON, made once.
+    Json(Box<RawValue>),
+    /// A user message with images: converted per request.
+    Images(MessageContent),
+}
+
+/// The wire form of a stored message.
+pub fn wire(content: &MessageContent) -> Wire {
+    if matches!(content, MessageContent::User { images, .. } if !images.is_empty()) {
+        return Wire::Images(content.clone());
     }
-    let tools = ctx
-        .tools
+    match convert(content, &|_| None) {
+        None => Wire::Skip,
+        Some(message) => match serde_json::value::to_raw_value(&message) {
+            Ok(json) => Wire::Json(json),
+            // Not expected for these types; converting per request still works.
+            Err(_) => Wire::Images(content.clone()),
+        },
+    }
+}
+
+/// The JSON of the request's `tools`, made once per kind of agent (the tools an agent gets
+/// depend only on whether it is a sub-agent).
+fn tools_json(
+    tools: &[ToolDefinition],
+    is_sub_agent: bool,
+) -> serde_json::Result<&'static RawValue> {
+    static CACHE: [std::sync::OnceLock<Box<RawValue>>; 2] =
+        [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
+    let slot = &CACHE[usize::from(is_sub_agent)];
+    if let Some(json) = slot.get() {
+        return Ok(json);
+    }
+    let json = serde_json::value::to_raw_value(&tool_list(tools))?;
+    Ok(slot.get_or_init(|| json))
+}
+
+fn tool_list(tools: &[ToolDefinition]) -> Vec<ChatCompletionTools> {
+    tools
         .iter()
         .map(|tool| {
             ChatCompletionTools::Function(ChatCompletionTool {
@@ -80,19 +111,72 @@ pub fn build(
                 },
             })
         })
-        .collect();
-    CreateChatCompletionRequest {
-        messages,
-        model: ctx.model.to_owned(),
-        tools: Some(tools),
-        stream: Some(true),
-        stream_options: Some(ChatCompletionStreamOptions {
+        .collect()
+}
+
+/// The request's `messages`: the system prompt, then the history.
+struct Messages<'a> {
+    system: ChatCompletionRequestMessage,
+    history: &'a [Wire],
+    images: ImageLoader<'a>,
+}
+
+impl serde::Serialize for Messages<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(None)?;
+        seq.serialize_element(&self.system)?;
+        for message in self.history {
+            match message {
+                Wire::Skip => {}
+                Wire::Json(json) => seq.serialize_element(json)?,
+                Wire::Images(content) => {
+                    if let Some(message) = convert(content, self.images) {
+                        seq.serialize_element(&message)?;
+                    }
+                }
+            }
+        }
+        seq.end()
+    }
+}
+
+/// The body of a streaming chat-completions request.
+#[derive(serde::Serialize)]
+struct Body<'a> {
+    model: &'a str,
+    messages: Messages<'a>,
+    tools: &'a RawValue,
+    stream: bool,
+    stream_options: ChatCompletionStreamOptions,
+    max_completion_tokens: u32,
+}
+
+/// The JSON body of the streaming request for `history`: the system prompt, the history,
+/// the tools, `stream` with usage in the last chunk, and the output token limit.
+pub fn body(
+    ctx: &RequestContext<'_>,
+    history: &[Wire],
+    images: ImageLoader<'_>,
+) -> serde_json::Result<Box<RawValue>> {
+    let body = Body {
+        model: ctx.model,
+        messages: Messages {
+            system: ChatCompletionRequestMessage::System(ChatCompletionRequestSystemMessage {
+                content: ChatCompletionRequestSystemMessageContent::Text(system_prompt(ctx)),
+                name: None,
+            }),
+            history,
+            images,
+        },
+        tools: tools_json(ctx.tools, ctx.is_sub_agent)?,
+        stream: true,
+        stream_options: ChatCompletionStreamOptions {
             include_usage: Some(true),
             include_obfuscation: None,
-        }),
-        max_completion_tokens: Some(ctx.max_output_tokens),
-        ..Default::default()
-    }
+        },
+        max_completion_tokens: ctx.max_output_tokens,
+    };
+    serde_json::value::to_raw_value(&body)
 }
 
 fn user_text(text: String) -> ChatCompletionRequestMessage {
@@ -193,4 +277,103 @@ fn convert(
         // Errors are for the user; the model never sees them.
         MessageContent::Error { .. } => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state_machine::{ImageRef, ToolResult, ToolUse};
+    use async_openai::types::chat::CreateChatCompletionRequest;
+
+    /// The body put together from cached pieces is exactly the typed request async-openai
+    /// would send for the same history (REQ-BED-004's chain, REQ-BED-013's images).
+    #[test]
+    fn the_body_is_the_typed_request() {
+        let history = [
+            MessageContent::User {
+                text: "list the files".into(),
+                images: vec![],
+            },
+            MessageContent::Agent {
+                text: Some("Looking.".into()),
+                tool_uses: vec![ToolUse {
+                    id: "call_1".into(),
+                    name: "bash".into(),
+                    input: serde_json::json!({"command": "ls \"a b\""}),
+                }],
+            },
+            MessageContent::Tool(ToolResult {
+                tool_use_id: "call_1".into(),
+                name: "bash".into(),
+                ok: false,
+                output: "no such file".into(),
+                cancelled: false,
+            }),
+            MessageContent::Error {
+                text: "not sent".into(),
+            },
+            MessageContent::Agent {
+                text: None,
+                tool_uses: vec![],
+            },
+            MessageContent::System {
+                text: "a background task finished".into(),
+            },
+            MessageContent::User {
+                text: "and this picture".into(),
+                images: vec![
+                    ImageRef {
+                        id: "img1".into(),
+                        media_type: "image/png".into(),
+                    },
+                    ImageRef {
+                        id: "gone".into(),
+                        media_type: "image/png".into(),
+                    },
+                ],
+            },
+        ];
+        let definitions = crate::tools::definitions(false);
+        let ctx = RequestContext {
+            model: "m",
+            cwd: "/w",
+            system_prompt: Some("be brief"),
+            is_sub_agent: false,
+            max_output_tokens: 512,
+            tools: &definitions,
+        };
+        let loader = |id: &str| (id == "img1").then(|| ("image/png".to_owned(), vec![1, 2, 3]));
+        let wires: Vec<Wire> = history.iter().map(wire).collect();
+        assert!(matches!(wires[3], Wire::Skip) && matches!(wires[4], Wire::Skip));
+        assert!(matches!(wires[6], Wire::Images(_)));
+        let sent: serde_json::Value =
+            serde_json::from_str(body(&ctx, &wires, &loader).expect("encodes").get())
+                .expect("valid JSON");
+
+        let mut messages = vec![ChatCompletionRequestMessage::System(
+            ChatCompletionRequestSystemMessage {
+                content: ChatCompletionRequestSystemMessageContent::Text(system_prompt(&ctx)),
+                name: None,
+            },
+        )];
+        messages.extend(history.iter().filter_map(|c| convert(c, &loader)));
+        let typed = CreateChatCompletionRequest {
+            messages,
+            model: "m".into(),
+            tools: Some(tool_list(&definitions)),
+            stream: Some(true),
+            stream_options: Some(ChatCompletionStreamOptions {
+                include_usage: Some(true),
+                include_obfuscation: None,
+            }),
+            max_completion_tokens: Some(512),
+            ..Default::default()
+        };
+        assert_eq!(sent, serde_json::to_value(&typed).expect("serializes"));
+        assert_eq!(sent["messages"].as_array().map(Vec::len), Some(6));
+        assert_eq!(
+            sent["messages"][5]["content"][1]["image_url"]["url"],
+            "data:image/png;base64,AQID"
+        );
+    }
 }

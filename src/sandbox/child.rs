@@ -2,15 +2,19 @@
 //! sandbox user, the per-run process (PID 1 of its own PID namespace), resource limits and
 //! Landlock.
 //!
-//! This code runs between `fork` and `exec` in a copy of a multi-threaded process, so it
-//! keeps to raw system calls on data prepared by the parent ([`Plan`]): no locks, no
-//! formatting. A step that fails writes `bedrock sandbox: <step> failed (errno N)` to
+//! A run is started the way `posix_spawn` starts a process: `clone(CLONE_VM | CLONE_VFORK)`
+//! on a stack of its own, so the server's page tables are never copied (a `fork` of a large
+//! server takes milliseconds and stalls its other threads on the memory-map lock). The
+//! children share the server's memory until they `exec`, so this code only reads data the
+//! parent prepared ([`Plan`], [`Exec`]) and makes raw system calls: no allocation, no
+//! locks, no formatting, and no glibc wrapper that keeps process-wide state (the
+//! credential calls go straight to the kernel). A step that fails writes `bedrock sandbox: <step> failed (errno N)` to
 //! stderr and exits with status 125, so the reason reaches the tool result and the start-up
 //! self-test verbatim instead of being lost as an errno.
 
 use std::ffi::{CStr, CString};
-
-use landlock::RulesetCreated;
+use std::os::fd::{AsRawFd as _, OwnedFd};
+use std::sync::atomic::{AtomicI32, Ordering};
 
 /// The inside uid and gid of a tool process.
 pub const INSIDE_ID: u32 = 1000;
@@ -100,14 +104,14 @@ fn check(result: libc::c_int, step: &str, detail: &CStr) {
 }
 
 /// Writes `content` to `path` relative to the directory `dir`.
-fn write_file(dir: libc::c_int, path: &[u8], content: &CString) {
+fn write_file(dir: libc::c_int, path: &[u8], content: &CStr) {
     // SAFETY: NUL-terminated path and a borrowed buffer.
     unsafe {
         let fd = libc::openat(dir, path.as_ptr().cast(), libc::O_WRONLY | libc::O_CLOEXEC);
         if fd < 0 {
             fail("open", &path[..path.len() - 1]);
         }
-        let bytes = content.as_bytes();
+        let bytes = content.to_bytes();
         if libc::write(fd, bytes.as_ptr().cast(), bytes.len()) != bytes.len() as isize {
             fail("write", &path[..path.len() - 1]);
         }
@@ -261,7 +265,7 @@ fn enter_user_namespace(plan: &Plan, proc: libc::c_int, extra: libc::c_int) {
             c"",
         );
     }
-    write_file(proc, b"self/setgroups\0", &CString::from(c"deny"));
+    write_file(proc, b"self/setgroups\0", c"deny");
     write_file(proc, b"self/uid_map\0", &plan.uid_map);
     write_file(proc, b"self/gid_map\0", &plan.gid_map);
     // SAFETY: closing our own descriptor.
@@ -269,12 +273,27 @@ fn enter_user_namespace(plan: &Plan, proc: libc::c_int, extra: libc::c_int) {
 }
 
 fn switch_user(uid: libc::uid_t, gid: libc::gid_t) {
-    // SAFETY: credential system calls.
+    // Raw system calls: glibc's wrappers would try to change every thread of the server
+    // (which shares this process's memory) to keep POSIX's process-wide semantics.
+    // SAFETY: credential system calls with plain values.
     unsafe {
         let none = c"";
-        check(libc::setgroups(0, std::ptr::null()), "setgroups", none);
-        check(libc::setresgid(gid, gid, gid), "setresgid", none);
-        check(libc::setresuid(uid, uid, uid), "setresuid", none);
+        let call = |result: libc::c_long| result as libc::c_int;
+        check(
+            call(libc::syscall(libc::SYS_setgroups, 0usize, 0usize)),
+            "setgroups",
+            none,
+        );
+        check(
+            call(libc::syscall(libc::SYS_setresgid, gid, gid, gid)),
+            "setresgid",
+            none,
+        );
+        check(
+            call(libc::syscall(libc::SYS_setresuid, uid, uid, uid)),
+            "setresuid",
+            none,
+        );
         // A uid change clears it; /proc/self/uid_map needs it.
         check(
             libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0),
@@ -311,16 +330,206 @@ fn loopback_up() {
     }
 }
 
-/// Runs in the child after `fork`, before `exec`. The child sets up the namespaces and the
-/// new root, then clones PID 1 of the run as a child of the *server* (`CLONE_PARENT`),
-/// writes its pid to `report` and exits: no process is left sharing the server's memory
-/// (a forked copy that stayed would make every write of the server copy a page). Returns in
-/// PID 1, with every restriction applied.
-pub fn enter(
+/// The program a run executes, with its arguments, environment and standard streams.
+#[derive(Debug)]
+pub struct Exec {
+    pub program: CString,
+    /// `argv`, the program's name first.
+    pub argv: Vec<CString>,
+    /// `NAME=value` entries.
+    pub env: Vec<CString>,
+    /// Descriptors for 0, 1 and 2.
+    pub stdio: [OwnedFd; 3],
+}
+
+/// Two stacks, each above a guard page: one for the setup process, one for PID 1 of the
+/// run until it executes. They are used one after the other by the spawner thread's runs.
+#[derive(Debug)]
+pub struct Stacks {
+    base: *mut libc::c_void,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned by this value and used by one run at a time.
+unsafe impl Send for Stacks {}
+
+const STACK_BYTES: usize = 256 * 1024;
+const GUARD_BYTES: usize = 64 * 1024;
+
+impl Stacks {
+    pub fn new() -> std::io::Result<Stacks> {
+        let len = 2 * (GUARD_BYTES + STACK_BYTES);
+        // SAFETY: a fresh private anonymous mapping; only its stack parts are made writable.
+        unsafe {
+            let base = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            );
+            if base == libc::MAP_FAILED {
+                return Err(std::io::Error::last_os_error());
+            }
+            let stacks = Stacks { base, len };
+            for i in 0..2 {
+                let bottom = stacks.bottom(i);
+                if libc::mprotect(bottom, STACK_BYTES, libc::PROT_READ | libc::PROT_WRITE) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(stacks)
+        }
+    }
+
+    fn bottom(&self, i: usize) -> *mut libc::c_void {
+        self.base
+            .cast::<u8>()
+            .wrapping_add(i * (GUARD_BYTES + STACK_BYTES) + GUARD_BYTES)
+            .cast()
+    }
+
+    /// The top of stack `i` (stacks grow down).
+    fn top(&self, i: usize) -> *mut libc::c_void {
+        self.bottom(i).cast::<u8>().wrapping_add(STACK_BYTES).cast()
+    }
+}
+
+impl Drop for Stacks {
+    fn drop(&mut self) {
+        // SAFETY: unmaps the mapping made in `new`; no run uses it any more.
+        unsafe { libc::munmap(self.base, self.len) };
+    }
+}
+
+/// What the two children read: everything is prepared before the first clone.
+struct Context<'a> {
+    plan: &'a Plan,
+    ruleset: libc::c_int,
+    stdio: [libc::c_int; 3],
+    program: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    env: *const *const libc::c_char,
+    pid1_stack: *mut libc::c_void,
+    /// Written by the setup process: PID 1's pid.
+    pid1: AtomicI32,
+}
+
+/// How a launch went.
+#[derive(Debug)]
+pub struct Launched {
+    /// The setup process; its pid is the run's process group.
+    pub setup_pid: i32,
+    /// Its wait status (0 when the run started).
+    pub setup_status: libc::c_int,
+    /// PID 1 of the run (host pid), a child of this process; 0 when the setup failed.
+    pub pid1: i32,
+}
+
+/// Starts a run: the setup process enters the namespaces and the new root, clones PID 1 of
+/// the run as a child of *this* process (`CLONE_PARENT`) and exits; PID 1 applies the
+/// limits and Landlock and executes the program. Blocks the calling thread until the setup
+/// process is done (milliseconds); call it from the spawner thread only, which PID 1's
+/// parent-death signal is tied to.
+pub fn launch(
     plan: &Plan,
-    ruleset: Option<RulesetCreated>,
-    report: libc::c_int,
-) -> std::io::Result<()> {
+    ruleset: &OwnedFd,
+    exec: &Exec,
+    stacks: &Stacks,
+) -> std::io::Result<Launched> {
+    let pointers = |items: &[CString]| -> Vec<*const libc::c_char> {
+        items
+            .iter()
+            .map(|item| item.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect()
+    };
+    let argv = pointers(&exec.argv);
+    let env = pointers(&exec.env);
+    let context = Context {
+        plan,
+        ruleset: ruleset.as_raw_fd(),
+        stdio: [
+            exec.stdio[0].as_raw_fd(),
+            exec.stdio[1].as_raw_fd(),
+            exec.stdio[2].as_raw_fd(),
+        ],
+        program: exec.program.as_ptr(),
+        argv: argv.as_ptr(),
+        env: env.as_ptr(),
+        pid1_stack: stacks.top(1),
+        pid1: AtomicI32::new(0),
+    };
+    // SAFETY: the children run on their own stacks and only read `context` (and what it
+    // points to, alive until this function returns) until they exec or exit; CLONE_VFORK
+    // suspends this thread until then. Signals stay blocked in them until PID 1 has reset
+    // every handler, so no handler of the server runs in a child.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut previous: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut previous);
+        let setup_pid = libc::clone(
+            setup_main,
+            stacks.top(0),
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            std::ptr::from_ref(&context).cast_mut().cast(),
+        );
+        let clone_error = std::io::Error::last_os_error();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &previous, std::ptr::null_mut());
+        if setup_pid < 0 {
+            return Err(clone_error);
+        }
+        let mut status = 0;
+        while libc::waitpid(setup_pid, &mut status, 0) < 0 {
+            let error = std::io::Error::last_os_error();
+            if error.kind() != std::io::ErrorKind::Interrupted {
+                return Err(error);
+            }
+        }
+        let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+        Ok(Launched {
+            setup_pid,
+            setup_status: status,
+            pid1: if ok {
+                context.pid1.load(Ordering::Acquire)
+            } else {
+                0
+            },
+        })
+    }
+}
+
+/// Makes `from` descriptor `to` of this process, open across exec.
+fn install(from: libc::c_int, to: libc::c_int) {
+    // SAFETY: descriptor calls on this process's own table.
+    unsafe {
+        if from == to {
+            let flags = libc::fcntl(to, libc::F_GETFD);
+            if flags < 0 || libc::fcntl(to, libc::F_SETFD, flags & !libc::FD_CLOEXEC) != 0 {
+                fail("fcntl", b"");
+            }
+        } else if libc::dup2(from, to) < 0 {
+            fail("dup2", b"");
+        }
+    }
+}
+
+/// The setup process: namespaces, the new root, then PID 1.
+extern "C" fn setup_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the launcher's context, alive while this process runs.
+    let context = unsafe { &*arg.cast::<Context<'_>>() };
+    let plan = context.plan;
+    // SAFETY: a process group of its own (the run's), for killpg.
+    if unsafe { libc::setpgid(0, 0) } != 0 {
+        fail("setpgid", b"");
+    }
+    // The streams first, so a failing step's message reaches the run's output (the
+    // launcher moved every source above 2, so no dup2 overwrites a later source).
+    for (to, from) in (0..).zip(context.stdio) {
+        install(from, to);
+    }
     // SAFETY: /proc is opened as a path only.
     let proc = unsafe {
         libc::open(
@@ -354,37 +563,32 @@ pub fn enter(
     if plan.new_net {
         loopback_up();
     }
-    // SAFETY: fork in a single-threaded child; each side only makes system calls.
-    // A sibling, not a child: its parent is the server's spawner thread.
+    // A sibling, not a child: its parent is the server's spawner thread, so it dies with
+    // the server (PR_SET_PDEATHSIG) and the server reaps it.
+    // SAFETY: PID 1 runs on its own stack and only reads the context until it executes.
     let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone,
-            libc::CLONE_PARENT as libc::c_ulong,
-            0usize,
-            0usize,
-            0usize,
-            0usize,
+        libc::clone(
+            pid1_main,
+            context.pid1_stack,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PARENT | libc::SIGCHLD,
+            arg,
         )
     };
     if pid < 0 {
         fail("clone", b"");
     }
-    if pid > 0 {
-        let bytes = (pid as i32).to_le_bytes();
-        // SAFETY: a write of a local buffer, then the end of this process.
-        unsafe {
-            if libc::write(report, bytes.as_ptr().cast(), bytes.len()) != bytes.len() as isize {
-                libc::kill(pid as libc::pid_t, libc::SIGKILL);
-                fail("report the pid", b"");
-            }
-            libc::_exit(0);
-        }
-    }
-    // PID 1 of the run: dies with the server (its parent is the spawner thread).
-    // SAFETY: prctl and setrlimit with plain values.
+    context.pid1.store(pid, Ordering::Release);
+    0
+}
+
+/// PID 1 of the run: limits, signals back to their defaults, Landlock, exec.
+extern "C" fn pid1_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the launcher's context, alive until this process executes.
+    let context = unsafe { &*arg.cast::<Context<'_>>() };
+    // SAFETY: prctl, setrlimit and signal calls with plain values.
     unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
-        for (resource, value) in &plan.limits {
+        for (resource, value) in &context.plan.limits {
             let limit = libc::rlimit {
                 rlim_cur: *value,
                 rlim_max: *value,
@@ -393,11 +597,31 @@ pub fn enter(
                 fail("setrlimit", b"");
             }
         }
+        // Every signal to its default action (the server's handlers are not the tool's, and
+        // an ignored SIGPIPE would survive exec), then none blocked.
+        let mut default: libc::sigaction = std::mem::zeroed();
+        default.sa_sigaction = libc::SIG_DFL;
+        for signal in 1..=64 {
+            if signal != libc::SIGKILL && signal != libc::SIGSTOP {
+                libc::sigaction(signal, &default, std::ptr::null_mut());
+            }
+        }
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &none,
+            std::ptr::null_mut::<libc::sigset_t>(),
+            size_of::<libc::c_ulong>(),
+        );
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+            fail("prctl(PR_SET_NO_NEW_PRIVS)", b"");
+        }
+        if libc::syscall(libc::SYS_landlock_restrict_self, context.ruleset, 0u32) != 0 {
+            fail("landlock_restrict_self", b"");
+        }
+        libc::execve(context.program, context.argv, context.env);
     }
-    if let Some(ruleset) = ruleset
-        && ruleset.restrict_self().is_err()
-    {
-        fail("landlock_restrict_self", b"");
-    }
-    Ok(())
+    fail("execve", b"")
 }

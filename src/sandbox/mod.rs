@@ -11,7 +11,7 @@
 //! [`Sandbox::new`] checks the kernel and runs a self-test; it fails, naming what is missing,
 //! when the configured confinement cannot be had (fail closed).
 
-#[allow(unsafe_code)] // fork/exec-time system calls; see child.rs
+#[allow(unsafe_code)] // system calls between clone and exec; see child.rs
 mod child;
 
 use std::collections::BTreeSet;
@@ -534,17 +534,19 @@ impl RootBuilder {
     }
 }
 
-/// A job for the spawner thread.
-type SpawnJob = Box<dyn FnOnce() + Send>;
+/// A job for the spawner thread, given its launch stacks.
+type SpawnJob = Box<dyn FnOnce(Result<&child::Stacks, &std::io::Error>) + Send>;
 
-/// Spawns `command` (prepared with [`Prepared::apply`]) from one long-lived thread.
+/// Runs `job` on the one long-lived spawner thread and returns its answer.
 ///
-/// Two reasons. The parent-death signal that ties a run to the server is sent when the
-/// *thread* that forked it exits, so the fork must come from a thread that lives as long as
-/// the process (not a blocking-pool thread, which ends when idle). And a fork with a
-/// `pre_exec` hook copies the server's page tables, which takes milliseconds in a large
-/// process: that stall lands on this thread, not on an async worker (cancels stay quick).
-pub async fn spawn(mut command: tokio::process::Command) -> std::io::Result<tokio::process::Child> {
+/// The parent-death signal that ties a run to the server is sent when the *thread* that
+/// started it exits, so runs must start from a thread that lives as long as the process
+/// (not a blocking-pool thread, which ends when idle). Launching blocks for the
+/// milliseconds the kernel takes to build the namespaces: on this thread, not on an async
+/// worker.
+async fn on_spawner<T: Send + 'static>(
+    job: impl FnOnce(Result<&child::Stacks, &std::io::Error>) -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
     static SPAWNER: std::sync::OnceLock<std::sync::mpsc::Sender<SpawnJob>> =
         std::sync::OnceLock::new();
     let spawner = SPAWNER.get_or_init(|| {
@@ -552,8 +554,9 @@ pub async fn spawn(mut command: tokio::process::Command) -> std::io::Result<toki
         let started = std::thread::Builder::new()
             .name("bedrock-spawner".into())
             .spawn(move || {
+                let stacks = child::Stacks::new();
                 while let Ok(job) = rx.recv() {
-                    job();
+                    job(stacks.as_ref());
                 }
             });
         if let Err(e) = started {
@@ -561,21 +564,13 @@ pub async fn spawn(mut command: tokio::process::Command) -> std::io::Result<toki
         }
         tx
     });
-    let handle = tokio::runtime::Handle::current();
     let (reply, answer) = tokio::sync::oneshot::channel();
-    let job: SpawnJob = Box::new(move || {
-        let _runtime = handle.enter();
-        let spawned = command.spawn();
-        // Close the command's copies of the pipes before answering.
-        drop(command);
-        let _ = reply.send(spawned);
+    let job: SpawnJob = Box::new(move |stacks| {
+        let _ = reply.send(job(stacks));
     });
-    spawner
-        .send(job)
-        .map_err(|_| std::io::Error::other("the tool spawner thread is gone"))?;
-    answer
-        .await
-        .map_err(|_| std::io::Error::other("the tool spawner thread is gone"))?
+    let gone = || std::io::Error::other("the tool spawner thread is gone");
+    spawner.send(job).map_err(|_| gone())?;
+    answer.await.map_err(|_| gone())?
 }
 
 /// Runs a trivial command through the sandbox (with each network setting in use) and fails,
@@ -619,7 +614,7 @@ pub async fn self_test(
     Ok(())
 }
 
-/// One run's preparation; applies itself to the command and removes the temp dir after.
+/// One run's preparation: its mount plan, Landlock ruleset and private temp dir.
 #[derive(Debug)]
 pub struct Prepared {
     plan: Plan,
@@ -627,68 +622,85 @@ pub struct Prepared {
     tmp: TempDir,
 }
 
-impl Prepared {
-    /// Makes `command` enter the sandbox between fork and exec. The temp dir lives as long
-    /// as the returned launch and the run it becomes.
-    pub fn apply(self, command: &mut tokio::process::Command) -> std::io::Result<Launch> {
-        let plan = std::sync::Arc::new(self.plan);
-        let mut ruleset = Some(self.ruleset);
-        let (report_read, report_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
-            .map_err(std::io::Error::from)?;
-        let report = std::os::fd::AsRawFd::as_raw_fd(&report_write);
-        // SAFETY: the closure runs in the forked child and only makes system calls on data
-        // prepared here (see child.rs); Landlock's restrict_self is two system calls. The
-        // closure owns the pipe's write end, so it closes when the command is dropped.
-        #[allow(unsafe_code)]
-        unsafe {
-            command.pre_exec(move || {
-                let _keep = &report_write;
-                child::enter(&plan, ruleset.take(), report)
-            });
-        }
-        Ok(Launch {
-            report: report_read,
-            _tmp: self.tmp,
-        })
-    }
-}
-
-/// A launched run, until its PID 1 is known.
+/// What a run executes: a program, its arguments, its environment and where its output
+/// goes (standard input is /dev/null).
 #[derive(Debug)]
-pub struct Launch {
-    report: std::os::fd::OwnedFd,
-    _tmp: TempDir,
+pub struct Command {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub stdout: std::os::fd::OwnedFd,
+    pub stderr: std::os::fd::OwnedFd,
 }
 
-impl Launch {
-    /// After the setup process (the spawned child) exited with `status`: PID 1 of the run,
-    /// or `None` when the setup failed (its status and output say why).
-    pub fn started(self, status: std::process::ExitStatus) -> std::io::Result<Option<RunProcess>> {
-        if !status.success() {
-            return Ok(None);
+/// A started run.
+#[derive(Debug)]
+pub enum Launched {
+    Running(RunProcess),
+    /// The sandbox could not be set up; the setup process said why on the run's stderr
+    /// and exited so.
+    SetupFailed(std::process::ExitStatus),
+}
+
+impl Prepared {
+    /// Starts `command` in the sandbox. The temp dir lives as long as the run.
+    pub async fn launch(self, command: Command) -> std::io::Result<Launched> {
+        use std::os::unix::process::ExitStatusExt as _;
+        let Prepared { plan, ruleset, tmp } = self;
+        let ruleset = Option::<std::os::fd::OwnedFd>::from(ruleset)
+            .ok_or_else(|| std::io::Error::other("the Landlock ruleset has no descriptor"))?;
+        let c_string = |s: &str| CString::new(s).map_err(std::io::Error::other);
+        let exec = child::Exec {
+            program: c_path(&command.program)?,
+            argv: std::iter::once(
+                command
+                    .program
+                    .file_name()
+                    .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+            )
+            .chain(command.args)
+            .map(|arg| c_string(&arg))
+            .collect::<Result<_, _>>()?,
+            env: command
+                .env
+                .iter()
+                .map(|(k, v)| c_string(&format!("{k}={v}")))
+                .collect::<Result<_, _>>()?,
+            stdio: [
+                above_stdio(std::fs::File::open("/dev/null")?.into())?,
+                above_stdio(command.stdout)?,
+                above_stdio(command.stderr)?,
+            ],
+        };
+        // The job owns the descriptors: the run's copies of the output pipe close on the
+        // spawner thread as soon as it has started, so the reader sees the end of output.
+        let launched = on_spawner(move |stacks| {
+            let stacks = stacks.map_err(|e| std::io::Error::new(e.kind(), e.to_string()))?;
+            child::launch(&plan, &ruleset, &exec, stacks)
+        })
+        .await?;
+        if launched.pid1 == 0 {
+            return Ok(Launched::SetupFailed(std::process::ExitStatus::from_raw(
+                launched.setup_status,
+            )));
         }
-        let mut pid = [0u8; 4];
-        let mut file = std::fs::File::from(self.report);
-        std::io::Read::read_exact(&mut file, &mut pid)?;
-        let pid = i32::from_le_bytes(pid);
-        let pidfd = rustix::process::pidfd_open(
-            rustix::process::Pid::from_raw(pid)
-                .ok_or_else(|| std::io::Error::other("the sandbox reported no pid"))?,
-            rustix::process::PidfdFlags::empty(),
-        )
-        .map_err(std::io::Error::from)?;
+        let pid = rustix::process::Pid::from_raw(launched.pid1)
+            .ok_or_else(|| std::io::Error::other("the sandbox reported no pid"))?;
+        let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
+            .map_err(std::io::Error::from)?;
         // SAFETY: the AsyncFd owns the OwnedFd, which stays open and the same while it lives.
         #[allow(unsafe_code)]
         let pidfd = unsafe {
             tokio::io::unix::AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE)
         }
         .map_err(std::io::Error::from)?;
-        Ok(Some(RunProcess {
-            pid,
+        Ok(Launched::Running(RunProcess {
+            pid: launched.pid1,
+            group: launched.setup_pid,
             pidfd,
             reaped: false,
             status: None,
-            _tmp: self._tmp,
+            _tmp: tmp,
         }))
     }
 }
@@ -697,6 +709,8 @@ impl Launch {
 #[derive(Debug)]
 pub struct RunProcess {
     pid: i32,
+    /// The run's process group (the setup process's pid).
+    group: i32,
     pidfd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
     reaped: bool,
     status: Option<std::process::ExitStatus>,
@@ -704,6 +718,11 @@ pub struct RunProcess {
 }
 
 impl RunProcess {
+    /// The process group every process of the run is in.
+    pub fn group(&self) -> i32 {
+        self.group
+    }
+
     /// Waits until it exits (and with it every process of the run) and reaps it.
     pub async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
         if let Some(status) = self.status {
@@ -787,6 +806,18 @@ impl Drop for TempDir {
             }
             Err(_) => remove(),
         }
+    }
+}
+
+/// `fd`, moved to a number above 2 if it is one of 0-2 (a server started with a standard
+/// stream closed gets those numbers for new files).
+fn above_stdio(fd: std::os::fd::OwnedFd) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::AsRawFd as _;
+    // try_clone duplicates with F_DUPFD_CLOEXEC from 3 up.
+    if fd.as_raw_fd() < 3 {
+        fd.try_clone()
+    } else {
+        Ok(fd)
     }
 }
 

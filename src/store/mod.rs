@@ -98,6 +98,12 @@ impl Store {
                     // Checkpoints run in the background (see `checkpoint`), not inside
                     // whichever commit crosses the threshold.
                     .pragma("wal_autocheckpoint", "0")
+                    // Statement journals and sorts in memory: as files, each was created and
+                    // deleted within a commit (a tenth of the writer's time in the kernel).
+                    .pragma("temp_store", "memory")
+                    // 8 MiB of page cache per connection (the default is 2 MiB): the hot
+                    // pages of the tables and indexes a commit touches stay cached.
+                    .pragma("cache_size", "-8192")
             })
             // A statement stuck on a dead connection must fail, not hang a flush.
             .map_sqlx_postgres_opts(|opts| opts.options([("statement_timeout", "15000")]));

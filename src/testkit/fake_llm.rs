@@ -300,18 +300,39 @@ fn stream_response(chunks: Vec<Bytes>, then_stall: bool, shared: Arc<Shared>) ->
     response
 }
 
-/// The text of the request's first user message.
-fn first_user_text(request: &Value) -> String {
-    let Some(message) = request["messages"]
-        .as_array()
-        .and_then(|ms| ms.iter().find(|m| m["role"] == "user"))
-    else {
-        return String::new();
-    };
-    let content = &message["content"];
-    content
-        .as_str()
-        .map_or_else(|| content.to_string(), str::to_owned)
+/// What routing needs of a request, read without building the whole tree (the fake must
+/// cost little next to the service it stands in front of).
+#[derive(serde::Deserialize)]
+struct Peek<'a> {
+    #[serde(borrow, default)]
+    messages: Vec<PeekMessage<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct PeekMessage<'a> {
+    #[serde(borrow)]
+    role: std::borrow::Cow<'a, str>,
+    #[serde(borrow, default)]
+    content: Option<&'a serde_json::value::RawValue>,
+}
+
+impl Peek<'_> {
+    /// The text of the first user message (a JSON array of parts, for one with images).
+    fn first_user_text(&self) -> String {
+        let Some(content) = self
+            .messages
+            .iter()
+            .find(|m| m.role == "user")
+            .and_then(|m| m.content)
+        else {
+            return String::new();
+        };
+        serde_json::from_str::<String>(content.get()).unwrap_or_else(|_| content.get().to_owned())
+    }
+
+    fn last_is_tool(&self) -> bool {
+        self.messages.last().is_some_and(|m| m.role == "tool")
+    }
 }
 
 /// Counts requests in flight while it lives.
@@ -332,17 +353,18 @@ impl Drop for InFlight {
 }
 
 async fn complete(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
-    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let first_user = first_user_text(&request);
+    let peek: Peek<'_> = serde_json::from_slice(&body).unwrap_or(Peek {
+        messages: Vec::new(),
+    });
+    let first_user = peek.first_user_text();
+    let last_is_tool = peek.last_is_tool();
     let (reply, latency, (prompt, completion)) = {
         let mut inner = shared.inner.lock().unwrap_or_else(|e| e.into_inner());
         if !inner.forget {
-            inner.requests.push(request.clone());
+            inner
+                .requests
+                .push(serde_json::from_slice(&body).unwrap_or(Value::Null));
         }
-        let last_is_tool = request["messages"]
-            .as_array()
-            .and_then(|m| m.last())
-            .is_some_and(|m| m["role"] == "tool");
         let routed = inner
             .routes
             .iter_mut()

@@ -13,7 +13,7 @@ use nix::unistd::Pid;
 use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
 
-use crate::sandbox::{Network, SETUP_FAILED, Sandbox};
+use crate::sandbox::{Launched, Network, SETUP_FAILED, Sandbox};
 use crate::state_machine::ToolOutcome;
 
 /// How a bash run ended.
@@ -226,59 +226,58 @@ pub async fn run_bash(
         Ok(w) => w,
         Err(e) => return failed(format!("cannot create a pipe: {e}")),
     };
-    let mut cmd = tokio::process::Command::new("/bin/bash");
-    cmd.arg("-c")
-        .arg(command)
-        .current_dir(cwd)
-        .process_group(0)
-        .stdin(Stdio::null())
-        .stdout(writer)
-        .stderr(stderr)
-        .env_clear()
-        .envs(tool_env(cwd, limits.sandbox.is_some()))
-        .kill_on_drop(true);
-    let launch = match &limits.sandbox {
+    let env = tool_env(cwd, limits.sandbox.is_some());
+    let (mut process, pgid) = match &limits.sandbox {
         Some(sandbox) => {
-            cmd.envs(sandbox.passthrough().iter().map(|(k, v)| (k, v)));
-            match sandbox
-                .prepare(cwd, limits.network)
-                .and_then(|prepared| prepared.apply(&mut cmd))
-            {
-                Ok(launch) => Some(launch),
+            let command = crate::sandbox::Command {
+                program: "/bin/bash".into(),
+                args: vec!["-c".into(), command.into()],
+                env: env
+                    .into_iter()
+                    .map(|(k, v)| (k.to_owned(), v))
+                    .chain(sandbox.passthrough().iter().cloned())
+                    .collect(),
+                stdout: writer.into(),
+                stderr: stderr.into(),
+            };
+            let prepared = match sandbox.prepare(cwd, limits.network) {
+                Ok(prepared) => prepared,
                 Err(e) => return failed(format!("cannot prepare the sandbox: {e}")),
+            };
+            match prepared.launch(command).await {
+                Ok(Launched::Running(run)) => {
+                    // Every process of the run is in the setup process's group, which PID 1
+                    // of the run inherits.
+                    let group = u32::try_from(run.group()).ok();
+                    (Process::Sandboxed(run), group)
+                }
+                Ok(Launched::SetupFailed(status)) => (Process::Done(status), None),
+                Err(e) => return failed(format!("cannot start the sandboxed run: {e}")),
             }
         }
-        None => None,
-    };
-    let spawned = if launch.is_some() {
-        crate::sandbox::spawn(cmd).await
-    } else {
-        let spawned = cmd.spawn();
-        // Close our copies of the pipe's write end, or the reader never sees EOF.
-        drop(cmd);
-        spawned
-    };
-    let mut child = match spawned {
-        Ok(child) => child,
-        Err(e) => return failed(format!("cannot start bash in {}: {e}", cwd.display())),
-    };
-    // The process group: every process of the run is in it (in the sandbox, the setup
-    // process's group, which PID 1 of the run inherits).
-    let pgid = child.id();
-    let mut process = match launch {
-        None => Process::Plain(child),
-        // The setup process exits as soon as PID 1 of the run is cloned.
-        Some(launch) => match child.wait().await.and_then(|status| {
-            launch
-                .started(status)
-                .map(|run| run.map_or(Process::Done(status), Process::Sandboxed))
-        }) {
-            Ok(process) => process,
-            Err(e) => {
-                kill_group(pgid);
-                return failed(format!("cannot start the sandboxed run: {e}"));
+        None => {
+            let mut cmd = tokio::process::Command::new("/bin/bash");
+            cmd.arg("-c")
+                .arg(command)
+                .current_dir(cwd)
+                .process_group(0)
+                .stdin(Stdio::null())
+                .stdout(writer)
+                .stderr(stderr)
+                .env_clear()
+                .envs(env)
+                .kill_on_drop(true);
+            let spawned = cmd.spawn();
+            // Close our copies of the pipe's write end, or the reader never sees EOF.
+            drop(cmd);
+            match spawned {
+                Ok(child) => {
+                    let pgid = child.id();
+                    (Process::Plain(child), pgid)
+                }
+                Err(e) => return failed(format!("cannot start bash in {}: {e}", cwd.display())),
             }
-        },
+        }
     };
     let mut receiver = match tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(reader))
     {

@@ -92,6 +92,18 @@ async fn ordinary_work_runs_in_the_sandbox() {
     )
     .await;
     assert!(ok && output.contains("python True"), "python3: {output}");
+    // Signals are the tool's own: none blocked and none ignored, though the server ignores
+    // SIGPIPE and blocks every signal while it starts a run.
+    let (ok, output) = bash(
+        &app,
+        &id,
+        "sh -c 'kill -PIPE $$; echo pipe-survived'; sh -c 'kill -TERM $$; echo term-survived'; echo checked",
+    )
+    .await;
+    assert!(
+        ok && output.contains("checked") && !output.contains("survived"),
+        "signals: {output}"
+    );
     // The files are the conversation's: the host sees them in its cwd.
     assert!(app.cwd(&id).await.join("hello").exists());
     app.cleanup(db).await;
