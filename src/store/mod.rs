@@ -105,6 +105,9 @@ impl Store {
                     // pages of the tables and indexes a commit touches stay cached.
                     .pragma("cache_size", "-8192")
             })
+            .map_sqlx_sqlite_pool_opts(|pool| {
+                pool.after_connect(|conn, _| Box::pin(stable_plans(conn)))
+            })
             // A statement stuck on a dead connection must fail, not hang a flush.
             .map_sqlx_postgres_opts(|opts| opts.options([("statement_timeout", "15000")]));
         let db = Database::connect(connect).await?;
@@ -547,9 +550,11 @@ impl Store {
     /// Writes several conversations' transitions in one transaction (group commit).
     pub(crate) async fn commit_batch(&self, commits: &[Arc<ConversationCommit>]) -> Result<()> {
         let txn = self.db.begin().await?;
-        // One statement for every conversation of the batch: a round trip per conversation
-        // would make the batch as slow as the commits it groups.
-        for chunk in commits.chunks(500) {
+        // A few statements for the whole batch: a round trip per conversation would make the
+        // batch as slow as the commits it groups. Their row counts are powers of two, so the
+        // statements have a handful of shapes that both databases keep prepared (every new
+        // text would be parsed and planned again).
+        for chunk in shaped_chunks(commits) {
             update_conversations(&txn, self.backend(), chunk).await?;
         }
         let message_rows: Vec<messages::ActiveModel> = commits
@@ -557,8 +562,7 @@ impl Store {
             .flat_map(|c| c.messages.iter())
             .map(message_row)
             .collect::<Result<_>>()?;
-        // Large batches are split to stay under the databases' bind-parameter limits.
-        for chunk in message_rows.chunks(500) {
+        for chunk in shaped_chunks(&message_rows) {
             messages::Entity::insert_many(chunk.to_vec())
                 .exec(&txn)
                 .await?;
@@ -575,7 +579,7 @@ impl Store {
                 created_at: Set(event.created_at),
             })
             .collect();
-        for chunk in event_rows.chunks(500) {
+        for chunk in shaped_chunks(&event_rows) {
             conversation_events::Entity::insert_many(chunk.to_vec())
                 .exec(&txn)
                 .await?;
@@ -799,6 +803,55 @@ async fn update_conversations<C: ConnectionTrait>(
     Ok(())
 }
 
+/// Turns on SQLite's query planner stability guarantee for a new connection. Without it a
+/// statement with a bound LIMIT (sea-orm binds every LIMIT, `.one()`'s included) is parsed
+/// and planned again at every execution, because its plan might depend on the value: that
+/// was a tenth of the server's CPU. Plans here never depend on values (there are no
+/// statistics), so nothing is lost.
+#[allow(unsafe_code)]
+async fn stable_plans(
+    conn: &mut sea_orm::sqlx::SqliteConnection,
+) -> std::result::Result<(), sea_orm::sqlx::Error> {
+    let mut handle = conn.lock_handle().await?;
+    let db = handle.as_raw_handle().as_ptr();
+    // SAFETY: `db` is an open connection, held exclusively through the lock for this call;
+    // SQLITE_DBCONFIG_ENABLE_QPSG takes an int and an optional int pointer.
+    let rc = unsafe {
+        libsqlite3_sys::sqlite3_db_config(
+            db,
+            libsqlite3_sys::SQLITE_DBCONFIG_ENABLE_QPSG,
+            1 as std::ffi::c_int,
+            std::ptr::null_mut::<std::ffi::c_int>(),
+        )
+    };
+    if rc != libsqlite3_sys::SQLITE_OK {
+        return Err(sea_orm::sqlx::Error::Configuration(
+            format!("SQLite refused SQLITE_DBCONFIG_ENABLE_QPSG (code {rc})").into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The most rows one batched statement carries: under both databases' bind-parameter
+/// limits (SQLite 32,766; Postgres 65,535) at the widest row (12 parameters).
+const MAX_ROWS_PER_STATEMENT: usize = 256;
+
+/// `items` in consecutive chunks whose lengths are powers of two (at most
+/// [`MAX_ROWS_PER_STATEMENT`]): 37 rows go as 32, 4 and 1.
+fn shaped_chunks<T>(items: &[T]) -> impl Iterator<Item = &[T]> {
+    let mut rest = items;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let len = rest.len().min(MAX_ROWS_PER_STATEMENT);
+        let size = 1 << len.ilog2();
+        let (chunk, tail) = rest.split_at(size);
+        rest = tail;
+        Some(chunk)
+    })
+}
+
 fn to_i64(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
@@ -890,4 +943,21 @@ fn sqlite_path(url: &str) -> Option<String> {
         .or_else(|| url.strip_prefix("sqlite:"))?;
     let path = rest.split('?').next().unwrap_or_default();
     (!path.is_empty() && path != ":memory:").then(|| path.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shaped_chunks;
+
+    #[test]
+    fn batches_split_into_power_of_two_chunks_in_order() {
+        let items: Vec<usize> = (0..600).collect();
+        let sizes = |items: &[usize]| shaped_chunks(items).map(<[usize]>::len).collect::<Vec<_>>();
+        assert_eq!(sizes(&items), [256, 256, 64, 16, 8]);
+        assert_eq!(sizes(&items[..37]), [32, 4, 1]);
+        assert_eq!(sizes(&items[..1]), [1]);
+        assert!(sizes(&[]).is_empty());
+        let joined: Vec<usize> = shaped_chunks(&items).flatten().copied().collect();
+        assert_eq!(joined, items);
+    }
 }
