@@ -119,7 +119,7 @@ impl Application {
         let grace = Duration::from_millis(self.state.settings.server.shutdown_grace_ms);
         let router = api::router(self.state.clone());
         let token = self.shutdown.clone();
-        let server = axum::serve(self.listener, router)
+        let server = axum::serve(no_delay(self.listener), router)
             .with_graceful_shutdown(async move { token.cancelled().await });
         let server = tokio::spawn(async move { server.await });
         self.shutdown.cancelled().await;
@@ -182,6 +182,20 @@ pub async fn create_tenant(settings: &Settings, name: &str) -> anyhow::Result<(T
         .await?;
     store.close().await?;
     Ok((tenant, key))
+}
+
+/// The listener with TCP_NODELAY on every connection: frames are small and must go out at
+/// once, and Nagle's algorithm would hold one back until the client acknowledged the one
+/// before (up to 40 ms when the client delays its ACKs).
+pub fn no_delay(
+    listener: tokio::net::TcpListener,
+) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = SocketAddr> {
+    use axum::serve::ListenerExt as _;
+    listener.tap_io(|tcp| {
+        if let Err(error) = tcp.set_nodelay(true) {
+            tracing::debug!(%error, "cannot set TCP_NODELAY");
+        }
+    })
 }
 
 #[cfg(test)]

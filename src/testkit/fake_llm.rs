@@ -130,7 +130,7 @@ impl FakeLlm {
             .expect("the fake LLM binds a loopback port");
         let addr = listener.local_addr().expect("a bound address");
         tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
+            let _ = axum::serve(crate::app::no_delay(listener), app).await;
         });
         FakeLlm {
             base_url: format!("http://{addr}/v1"),
