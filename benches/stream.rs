@@ -87,9 +87,16 @@ async fn main() {
     let mut clients = Vec::new();
     for conversation in &conversations {
         for _ in 0..CLIENTS_PER_CONVERSATION {
-            let (socket, _) = tokio_tungstenite::connect_async(format!(
-                "ws://{addr}/v1/conversations/{conversation}/ws"
-            ))
+            // Clients read with a small buffer, as the server does: tungstenite zero-fills
+            // the whole read buffer before every read.
+            let (socket, _) = tokio_tungstenite::connect_async_with_config(
+                format!("ws://{addr}/v1/conversations/{conversation}/ws"),
+                Some(
+                    tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+                        .read_buffer_size(4096),
+                ),
+                false,
+            )
             .await
             .unwrap();
             let mut stop = stop_rx.clone();
