@@ -31,7 +31,6 @@ use crate::hub::{EventHub, Frame};
 use crate::metrics::Metrics;
 use crate::state_machine::{ErrorKind, Event, LlmFailure, LlmReply, LlmRequestTag};
 use crate::store::Store;
-use crate::tools;
 
 /// A failure as the gateway classifies it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -294,14 +293,12 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
         }
     }
     let model_settings = settings.model(&job.model);
-    let definitions = tools::definitions(job.is_sub_agent);
     let ctx = RequestContext {
         model: &job.model,
         cwd: &job.cwd,
         system_prompt: job.system_prompt.as_deref(),
         is_sub_agent: job.is_sub_agent,
         max_output_tokens: model_settings.max_output_tokens,
-        tools: &definitions,
     };
     let loader = |id: &str| images.get(id).cloned();
     let request = request::body(&ctx, &history.messages, &loader).map_err(|e| {

@@ -32,7 +32,6 @@ pub struct RequestContext<'a> {
     pub system_prompt: Option<&'a str>,
     pub is_sub_agent: bool,
     pub max_output_tokens: u32,
-    pub tools: &'a [ToolDefinition],
 }
 
 /// An image's bytes, by attachment id.
@@ -84,17 +83,15 @@ pub fn wire(content: &MessageContent) -> Wire {
 
 /// The JSON of the request's `tools`, made once per kind of agent (the tools an agent gets
 /// depend only on whether it is a sub-agent).
-fn tools_json(
-    tools: &[ToolDefinition],
-    is_sub_agent: bool,
-) -> serde_json::Result<&'static RawValue> {
+fn tools_json(is_sub_agent: bool) -> serde_json::Result<&'static RawValue> {
     static CACHE: [std::sync::OnceLock<Box<RawValue>>; 2] =
         [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
     let slot = &CACHE[usize::from(is_sub_agent)];
     if let Some(json) = slot.get() {
         return Ok(json);
     }
-    let json = serde_json::value::to_raw_value(&tool_list(tools))?;
+    let json =
+        serde_json::value::to_raw_value(&tool_list(&crate::tools::definitions(is_sub_agent)))?;
     Ok(slot.get_or_init(|| json))
 }
 
@@ -168,7 +165,7 @@ pub fn body(
             history,
             images,
         },
-        tools: tools_json(ctx.tools, ctx.is_sub_agent)?,
+        tools: tools_json(ctx.is_sub_agent)?,
         stream: true,
         stream_options: ChatCompletionStreamOptions {
             include_usage: Some(true),
@@ -340,7 +337,6 @@ mod tests {
             system_prompt: Some("be brief"),
             is_sub_agent: false,
             max_output_tokens: 512,
-            tools: &definitions,
         };
         let loader = |id: &str| (id == "img1").then(|| ("image/png".to_owned(), vec![1, 2, 3]));
         let wires: Vec<Wire> = history.iter().map(wire).collect();

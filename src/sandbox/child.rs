@@ -418,7 +418,7 @@ struct Context<'a> {
 
 /// How a launch went.
 #[derive(Debug)]
-pub struct Launched {
+pub struct Started {
     /// The setup process; its pid is the run's process group.
     pub setup_pid: i32,
     /// Its wait status (0 when the run started).
@@ -437,7 +437,7 @@ pub fn launch(
     ruleset: &OwnedFd,
     exec: &Exec,
     stacks: &Stacks,
-) -> std::io::Result<Launched> {
+) -> std::io::Result<Started> {
     let pointers = |items: &[CString]| -> Vec<*const libc::c_char> {
         items
             .iter()
@@ -489,7 +489,7 @@ pub fn launch(
             }
         }
         let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
-        Ok(Launched {
+        Ok(Started {
             setup_pid,
             setup_status: status,
             pid1: if ok {

@@ -674,17 +674,17 @@ impl Prepared {
         };
         // The job owns the descriptors: the run's copies of the output pipe close on the
         // spawner thread as soon as it has started, so the reader sees the end of output.
-        let launched = on_spawner(move |stacks| {
+        let started = on_spawner(move |stacks| {
             let stacks = stacks.map_err(|e| std::io::Error::new(e.kind(), e.to_string()))?;
             child::launch(&plan, &ruleset, &exec, stacks)
         })
         .await?;
-        if launched.pid1 == 0 {
+        if started.pid1 == 0 {
             return Ok(Launched::SetupFailed(std::process::ExitStatus::from_raw(
-                launched.setup_status,
+                started.setup_status,
             )));
         }
-        let pid = rustix::process::Pid::from_raw(launched.pid1)
+        let pid = rustix::process::Pid::from_raw(started.pid1)
             .ok_or_else(|| std::io::Error::other("the sandbox reported no pid"))?;
         let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
             .map_err(std::io::Error::from)?;
@@ -695,8 +695,8 @@ impl Prepared {
         }
         .map_err(std::io::Error::from)?;
         Ok(Launched::Running(RunProcess {
-            pid: launched.pid1,
-            group: launched.setup_pid,
+            pid: started.pid1,
+            group: started.setup_pid,
             pidfd,
             reaped: false,
             status: None,

@@ -58,6 +58,14 @@ async fn bash(app: &TestApp, id: &str, command: &str) -> (bool, String) {
     bash_as(app, &app.key_a, id, json!({ "command": command })).await
 }
 
+/// A server on SQLite with one conversation of tenant A.
+async fn start() -> (TestDb, TestApp, String) {
+    let db = TestDb::sqlite();
+    let app = TestApp::spawn(&db).await;
+    let id = app.conversation().await;
+    (db, app, id)
+}
+
 /// Asserts the conversation still works after an escape attempt.
 async fn goes_on(app: &TestApp, id: &str) {
     let (ok, output) = bash(app, id, "echo still-here").await;
@@ -68,9 +76,7 @@ async fn goes_on(app: &TestApp, id: &str) {
 /// Ordinary work: git, a C compiler, python3, a local server on the sandbox's own loopback.
 #[tokio::test]
 async fn ordinary_work_runs_in_the_sandbox() {
-    let db = TestDb::sqlite();
-    let app = TestApp::spawn(&db).await;
-    let id = app.conversation().await;
+    let (db, app, id) = start().await;
     let (ok, output) = bash(
         &app,
         &id,
@@ -112,9 +118,7 @@ async fn ordinary_work_runs_in_the_sandbox() {
 /// Another tenant's workspace does not exist for a tool.
 #[tokio::test]
 async fn another_tenants_workspace_is_out_of_reach() {
-    let db = TestDb::sqlite();
-    let app = TestApp::spawn(&db).await;
-    let id = app.conversation().await;
+    let (db, app, id) = start().await;
     let other = app
         .request(
             reqwest::Method::POST,
@@ -142,9 +146,7 @@ async fn another_tenants_workspace_is_out_of_reach() {
 /// Writes land only in cwd and the private /tmp; nothing outside changes.
 #[tokio::test]
 async fn writes_outside_cwd_fail() {
-    let db = TestDb::sqlite();
-    let app = TestApp::spawn(&db).await;
-    let id = app.conversation().await;
+    let (db, app, id) = start().await;
     let outside = app.workspace.join("escape.txt");
     for command in [
         format!("echo x > {}", outside.display()),
@@ -183,9 +185,7 @@ async fn writes_outside_cwd_fail() {
 /// The server's database file, data dir and config are not there for a tool.
 #[tokio::test]
 async fn server_files_are_invisible() {
-    let db = TestDb::sqlite();
-    let app = TestApp::spawn(&db).await;
-    let id = app.conversation().await;
+    let (db, app, id) = start().await;
     let db_file = db.dir.as_ref().expect("a SQLite dir").join("bedrock.db");
     assert!(db_file.exists());
     let data_dir = format!("{}-data", app.workspace.display());
@@ -214,9 +214,7 @@ async fn server_files_are_invisible() {
 /// not for keyword_search.
 #[tokio::test]
 async fn symlinks_out_of_cwd_lead_nowhere() {
-    let db = TestDb::sqlite();
-    let app = TestApp::spawn(&db).await;
-    let id = app.conversation().await;
+    let (db, app, id) = start().await;
     let cwd = app.cwd(&id).await;
     let secret_dir = crate::support::db::temp_dir("secret");
     std::fs::write(secret_dir.join("secret.txt"), "planted-secret").expect("written");
@@ -293,9 +291,7 @@ fn connect(port: u16) -> String {
 /// Network off (the default): the server's own port and the database's are unreachable.
 #[tokio::test]
 async fn the_host_loopback_is_unreachable() {
-    let db = TestDb::sqlite();
-    let app = TestApp::spawn(&db).await;
-    let id = app.conversation().await;
+    let (db, app, id) = start().await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("a listener");
@@ -400,9 +396,7 @@ async fn network_can_be_asked_for_per_conversation() {
 /// the conversation carry on, and nothing of the bomb is left.
 #[tokio::test]
 async fn a_fork_bomb_is_contained() {
-    let db = TestDb::sqlite();
-    let app = TestApp::spawn(&db).await;
-    let id = app.conversation().await;
+    let (db, app, id) = start().await;
     let (ok, output) = bash_as(
         &app,
         &app.key_a,
@@ -426,9 +420,7 @@ async fn a_fork_bomb_is_contained() {
 /// 10 GB of memory: refused under the address-space limit; a failed result.
 #[tokio::test]
 async fn a_memory_hog_fails() {
-    let db = TestDb::sqlite();
-    let app = TestApp::spawn(&db).await;
-    let id = app.conversation().await;
+    let (db, app, id) = start().await;
     let (ok, output) = bash(
         &app,
         &id,
@@ -445,9 +437,7 @@ async fn a_memory_hog_fails() {
 /// head and tail and says why.
 #[tokio::test]
 async fn a_gigabyte_of_output_is_cut_off() {
-    let db = TestDb::sqlite();
-    let app = TestApp::spawn(&db).await;
-    let id = app.conversation().await;
+    let (db, app, id) = start().await;
     let (ok, output) = bash(&app, &id, "head -c 1073741824 /dev/zero | tr '\\0' a").await;
     assert!(!ok);
     assert!(
