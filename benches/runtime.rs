@@ -22,7 +22,7 @@ use bedrock::persistence::WriteJob;
 use bedrock::runtime::{ConvMsg, Runtime};
 use bedrock::store::{Store, StoreOptions};
 use bedrock::testkit::{FakeLlm, Reply};
-use common::{BenchDb, ms, percentile, rss_bytes, seconds};
+use common::{BenchDb, heap_held_by, ms, percentile, rss_bytes, seconds};
 use serde_json::{Value, json};
 
 struct Bench {
@@ -294,23 +294,27 @@ async fn main() {
         let idle = bench.conversations(5000).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
         let before = rss_bytes();
-        for id in &idle {
-            bench
-                .runtime
-                .services
-                .registry
-                .get_or_start(&bench.runtime.services, id)
-                .await
-                .unwrap();
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        let ((), held) = heap_held_by(async {
+            for id in &idle {
+                bench
+                    .runtime
+                    .services
+                    .registry
+                    .get_or_start(&bench.runtime.services, id)
+                    .await
+                    .unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        })
+        .await;
         let after = rss_bytes();
         println!(
-            "memory per idle activated conversation: {:.1} KB ({} activated, RSS {} -> {} MB)",
+            "memory per idle activated conversation: {:.1} KB ({} activated, RSS {} -> {} MB; Rust heap held {:.1} KB each)",
             (after.saturating_sub(before)) as f64 / idle.len() as f64 / 1024.0,
             idle.len(),
             before / 1_048_576,
-            after / 1_048_576
+            after / 1_048_576,
+            held as f64 / idle.len() as f64 / 1024.0,
         );
 
         // Cancel latency: a CPU-bound tool running, with the activated conversations above

@@ -20,6 +20,13 @@ use crate::store::{NewAttachment, Store, StoreError};
 /// The most commits written in one transaction.
 const MAX_BATCH: usize = 512;
 
+/// How often SQLite's write-ahead log is copied back into the database.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
+
+/// Frames (a page each) in SQLite's write-ahead log past which a checkpoint runs between
+/// two flushes so the log starts over: 16,384 frames of 4 KiB, 64 MiB.
+const RESTART_LOG_FRAMES: u64 = 16_384;
+
 /// A write other than a conversation's transition.
 #[derive(Clone, Debug)]
 pub enum WriteJob {
@@ -88,6 +95,8 @@ type Reply<T> = RpcReplyPort<Result<T, StoreError>>;
 enum Job {
     Commit(Arc<ConversationCommit>, Reply<()>),
     Write(WriteJob, Reply<WriteOutcome>),
+    /// Copy SQLite's write-ahead log back into the database, between two flushes.
+    Checkpoint,
 }
 
 pub enum PersistenceMsg {
@@ -95,6 +104,8 @@ pub enum PersistenceMsg {
     /// A commit that goes before every queued one (a cancel: the user is waiting).
     UrgentCommit(Arc<ConversationCommit>, Reply<()>),
     Write(WriteJob, Reply<WriteOutcome>),
+    /// Time for an SQLite checkpoint.
+    Checkpoint,
     /// A flush finished.
     Flushed,
 }
@@ -106,6 +117,7 @@ impl std::fmt::Debug for PersistenceMsg {
                 write!(f, "Commit({})", commit.conversation_id)
             }
             PersistenceMsg::Write(job, _) => write!(f, "Write({job:?})"),
+            PersistenceMsg::Checkpoint => f.write_str("Checkpoint"),
             PersistenceMsg::Flushed => f.write_str("Flushed"),
         }
     }
@@ -124,6 +136,8 @@ pub struct PersistenceState {
     /// How many may run at once: one for SQLite (one writer at a time anyway), a few for
     /// Postgres, whose own group commit then merges their WAL flushes.
     parallel: usize,
+    /// A checkpoint waits in the queue.
+    checkpoint_queued: bool,
 }
 
 impl std::fmt::Debug for PersistenceState {
@@ -143,7 +157,7 @@ impl Actor for PersistenceActor {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         (store, metrics): (Store, Arc<Metrics>),
     ) -> Result<Self::State, ActorProcessingErr> {
         let parallel = if store.backend() == sea_orm::DbBackend::Postgres {
@@ -152,15 +166,25 @@ impl Actor for PersistenceActor {
             1
         };
         if store.backend() == sea_orm::DbBackend::Sqlite {
-            // Keep the write-ahead log short without making any commit pay for it.
-            let store = store.clone();
-            let me = _myself.clone();
+            // SQLite starts its write-ahead log over only after a checkpoint that copied all
+            // of it, with no write in between. Beside a steady stream of commits a
+            // checkpoint never catches up, and the log grows without bound (hundreds of MB a
+            // minute under load, every write appending to new blocks). So the bulk of the
+            // copying runs beside the commits, and when the log has grown long, one more
+            // checkpoint runs in the queue, between two flushes, where it copies the rest
+            // and the log is reused.
+            let (store, me) = (store.clone(), myself.clone());
             tokio::spawn(async move {
-                let mut tick = tokio::time::interval(Duration::from_millis(500));
+                let mut tick = tokio::time::interval(CHECKPOINT_EVERY);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 while me.get_status() <= ractor::ActorStatus::Running {
                     tick.tick().await;
-                    if let Err(e) = store.checkpoint().await {
-                        tracing::debug!(%e, "checkpoint skipped");
+                    match store.checkpoint().await {
+                        Ok(Some(frames)) if frames >= RESTART_LOG_FRAMES => {
+                            let _ = me.cast(PersistenceMsg::Checkpoint);
+                        }
+                        Ok(_) => {}
+                        Err(e) => tracing::debug!(%e, "checkpoint skipped"),
                     }
                 }
             });
@@ -171,6 +195,7 @@ impl Actor for PersistenceActor {
             queue: VecDeque::new(),
             flushing: 0,
             parallel,
+            checkpoint_queued: false,
         })
     }
 
@@ -188,11 +213,19 @@ impl Actor for PersistenceActor {
                 state.queue.push_front(Job::Commit(commit, reply))
             }
             PersistenceMsg::Write(job, reply) => state.queue.push_back(Job::Write(job, reply)),
+            PersistenceMsg::Checkpoint => {
+                if !std::mem::replace(&mut state.checkpoint_queued, true) {
+                    state.queue.push_back(Job::Checkpoint);
+                }
+            }
             PersistenceMsg::Flushed => state.flushing -= 1,
         }
         while state.flushing < state.parallel && !state.queue.is_empty() {
             state.flushing += 1;
             let jobs = take_batch(&mut state.queue);
+            if matches!(jobs.first(), Some(Job::Checkpoint)) {
+                state.checkpoint_queued = false;
+            }
             let store = state.store.clone();
             let metrics = state.metrics.clone();
             let myself = myself.clone();
@@ -212,11 +245,11 @@ fn take_batch(queue: &mut VecDeque<Job>) -> Vec<Job> {
     while let Some(job) = queue.pop_front() {
         match job {
             Job::Commit(..) if jobs.len() < MAX_BATCH => jobs.push(job),
-            Job::Write(..) if jobs.is_empty() => {
+            Job::Write(..) | Job::Checkpoint if jobs.is_empty() => {
                 jobs.push(job);
                 break;
             }
-            Job::Commit(..) | Job::Write(..) => {
+            Job::Commit(..) | Job::Write(..) | Job::Checkpoint => {
                 queue.push_front(job);
                 break;
             }
@@ -236,6 +269,11 @@ async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>) {
             }
             Job::Write(job, reply) => {
                 let _ = reply.send(write(store, job).await);
+            }
+            Job::Checkpoint => {
+                if let Err(e) = store.checkpoint().await {
+                    tracing::debug!(%e, "checkpoint skipped");
+                }
             }
         }
     }
@@ -401,58 +439,88 @@ mod tests {
     use crate::state_machine::ConvState;
     use chrono::{TimeZone as _, Utc};
 
-    /// A group commit with one stale commit in it: the others still land, and only the
-    /// stale one is answered with a conflict (the fallback that writes each alone).
-    #[tokio::test]
-    async fn a_bad_commit_does_not_fail_its_neighbours() {
-        let dir = std::env::temp_dir().join(format!("bedrock-flush-{}", std::process::id()));
+    fn at() -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0)
+            .single()
+            .expect("a time")
+    }
+
+    /// A fresh SQLite store in its own directory, with tenant `t` and the given
+    /// conversations.
+    async fn sqlite_store(name: &str, conversations: &[&str]) -> (Store, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("bedrock-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("a temp dir");
-        let path = dir.join("flush.db");
-        let _ = std::fs::remove_file(&path);
         let store = Store::connect(&crate::store::StoreOptions {
-            url: format!("sqlite://{}?mode=rwc", path.display()),
+            url: format!("sqlite://{}?mode=rwc", dir.join("db.sqlite").display()),
             max_connections: 2,
             acquire_timeout: Duration::from_secs(5),
         })
         .await
         .expect("the store opens");
         store.migrate().await.expect("migrations apply");
-        let at = Utc
-            .with_ymd_and_hms(2026, 1, 1, 0, 0, 0)
-            .single()
-            .expect("a time");
         let tenant = Tenant {
             id: "t".into(),
             name: "t".into(),
         };
-        store.ensure_tenant(&tenant, at).await.expect("a tenant");
-        let ids = ["c1", "c2", "c3"];
-        for id in ids {
+        store.ensure_tenant(&tenant, at()).await.expect("a tenant");
+        for id in conversations {
             store
-                .insert_conversation(&NewConversation::user(id, "t", "/tmp", "m", at))
+                .insert_conversation(&NewConversation::user(id, "t", "/tmp", "m", at()))
                 .await
                 .expect("a conversation");
         }
+        (store, dir)
+    }
+
+    /// A commit that moves `id` to Error with `message`, expecting the event counter
+    /// `expected_event`.
+    fn to_error(
+        id: &str,
+        message: &str,
+        next_sequence_id: i64,
+        expected_event: i64,
+    ) -> ConversationCommit {
+        ConversationCommit {
+            conversation_id: id.into(),
+            state: Some(ConvState::Error {
+                error_kind: crate::state_machine::ErrorKind::Unknown,
+                message: message.into(),
+            }),
+            messages: Vec::new(),
+            events: Vec::new(),
+            usage: None,
+            expected_next_sequence_id: next_sequence_id,
+            expected_next_event_id: expected_event,
+            next_sequence_id,
+            next_event_id: expected_event,
+            at: at(),
+        }
+    }
+
+    /// Flushes one commit and waits for its answer.
+    async fn flush_one(store: &Store, commit: ConversationCommit) -> Result<(), StoreError> {
+        let (tx, rx) = ractor::concurrency::oneshot();
+        flush(
+            store,
+            &Metrics::default(),
+            vec![Job::Commit(Arc::new(commit), tx.into())],
+        )
+        .await;
+        rx.await.expect("the commit is answered")
+    }
+
+    /// A group commit with one stale commit in it: the others still land, and only the
+    /// stale one is answered with a conflict (the fallback that writes each alone).
+    #[tokio::test]
+    async fn a_bad_commit_does_not_fail_its_neighbours() {
+        let ids = ["c1", "c2", "c3"];
+        let (store, dir) = sqlite_store("flush", &ids).await;
         let before = store
             .conversation_by_id("c1")
             .await
             .expect("reads")
             .expect("exists");
-        let commit = |id: &str, expected_event: i64| ConversationCommit {
-            conversation_id: id.into(),
-            state: Some(ConvState::Error {
-                error_kind: crate::state_machine::ErrorKind::Unknown,
-                message: "x".into(),
-            }),
-            messages: Vec::new(),
-            events: Vec::new(),
-            usage: None,
-            expected_next_sequence_id: before.next_sequence_id,
-            expected_next_event_id: expected_event,
-            next_sequence_id: before.next_sequence_id,
-            next_event_id: expected_event,
-            at,
-        };
         let stale = before.next_event_id + 7;
         let mut jobs = Vec::new();
         let mut answers = Vec::new();
@@ -462,7 +530,8 @@ mod tests {
             ("c3", before.next_event_id),
         ] {
             let (tx, rx) = ractor::concurrency::oneshot();
-            jobs.push(Job::Commit(Arc::new(commit(id, expected)), tx.into()));
+            let commit = to_error(id, "x", before.next_sequence_id, expected);
+            jobs.push(Job::Commit(Arc::new(commit), tx.into()));
             answers.push(rx);
         }
         flush(&store, &Metrics::default(), jobs).await;
@@ -484,6 +553,46 @@ mod tests {
                 .expect("reads")
                 .expect("exists");
             assert_eq!(matches!(row.state, ConvState::Error { .. }), landed, "{id}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// REQ-BED-007 (durable, bounded storage): a checkpoint run in the queue, between two
+    /// flushes, lets SQLite start its write-ahead log over, so the log file stays as long as
+    /// the writes between two checkpoints instead of growing with every commit ever made.
+    #[tokio::test]
+    async fn a_queued_checkpoint_starts_the_log_over() {
+        let ids: Vec<String> = (0..40).map(|i| format!("c{i}")).collect();
+        let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let (store, dir) = sqlite_store("checkpoint", &refs).await;
+        let row = store
+            .conversation_by_id("c0")
+            .await
+            .expect("reads")
+            .expect("exists");
+        let wal = dir.join("db.sqlite-wal");
+        let log_bytes = || std::fs::metadata(&wal).map_or(0, |m| m.len());
+        let mut sizes = Vec::new();
+        for round in 0..3 {
+            if round > 0 {
+                flush(&store, &Metrics::default(), vec![Job::Checkpoint]).await;
+            }
+            let start = log_bytes();
+            // A row written again unchanged is not written at all: each round says more.
+            let message = "x".repeat(round + 1);
+            for id in &refs {
+                let commit = to_error(id, &message, row.next_sequence_id, row.next_event_id);
+                flush_one(&store, commit).await.expect("commits");
+            }
+            sizes.push((start, log_bytes()));
+        }
+        let (start, end) = sizes[0];
+        assert!(end > start, "the first round appends to the log: {sizes:?}");
+        for &(start, end) in &sizes[1..] {
+            assert_eq!(
+                start, end,
+                "after a checkpoint the log is written over from its start: {sizes:?}"
+            );
         }
         let _ = std::fs::remove_dir_all(&dir);
     }

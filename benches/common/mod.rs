@@ -2,13 +2,61 @@
 
 #![allow(dead_code, clippy::print_stdout, clippy::print_stderr)]
 
+use std::alloc::{GlobalAlloc, Layout};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use sea_orm::{ConnectionTrait, Database};
 
-/// The server's allocator (src/main.rs), so the figures are the server's.
+/// The server's allocator (src/main.rs), so the figures are the server's; it can also
+/// count the bytes Rust code holds (SQLite allocates outside it).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: Counting = Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static HELD: AtomicI64 = AtomicI64::new(0);
+
+pub struct Counting;
+
+// SAFETY: every call is passed on unchanged to mimalloc; the counters only observe sizes.
+#[allow(unsafe_code)]
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count(layout.size() as i64);
+        // SAFETY: the caller's contract, passed on.
+        unsafe { mimalloc::MiMalloc.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        count(-(layout.size() as i64));
+        // SAFETY: the caller's contract, passed on.
+        unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count(layout.size() as i64);
+        // SAFETY: the caller's contract, passed on.
+        unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new: usize) -> *mut u8 {
+        count(new as i64 - layout.size() as i64);
+        // SAFETY: the caller's contract, passed on.
+        unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new) }
+    }
+}
+
+fn count(bytes: i64) {
+    if COUNTING.load(Ordering::Relaxed) {
+        HELD.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+/// Counts the bytes Rust code allocates and frees while `f` runs; what is still held after.
+pub async fn heap_held_by<F: Future>(f: F) -> (F::Output, i64) {
+    HELD.store(0, Ordering::Relaxed);
+    COUNTING.store(true, Ordering::Relaxed);
+    let out = f.await;
+    COUNTING.store(false, Ordering::Relaxed);
+    (out, HELD.load(Ordering::Relaxed))
+}
 
 /// A database to benchmark on; dropped at the end.
 #[derive(Debug)]

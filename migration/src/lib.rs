@@ -4,6 +4,7 @@ pub use sea_orm_migration::prelude::*;
 
 mod m20261121_000001_initial;
 mod m20261121_000002_conversation_network;
+mod m20261122_000003_partial_unique_keys;
 
 /// Every migration, in order.
 #[derive(Debug)]
@@ -15,6 +16,7 @@ impl MigratorTrait for Migrator {
         vec![
             Box::new(m20261121_000001_initial::Migration),
             Box::new(m20261121_000002_conversation_network::Migration),
+            Box::new(m20261122_000003_partial_unique_keys::Migration),
         ]
     }
 }

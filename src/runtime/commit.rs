@@ -9,8 +9,10 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::hub::Frame;
-use crate::model::{ConversationCommit, ConversationRecord, EventRecord, MessageRecord};
-use crate::state_machine::{Effect, MessageContent, TransitionResult, Usage};
+use crate::model::{
+    ConversationCommit, ConversationRecord, EventRecord, MessageRecord, UsageTotals,
+};
+use crate::state_machine::{ConvState, Effect, MessageContent, TransitionResult, Usage};
 use crate::wire;
 
 /// What a transition writes, and what is done after the commit.
@@ -25,14 +27,91 @@ pub struct Plan {
     pub dispatch: Vec<Effect>,
 }
 
-/// Numbers the effects of `result` from `conv`'s counters.
-pub fn plan(
-    conv: &ConversationRecord,
+/// What a plan numbers from: a conversation as stored, or as it will be once the commits
+/// before it are stored.
+#[derive(Clone, Copy, Debug)]
+pub struct Base<'a> {
+    pub id: &'a str,
+    pub state: &'a ConvState,
+    pub usage: UsageTotals,
+    pub next_sequence_id: i64,
+    pub next_event_id: i64,
+}
+
+impl<'a> From<&'a ConversationRecord> for Base<'a> {
+    fn from(conv: &'a ConversationRecord) -> Self {
+        Base {
+            id: &conv.id,
+            state: &conv.state,
+            usage: conv.usage,
+            next_sequence_id: conv.next_sequence_id,
+            next_event_id: conv.next_event_id,
+        }
+    }
+}
+
+impl<'a> Base<'a> {
+    /// The conversation as it is once `commit` (planned from `self`) is stored.
+    pub fn after(self, commit: &'a ConversationCommit) -> Base<'a> {
+        Base {
+            id: self.id,
+            state: commit.state.as_ref().unwrap_or(self.state),
+            usage: commit.usage.unwrap_or(self.usage),
+            next_sequence_id: commit.next_sequence_id,
+            next_event_id: commit.next_event_id,
+        }
+    }
+}
+
+impl Plan {
+    /// This plan followed by `next`, planned from [`Base::after`] this one's commit: one
+    /// commit holding both transitions (each whole, in order), their frames in order, then
+    /// the effects of both.
+    pub fn then(self, next: Plan) -> Plan {
+        let commit = match (self.commit, next.commit) {
+            (Some(first), Some(second)) => {
+                let first = Arc::unwrap_or_clone(first);
+                let second = Arc::unwrap_or_clone(second);
+                let mut messages = first.messages;
+                messages.extend(second.messages);
+                let mut events = first.events;
+                events.extend(second.events);
+                Some(Arc::new(ConversationCommit {
+                    conversation_id: first.conversation_id,
+                    state: second.state.or(first.state),
+                    messages,
+                    events,
+                    usage: second.usage.or(first.usage),
+                    expected_next_sequence_id: first.expected_next_sequence_id,
+                    expected_next_event_id: first.expected_next_event_id,
+                    next_sequence_id: second.next_sequence_id,
+                    next_event_id: second.next_event_id,
+                    at: second.at,
+                }))
+            }
+            (first, second) => first.or(second),
+        };
+        let mut frames = self.frames;
+        frames.extend(next.frames);
+        let mut dispatch = self.dispatch;
+        dispatch.extend(next.dispatch);
+        Plan {
+            commit,
+            frames,
+            dispatch,
+        }
+    }
+}
+
+/// Numbers the effects of `result` from `base`'s counters.
+pub fn plan<'a>(
+    base: impl Into<Base<'a>>,
     result: TransitionResult,
     context_window: u64,
     at: DateTime<Utc>,
     client_message_id: Option<String>,
 ) -> Plan {
+    let conv = base.into();
     let mut next_seq = conv.next_sequence_id;
     let mut next_event = conv.next_event_id;
     let mut messages = Vec::new();
@@ -50,7 +129,7 @@ pub fn plan(
             object.insert("event_id".into(), json!(event_id));
         }
         events.push(EventRecord {
-            conversation_id: conv.id.clone(),
+            conversation_id: conv.id.to_owned(),
             event_id,
             event_type: payload["type"].as_str().unwrap_or_default().to_owned(),
             payload,
@@ -72,7 +151,7 @@ pub fn plan(
                     .flatten();
                 let message = MessageRecord {
                     id: Uuid::now_v7().to_string(),
-                    conversation_id: conv.id.clone(),
+                    conversation_id: conv.id.to_owned(),
                     sequence_id: next_seq,
                     content,
                     usage,
@@ -127,8 +206,8 @@ pub fn plan(
             | Effect::ReportToParent { .. }) => dispatch.push(other),
         }
     }
-    let state_changed = result.new_state != conv.state;
-    if wire::state(&result.new_state) != wire::state(&conv.state) {
+    let state_changed = result.new_state != *conv.state;
+    if wire::state(&result.new_state) != wire::state(conv.state) {
         push_event(
             json!({"type": "state", "state": wire::state(&result.new_state)}),
             &mut events,
@@ -142,7 +221,7 @@ pub fn plan(
         (state_changed || !messages.is_empty() || !events.is_empty() || usage_totals.is_some())
             .then(|| {
                 Arc::new(ConversationCommit {
-                    conversation_id: conv.id.clone(),
+                    conversation_id: conv.id.to_owned(),
                     state: state_changed.then(|| result.new_state.clone()),
                     messages,
                     events,
@@ -219,4 +298,115 @@ pub fn apply(conv: &mut ConversationRecord, commit: &ConversationCommit) {
     conv.next_sequence_id = commit.next_sequence_id;
     conv.next_event_id = commit.next_event_id;
     conv.updated_at = commit.at;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state_machine::{ConvContext, Event, TurnId, transition};
+    use chrono::TimeZone as _;
+
+    fn record(state: ConvState) -> ConversationRecord {
+        let at = Utc
+            .with_ymd_and_hms(2026, 1, 1, 0, 0, 0)
+            .single()
+            .expect("a time");
+        ConversationRecord {
+            id: "c".into(),
+            tenant_id: "t".into(),
+            slug: "c".into(),
+            cwd: "/w".into(),
+            model: "m".into(),
+            system_prompt: None,
+            parent_id: None,
+            user_initiated: true,
+            require_approval: Vec::new(),
+            network: false,
+            state,
+            archived: false,
+            usage: UsageTotals::default(),
+            next_sequence_id: 7,
+            next_event_id: 20,
+            created_at: at,
+            updated_at: at,
+        }
+    }
+
+    fn ctx() -> ConvContext {
+        ConvContext {
+            conversation_id: "c".into(),
+            working_dir: "/w".into(),
+            model_id: "m".into(),
+            is_sub_agent: false,
+            limits: Default::default(),
+            context_window: 0,
+            context_tokens: 0,
+        }
+    }
+
+    /// The runtime stores a transition and the `Continue` it asks for in one commit: both
+    /// whole and in order, numbered on from the conversation's counters with no gap, as if
+    /// committed one after the other (REQ-BED-007).
+    #[test]
+    fn a_transition_and_its_continue_make_one_commit() {
+        let conv = record(ConvState::Idle);
+        let at = conv.created_at;
+        let turn = TurnId::new("t1");
+        let event = Event::UserMessage {
+            turn: turn.clone(),
+            text: "hi".into(),
+            images: Vec::new(),
+        };
+        let first = transition(&conv.state, &ctx(), event).expect("accepted");
+        let first = plan(&conv, first, 0, at, None);
+        assert!(
+            matches!(first.dispatch.as_slice(), [Effect::Continue { .. }]),
+            "{:?}",
+            first.dispatch
+        );
+        let stored = first.commit.clone().expect("a commit");
+        let base = Base::from(&conv).after(&stored);
+        assert!(matches!(base.state, ConvState::AwaitingLlm { .. }));
+        let second = transition(base.state, &ctx(), Event::Continue { turn }).expect("next");
+        let second = plan(base, second, 0, at, None);
+        let (first_events, second_events) = (first.frames.len(), second.frames.len());
+
+        let both = Plan {
+            dispatch: Vec::new(),
+            ..first
+        }
+        .then(second);
+        let commit = both.commit.expect("one commit");
+        assert_eq!(
+            (
+                commit.expected_next_sequence_id,
+                commit.expected_next_event_id
+            ),
+            (7, 20)
+        );
+        let sequence: Vec<i64> = commit.messages.iter().map(|m| m.sequence_id).collect();
+        assert_eq!(sequence, [7]);
+        assert_eq!(commit.next_sequence_id, 8);
+        let events: Vec<i64> = commit.events.iter().map(|e| e.event_id).collect();
+        let expected: Vec<i64> = (20..20 + (first_events + second_events) as i64).collect();
+        assert_eq!(events, expected);
+        assert_eq!(commit.next_event_id, 20 + events.len() as i64);
+        let states: Vec<&str> = commit
+            .events
+            .iter()
+            .filter(|e| e.event_type == "state")
+            .map(|e| e.payload["state"]["kind"].as_str().unwrap_or_default())
+            .collect();
+        assert_eq!(states, ["awaiting_llm", "llm_requesting"]);
+        assert!(matches!(
+            commit.state,
+            Some(ConvState::LlmRequesting { .. })
+        ));
+        assert_eq!(both.frames.len(), events.len());
+        assert!(
+            matches!(both.dispatch.as_slice(), [Effect::RequestLlm { .. }]),
+            "{:?}",
+            both.dispatch
+        );
+    }
 }

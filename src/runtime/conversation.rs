@@ -560,13 +560,17 @@ async fn store_and_dispatch(
             started: std::time::Instant::now(),
         });
     }
-    let plan = commit::plan(
+    let at = Utc::now();
+    let mut plan = commit::plan(
         &state.record,
         result,
         state.ctx.context_window,
-        Utc::now(),
+        at,
         client_message_id,
     );
+    if !(state.stopping || state.services.is_shutting_down()) {
+        plan = continue_ahead(state, plan, at);
+    }
     if let Some(commit) = &plan.commit {
         // A transition of a turn is a child of the turn's span; the commit, of the transition.
         let transition = tracing::info_span!(
@@ -620,6 +624,44 @@ async fn store_and_dispatch(
         dispatch(myself, state, effect.clone()).await;
     }
     Ok((plan.commit, plan.dispatch))
+}
+
+/// Plans the `Continue` a transition asks for together with that transition, so the turn's
+/// next step is stored by the same commit: two whole transitions in order, their frames in
+/// order, one round trip to the database instead of a second message and a second commit.
+/// The core's matrix is unchanged (`AwaitingLlm` is still stored and published on the way).
+fn continue_ahead(
+    state: &mut ConversationState,
+    mut plan: commit::Plan,
+    at: chrono::DateTime<Utc>,
+) -> commit::Plan {
+    let Some(index) = plan
+        .dispatch
+        .iter()
+        .position(|effect| matches!(effect, Effect::Continue { .. }))
+    else {
+        return plan;
+    };
+    let Effect::Continue { turn } = plan.dispatch.remove(index) else {
+        return plan;
+    };
+    let base = match &plan.commit {
+        Some(commit) => commit::Base::from(&state.record).after(commit),
+        None => commit::Base::from(&state.record),
+    };
+    // The core sees the context as it will be once the first transition is stored.
+    let stored_tokens = state.ctx.context_tokens;
+    state.ctx.context_tokens = base.usage.context_tokens;
+    let next = transition(base.state, &state.ctx, Event::Continue { turn });
+    state.ctx.context_tokens = stored_tokens;
+    match next {
+        Ok(next) => {
+            let next = commit::plan(base, next, state.ctx.context_window, at, None);
+            plan.then(next)
+        }
+        // Whatever the actor would have done with the `Continue` message: nothing.
+        Err(_) => plan,
+    }
 }
 
 /// How a transition is committed.
