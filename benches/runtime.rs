@@ -262,9 +262,15 @@ async fn main() {
         bench
             .llm
             .auto_tool_turns("think", json!({"thoughts": "one tool call per turn"}));
+        let only = std::env::var("BENCH_ONLY").unwrap_or_default();
         let ids = bench.conversations(50).await;
-        let _ = load(&bench, &ids, Duration::from_secs(1)).await; // warm-up
-        let (rate, turns) = load(&bench, &ids, duration).await;
+        let turns_for = if only == "memory" {
+            Duration::ZERO
+        } else {
+            duration
+        };
+        let _ = load(&bench, &ids, turns_for.min(Duration::from_secs(1))).await; // warm-up
+        let (rate, turns) = load(&bench, &ids, turns_for).await;
         let (total50, total99) = summary(&turns, |t| t.total);
         let (over50, over99) = summary(&turns, |t| t.overhead());
         let (llm50, _) = summary(&turns, |t| t.llm);
@@ -285,8 +291,20 @@ async fn main() {
             ms(over99)
         );
         println!("turns/s with 50 concurrent conversations: {rate:.0}");
+        if only != "memory" {
+            // The same turn with nothing else running: the latency a turn adds, unqueued.
+            let (rate, turns) = load(&bench, &ids[..1], duration).await;
+            let (total50, total99) = summary(&turns, |t| t.total);
+            let (over50, over99) = summary(&turns, |t| t.overhead());
+            println!(
+                "one conversation alone: {rate:.0} turns/s, turn time p50 {} p99 {}, overhead p50 {} p99 {}",
+                ms(total50),
+                ms(total99),
+                ms(over50),
+                ms(over99)
+            );
+        }
 
-        let only = std::env::var("BENCH_ONLY").unwrap_or_default();
         if only == "turns" {
             continue;
         }
@@ -316,6 +334,10 @@ async fn main() {
             after / 1_048_576,
             held as f64 / idle.len() as f64 / 1024.0,
         );
+        if only == "memory" {
+            // Everything activated is still held: a heap profiler's view at exit is theirs.
+            std::process::exit(0);
+        }
 
         // Cancel latency: a CPU-bound tool running, with the activated conversations above
         // (over 1,000) around it; then again while 50 of them also run turns back to back.
