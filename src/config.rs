@@ -197,6 +197,8 @@ pub struct SandboxSettings {
     pub max_file_bytes: u64,
     /// Output past this ends the run as failed (what is kept is `tools.output_cap_bytes`).
     pub max_output_bytes: u64,
+    /// CPU priority (nice value, 0-19) of tool processes, below the server's.
+    pub nice: i32,
     pub network: NetworkSettings,
 }
 
@@ -319,6 +321,12 @@ impl Settings {
                     "{name} must be a positive whole number"
                 )));
             }
+        }
+        if !(0..=19).contains(&self.sandbox.nice) {
+            return Err(ConfigError(format!(
+                "sandbox.nice must be 0 to 19, got {}",
+                self.sandbox.nice
+            )));
         }
         let base = &self.llm.base_url;
         if !(base.starts_with("http://") || base.starts_with("https://")) {
@@ -511,6 +519,12 @@ mod tests {
             error
                 .to_string()
                 .contains("turn.max_llm_steps must be a positive"),
+            "{error}"
+        );
+        let error = Settings::load_from(None, env(&[("BEDROCK_SANDBOX__NICE", "-5")]))
+            .expect_err("a tool above the server's priority");
+        assert!(
+            error.to_string().contains("sandbox.nice must be 0 to 19"),
             "{error}"
         );
         let error = Settings::load_from(None, env(&[("BEDROCK_AUTH", "maybe")]))

@@ -64,6 +64,8 @@ pub struct Plan {
     pub old_root_inside: CString,
     pub cwd: CString,
     pub limits: Vec<(libc::__rlimit_resource_t, libc::rlim_t)>,
+    /// The nice value the run starts with.
+    pub nice: libc::c_int,
 }
 
 /// Writes a failure line to stderr and ends the process.
@@ -581,13 +583,16 @@ extern "C" fn setup_main(arg: *mut libc::c_void) -> libc::c_int {
     0
 }
 
-/// PID 1 of the run: limits, signals back to their defaults, Landlock, exec.
+/// PID 1 of the run: limits and CPU priority, signals back to their defaults, Landlock, exec.
 extern "C" fn pid1_main(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the launcher's context, alive until this process executes.
     let context = unsafe { &*arg.cast::<Context<'_>>() };
-    // SAFETY: prctl, setrlimit and signal calls with plain values.
+    // SAFETY: prctl, setrlimit, setpriority and signal calls with plain values.
     unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+        if libc::setpriority(libc::PRIO_PROCESS, 0, context.plan.nice) != 0 {
+            fail("setpriority", b"");
+        }
         for (resource, value) in &context.plan.limits {
             let limit = libc::rlimit {
                 rlim_cur: *value,

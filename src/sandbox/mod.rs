@@ -391,6 +391,7 @@ impl Sandbox {
             old_root_inside: c_path(old)?,
             cwd: c_path(cwd)?,
             limits,
+            nice: s.nice,
         })
     }
 

@@ -110,6 +110,10 @@ async fn ordinary_work_runs_in_the_sandbox() {
         ok && output.contains("checked") && !output.contains("survived"),
         "signals: {output}"
     );
+    // A tool runs below the server's CPU priority (sandbox.nice, 10 by default), and so do
+    // the processes it starts, so a CPU-bound tool cannot starve the server.
+    let (ok, output) = bash(&app, &id, "nice; sh -c nice").await;
+    assert!(ok && output.trim() == "10\n10", "nice: {output:?}");
     // The files are the conversation's: the host sees them in its cwd.
     assert!(app.cwd(&id).await.join("hello").exists());
     app.cleanup(db).await;
