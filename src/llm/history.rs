@@ -10,6 +10,7 @@ use std::time::Instant;
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
 use super::request::{Wire, wire};
+use crate::model::ConversationCommit;
 use crate::store::{Store, StoreError};
 
 /// A conversation's history as the backend gets it.
@@ -38,12 +39,17 @@ impl HistoryCache {
         }
     }
 
-    /// The conversation's whole history, brought up to date, held until the guard drops (a
-    /// conversation has one LLM request at a time, so this never waits on another).
+    /// The conversation's whole history through sequence id `through` (its last stored
+    /// message), held until the guard drops (a conversation has one LLM request at a time,
+    /// so this never waits on another). Messages the conversation handed over in `recent`
+    /// (stored commits, in order) are taken from there; the database is read only for what
+    /// they do not cover: a cold cache, or messages stored while no actor was running.
     pub async fn current(
         &self,
         store: &Store,
         id: &str,
+        recent: &[Arc<ConversationCommit>],
+        through: i64,
     ) -> Result<OwnedMutexGuard<History>, StoreError> {
         let entry = {
             let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
@@ -68,15 +74,139 @@ impl HistoryCache {
             }
         };
         let mut history = entry.lock_owned().await;
-        let newer = store
-            .messages_after(id, history.last, u64::MAX >> 1)
-            .await?;
-        if let Some(last) = newer.last() {
-            history.last = last.sequence_id;
+        for message in recent.iter().flat_map(|commit| &commit.messages) {
+            if message.sequence_id == history.last + 1 {
+                history.messages.push(wire(&message.content));
+                history.last = message.sequence_id;
+            } else if message.sequence_id > history.last {
+                break; // a gap: the database has what came between
+            }
         }
+        if history.last < through {
+            let newer = store
+                .messages_after(id, history.last, u64::MAX >> 1)
+                .await?;
+            if let Some(last) = newer.last() {
+                history.last = last.sequence_id;
+            }
+            history
+                .messages
+                .extend(newer.iter().map(|record| wire(&record.content)));
+        }
+        Ok(history)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{MessageRecord, NewConversation, Tenant};
+    use crate::state_machine::MessageContent;
+    use chrono::{TimeZone as _, Utc};
+
+    fn user(seq: i64) -> MessageRecord {
+        MessageRecord {
+            id: format!("m{seq}"),
+            conversation_id: "c".into(),
+            sequence_id: seq,
+            content: MessageContent::User {
+                text: format!("message {seq}"),
+                images: Vec::new(),
+            },
+            usage: None,
+            client_message_id: None,
+            created_at: Utc
+                .with_ymd_and_hms(2026, 1, 1, 0, 0, 0)
+                .single()
+                .expect("a time"),
+        }
+    }
+
+    /// Stores messages `from..=to` of conversation `c` as one commit.
+    async fn store_messages(store: &Store, from: i64, to: i64) -> Arc<ConversationCommit> {
+        let at = user(from).created_at;
+        let commit = Arc::new(ConversationCommit {
+            conversation_id: "c".into(),
+            state: None,
+            messages: (from..=to).map(user).collect(),
+            events: Vec::new(),
+            usage: None,
+            expected_next_sequence_id: from,
+            expected_next_event_id: 1,
+            next_sequence_id: to + 1,
+            next_event_id: 1,
+            at,
+        });
+        store
+            .commit_batch(std::slice::from_ref(&commit))
+            .await
+            .expect("commits");
+        commit
+    }
+
+    fn texts(history: &History) -> Vec<String> {
         history
             .messages
-            .extend(newer.iter().map(|record| wire(&record.content)));
-        Ok(history)
+            .iter()
+            .map(|m| match m {
+                Wire::Json(json) => json.get().to_owned(),
+                other @ (Wire::Skip | Wire::Images(_)) => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    /// The history is the same whether it comes from the commits the conversation hands
+    /// over or from the database, and the database is read only for what those commits do
+    /// not cover (after the pool is closed, a read would fail).
+    #[tokio::test]
+    async fn handed_over_messages_spare_the_database_read() {
+        let dir = std::env::temp_dir().join(format!("bedrock-history-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a temp dir");
+        let store = Store::connect(&crate::store::StoreOptions {
+            url: format!("sqlite://{}?mode=rwc", dir.join("db.sqlite").display()),
+            max_connections: 2,
+            acquire_timeout: std::time::Duration::from_secs(5),
+        })
+        .await
+        .expect("the store opens");
+        store.migrate().await.expect("migrations apply");
+        let at = user(1).created_at;
+        let tenant = Tenant {
+            id: "t".into(),
+            name: "t".into(),
+        };
+        store.ensure_tenant(&tenant, at).await.expect("a tenant");
+        store
+            .insert_conversation(&NewConversation::user("c", "t", "/tmp", "m", at))
+            .await
+            .expect("a conversation");
+
+        let cache = HistoryCache::new(4);
+        store_messages(&store, 1, 2).await;
+        // Cold: read from the database.
+        let first = texts(&cache.current(&store, "c", &[], 2).await.expect("read"));
+        assert_eq!(first.len(), 2);
+
+        let recent = store_messages(&store, 3, 4).await;
+        let reference = HistoryCache::new(4);
+        let from_db = texts(&reference.current(&store, "c", &[], 4).await.expect("read"));
+        let stored = store_messages(&store, 5, 6).await;
+        let gap = Arc::new(ConversationCommit {
+            messages: vec![user(6)],
+            ..(*stored).clone()
+        });
+        store.clone().close().await.expect("closes");
+
+        let handed = texts(
+            &cache
+                .current(&store, "c", std::slice::from_ref(&recent), 4)
+                .await
+                .expect("no database read needed"),
+        );
+        assert_eq!(handed, from_db);
+        // Message 5 is missing from what was handed over: only the database has it.
+        assert!(cache.current(&store, "c", &[gap], 6).await.is_err());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

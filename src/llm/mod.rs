@@ -77,6 +77,11 @@ pub struct LlmJob {
     pub cancel: CancellationToken,
     /// The turn's span, parent of the request's.
     pub span: tracing::Span,
+    /// Commits with messages stored since the conversation's last LLM request, in order:
+    /// the history is brought up to date from them instead of a database read.
+    pub recent: Vec<Arc<crate::model::ConversationCommit>>,
+    /// The sequence id of the conversation's last stored message.
+    pub through: i64,
 }
 
 impl std::fmt::Debug for LlmJob {
@@ -266,7 +271,12 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
 
     let history = shared
         .histories
-        .current(&shared.store, &job.conversation_id)
+        .current(
+            &shared.store,
+            &job.conversation_id,
+            &job.recent,
+            job.through,
+        )
         .await
         .map_err(|e| {
             Failure::new(

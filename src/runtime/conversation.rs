@@ -178,6 +178,8 @@ pub struct ConversationState {
     children: HashMap<ActorId, Child>,
     /// The turn in progress.
     turn: Option<Turn>,
+    /// Commits with messages stored since the last LLM request, handed to the next one.
+    unsent: Vec<Arc<crate::model::ConversationCommit>>,
     idle_generation: u64,
     idle_timer: bool,
     stopping: bool,
@@ -223,6 +225,7 @@ impl Actor for ConversationActor {
             parent: args.parent,
             children: HashMap::new(),
             turn: None,
+            unsent: Vec::new(),
             idle_generation: 0,
             idle_timer: false,
             stopping: false,
@@ -614,6 +617,12 @@ async fn store_and_dispatch(
         }
         commit::apply(&mut state.record, commit);
         state.ctx.context_tokens = state.record.usage.context_tokens;
+        if !state.record.state.is_busy() || state.unsent.len() >= MAX_UNSENT {
+            // Nothing is held by a conversation at rest: the gateway reads the database.
+            state.unsent.clear();
+        } else if !commit.messages.is_empty() {
+            state.unsent.push(Arc::clone(commit));
+        }
     }
     for frame in &plan.frames {
         state.services.hub.publish(&state.record.id, frame.clone());
@@ -681,6 +690,10 @@ fn continue_ahead(
         Err(_) => plan,
     }
 }
+
+/// Commits kept for the next LLM request at most; a conversation that is not busy keeps
+/// none.
+const MAX_UNSENT: usize = 16;
 
 /// How a transition is committed.
 #[derive(Clone, Copy, Debug)]
@@ -773,6 +786,8 @@ async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, eff
                     .turn
                     .as_ref()
                     .map_or_else(tracing::Span::none, |turn| turn.span.clone()),
+                recent: std::mem::take(&mut state.unsent),
+                through: state.record.next_sequence_id - 1,
             });
         }
         Effect::ScheduleRetry { request, delay_ms } => {
