@@ -223,6 +223,19 @@ fn summary(turns: &[Turn], f: impl Fn(&Turn) -> Duration) -> (Duration, Duration
     (percentile(&values, 50.0), percentile(&values, 99.0))
 }
 
+/// Prints a load's rate, turn time and overhead on one line.
+fn report(label: &str, rate: f64, turns: &[Turn]) {
+    let (total50, total99) = summary(turns, |t| t.total);
+    let (over50, over99) = summary(turns, |t| t.overhead());
+    println!(
+        "{label}: {rate:.0} turns/s, turn time p50 {} p99 {}, overhead p50 {} p99 {}",
+        ms(total50),
+        ms(total99),
+        ms(over50),
+        ms(over99)
+    );
+}
+
 /// Starts a CPU-bound tool `n` times and cancels it; the time from the cancel call to the
 /// stored Idle frame, sorted.
 async fn cancel_latency(bench: &Bench, target: &str, n: usize) -> Vec<Duration> {
@@ -311,28 +324,12 @@ async fn main() {
         if only != "memory" {
             // The same 50 conversations offered 1,000 turns/s in all (one turn every 50 ms
             // each): the overhead at the target rate, short of saturation.
-            let (rate, turns) =
-                paced(&bench, &ids, duration, Some(Duration::from_millis(50))).await;
-            let (total50, total99) = summary(&turns, |t| t.total);
-            let (over50, over99) = summary(&turns, |t| t.overhead());
-            println!(
-                "50 conversations offered 1,000 turns/s: {rate:.0} turns/s, turn time p50 {} p99 {}, overhead p50 {} p99 {}",
-                ms(total50),
-                ms(total99),
-                ms(over50),
-                ms(over99)
-            );
+            let every = Some(Duration::from_millis(50));
+            let (rate, turns) = paced(&bench, &ids, duration, every).await;
+            report("50 conversations offered 1,000 turns/s", rate, &turns);
             // The same turn with nothing else running: the latency a turn adds, unqueued.
             let (rate, turns) = load(&bench, &ids[..1], duration).await;
-            let (total50, total99) = summary(&turns, |t| t.total);
-            let (over50, over99) = summary(&turns, |t| t.overhead());
-            println!(
-                "one conversation alone: {rate:.0} turns/s, turn time p50 {} p99 {}, overhead p50 {} p99 {}",
-                ms(total50),
-                ms(total99),
-                ms(over50),
-                ms(over99)
-            );
+            report("one conversation alone", rate, &turns);
         }
 
         if only == "turns" {

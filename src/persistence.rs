@@ -435,43 +435,9 @@ impl Persistence {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ConversationCommit, NewConversation};
+    use crate::model::ConversationCommit;
     use crate::state_machine::ConvState;
-    use chrono::{TimeZone as _, Utc};
-
-    fn at() -> DateTime<Utc> {
-        Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0)
-            .single()
-            .expect("a time")
-    }
-
-    /// A fresh SQLite store in its own directory, with tenant `t` and the given
-    /// conversations.
-    async fn sqlite_store(name: &str, conversations: &[&str]) -> (Store, std::path::PathBuf) {
-        let dir = std::env::temp_dir().join(format!("bedrock-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("a temp dir");
-        let store = Store::connect(&crate::store::StoreOptions {
-            url: format!("sqlite://{}?mode=rwc", dir.join("db.sqlite").display()),
-            max_connections: 2,
-            acquire_timeout: Duration::from_secs(5),
-        })
-        .await
-        .expect("the store opens");
-        store.migrate().await.expect("migrations apply");
-        let tenant = Tenant {
-            id: "t".into(),
-            name: "t".into(),
-        };
-        store.ensure_tenant(&tenant, at()).await.expect("a tenant");
-        for id in conversations {
-            store
-                .insert_conversation(&NewConversation::user(id, "t", "/tmp", "m", at()))
-                .await
-                .expect("a conversation");
-        }
-        (store, dir)
-    }
+    use crate::store::testing::{at, row, sqlite_store};
 
     /// A commit that moves `id` to Error with `message`, expecting the event counter
     /// `expected_event`.
@@ -516,11 +482,7 @@ mod tests {
     async fn a_bad_commit_does_not_fail_its_neighbours() {
         let ids = ["c1", "c2", "c3"];
         let (store, dir) = sqlite_store("flush", &ids).await;
-        let before = store
-            .conversation_by_id("c1")
-            .await
-            .expect("reads")
-            .expect("exists");
+        let before = row(&store, "c1").await;
         let stale = before.next_event_id + 7;
         let mut jobs = Vec::new();
         let mut answers = Vec::new();
@@ -547,12 +509,8 @@ mod tests {
         );
         assert!(outcomes[2].is_ok(), "{outcomes:?}");
         for (id, landed) in [("c1", true), ("c2", false), ("c3", true)] {
-            let row = store
-                .conversation_by_id(id)
-                .await
-                .expect("reads")
-                .expect("exists");
-            assert_eq!(matches!(row.state, ConvState::Error { .. }), landed, "{id}");
+            let state = row(&store, id).await.state;
+            assert_eq!(matches!(state, ConvState::Error { .. }), landed, "{id}");
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -565,11 +523,7 @@ mod tests {
         let ids: Vec<String> = (0..40).map(|i| format!("c{i}")).collect();
         let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
         let (store, dir) = sqlite_store("checkpoint", &refs).await;
-        let row = store
-            .conversation_by_id("c0")
-            .await
-            .expect("reads")
-            .expect("exists");
+        let row = row(&store, "c0").await;
         let wal = dir.join("db.sqlite-wal");
         let log_bytes = || std::fs::metadata(&wal).map_or(0, |m| m.len());
         let mut sizes = Vec::new();

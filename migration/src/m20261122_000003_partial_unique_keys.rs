@@ -8,47 +8,37 @@ use sea_orm_migration::prelude::*;
 #[derive(DeriveMigrationName)]
 pub struct Migration;
 
-#[derive(DeriveIden)]
+#[derive(DeriveIden, Clone, Copy)]
 enum Messages {
     Table,
     ConversationId,
     ClientMessageId,
 }
 
-#[derive(DeriveIden)]
+#[derive(DeriveIden, Clone, Copy)]
 enum ConversationEvents {
     Table,
     ConversationId,
     DedupKey,
 }
 
-const MESSAGES_KEY: &str = "messages_client_message_id";
-const EVENTS_KEY: &str = "conversation_events_dedup";
-
-fn messages_key(partial: bool) -> IndexCreateStatement {
+/// A unique key on `(conversation_id, key)`, over the rows whose key is set when `partial`.
+fn unique_key<T: Iden + Copy + 'static>(
+    name: &str,
+    table: T,
+    conversation: T,
+    key: T,
+    partial: bool,
+) -> IndexCreateStatement {
     let mut index = Index::create()
-        .name(MESSAGES_KEY)
-        .table(Messages::Table)
-        .col(Messages::ConversationId)
-        .col(Messages::ClientMessageId)
+        .name(name)
+        .table(table)
+        .col(conversation)
+        .col(key)
         .unique()
         .to_owned();
     if partial {
-        index.and_where(Expr::col(Messages::ClientMessageId).is_not_null());
-    }
-    index
-}
-
-fn events_key(partial: bool) -> IndexCreateStatement {
-    let mut index = Index::create()
-        .name(EVENTS_KEY)
-        .table(ConversationEvents::Table)
-        .col(ConversationEvents::ConversationId)
-        .col(ConversationEvents::DedupKey)
-        .unique()
-        .to_owned();
-    if partial {
-        index.and_where(Expr::col(ConversationEvents::DedupKey).is_not_null());
+        index.and_where(Expr::col(key).is_not_null());
     }
     index
 }
@@ -58,10 +48,28 @@ fn events_key(partial: bool) -> IndexCreateStatement {
 /// index and refuse to create the new one.
 async fn replace(manager: &SchemaManager<'_>, partial: bool) -> Result<(), DbErr> {
     let backend = manager.get_database_backend();
-    for (name, index) in [
-        (MESSAGES_KEY, messages_key(partial)),
-        (EVENTS_KEY, events_key(partial)),
-    ] {
+    let keys = [
+        unique_key(
+            "messages_client_message_id",
+            Messages::Table,
+            Messages::ConversationId,
+            Messages::ClientMessageId,
+            partial,
+        ),
+        unique_key(
+            "conversation_events_dedup",
+            ConversationEvents::Table,
+            ConversationEvents::ConversationId,
+            ConversationEvents::DedupKey,
+            partial,
+        ),
+    ];
+    for index in keys {
+        let name = index
+            .get_index_spec()
+            .get_name()
+            .unwrap_or_default()
+            .to_owned();
         let drop = backend.build(&Index::drop().name(name).to_owned());
         let create = backend.build(&index);
         manager

@@ -100,9 +100,9 @@ impl HistoryCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{MessageRecord, NewConversation, Tenant};
+    use crate::model::MessageRecord;
     use crate::state_machine::MessageContent;
-    use chrono::{TimeZone as _, Utc};
+    use crate::store::testing::{at, sqlite_store};
 
     fn user(seq: i64) -> MessageRecord {
         MessageRecord {
@@ -115,16 +115,12 @@ mod tests {
             },
             usage: None,
             client_message_id: None,
-            created_at: Utc
-                .with_ymd_and_hms(2026, 1, 1, 0, 0, 0)
-                .single()
-                .expect("a time"),
+            created_at: at(),
         }
     }
 
     /// Stores messages `from..=to` of conversation `c` as one commit.
     async fn store_messages(store: &Store, from: i64, to: i64) -> Arc<ConversationCommit> {
-        let at = user(from).created_at;
         let commit = Arc::new(ConversationCommit {
             conversation_id: "c".into(),
             state: None,
@@ -135,7 +131,7 @@ mod tests {
             expected_next_event_id: 1,
             next_sequence_id: to + 1,
             next_event_id: 1,
-            at,
+            at: at(),
         });
         store
             .commit_batch(std::slice::from_ref(&commit))
@@ -160,27 +156,7 @@ mod tests {
     /// not cover (after the pool is closed, a read would fail).
     #[tokio::test]
     async fn handed_over_messages_spare_the_database_read() {
-        let dir = std::env::temp_dir().join(format!("bedrock-history-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("a temp dir");
-        let store = Store::connect(&crate::store::StoreOptions {
-            url: format!("sqlite://{}?mode=rwc", dir.join("db.sqlite").display()),
-            max_connections: 2,
-            acquire_timeout: std::time::Duration::from_secs(5),
-        })
-        .await
-        .expect("the store opens");
-        store.migrate().await.expect("migrations apply");
-        let at = user(1).created_at;
-        let tenant = Tenant {
-            id: "t".into(),
-            name: "t".into(),
-        };
-        store.ensure_tenant(&tenant, at).await.expect("a tenant");
-        store
-            .insert_conversation(&NewConversation::user("c", "t", "/tmp", "m", at))
-            .await
-            .expect("a conversation");
+        let (store, dir) = sqlite_store("history", &["c"]).await;
 
         let cache = HistoryCache::new(4);
         store_messages(&store, 1, 2).await;

@@ -450,7 +450,7 @@ async fn send(
     images: Vec<ImageRef>,
     client_message_id: Option<String>,
 ) -> Result<MessageRecord, SendError> {
-    if state.stopping || state.services.is_shutting_down() {
+    if starting_blocked(state) {
         return Err(SendError::ShuttingDown);
     }
     let turn = TurnId::new(uuid::Uuid::now_v7().to_string());
@@ -589,7 +589,7 @@ async fn store_and_dispatch(
         at,
         client_message_id,
     );
-    if !(state.stopping || state.services.is_shutting_down()) {
+    if !starting_blocked(state) {
         plan = continue_ahead(state, plan, at);
     }
     if let Some(commit) = &plan.commit {
@@ -691,6 +691,11 @@ fn continue_ahead(
     }
 }
 
+/// Whether new work must not start: this conversation or the server is stopping.
+fn starting_blocked(state: &ConversationState) -> bool {
+    state.stopping || state.services.is_shutting_down()
+}
+
 /// Commits kept for the next LLM request at most; a conversation that is not busy keeps
 /// none.
 const MAX_UNSENT: usize = 16;
@@ -760,7 +765,7 @@ fn reply_to(myself: &ActorRef<ConvMsg>) -> crate::llm::ReplyTo {
 /// most for a child actor to be spawned.
 async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, effect: Effect) {
     let services = state.services.clone();
-    let starting_blocked = state.stopping || services.is_shutting_down();
+    let starting_blocked = starting_blocked(state);
     match effect {
         Effect::Continue { turn } => {
             if !starting_blocked {

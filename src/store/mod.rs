@@ -959,6 +959,60 @@ fn sqlite_path(url: &str) -> Option<String> {
     (!path.is_empty() && path != ":memory:").then(|| path.to_owned())
 }
 
+/// A fresh SQLite store for the library's unit tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+    use chrono::TimeZone as _;
+
+    /// The time every test row is stamped with.
+    pub(crate) fn at() -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0)
+            .single()
+            .expect("a time")
+    }
+
+    /// A migrated store in a directory of its own (removed first), with tenant `t` and the
+    /// given conversations.
+    pub(crate) async fn sqlite_store(
+        name: &str,
+        conversations: &[&str],
+    ) -> (Store, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("bedrock-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a temp dir");
+        let store = Store::connect(&StoreOptions {
+            url: format!("sqlite://{}?mode=rwc", dir.join("db.sqlite").display()),
+            max_connections: 2,
+            acquire_timeout: Duration::from_secs(5),
+        })
+        .await
+        .expect("the store opens");
+        store.migrate().await.expect("migrations apply");
+        let tenant = Tenant {
+            id: "t".into(),
+            name: "t".into(),
+        };
+        store.ensure_tenant(&tenant, at()).await.expect("a tenant");
+        for id in conversations {
+            store
+                .insert_conversation(&NewConversation::user(id, "t", "/tmp", "m", at()))
+                .await
+                .expect("a conversation");
+        }
+        (store, dir)
+    }
+
+    /// A conversation's row, which the test knows exists.
+    pub(crate) async fn row(store: &Store, id: &str) -> ConversationRecord {
+        store
+            .conversation_by_id(id)
+            .await
+            .expect("reads")
+            .expect("exists")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::shaped_chunks;
