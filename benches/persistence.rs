@@ -20,6 +20,9 @@ use bedrock::store::{Store, StoreOptions};
 use common::{BenchDb, ms, percentile, seconds};
 use ractor::Actor;
 
+/// Run before each measurement and left out of it.
+const WARM_UP: Duration = Duration::from_secs(1);
+
 /// `rate`: transitions per second per conversation (`None`: back to back, saturated).
 async fn run(
     db: &BenchDb,
@@ -52,7 +55,9 @@ async fn run(
         .await
         .unwrap();
     let mut tasks = Vec::new();
-    let deadline = Instant::now() + duration;
+    // The first second warms the pool's connections and caches up; it is not measured.
+    let measured_from = Instant::now() + WARM_UP;
+    let deadline = measured_from + duration;
     for _ in 0..concurrency {
         let id = uuid::Uuid::now_v7().to_string();
         persistence
@@ -108,18 +113,19 @@ async fn run(
                 let commit = plan.commit.unwrap();
                 let started = Instant::now();
                 persistence.commit(commit.clone()).await.unwrap();
-                latencies.push(started.elapsed());
+                if started >= measured_from {
+                    latencies.push(started.elapsed());
+                }
                 apply_commit(&mut record, &commit);
             }
             latencies
         }));
     }
-    let started = Instant::now();
     let mut all = Vec::new();
     for task in tasks {
         all.extend(task.await.unwrap());
     }
-    let elapsed = started.elapsed().max(duration);
+    let elapsed = measured_from.elapsed().max(duration);
     all.sort();
     if std::env::var("BENCH_VERBOSE").is_ok() {
         let text = metrics.encode();
