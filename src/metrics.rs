@@ -25,6 +25,7 @@ pub struct Metrics {
     llm_requests: Counter<u64>,
     llm_duration: Histogram<f64>,
     retries: Counter<u64>,
+    history_reads: Counter<u64>,
     tokens: Counter<u64>,
     tool_runs: Counter<u64>,
     cancel_latency: Histogram<f64>,
@@ -71,6 +72,13 @@ fn build(meter: &Meter, registry: prometheus::Registry, provider: SdkMeterProvid
         retries: meter
             .u64_counter("bedrock.llm_retries")
             .with_description("LLM retries scheduled")
+            .build(),
+        history_reads: meter
+            .u64_counter("bedrock.history_reads")
+            .with_description(
+                "LLM requests whose history was read from the database (a cold cache, or \
+                 messages the conversation did not hand over)",
+            )
             .build(),
         tokens: meter
             .u64_counter("bedrock.tokens")
@@ -154,6 +162,10 @@ impl Metrics {
         self.llm_requests
             .add(1, &[KeyValue::new("outcome", outcome)]);
         self.llm_duration.record(seconds, &[]);
+    }
+
+    pub fn history_read(&self) {
+        self.history_reads.add(1, &[]);
     }
 
     pub fn retry(&self) {

@@ -10,6 +10,7 @@ use std::time::Instant;
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
 use super::request::{Wire, wire};
+use crate::metrics::Metrics;
 use crate::model::ConversationCommit;
 use crate::store::{Store, StoreError};
 
@@ -47,6 +48,7 @@ impl HistoryCache {
     pub async fn current(
         &self,
         store: &Store,
+        metrics: &Metrics,
         id: &str,
         recent: &[Arc<ConversationCommit>],
         through: i64,
@@ -83,6 +85,7 @@ impl HistoryCache {
             }
         }
         if history.last < through {
+            metrics.history_read();
             let newer = store
                 .messages_after(id, history.last, u64::MAX >> 1)
                 .await?;
@@ -161,12 +164,22 @@ mod tests {
         let cache = HistoryCache::new(4);
         store_messages(&store, 1, 2).await;
         // Cold: read from the database.
-        let first = texts(&cache.current(&store, "c", &[], 2).await.expect("read"));
+        let first = texts(
+            &cache
+                .current(&store, &Metrics::default(), "c", &[], 2)
+                .await
+                .expect("read"),
+        );
         assert_eq!(first.len(), 2);
 
         let recent = store_messages(&store, 3, 4).await;
         let reference = HistoryCache::new(4);
-        let from_db = texts(&reference.current(&store, "c", &[], 4).await.expect("read"));
+        let from_db = texts(
+            &reference
+                .current(&store, &Metrics::default(), "c", &[], 4)
+                .await
+                .expect("read"),
+        );
         let stored = store_messages(&store, 5, 6).await;
         let gap = Arc::new(ConversationCommit {
             messages: vec![user(6)],
@@ -176,13 +189,24 @@ mod tests {
 
         let handed = texts(
             &cache
-                .current(&store, "c", std::slice::from_ref(&recent), 4)
+                .current(
+                    &store,
+                    &Metrics::default(),
+                    "c",
+                    std::slice::from_ref(&recent),
+                    4,
+                )
                 .await
                 .expect("no database read needed"),
         );
         assert_eq!(handed, from_db);
         // Message 5 is missing from what was handed over: only the database has it.
-        assert!(cache.current(&store, "c", &[gap], 6).await.is_err());
+        assert!(
+            cache
+                .current(&store, &Metrics::default(), "c", &[gap], 6)
+                .await
+                .is_err()
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

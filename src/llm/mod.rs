@@ -273,6 +273,7 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
         .histories
         .current(
             &shared.store,
+            &shared.metrics,
             &job.conversation_id,
             &job.recent,
             job.through,

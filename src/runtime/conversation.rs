@@ -617,11 +617,15 @@ async fn store_and_dispatch(
         }
         commit::apply(&mut state.record, commit);
         state.ctx.context_tokens = state.record.usage.context_tokens;
-        if !state.record.state.is_busy() || state.unsent.len() >= MAX_UNSENT {
-            // Nothing is held by a conversation at rest: the gateway reads the database.
-            state.unsent.clear();
-        } else if !commit.messages.is_empty() {
-            state.unsent.push(Arc::clone(commit));
+        if !commit.messages.is_empty() {
+            if state.unsent.len() >= MAX_UNSENT {
+                // Too many to hold: the gateway reads them from the database.
+                state.unsent.clear();
+            } else {
+                // Kept at rest too: a turn's last commit holds the agent's answer, which the
+                // next turn's first request would otherwise read back from the database.
+                state.unsent.push(Arc::clone(commit));
+            }
         }
     }
     for frame in &plan.frames {
@@ -696,8 +700,8 @@ fn starting_blocked(state: &ConversationState) -> bool {
     state.stopping || state.services.is_shutting_down()
 }
 
-/// Commits kept for the next LLM request at most; a conversation that is not busy keeps
-/// none.
+/// Commits kept for the next LLM request at most (a resting conversation usually keeps one,
+/// its last turn's answer, until its actor stops after the idle timeout).
 const MAX_UNSENT: usize = 16;
 
 /// How a transition is committed.

@@ -761,3 +761,96 @@ async fn deltas_are_streamed_live() {
     rt.stop().await;
     db.drop_db().await;
 }
+
+/// LLM requests whose history the gateway read from the database, from /metrics' counter.
+fn history_reads(rt: &TestRuntime) -> u64 {
+    rt.runtime
+        .services
+        .metrics
+        .encode()
+        .lines()
+        .find(|line| line.starts_with("bedrock_history_reads_total"))
+        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn roles(request: &Value) -> Vec<String> {
+    request["messages"]
+        .as_array()
+        .map(|messages| {
+            messages
+                .iter()
+                .map(|m| m["role"].as_str().unwrap_or_default().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// REQ-BED-001/007: each LLM request carries the whole stored history, in order, across
+/// turns; the gateway builds it from the messages the conversation hands over (a resting
+/// conversation included), and reads the database only when it was not handed them, as
+/// after the conversation's actor stopped.
+#[tokio::test]
+async fn history_is_handed_over_across_turns_and_read_after_a_restart() {
+    for db in TestDb::each().await {
+        let rt = TestRuntime::start(&db, &[]).await;
+        let conv = rt.create_conversation().await;
+        rt.llm.push([
+            Reply::tool("call_1", "think", json!({"thoughts": "a plan"})),
+            Reply::text("first answer"),
+            Reply::text("second answer"),
+        ]);
+        rt.send(&conv, "one").await.expect("accepted");
+        rt.wait_idle(&conv).await;
+        rt.send(&conv, "two").await.expect("accepted");
+        rt.wait_idle(&conv).await;
+        let requests = rt.llm.requests();
+        assert_eq!(requests.len(), 3, "{}", db.backend);
+        assert_eq!(
+            roles(&requests[2]),
+            ["system", "user", "assistant", "tool", "assistant", "user"],
+            "{}",
+            db.backend
+        );
+        assert_eq!(requests[2]["messages"][4]["content"], "first answer");
+        assert_eq!(requests[2]["messages"][5]["content"], "two");
+        assert_eq!(history_reads(&rt), 0, "{}", db.backend);
+
+        // The actor stops; the next one was handed nothing, so the gateway reads.
+        let live = rt.runtime.services.registry.get(&conv).expect("running");
+        let stopped = live
+            .actor
+            .call(bedrock::runtime::ConvMsg::shutdown, Some(WAIT))
+            .await;
+        assert!(stopped.is_ok(), "{stopped:?}");
+        let registry = &rt.runtime.services.registry;
+        eventually("the actor to stop", WAIT, || async {
+            registry.get(&conv).is_none().then_some(())
+        })
+        .await;
+        rt.llm.push([Reply::text("third answer")]);
+        rt.send(&conv, "three").await.expect("accepted");
+        rt.wait_idle(&conv).await;
+        let requests = rt.llm.requests();
+        assert_eq!(
+            roles(&requests[3]),
+            [
+                "system",
+                "user",
+                "assistant",
+                "tool",
+                "assistant",
+                "user",
+                "assistant",
+                "user"
+            ],
+            "{}",
+            db.backend
+        );
+        assert_eq!(requests[3]["messages"][6]["content"], "second answer");
+        assert_eq!(history_reads(&rt), 1, "{}", db.backend);
+        rt.assert_chain_valid(&conv).await;
+        rt.stop().await;
+        db.drop_db().await;
+    }
+}
