@@ -567,7 +567,8 @@ impl Store {
         // A few statements for the whole batch: a round trip per conversation would make the
         // batch as slow as the commits it groups. Their row counts are powers of two, so the
         // statements have a handful of shapes that both databases keep prepared (every new
-        // text would be parsed and planned again).
+        // text would be parsed and planned again). Inserts return nothing: `exec` would add
+        // RETURNING and read back a row per insert that no one uses.
         for chunk in shaped_chunks(commits) {
             update_conversations(&txn, self.backend(), chunk).await?;
         }
@@ -578,7 +579,7 @@ impl Store {
             .collect::<Result<_>>()?;
         for chunk in shaped_chunks(&message_rows) {
             messages::Entity::insert_many(chunk.to_vec())
-                .exec(&txn)
+                .exec_without_returning(&txn)
                 .await?;
         }
         let event_rows: Vec<conversation_events::ActiveModel> = commits
@@ -595,7 +596,7 @@ impl Store {
             .collect();
         for chunk in shaped_chunks(&event_rows) {
             conversation_events::Entity::insert_many(chunk.to_vec())
-                .exec(&txn)
+                .exec_without_returning(&txn)
                 .await?;
         }
         txn.commit().await?;

@@ -300,8 +300,44 @@ fn stream_response(chunks: Vec<Bytes>, then_stall: bool, shared: Arc<Shared>) ->
     response
 }
 
-/// What routing needs of a request, read without building the whole tree (the fake must
-/// cost little next to the service it stands in front of).
+/// What routing needs of a request: the text of the first user message (a JSON array of
+/// parts, for one with images) and whether the last message is a tool result.
+///
+/// The fake must cost little next to the service it stands in front of, and a request
+/// carries the whole history, so the body is not parsed when it need not be. In compact JSON
+/// (what the gateway sends) every `"role":"` is a message's role: inside a string its quotes
+/// would be escaped. Anything else is parsed ([`Peek`]).
+fn route_keys(body: &[u8]) -> (String, bool) {
+    quick_route_keys(body).unwrap_or_else(|| {
+        let peek: Peek<'_> = serde_json::from_slice(body).unwrap_or(Peek {
+            messages: Vec::new(),
+        });
+        (peek.first_user_text(), peek.last_is_tool())
+    })
+}
+
+fn quick_route_keys(body: &[u8]) -> Option<(String, bool)> {
+    const ROLE: &[u8] = b"\"role\":\"";
+    const USER: &[u8] = b"\"role\":\"user\",\"content\":";
+    let last = memchr::memmem::rfind(body, ROLE)? + ROLE.len();
+    let last_is_tool = body[last..].starts_with(b"tool\"");
+    let first_user = match memchr::memmem::find(body, USER) {
+        None if memchr::memmem::find(body, b"\"role\":\"user\"").is_some() => return None,
+        None => String::new(),
+        Some(at) => {
+            let content: &serde_json::value::RawValue =
+                serde_json::Deserializer::from_slice(&body[at + USER.len()..])
+                    .into_iter()
+                    .next()?
+                    .ok()?;
+            serde_json::from_str::<String>(content.get())
+                .unwrap_or_else(|_| content.get().to_owned())
+        }
+    };
+    Some((first_user, last_is_tool))
+}
+
+/// The whole parse behind [`route_keys`], for bodies it cannot read quickly.
 #[derive(serde::Deserialize)]
 struct Peek<'a> {
     #[serde(borrow, default)]
@@ -353,11 +389,7 @@ impl Drop for InFlight {
 }
 
 async fn complete(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
-    let peek: Peek<'_> = serde_json::from_slice(&body).unwrap_or(Peek {
-        messages: Vec::new(),
-    });
-    let first_user = peek.first_user_text();
-    let last_is_tool = peek.last_is_tool();
+    let (first_user, last_is_tool) = route_keys(&body);
     let (reply, latency, (prompt, completion)) = {
         let mut inner = shared.inner.lock().unwrap_or_else(|e| e.into_inner());
         if !inner.forget {
@@ -478,6 +510,56 @@ async fn reply_with(reply: Reply, prompt: u64, completion: u64, shared: Arc<Shar
             chunks.push(chunk(json!({}), Some("stop")));
             chunks.push(Bytes::from_static(b"data: [DONE]\n\n"));
             stream_response(chunks, false, shared)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn full(body: &str) -> (String, bool) {
+        let peek: Peek<'_> = serde_json::from_str(body).expect("JSON");
+        (peek.first_user_text(), peek.last_is_tool())
+    }
+
+    /// The quick read of the routing keys agrees with the whole parse, and a body it cannot
+    /// read quickly is parsed.
+    #[test]
+    fn route_keys_agree_with_the_whole_parse() {
+        let bodies = [
+            // What the gateway sends: compact, a tool result last, quotes and role-like text
+            // inside strings, a tool parameter named role.
+            concat!(
+                r#"{"model":"m","messages":[{"role":"system","content":"be \"role\":\"tool\" brief"},"#,
+                r#"{"role":"user","content":"spin \"role\":\"user\" now"},"#,
+                r#"{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","#,
+                r#""function":{"name":"bash","arguments":"{\"role\":\"x\"}"}}]},"#,
+                r#"{"role":"tool","content":"out","tool_call_id":"c"}],"#,
+                r#""tools":[{"type":"function","function":{"name":"t","#,
+                r#""parameters":{"properties":{"role":{"type":"string"}}}}}]}"#
+            ),
+            // A user message with images: its content is an array of parts.
+            r#"{"messages":[{"role":"user","content":[{"type":"text","text":"look"}]},{"role":"assistant","content":"seen"}]}"#,
+            // No user message at all.
+            r#"{"messages":[{"role":"system","content":"s"}]}"#,
+        ];
+        for body in bodies {
+            assert!(quick_route_keys(body.as_bytes()).is_some(), "{body}");
+            assert_eq!(route_keys(body.as_bytes()), full(body), "{body}");
+        }
+        assert_eq!(
+            route_keys(bodies[0].as_bytes()),
+            ("spin \"role\":\"user\" now".to_owned(), true)
+        );
+        // Pretty-printed, or a user message whose content is not next: the whole parse.
+        let pretty = serde_json::to_string_pretty(&json!({"messages": [
+            {"role": "user", "content": "hi"}, {"role": "tool", "content": "r"}]}))
+        .expect("JSON");
+        let reordered = r#"{"messages":[{"role":"user","name":"n","content":"hi"}]}"#;
+        for body in [pretty.as_str(), reordered] {
+            assert!(quick_route_keys(body.as_bytes()).is_none(), "{body}");
+            assert_eq!(route_keys(body.as_bytes()), full(body), "{body}");
         }
     }
 }
