@@ -20,10 +20,18 @@ use crate::store::{NewAttachment, Store, StoreError};
 /// The most commits written in one transaction.
 const MAX_BATCH: usize = 512;
 
-/// How often SQLite's write-ahead log is copied back into the database. Often, so each pass
-/// copies little: passes every 500 ms held up the commits beside them for up to 17 ms,
-/// passes every 100 ms for up to 8 ms (5,000 transitions/s offered).
-const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
+/// How often SQLite's write-ahead log is copied back into the database under load. Often, so
+/// each pass copies little: passes every 500 ms held up the commits beside them for up to
+/// 17 ms, passes every 100 ms for up to 8 ms (5,000 transitions/s offered).
+const CHECKPOINT_BUSY_EVERY: Duration = Duration::from_millis(100);
+
+/// How often otherwise. A pass that copies the whole log also syncs the database file, and
+/// a commit syncing the log beside it waits longer: at a low write rate, where every pass
+/// catches up, rarer passes mean fewer such waits.
+const CHECKPOINT_QUIET_EVERY: Duration = Duration::from_millis(500);
+
+/// New frames since the last pass (4 MiB) from which the log is under load.
+const BUSY_PASS_FRAMES: u64 = 1_024;
 
 /// Frames (a page each) in SQLite's write-ahead log past which a checkpoint runs between
 /// two flushes so the log starts over: 16,384 frames of 4 KiB, 64 MiB.
@@ -185,16 +193,19 @@ impl Actor for PersistenceActor {
             // and the log is reused.
             let (store, me) = (store.clone(), myself.clone());
             tokio::spawn(async move {
-                let mut tick = tokio::time::interval(CHECKPOINT_EVERY);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let (mut pause, mut seen) = (CHECKPOINT_QUIET_EVERY, 0);
                 while me.get_status() <= ractor::ActorStatus::Running {
-                    tick.tick().await;
+                    tokio::time::sleep(pause).await;
                     match store.checkpoint().await {
-                        Ok(Some(frames)) if frames >= RESTART_LOG_FRAMES => {
-                            catch_up(frames, || store.checkpoint()).await;
-                            let _ = me.cast(PersistenceMsg::Checkpoint);
+                        Ok(Some(frames)) => {
+                            pause = pause_after(seen, frames);
+                            seen = frames;
+                            if frames >= RESTART_LOG_FRAMES {
+                                seen = catch_up(frames, || store.checkpoint()).await;
+                                let _ = me.cast(PersistenceMsg::Checkpoint);
+                            }
                         }
-                        Ok(_) => {}
+                        Ok(None) => {}
                         Err(e) => tracing::debug!(%e, "checkpoint skipped"),
                     }
                 }
@@ -247,6 +258,17 @@ impl Actor for PersistenceActor {
             });
         }
         Ok(())
+    }
+}
+
+/// The pause before the next checkpoint pass, from the log's length at the last pass and now
+/// (a log that started over is shorter than it was).
+fn pause_after(before: u64, now: u64) -> Duration {
+    let fresh = if now >= before { now - before } else { now };
+    if fresh >= BUSY_PASS_FRAMES {
+        CHECKPOINT_BUSY_EVERY
+    } else {
+        CHECKPOINT_QUIET_EVERY
     }
 }
 
@@ -556,6 +578,23 @@ mod tests {
             assert_eq!(matches!(state, ConvState::Error { .. }), landed, "{id}");
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Checkpoint passes come often while the log grows fast, rarely while it does not; a
+    /// log that started over counts from its start.
+    #[test]
+    fn passes_follow_the_write_rate() {
+        assert_eq!(pause_after(0, 0), CHECKPOINT_QUIET_EVERY);
+        assert_eq!(
+            pause_after(5_000, 5_000 + BUSY_PASS_FRAMES - 1),
+            CHECKPOINT_QUIET_EVERY
+        );
+        assert_eq!(
+            pause_after(5_000, 5_000 + BUSY_PASS_FRAMES),
+            CHECKPOINT_BUSY_EVERY
+        );
+        assert_eq!(pause_after(17_000, 300), CHECKPOINT_QUIET_EVERY);
+        assert_eq!(pause_after(17_000, 2_000), CHECKPOINT_BUSY_EVERY);
     }
 
     /// The passes beside the commits go on while each finds many new frames, and stop at the
