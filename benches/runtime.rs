@@ -236,6 +236,10 @@ fn report(label: &str, rate: f64, turns: &[Turn]) {
     );
 }
 
+/// Cancels measured per load: enough that p99 is not one late cancel (with 100 it was the
+/// second-slowest).
+const CANCELS: usize = 400;
+
 /// Starts a CPU-bound tool `n` times and cancels it; the time from the cancel call to the
 /// stored Idle frame, sorted.
 async fn cancel_latency(bench: &Bench, target: &str, n: usize) -> Vec<Duration> {
@@ -371,9 +375,12 @@ async fn main() {
         let target = bench.conversations(1).await.remove(0);
         bench.llm.route(
             "spin",
-            std::iter::repeat_n(Reply::bash("spin", "while :; do :; done"), 400),
+            std::iter::repeat_n(
+                Reply::bash("spin", "while :; do :; done"),
+                2 * CANCELS + 100,
+            ),
         );
-        let quiet = cancel_latency(&bench, &target, 100).await;
+        let quiet = cancel_latency(&bench, &target, CANCELS).await;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut background = Vec::new();
         for id in ids.iter().take(50) {
@@ -385,7 +392,7 @@ async fn main() {
                 }
             }));
         }
-        let loaded = cancel_latency(&bench, &target, 100).await;
+        let loaded = cancel_latency(&bench, &target, CANCELS).await;
         let _ = stop_tx.send(true);
         for task in background {
             let _ = task.await;
