@@ -261,11 +261,15 @@ impl Actor for PersistenceActor {
     }
 }
 
-/// The pause before the next checkpoint pass, from the log's length at the last pass and now
-/// (a log that started over is shorter than it was).
+/// Frames written to the log between two passes that found it `before` and `now` frames
+/// long (a log that started over is shorter than it was).
+fn new_frames(before: u64, now: u64) -> u64 {
+    if now >= before { now - before } else { now }
+}
+
+/// The pause before the next checkpoint pass, from the log's length at the last pass and now.
 fn pause_after(before: u64, now: u64) -> Duration {
-    let fresh = if now >= before { now - before } else { now };
-    if fresh >= BUSY_PASS_FRAMES {
+    if new_frames(before, now) >= BUSY_PASS_FRAMES {
         CHECKPOINT_BUSY_EVERY
     } else {
         CHECKPOINT_QUIET_EVERY
@@ -288,7 +292,7 @@ where
     for _ in 0..CATCH_UP_PASSES {
         match pass().await {
             Ok(Some(now)) => {
-                let fresh = now.saturating_sub(frames);
+                let fresh = new_frames(frames, now);
                 frames = now;
                 if fresh <= QUEUED_CHECKPOINT_FRAMES {
                     break;

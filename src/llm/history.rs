@@ -161,12 +161,12 @@ mod tests {
     async fn handed_over_messages_spare_the_database_read() {
         let (store, dir) = sqlite_store("history", &["c"]).await;
 
-        let cache = HistoryCache::new(4);
+        let (cache, metrics) = (HistoryCache::new(4), Metrics::default());
         store_messages(&store, 1, 2).await;
         // Cold: read from the database.
         let first = texts(
             &cache
-                .current(&store, &Metrics::default(), "c", &[], 2)
+                .current(&store, &metrics, "c", &[], 2)
                 .await
                 .expect("read"),
         );
@@ -176,7 +176,7 @@ mod tests {
         let reference = HistoryCache::new(4);
         let from_db = texts(
             &reference
-                .current(&store, &Metrics::default(), "c", &[], 4)
+                .current(&store, &metrics, "c", &[], 4)
                 .await
                 .expect("read"),
         );
@@ -189,13 +189,7 @@ mod tests {
 
         let handed = texts(
             &cache
-                .current(
-                    &store,
-                    &Metrics::default(),
-                    "c",
-                    std::slice::from_ref(&recent),
-                    4,
-                )
+                .current(&store, &metrics, "c", std::slice::from_ref(&recent), 4)
                 .await
                 .expect("no database read needed"),
         );
@@ -203,7 +197,7 @@ mod tests {
         // Message 5 is missing from what was handed over: only the database has it.
         assert!(
             cache
-                .current(&store, &Metrics::default(), "c", &[gap], 6)
+                .current(&store, &metrics, "c", &[gap], 6)
                 .await
                 .is_err()
         );

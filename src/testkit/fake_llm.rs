@@ -308,12 +308,7 @@ fn stream_response(chunks: Vec<Bytes>, then_stall: bool, shared: Arc<Shared>) ->
 /// (what the gateway sends) every `"role":"` is a message's role: inside a string its quotes
 /// would be escaped. Anything else is parsed ([`Peek`]).
 fn route_keys(body: &[u8]) -> (String, bool) {
-    quick_route_keys(body).unwrap_or_else(|| {
-        let peek: Peek<'_> = serde_json::from_slice(body).unwrap_or(Peek {
-            messages: Vec::new(),
-        });
-        (peek.first_user_text(), peek.last_is_tool())
-    })
+    quick_route_keys(body).unwrap_or_else(|| Peek::route_keys(body))
 }
 
 fn quick_route_keys(body: &[u8]) -> Option<(String, bool)> {
@@ -353,6 +348,14 @@ struct PeekMessage<'a> {
 }
 
 impl Peek<'_> {
+    /// [`route_keys`] by a whole parse (nothing, for a body that is not JSON).
+    fn route_keys(body: &[u8]) -> (String, bool) {
+        let peek: Peek<'_> = serde_json::from_slice(body).unwrap_or(Peek {
+            messages: Vec::new(),
+        });
+        (peek.first_user_text(), peek.last_is_tool())
+    }
+
     /// The text of the first user message (a JSON array of parts, for one with images).
     fn first_user_text(&self) -> String {
         let Some(content) = self
@@ -518,11 +521,6 @@ async fn reply_with(reply: Reply, prompt: u64, completion: u64, shared: Arc<Shar
 mod tests {
     use super::*;
 
-    fn full(body: &str) -> (String, bool) {
-        let peek: Peek<'_> = serde_json::from_str(body).expect("JSON");
-        (peek.first_user_text(), peek.last_is_tool())
-    }
-
     /// The quick read of the routing keys agrees with the whole parse, and a body it cannot
     /// read quickly is parsed.
     #[test]
@@ -546,7 +544,11 @@ mod tests {
         ];
         for body in bodies {
             assert!(quick_route_keys(body.as_bytes()).is_some(), "{body}");
-            assert_eq!(route_keys(body.as_bytes()), full(body), "{body}");
+            assert_eq!(
+                route_keys(body.as_bytes()),
+                Peek::route_keys(body.as_bytes()),
+                "{body}"
+            );
         }
         assert_eq!(
             route_keys(bodies[0].as_bytes()),
@@ -559,7 +561,11 @@ mod tests {
         let reordered = r#"{"messages":[{"role":"user","name":"n","content":"hi"}]}"#;
         for body in [pretty.as_str(), reordered] {
             assert!(quick_route_keys(body.as_bytes()).is_none(), "{body}");
-            assert_eq!(route_keys(body.as_bytes()), full(body), "{body}");
+            assert_eq!(
+                route_keys(body.as_bytes()),
+                Peek::route_keys(body.as_bytes()),
+                "{body}"
+            );
         }
     }
 }

@@ -7,7 +7,7 @@ use bedrock::testkit::Reply as Llm;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::support::{TestApp, TestDb, WAIT, eventually};
+use crate::support::{TestApp, TestDb, WAIT, eventually, request_messages};
 
 fn png_base64(width: u32, height: u32) -> String {
     let image = image::RgbImage::from_pixel(width, height, image::Rgb([10, 200, 10]));
@@ -602,10 +602,9 @@ async fn images_are_resized_stored_and_sent() {
     assert_eq!(images[0]["media_type"], "image/png");
     app.wait_kind(&id, "idle").await;
     let request = &app.llm.requests()[0];
-    let user = request["messages"]
-        .as_array()
-        .and_then(|m| m.iter().find(|m| m["role"] == "user"))
-        .cloned()
+    let user = request_messages(request)
+        .iter()
+        .find(|m| m["role"] == "user")
         .expect("the user message");
     let url = user["content"][1]["image_url"]["url"]
         .as_str()

@@ -7,7 +7,7 @@ use bedrock::testkit::{FakeLlm, Reply as Llm};
 use serde_json::{Value, json};
 
 use crate::support::process::{Server, command};
-use crate::support::{TestApp, TestDb, WAIT, eventually};
+use crate::support::{TestApp, TestDb, WAIT, eventually, roles};
 
 /// A real kill -9 in the middle of a tool, then a restart on the same database: the turn is
 /// closed with a synthetic result, the conversation is idle, and the next LLM request is valid.
@@ -93,14 +93,8 @@ async fn killed_mid_tool_recovers_on_restart() {
             llm.requests().get(1).cloned()
         })
         .await;
-        let roles: Vec<&str> = request["messages"]
-            .as_array()
-            .expect("messages")
-            .iter()
-            .filter_map(|m| m["role"].as_str())
-            .collect();
         assert_eq!(
-            roles,
+            roles(&request),
             ["system", "user", "assistant", "tool", "tool", "user"]
         );
         server.kill_hard();

@@ -7,23 +7,21 @@ use bedrock::state_machine::{ConvState, ErrorKind, MessageContent};
 use bedrock::testkit::Reply;
 use serde_json::{Value, json};
 
-use crate::support::{TestDb, TestRuntime, WAIT, eventually, running, unique_sleep};
+use crate::support::{
+    TestDb, TestRuntime, WAIT, eventually, request_messages, roles, running, unique_sleep,
+};
 
 fn tool_messages(request: &Value) -> Vec<(String, String)> {
-    request["messages"]
-        .as_array()
-        .map(|ms| {
-            ms.iter()
-                .filter(|m| m["role"] == "tool")
-                .map(|m| {
-                    (
-                        m["tool_call_id"].as_str().unwrap_or_default().to_owned(),
-                        m["content"].as_str().unwrap_or_default().to_owned(),
-                    )
-                })
-                .collect()
+    request_messages(request)
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| {
+            (
+                m["tool_call_id"].as_str().unwrap_or_default().to_owned(),
+                m["content"].as_str().unwrap_or_default().to_owned(),
+            )
         })
-        .unwrap_or_default()
+        .collect()
 }
 
 /// REQ-BED-003/004: tools run serially in the order asked, and the LLM gets every result in
@@ -718,10 +716,9 @@ async fn invalid_tool_arguments_are_a_failed_result() {
             .contains("invalid arguments: expected a JSON object"),
         "{results:?}"
     );
-    let assistant = requests[1]["messages"]
-        .as_array()
-        .and_then(|ms| ms.iter().find(|m| m["role"] == "assistant"))
-        .cloned()
+    let assistant = request_messages(&requests[1])
+        .iter()
+        .find(|m| m["role"] == "assistant")
         .expect("the assistant message");
     assert_eq!(
         assistant["tool_calls"][0]["function"]["arguments"],
@@ -772,18 +769,6 @@ fn history_reads(rt: &TestRuntime) -> u64 {
         .find(|line| line.starts_with("bedrock_history_reads_total"))
         .and_then(|line| line.rsplit(' ').next()?.parse().ok())
         .unwrap_or(0)
-}
-
-fn roles(request: &Value) -> Vec<String> {
-    request["messages"]
-        .as_array()
-        .map(|messages| {
-            messages
-                .iter()
-                .map(|m| m["role"].as_str().unwrap_or_default().to_owned())
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// REQ-BED-001/007: each LLM request carries the whole stored history, in order, across
