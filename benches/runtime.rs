@@ -298,34 +298,30 @@ async fn main() {
             .auto_tool_turns("think", json!({"thoughts": "one tool call per turn"}));
         let only = std::env::var("BENCH_ONLY").unwrap_or_default();
         let ids = bench.conversations(50).await;
-        let turns_for = if only == "memory" {
-            Duration::ZERO
-        } else {
-            duration
-        };
-        let _ = load(&bench, &ids, turns_for.min(Duration::from_secs(1))).await; // warm-up
-        let (rate, turns) = load(&bench, &ids, turns_for).await;
-        let (total50, total99) = summary(&turns, |t| t.total);
-        let (over50, over99) = summary(&turns, |t| t.overhead());
-        let (llm50, _) = summary(&turns, |t| t.llm);
-        println!("| measure | p50 | p99 |");
-        println!("|---|---|---|");
-        println!(
-            "| turn time (50 concurrent, zero-latency LLM, 1 tool call) | {} | {} |",
-            ms(total50),
-            ms(total99)
-        );
-        println!(
-            "| LLM phases of a turn (2 round trips to the fake) | {} | - |",
-            ms(llm50)
-        );
-        println!(
-            "| orchestration overhead (turn - LLM phases - tool) | {} | {} |",
-            ms(over50),
-            ms(over99)
-        );
-        println!("turns/s with 50 concurrent conversations: {rate:.0}");
-        if only != "memory" {
+        // `memory` and `cancel` skip the turns (their conversations are still created).
+        if only != "memory" && only != "cancel" {
+            let _ = load(&bench, &ids, duration.min(Duration::from_secs(1))).await; // warm-up
+            let (rate, turns) = load(&bench, &ids, duration).await;
+            let (total50, total99) = summary(&turns, |t| t.total);
+            let (over50, over99) = summary(&turns, |t| t.overhead());
+            let (llm50, _) = summary(&turns, |t| t.llm);
+            println!("| measure | p50 | p99 |");
+            println!("|---|---|---|");
+            println!(
+                "| turn time (50 concurrent, zero-latency LLM, 1 tool call) | {} | {} |",
+                ms(total50),
+                ms(total99)
+            );
+            println!(
+                "| LLM phases of a turn (2 round trips to the fake) | {} | - |",
+                ms(llm50)
+            );
+            println!(
+                "| orchestration overhead (turn - LLM phases - tool) | {} | {} |",
+                ms(over50),
+                ms(over99)
+            );
+            println!("turns/s with 50 concurrent conversations: {rate:.0}");
             // The same 50 conversations offered 1,000 turns/s in all (one turn every 50 ms
             // each): the overhead at the target rate, short of saturation.
             let every = Some(Duration::from_millis(50));
@@ -337,6 +333,7 @@ async fn main() {
         }
 
         if only == "turns" {
+            finish(bench, db).await;
             continue;
         }
         // Memory per idle activated conversation.
@@ -408,6 +405,10 @@ async fn main() {
             ms(percentile(&loaded, 50.0)),
             ms(percentile(&loaded, 99.0))
         );
+        if only == "cancel" {
+            finish(bench, db).await;
+            continue;
+        }
 
         // The sandbox's cost per tool run: `true` through bash, unconfined and confined.
         let cwd =
@@ -464,9 +465,14 @@ async fn main() {
             }
         }
         bench.llm.latency(Duration::ZERO);
-        let bench = Arc::try_unwrap(bench).ok().unwrap();
-        bench.runtime.shutdown(Duration::from_secs(10)).await;
-        let _ = std::fs::remove_dir_all(&bench.workspace);
-        db.drop_db().await;
+        finish(bench, db).await;
     }
+}
+
+/// Stops the server, removes its workspace and drops the bench's database.
+async fn finish(bench: Arc<Bench>, db: BenchDb) {
+    let bench = Arc::try_unwrap(bench).ok().unwrap();
+    bench.runtime.shutdown(Duration::from_secs(10)).await;
+    let _ = std::fs::remove_dir_all(&bench.workspace);
+    db.drop_db().await;
 }

@@ -199,6 +199,8 @@ pub struct SandboxSettings {
     pub max_output_bytes: u64,
     /// CPU priority (nice value, 0-19) of tool processes, below the server's.
     pub nice: i32,
+    /// Tool processes run in the kernel's idle scheduling class (`SCHED_IDLE`).
+    pub idle_scheduling: bool,
     pub network: NetworkSettings,
 }
 

@@ -392,6 +392,7 @@ impl Sandbox {
             cwd: c_path(cwd)?,
             limits,
             nice: s.nice,
+            idle_scheduling: s.idle_scheduling,
         })
     }
 

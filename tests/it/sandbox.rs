@@ -114,6 +114,19 @@ async fn ordinary_work_runs_in_the_sandbox() {
     // the processes it starts, so a CPU-bound tool cannot starve the server.
     let (ok, output) = bash(&app, &id, "nice; sh -c nice").await;
     assert!(ok && output.trim() == "10\n10", "nice: {output:?}");
+    // It runs in the idle scheduling class too (sandbox.idle_scheduling, on by default): a
+    // server thread that wakes takes the CPU from it at once (REQ-BED-005's prompt cancel).
+    // The processes it starts inherit the class.
+    let (ok, output) = bash(
+        &app,
+        &id,
+        r#"python3 -c 'import os; print(os.sched_getscheduler(0) == os.SCHED_IDLE)'"#,
+    )
+    .await;
+    assert!(
+        ok && output.trim() == "True",
+        "scheduling class: {output:?}"
+    );
     // The files are the conversation's: the host sees them in its cwd.
     assert!(app.cwd(&id).await.join("hello").exists());
     app.cleanup(db).await;
