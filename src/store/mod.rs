@@ -89,6 +89,10 @@ impl Store {
             .acquire_timeout(options.acquire_timeout)
             .connect_timeout(options.acquire_timeout)
             .sqlx_logging(false)
+            // A connection in use is known to work: pinging each at checkout cost a round trip
+            // to the database (for SQLite, to its worker thread) per transaction. Only one
+            // idle long enough to have been dropped (a database restart, a proxy) is checked.
+            .test_before_acquire_if_idle_for(Duration::from_secs(1))
             .map_sqlx_sqlite_opts(|opts| {
                 use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
                 opts.journal_mode(SqliteJournalMode::Wal)
