@@ -5,7 +5,7 @@
 //! chunks by index, a usage chunk, then `data: [DONE]`; error statuses with OpenAI's error
 //! body; and stalls that last until the client hangs up. It records every request body.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -90,6 +90,8 @@ struct Inner {
     /// Whether request bodies are kept (benchmarks turn it off).
     forget: bool,
     requests: Vec<Value>,
+    /// When on, how long the fake took over each request, by the request's first user text.
+    times: Option<HashMap<String, Vec<Duration>>>,
     latency: Duration,
     usage: (u64, u64),
 }
@@ -166,6 +168,23 @@ impl FakeLlm {
         let mut inner = self.inner();
         inner.requests = Vec::new();
         inner.forget = true;
+    }
+
+    /// Starts (over) timing requests: from the handler's start to the response it hands to
+    /// the HTTP server, latency included. Benchmarks take it out of the turn times they
+    /// measure, so that what is left is the service's own time.
+    pub fn time_requests(&self) {
+        self.inner().times = Some(HashMap::new());
+    }
+
+    /// The times taken since [`FakeLlm::time_requests`], in order of arrival, by the text of
+    /// the requests' first user message; timing goes on.
+    pub fn take_request_times(&self) -> HashMap<String, Vec<Duration>> {
+        self.inner()
+            .times
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// The most requests that were in flight at once.
@@ -392,6 +411,7 @@ impl Drop for InFlight {
 }
 
 async fn complete(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let started = std::time::Instant::now();
     let (first_user, last_is_tool) = route_keys(&body);
     let (reply, latency, (prompt, completion)) = {
         let mut inner = shared.inner.lock().unwrap_or_else(|e| e.into_inner());
@@ -424,8 +444,12 @@ async fn complete(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
-    let response = reply_with(reply, prompt, completion, shared).await;
+    let response = reply_with(reply, prompt, completion, shared.clone()).await;
     drop(in_flight);
+    let mut inner = shared.inner.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(times) = &mut inner.times {
+        times.entry(first_user).or_default().push(started.elapsed());
+    }
     response
 }
 
@@ -567,5 +591,40 @@ mod tests {
                 "{body}"
             );
         }
+    }
+
+    /// Request times are kept per first user message, in order, the latency included.
+    #[tokio::test]
+    async fn request_times_are_kept_by_first_user_message() {
+        crate::install_crypto();
+        let fake = FakeLlm::start().await;
+        fake.time_requests();
+        fake.latency(Duration::from_millis(20));
+        let client = reqwest::Client::new();
+        for first in ["a", "b", "a"] {
+            let body = json!({"model": "m", "stream": true, "messages": [
+                {"role": "user", "content": first}, {"role": "assistant", "content": "x"}]});
+            let response = client
+                .post(format!("{}/chat/completions", fake.base_url))
+                .json(&body)
+                .send()
+                .await
+                .expect("the fake answers");
+            assert!(response.status().is_success());
+            let text = response.text().await.expect("a body");
+            assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+        }
+        let times = fake.take_request_times();
+        assert_eq!(times.len(), 2, "{times:?}");
+        assert_eq!(times["a"].len(), 2);
+        assert_eq!(times["b"].len(), 1);
+        assert!(
+            times
+                .values()
+                .flatten()
+                .all(|t| *t >= Duration::from_millis(20))
+        );
+        // Taken means gone; timing goes on.
+        assert!(fake.take_request_times().is_empty());
     }
 }
