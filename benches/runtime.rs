@@ -197,47 +197,73 @@ async fn turn(
     timing
 }
 
-/// Runs `n` conversations doing turns back to back for `duration`.
-async fn load(bench: &Arc<Bench>, ids: &[String], duration: Duration) -> (f64, Vec<Turn>) {
-    paced(bench, ids, duration, None).await
+/// Turns a bench conversation runs before a fresh one takes its place: a request then carries
+/// at most this many turns of history (four messages each), however long the run, so runs of
+/// different lengths and loads measure the same work.
+const TURNS_PER_CONVERSATION: usize = 50;
+
+/// Runs `n` new conversations at once doing turns back to back for `duration`.
+async fn load(bench: &Arc<Bench>, n: usize, duration: Duration) -> (f64, Vec<Turn>) {
+    paced(bench, n, duration, None).await
 }
 
-/// Runs `n` conversations for `duration`, each starting a turn every `every` (staggered, and
-/// at once when its last turn ran late), or back to back when `every` is `None`.
+/// Runs `n` new conversations at once for `duration`, each starting a turn every `every`
+/// (staggered, and at once when its last turn ran late), or back to back when `every` is
+/// `None`. Each runs [`TURNS_PER_CONVERSATION`] turns, then a fresh one takes its place.
 async fn paced(
     bench: &Arc<Bench>,
-    ids: &[String],
+    n: usize,
     duration: Duration,
     every: Option<Duration>,
 ) -> (f64, Vec<Turn>) {
+    let first = bench.conversations(n).await;
     let deadline = Instant::now() + duration;
     let _ = bench.llm.take_request_times();
     let mut tasks = Vec::new();
-    for (i, id) in ids.iter().enumerate() {
-        let (bench, id) = (bench.clone(), id.clone());
-        let offset = every.map_or(Duration::ZERO, |every| every * i as u32 / ids.len() as u32);
+    for (i, first) in first.into_iter().enumerate() {
+        let bench = bench.clone();
+        let offset = every.map_or(Duration::ZERO, |every| every * i as u32 / n as u32);
         tasks.push(tokio::spawn(async move {
-            let mut frames = bench.runtime.services.hub.subscribe(&id);
-            let mut turns = Vec::new();
+            let mut done = Vec::new();
             let mut next = tokio::time::Instant::now() + offset;
+            // The first conversations run fewer turns, each its own number, so that the
+            // conversations are replaced one at a time rather than all at once.
+            let mut fresh = Some(first);
+            let mut limit = TURNS_PER_CONVERSATION - i * TURNS_PER_CONVERSATION / n;
             while Instant::now() < deadline {
-                if let Some(every) = every {
-                    tokio::time::sleep_until(next).await;
-                    next = (next + every).max(tokio::time::Instant::now());
+                let id = match fresh.take() {
+                    Some(id) => id,
+                    None => bench.conversations(1).await.remove(0),
+                };
+                let mut frames = bench.runtime.services.hub.subscribe(&id);
+                let mut turns = Vec::new();
+                while turns.len() < limit && Instant::now() < deadline {
+                    if let Some(every) = every {
+                        tokio::time::sleep_until(next).await;
+                        next = (next + every).max(tokio::time::Instant::now());
+                    }
+                    turns.push(turn(&bench, &id, &mut frames).await);
                 }
-                turns.push(turn(&bench, &id, &mut frames).await);
+                done.push((id, turns));
+                limit = TURNS_PER_CONVERSATION;
             }
-            (id, turns)
+            done
         }));
     }
     let started = Instant::now();
     let mut done = Vec::new();
     for task in tasks {
-        done.push(task.await.unwrap());
+        done.extend(task.await.unwrap());
     }
     let rate = done.iter().map(|(_, turns)| turns.len()).sum::<usize>() as f64
         / started.elapsed().as_secs_f64();
-    // A turn is two requests to the fake, and a conversation's turns run one after another.
+    (rate, with_served(bench, done))
+}
+
+/// The turns of each conversation with the fake LLM's own time in each, from the times it
+/// took since they were last taken: a turn is two requests, and a conversation's turns run
+/// one after another.
+fn with_served(bench: &Bench, done: Vec<(String, Vec<Turn>)>) -> Vec<Turn> {
     let mut times = bench.llm.take_request_times();
     let mut all = Vec::new();
     for (id, mut turns) in done {
@@ -248,7 +274,7 @@ async fn paced(
         }
         all.extend(turns);
     }
-    (rate, all)
+    all
 }
 
 fn summary(turns: &[Turn], f: impl Fn(&Turn) -> Duration) -> (Duration, Duration) {
@@ -334,11 +360,10 @@ async fn main() {
             .llm
             .auto_tool_turns("think", json!({"thoughts": "one tool call per turn"}));
         let only = std::env::var("BENCH_ONLY").unwrap_or_default();
-        let ids = bench.conversations(50).await;
         // `memory` and `cancel` skip the turns (their conversations are still created).
         if only != "memory" && only != "cancel" {
-            let _ = load(&bench, &ids, duration.min(Duration::from_secs(1))).await; // warm-up
-            let (rate, turns) = load(&bench, &ids, duration).await;
+            let _ = load(&bench, 50, duration.min(Duration::from_secs(1))).await; // warm-up
+            let (rate, turns) = load(&bench, 50, duration).await;
             let (total50, total99) = summary(&turns, |t| t.total);
             let (served50, served99) = summary(&turns, |t| t.served);
             let (over50, over99) = summary(&turns, |t| t.overhead());
@@ -374,11 +399,31 @@ async fn main() {
             // The same 50 conversations offered 1,000 turns/s in all (one turn every 50 ms
             // each): the overhead at the target rate, short of saturation.
             let every = Some(Duration::from_millis(50));
-            let (rate, turns) = paced(&bench, &ids, duration, every).await;
+            let (rate, turns) = paced(&bench, 50, duration, every).await;
             report("50 conversations offered 1,000 turns/s", rate, &turns);
             // The same turn with nothing else running: the latency a turn adds, unqueued.
-            let (rate, turns) = load(&bench, &ids[..1], duration).await;
+            let (rate, turns) = load(&bench, 1, duration).await;
             report("one conversation alone", rate, &turns);
+            // What history costs: one conversation alone, 1,000 turns (4,000 messages) into
+            // its life, so that every request carries all of them.
+            let id = bench.conversations(1).await.remove(0);
+            let mut frames = bench.runtime.services.hub.subscribe(&id);
+            for _ in 0..1000 {
+                turn(&bench, &id, &mut frames).await;
+            }
+            let _ = bench.llm.take_request_times();
+            let started = Instant::now();
+            let mut turns = Vec::new();
+            while started.elapsed() < duration {
+                turns.push(turn(&bench, &id, &mut frames).await);
+            }
+            let rate = turns.len() as f64 / started.elapsed().as_secs_f64();
+            let turns = with_served(&bench, vec![(id, turns)]);
+            report(
+                "one conversation alone, 1,000 turns into its history",
+                rate,
+                &turns,
+            );
         }
 
         if only == "turns" {
@@ -429,8 +474,8 @@ async fn main() {
         let quiet = cancel_latency(&bench, &target, CANCELS).await;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut background = Vec::new();
-        for id in ids.iter().take(50) {
-            let (bench, id, mut stop) = (bench.clone(), id.clone(), stop_rx.clone());
+        for id in bench.conversations(50).await {
+            let (bench, mut stop) = (bench.clone(), stop_rx.clone());
             background.push(tokio::spawn(async move {
                 let mut frames = bench.runtime.services.hub.subscribe(&id);
                 while !*stop.borrow_and_update() {
@@ -495,13 +540,8 @@ async fn main() {
         );
         println!("|---|---|---|---|");
         let mut baseline = None;
-        let mut pool = bench.conversations(50).await;
         for n in [50usize, 100, 200, 400, 800, 1600] {
-            if pool.len() < n {
-                pool.extend(bench.conversations(n - pool.len()).await);
-            }
-            let (rate, turns) =
-                load(&bench, &pool[..n], duration.max(Duration::from_secs(3))).await;
+            let (rate, turns) = load(&bench, n, duration.max(Duration::from_secs(3))).await;
             let (over50, over99) = summary(&turns, |t| t.overhead());
             println!("| {n} | {rate:.0} | {} | {} |", ms(over50), ms(over99));
             let base = *baseline.get_or_insert(over50);
