@@ -112,6 +112,8 @@ type Reply<T> = RpcReplyPort<Result<T, StoreError>>;
 
 enum Job {
     Commit(Arc<ConversationCommit>, Reply<()>),
+    /// A commit that goes before every queued one (a cancel).
+    Urgent(Arc<ConversationCommit>, Reply<()>),
     Write(WriteJob, Reply<WriteOutcome>),
     /// Copy SQLite's write-ahead log back into the database, between two flushes.
     Checkpoint,
@@ -232,7 +234,7 @@ impl Actor for PersistenceActor {
                 state.queue.push_back(Job::Commit(commit, reply))
             }
             PersistenceMsg::UrgentCommit(commit, reply) => {
-                state.queue.push_front(Job::Commit(commit, reply))
+                state.queue.push_front(Job::Urgent(commit, reply))
             }
             PersistenceMsg::Write(job, reply) => state.queue.push_back(Job::Write(job, reply)),
             PersistenceMsg::Checkpoint => {
@@ -243,22 +245,48 @@ impl Actor for PersistenceActor {
             PersistenceMsg::Flushed => state.flushing -= 1,
         }
         while state.flushing < state.parallel && !state.queue.is_empty() {
-            state.flushing += 1;
             let jobs = take_batch(&mut state.queue);
             if matches!(jobs.first(), Some(Job::Checkpoint)) {
                 state.checkpoint_queued = false;
             }
-            let store = state.store.clone();
-            let metrics = state.metrics.clone();
-            let myself = myself.clone();
-            tokio::spawn(async move {
-                flush(&store, &metrics, jobs).await;
-                // The actor is gone only when the server stops; then nothing waits.
-                let _ = myself.cast(PersistenceMsg::Flushed);
-            });
+            start_flush(&myself, state, jobs);
+        }
+        // Where flushes run side by side (Postgres), a cancel does not wait for one of them
+        // to end: its commit gets a flush of its own.
+        if state.parallel > 1 {
+            let urgent = take_urgent(&mut state.queue);
+            if !urgent.is_empty() {
+                start_flush(&myself, state, urgent);
+            }
         }
         Ok(())
     }
+}
+
+fn start_flush(myself: &ActorRef<PersistenceMsg>, state: &mut PersistenceState, jobs: Vec<Job>) {
+    state.flushing += 1;
+    let store = state.store.clone();
+    let metrics = state.metrics.clone();
+    let myself = myself.clone();
+    tokio::spawn(async move {
+        flush(&store, &metrics, jobs).await;
+        // The actor is gone only when the server stops; then nothing waits.
+        let _ = myself.cast(PersistenceMsg::Flushed);
+    });
+}
+
+/// The urgent commits at the front of the queue.
+fn take_urgent(queue: &mut VecDeque<Job>) -> Vec<Job> {
+    let mut jobs = Vec::new();
+    while let Some(job) = queue.pop_front() {
+        if matches!(job, Job::Urgent(..)) {
+            jobs.push(job);
+        } else {
+            queue.push_front(job);
+            break;
+        }
+    }
+    jobs
 }
 
 /// Frames written to the log between two passes that found it `before` and `now` frames
@@ -313,12 +341,12 @@ fn take_batch(queue: &mut VecDeque<Job>) -> Vec<Job> {
     let mut jobs = Vec::new();
     while let Some(job) = queue.pop_front() {
         match job {
-            Job::Commit(..) if jobs.len() < MAX_BATCH => jobs.push(job),
+            Job::Commit(..) | Job::Urgent(..) if jobs.len() < MAX_BATCH => jobs.push(job),
             Job::Write(..) | Job::Checkpoint if jobs.is_empty() => {
                 jobs.push(job);
                 break;
             }
-            Job::Commit(..) | Job::Write(..) | Job::Checkpoint => {
+            Job::Commit(..) | Job::Urgent(..) | Job::Write(..) | Job::Checkpoint => {
                 queue.push_front(job);
                 break;
             }
@@ -332,7 +360,7 @@ async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>) {
     let mut replies = Vec::with_capacity(jobs.len());
     for job in jobs {
         match job {
-            Job::Commit(commit, reply) => {
+            Job::Commit(commit, reply) | Job::Urgent(commit, reply) => {
                 batch.push(commit);
                 replies.push(reply);
             }
@@ -543,6 +571,31 @@ mod tests {
         )
         .await;
         rx.await.expect("the commit is answered")
+    }
+
+    /// A cancel's commit gets a flush of its own where flushes run side by side: the urgent
+    /// commits at the front of the queue are taken, nothing behind them; a batch takes
+    /// urgent and ordinary commits alike.
+    #[test]
+    fn urgent_commits_at_the_front_are_taken_alone() {
+        let job = |urgent: bool| {
+            let (tx, _rx) = ractor::concurrency::oneshot();
+            let commit = Arc::new(to_error("c", "x", 1, 1));
+            if urgent {
+                Job::Urgent(commit, tx.into())
+            } else {
+                Job::Commit(commit, tx.into())
+            }
+        };
+        let mut queue: VecDeque<Job> = [job(true), job(true), job(false), job(true)].into();
+        let urgent = take_urgent(&mut queue);
+        assert_eq!(urgent.len(), 2);
+        assert!(urgent.iter().all(|j| matches!(j, Job::Urgent(..))));
+        assert_eq!(queue.len(), 2);
+        assert!(matches!(queue.front(), Some(Job::Commit(..))));
+        assert!(take_urgent(&mut queue).is_empty(), "none at the front");
+        assert_eq!(take_batch(&mut queue).len(), 2, "a batch takes both kinds");
+        assert!(queue.is_empty());
     }
 
     /// A group commit with one stale commit in it: the others still land, and only the
