@@ -34,7 +34,6 @@ where
     }
 }
 
-/// Generous: tests must not be flaky on a busy 2-core machine.
 /// The messages of a chat-completions request the fake LLM recorded (none if it has none).
 pub fn request_messages(request: &serde_json::Value) -> &[serde_json::Value] {
     request["messages"].as_array().map_or(&[], Vec::as_slice)
@@ -48,6 +47,7 @@ pub fn roles(request: &serde_json::Value) -> Vec<&str> {
         .collect()
 }
 
+/// Generous: tests must not be flaky on a busy 2-core machine.
 pub const WAIT: Duration = Duration::from_secs(30);
 
 /// A command that sleeps like `sleep 300` and that [`running`] can find in the host's /proc,
