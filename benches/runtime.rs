@@ -204,19 +204,21 @@ const TURNS_PER_CONVERSATION: usize = 50;
 
 /// Runs `n` new conversations at once doing turns back to back for `duration`.
 async fn load(bench: &Arc<Bench>, n: usize, duration: Duration) -> (f64, Vec<Turn>) {
-    paced(bench, n, duration, None).await
+    let first = bench.conversations(n).await;
+    paced(bench, first, duration, None, TURNS_PER_CONVERSATION).await
 }
 
-/// Runs `n` new conversations at once for `duration`, each starting a turn every `every`
+/// Runs the conversations `first` at once for `duration`, each starting a turn every `every`
 /// (staggered, and at once when its last turn ran late), or back to back when `every` is
-/// `None`. Each runs [`TURNS_PER_CONVERSATION`] turns, then a fresh one takes its place.
+/// `None`. Each runs `turns_each` turns, then a fresh one takes its place.
 async fn paced(
     bench: &Arc<Bench>,
-    n: usize,
+    first: Vec<String>,
     duration: Duration,
     every: Option<Duration>,
+    turns_each: usize,
 ) -> (f64, Vec<Turn>) {
-    let first = bench.conversations(n).await;
+    let n = first.len();
     let deadline = Instant::now() + duration;
     let _ = bench.llm.take_request_times();
     let mut tasks = Vec::new();
@@ -229,7 +231,7 @@ async fn paced(
             // The first conversations run fewer turns, each its own number, so that the
             // conversations are replaced one at a time rather than all at once.
             let mut fresh = Some(first);
-            let mut limit = TURNS_PER_CONVERSATION - i * TURNS_PER_CONVERSATION / n;
+            let mut limit = turns_each - turns_each / n * i;
             while Instant::now() < deadline {
                 let id = match fresh.take() {
                     Some(id) => id,
@@ -245,7 +247,7 @@ async fn paced(
                     turns.push(turn(&bench, &id, &mut frames).await);
                 }
                 done.push((id, turns));
-                limit = TURNS_PER_CONVERSATION;
+                limit = turns_each;
             }
             done
         }));
@@ -399,7 +401,8 @@ async fn main() {
             // The same 50 conversations offered 1,000 turns/s in all (one turn every 50 ms
             // each): the overhead at the target rate, short of saturation.
             let every = Some(Duration::from_millis(50));
-            let (rate, turns) = paced(&bench, 50, duration, every).await;
+            let first = bench.conversations(50).await;
+            let (rate, turns) = paced(&bench, first, duration, every, TURNS_PER_CONVERSATION).await;
             report("50 conversations offered 1,000 turns/s", rate, &turns);
             // The same turn with nothing else running: the latency a turn adds, unqueued.
             let (rate, turns) = load(&bench, 1, duration).await;
@@ -411,14 +414,8 @@ async fn main() {
             for _ in 0..1000 {
                 turn(&bench, &id, &mut frames).await;
             }
-            let _ = bench.llm.take_request_times();
-            let started = Instant::now();
-            let mut turns = Vec::new();
-            while started.elapsed() < duration {
-                turns.push(turn(&bench, &id, &mut frames).await);
-            }
-            let rate = turns.len() as f64 / started.elapsed().as_secs_f64();
-            let turns = with_served(&bench, vec![(id, turns)]);
+            drop(frames);
+            let (rate, turns) = paced(&bench, vec![id], duration, None, usize::MAX).await;
             report(
                 "one conversation alone, 1,000 turns into its history",
                 rate,
