@@ -5,6 +5,7 @@
 //! code path here.
 
 mod error;
+mod sqlite;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -19,7 +20,8 @@ use migration::{Migrator, MigratorTrait};
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectOptions, ConnectionTrait, Database, DatabaseConnection,
-    DbBackend, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, TransactionTrait,
+    DbBackend, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, QueryTrait,
+    Statement, TransactionTrait,
 };
 
 pub use error::StoreError;
@@ -47,6 +49,8 @@ pub struct StoreOptions {
 #[derive(Clone, Debug)]
 pub struct Store {
     db: DatabaseConnection,
+    /// SQLite: the one connection every write goes through (see [`Store::connect`]).
+    writer: Option<sqlite::Writer>,
 }
 
 /// An image to store.
@@ -93,29 +97,44 @@ impl Store {
             // to the database (for SQLite, to its worker thread) per transaction. Only one
             // idle long enough to have been dropped (a database restart, a proxy) is checked.
             .test_before_acquire_if_idle_for(Duration::from_secs(1))
-            .map_sqlx_sqlite_opts(|opts| {
-                use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
-                opts.journal_mode(SqliteJournalMode::Wal)
-                    .synchronous(SqliteSynchronous::Full)
-                    .foreign_keys(true)
-                    .busy_timeout(Duration::from_secs(2))
-                    // Checkpoints run in the background (see `checkpoint`), not inside
-                    // whichever commit crosses the threshold.
-                    .pragma("wal_autocheckpoint", "0")
-                    // Statement journals and sorts in memory: as files, each was created and
-                    // deleted within a commit (a tenth of the writer's time in the kernel).
-                    .pragma("temp_store", "memory")
-                    // 8 MiB of page cache per connection (the default is 2 MiB): the hot
-                    // pages of the tables and indexes a commit touches stay cached.
-                    .pragma("cache_size", "-8192")
-            })
+            .map_sqlx_sqlite_opts(sqlite_options)
             .map_sqlx_sqlite_pool_opts(|pool| {
                 pool.after_connect(|conn, _| Box::pin(stable_plans(conn)))
             })
             // A statement stuck on a dead connection must fail, not hang a flush.
             .map_sqlx_postgres_opts(|opts| opts.options([("statement_timeout", "15000")]));
+        // SQLite drops a connection's whole page cache when it begins a transaction after
+        // another connection has written. Commits taking turns over the pool's connections
+        // found every B-tree page they touched gone and read each back from the file, a
+        // system call a page: their statements ran at half speed. Writes have a pool of their
+        // own (see `sqlite::Writer`), and the commits one connection in it that keeps its
+        // cache; reads go through the main pool.
+        let writer = if sqlite_path(&options.url).is_some() {
+            let mut two = connect.clone();
+            two.max_connections(2)
+                .min_connections(1)
+                .map_sqlx_sqlite_opts(|opts| {
+                    sqlite_options(opts).statement_cache_capacity(sqlite::WRITER_STATEMENTS)
+                })
+                .map_sqlx_sqlite_pool_opts(|pool| {
+                    pool.after_connect(|conn, _| {
+                        Box::pin(async move {
+                            stable_plans(conn).await?;
+                            sqlite::prepare(conn).await
+                        })
+                    })
+                });
+            Some(sqlite::Writer::new(Database::connect(two).await?))
+        } else {
+            None
+        };
         let db = Database::connect(connect).await?;
-        Ok(Store { db })
+        Ok(Store { db, writer })
+    }
+
+    /// The connection writes go through.
+    fn writer(&self) -> &DatabaseConnection {
+        self.writer.as_ref().map_or(&self.db, |w| &w.pool)
     }
 
     /// Applies every pending migration.
@@ -141,7 +160,7 @@ impl Store {
         }
         let row = self
             .db
-            .query_one_raw(sea_orm::Statement::from_string(
+            .query_one_raw(Statement::from_string(
                 DbBackend::Sqlite,
                 "PRAGMA wal_checkpoint(PASSIVE)",
             ))
@@ -165,11 +184,18 @@ impl Store {
             self.db.get_postgres_connection_pool().size()
         } else {
             self.db.get_sqlite_connection_pool().size()
+                + self
+                    .writer
+                    .as_ref()
+                    .map_or(0, |w| w.pool.get_sqlite_connection_pool().size())
         }
     }
 
     /// Closes the pool.
     pub async fn close(self) -> Result<()> {
+        if let Some(writer) = self.writer {
+            writer.close().await?;
+        }
         self.db.close().await?;
         Ok(())
     }
@@ -448,7 +474,7 @@ impl Store {
         key_prefix: &str,
         at: DateTime<Utc>,
     ) -> Result<()> {
-        let txn = self.db.begin().await?;
+        let txn = self.writer().begin().await?;
         tenants::Entity::insert(tenants::ActiveModel {
             id: Set(tenant.id.clone()),
             name: Set(tenant.name.clone()),
@@ -469,7 +495,7 @@ impl Store {
         key_prefix: &str,
         at: DateTime<Utc>,
     ) -> Result<()> {
-        insert_key(&self.db, tenant_id, key_id, key_hash, key_prefix, at).await
+        insert_key(self.writer(), tenant_id, key_id, key_hash, key_prefix, at).await
     }
 
     /// Ensures a tenant with this id and name exists (the `dev` auth mode's tenant).
@@ -480,7 +506,7 @@ impl Store {
             created_at: Set(at),
         })
         .on_conflict_do_nothing()
-        .exec(&self.db)
+        .exec(self.writer())
         .await?;
         Ok(())
     }
@@ -511,7 +537,7 @@ impl Store {
             next_sequence_id: Set(1),
             next_event_id: Set(1),
         })
-        .exec(&self.db)
+        .exec(self.writer())
         .await?;
         Ok(())
     }
@@ -526,7 +552,7 @@ impl Store {
             .col_expr(conversations::Column::Archived, Expr::value(archived))
             .col_expr(conversations::Column::UpdatedAt, Expr::value(at))
             .filter(conversations::Column::Id.eq(id))
-            .exec(&self.db)
+            .exec(self.writer())
             .await?;
         if result.rows_affected == 0 {
             return Err(StoreError::NotFound);
@@ -538,7 +564,7 @@ impl Store {
     /// sub-agents (foreign keys cascade).
     pub(crate) async fn delete_conversation(&self, id: &str) -> Result<()> {
         let result = conversations::Entity::delete_by_id(id.to_owned())
-            .exec(&self.db)
+            .exec(self.writer())
             .await?;
         if result.rows_affected == 0 {
             return Err(StoreError::NotFound);
@@ -560,32 +586,31 @@ impl Store {
             height: Set(i32::try_from(a.height).unwrap_or(i32::MAX)),
             created_at: Set(a.created_at),
         }))
-        .exec(&self.db)
+        .exec(self.writer())
         .await?;
         Ok(())
     }
 
     /// Writes several conversations' transitions in one transaction (group commit).
     pub(crate) async fn commit_batch(&self, commits: &[Arc<ConversationCommit>]) -> Result<()> {
-        let txn = self.db.begin().await?;
         // A few statements for the whole batch: a round trip per conversation would make the
         // batch as slow as the commits it groups. Their row counts are powers of two, so the
         // statements have a handful of shapes that both databases keep prepared (every new
         // text would be parsed and planned again). Inserts return nothing: `exec` would add
         // RETURNING and read back a row per insert that no one uses.
+        let backend = self.backend();
+        let mut updates = Vec::new();
         for chunk in shaped_chunks(commits) {
-            update_conversations(&txn, self.backend(), chunk).await?;
+            updates.push((update_conversations(backend, chunk)?, chunk.len() as u64));
         }
         let message_rows: Vec<messages::ActiveModel> = commits
             .iter()
             .flat_map(|c| c.messages.iter())
             .map(message_row)
             .collect::<Result<_>>()?;
-        for chunk in shaped_chunks(&message_rows) {
-            messages::Entity::insert_many(chunk.to_vec())
-                .exec_without_returning(&txn)
-                .await?;
-        }
+        let mut inserts: Vec<Statement> = shaped_chunks(&message_rows)
+            .map(|chunk| messages::Entity::insert_many(chunk.to_vec()).build(backend))
+            .collect();
         let event_rows: Vec<conversation_events::ActiveModel> = commits
             .iter()
             .flat_map(|c| c.events.iter())
@@ -598,10 +623,21 @@ impl Store {
                 created_at: Set(event.created_at),
             })
             .collect();
-        for chunk in shaped_chunks(&event_rows) {
-            conversation_events::Entity::insert_many(chunk.to_vec())
-                .exec_without_returning(&txn)
-                .await?;
+        inserts.extend(
+            shaped_chunks(&event_rows).map(|chunk| {
+                conversation_events::Entity::insert_many(chunk.to_vec()).build(backend)
+            }),
+        );
+        if let Some(writer) = &self.writer {
+            return writer.commit(updates, inserts).await;
+        }
+        let txn = self.db.begin().await?;
+        for (statement, rows) in updates {
+            let result = txn.execute_raw(statement).await?;
+            updated(result.rows_affected(), rows)?;
+        }
+        for statement in inserts {
+            txn.execute_raw(statement).await?;
         }
         txn.commit().await?;
         Ok(())
@@ -620,7 +656,7 @@ impl Store {
             created_at: Set(request.created_at),
             resolved_at: Set(None),
         })
-        .exec(&self.db)
+        .exec(self.writer())
         .await?;
         Ok(())
     }
@@ -640,7 +676,7 @@ impl Store {
             .col_expr(client_requests::Column::ResolvedAt, Expr::value(at))
             .filter(client_requests::Column::Id.eq(id))
             .filter(client_requests::Column::Status.eq("pending"))
-            .exec(&self.db)
+            .exec(self.writer())
             .await?;
         Ok(result.rows_affected == 1)
     }
@@ -659,7 +695,7 @@ impl Store {
             created_at: Set(task.created_at),
             finished_at: Set(task.finished_at),
         })
-        .exec(&self.db)
+        .exec(self.writer())
         .await?;
         Ok(())
     }
@@ -680,7 +716,7 @@ impl Store {
             .col_expr(background_tasks::Column::FinishedAt, Expr::value(at))
             .filter(background_tasks::Column::Id.eq(id))
             .filter(background_tasks::Column::Status.eq("running"))
-            .exec(&self.db)
+            .exec(self.writer())
             .await?;
         Ok(result.rows_affected == 1)
     }
@@ -692,7 +728,7 @@ impl Store {
             .col_expr(client_requests::Column::Status, Expr::value("expired"))
             .col_expr(client_requests::Column::ResolvedAt, Expr::value(at))
             .filter(client_requests::Column::Status.eq("pending"))
-            .exec(&self.db)
+            .exec(self.writer())
             .await?;
         let tasks = background_tasks::Entity::update_many()
             .col_expr(background_tasks::Column::Status, Expr::value("failed"))
@@ -702,7 +738,7 @@ impl Store {
             )
             .col_expr(background_tasks::Column::FinishedAt, Expr::value(at))
             .filter(background_tasks::Column::Status.eq("running"))
-            .exec(&self.db)
+            .exec(self.writer())
             .await?;
         Ok((requests.rows_affected, tasks.rows_affected))
     }
@@ -729,13 +765,13 @@ async fn insert_key<C: ConnectionTrait>(
     Ok(())
 }
 
-/// Updates the rows of `commits` in one statement, each guarded by its expected counters.
-async fn update_conversations<C: ConnectionTrait>(
-    db: &C,
+/// The statement that updates the rows of `commits`, each guarded by its expected counters:
+/// it must change exactly one row per commit (see [`updated`]).
+fn update_conversations(
     backend: DbBackend,
     commits: &[Arc<ConversationCommit>],
-) -> Result<()> {
-    use sea_orm::{Statement, Value};
+) -> Result<Statement> {
+    use sea_orm::Value;
     let postgres = backend == DbBackend::Postgres;
     // Postgres needs the types of the VALUES spelt out; SQLite takes them as they come.
     let casts: [&str; 12] = if postgres {
@@ -809,17 +845,38 @@ async fn update_conversations<C: ConnectionTrait>(
            AND conversations.next_sequence_id = v.exp_seq AND conversations.next_event_id = v.exp_evt",
         rows.join(", ")
     );
-    let result = db
-        .execute_raw(Statement::from_sql_and_values(backend, sql, values))
-        .await?;
-    if result.rows_affected() != commits.len() as u64 {
-        return Err(StoreError::Conflict(format!(
-            "{} of {} conversations were deleted or changed by another writer",
-            commits.len() as u64 - result.rows_affected(),
-            commits.len()
-        )));
+    Ok(Statement::from_sql_and_values(backend, sql, values))
+}
+
+/// Checks what a guarded update of `expected` conversations changed.
+fn updated(changed: u64, expected: u64) -> Result<()> {
+    if changed == expected {
+        return Ok(());
     }
-    Ok(())
+    Err(StoreError::Conflict(format!(
+        "{} of {expected} conversations were deleted or changed by another writer",
+        expected.saturating_sub(changed)
+    )))
+}
+
+/// How every SQLite connection is set up.
+fn sqlite_options(
+    opts: sea_orm::sqlx::sqlite::SqliteConnectOptions,
+) -> sea_orm::sqlx::sqlite::SqliteConnectOptions {
+    use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
+    opts.journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Full)
+        .foreign_keys(true)
+        .busy_timeout(Duration::from_secs(2))
+        // Checkpoints run in the background (see `checkpoint`), not inside whichever commit
+        // crosses the threshold.
+        .pragma("wal_autocheckpoint", "0")
+        // Statement journals and sorts in memory: as files, each was created and deleted
+        // within a commit (a tenth of the writer's time in the kernel).
+        .pragma("temp_store", "memory")
+        // 8 MiB of page cache per connection (the default is 2 MiB): the hot pages of the
+        // tables and indexes a commit touches stay cached.
+        .pragma("cache_size", "-8192")
 }
 
 /// Turns on SQLite's query planner stability guarantee for a new connection. Without it a
@@ -1020,7 +1077,100 @@ pub(crate) mod testing {
 
 #[cfg(test)]
 mod tests {
-    use super::shaped_chunks;
+    use super::testing::{at, row, sqlite_store};
+    use super::*;
+    use crate::state_machine::MessageContent;
+
+    /// A commit of `id` that stores one user message and its frame at `seq`, expecting the
+    /// counters at `expected` (sequence and event ids move together here).
+    fn user_turn(id: &str, seq: i64, expected: i64) -> Arc<ConversationCommit> {
+        Arc::new(ConversationCommit {
+            conversation_id: id.into(),
+            state: None,
+            messages: vec![MessageRecord {
+                id: format!("{id}-m{seq}"),
+                conversation_id: id.into(),
+                sequence_id: seq,
+                content: MessageContent::User {
+                    text: format!("message {seq}"),
+                    images: Vec::new(),
+                },
+                usage: None,
+                client_message_id: None,
+                created_at: at(),
+            }],
+            events: vec![EventRecord {
+                conversation_id: id.into(),
+                event_id: seq,
+                event_type: "message".into(),
+                payload: serde_json::json!({"type": "message", "event_id": seq}),
+                dedup_key: None,
+                created_at: at(),
+            }],
+            usage: None,
+            expected_next_sequence_id: expected,
+            expected_next_event_id: expected,
+            next_sequence_id: seq + 1,
+            next_event_id: seq + 1,
+            at: at(),
+        })
+    }
+
+    /// A group commit is one transaction: a stale guard or a failing insert anywhere in it
+    /// leaves nothing of the batch behind, and the writer's next commit goes through.
+    #[tokio::test]
+    async fn a_failed_group_commit_writes_nothing_and_the_writer_goes_on() {
+        let (store, dir) = sqlite_store("group-commit", &["c1", "c2"]).await;
+        let first = row(&store, "c1").await.next_sequence_id;
+        assert_eq!(
+            first,
+            row(&store, "c2").await.next_event_id,
+            "counters start equal"
+        );
+        let unchanged = |store: Store| async move {
+            for id in ["c1", "c2"] {
+                assert_eq!(store.count_messages(id).await.expect("counts"), 0, "{id}");
+                assert_eq!(row(&store, id).await.next_sequence_id, first, "{id}");
+                assert!(
+                    store
+                        .events_after(id, 0, 10)
+                        .await
+                        .expect("reads")
+                        .is_empty()
+                );
+            }
+        };
+
+        // c2's counters are stale: its guard fails after c1's update already ran.
+        let stale = store
+            .commit_batch(&[
+                user_turn("c1", first, first),
+                user_turn("c2", first, first + 5),
+            ])
+            .await;
+        assert!(matches!(stale, Err(StoreError::Conflict(_))), "{stale:?}");
+        unchanged(store.clone()).await;
+
+        // c2's message repeats c1's message id: the insert fails after both updates and
+        // their guards passed.
+        let mut clash = user_turn("c2", first, first);
+        Arc::get_mut(&mut clash).expect("not shared").messages[0].id = format!("c1-m{first}");
+        let duplicate = store
+            .commit_batch(&[user_turn("c1", first, first), clash])
+            .await;
+        assert!(duplicate.is_err(), "{duplicate:?}");
+        unchanged(store.clone()).await;
+
+        store
+            .commit_batch(&[user_turn("c1", first, first), user_turn("c2", first, first)])
+            .await
+            .expect("the writer goes on");
+        for id in ["c1", "c2"] {
+            assert_eq!(store.count_messages(id).await.expect("counts"), 1, "{id}");
+            assert_eq!(row(&store, id).await.next_sequence_id, first + 1, "{id}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn batches_split_into_power_of_two_chunks_in_order() {
