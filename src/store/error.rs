@@ -66,6 +66,9 @@ impl From<DbErr> for StoreError {
                         Some(code) if sqlite_busy(&code) || postgres_unavailable(&code) => {
                             StoreError::Unavailable(text)
                         }
+                        Some(code) if code == super::postgres::GUARD_FAILED => {
+                            StoreError::Conflict(text)
+                        }
                         Some(_) | None => StoreError::Other(text),
                     },
                     _ => StoreError::Other(text),

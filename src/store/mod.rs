@@ -5,6 +5,7 @@
 //! code path here.
 
 mod error;
+mod postgres;
 mod sqlite;
 
 use std::path::Path;
@@ -20,8 +21,8 @@ use migration::{Migrator, MigratorTrait};
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectOptions, ConnectionTrait, Database, DatabaseConnection,
-    DbBackend, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, QueryTrait,
-    Statement, TransactionTrait,
+    DbBackend, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, Statement,
+    TransactionTrait,
 };
 
 pub use error::StoreError;
@@ -109,8 +110,9 @@ impl Store {
         // system call a page: their statements ran at half speed. Writes have a pool of their
         // own (see `sqlite::Writer`), and the commits one connection in it that keeps its
         // cache; reads go through the main pool.
-        let writer = if sqlite_path(&options.url).is_some() {
-            let mut two = connect.clone();
+        let db = Database::connect(connect.clone()).await?;
+        let writer = if db.get_database_backend() == DbBackend::Sqlite {
+            let mut two = connect;
             two.max_connections(2)
                 .min_connections(1)
                 .map_sqlx_sqlite_opts(|opts| {
@@ -128,7 +130,6 @@ impl Store {
         } else {
             None
         };
-        let db = Database::connect(connect).await?;
         Ok(Store { db, writer })
     }
 
@@ -591,56 +592,14 @@ impl Store {
         Ok(())
     }
 
-    /// Writes several conversations' transitions in one transaction (group commit).
+    /// Writes several conversations' transitions in one transaction (group commit): each
+    /// commit's guarded update must find its conversation's counters as it expects, or
+    /// nothing of the batch is written ([`StoreError::Conflict`]).
     pub(crate) async fn commit_batch(&self, commits: &[Arc<ConversationCommit>]) -> Result<()> {
-        // A few statements for the whole batch: a round trip per conversation would make the
-        // batch as slow as the commits it groups. Their row counts are powers of two, so the
-        // statements have a handful of shapes that both databases keep prepared (every new
-        // text would be parsed and planned again). Inserts return nothing: `exec` would add
-        // RETURNING and read back a row per insert that no one uses.
-        let backend = self.backend();
-        let mut updates = Vec::new();
-        for chunk in shaped_chunks(commits) {
-            updates.push((update_conversations(backend, chunk)?, chunk.len() as u64));
+        match &self.writer {
+            Some(writer) => writer.commit(commits).await,
+            None => postgres::commit(&self.db, commits).await,
         }
-        let message_rows: Vec<messages::ActiveModel> = commits
-            .iter()
-            .flat_map(|c| c.messages.iter())
-            .map(message_row)
-            .collect::<Result<_>>()?;
-        let mut inserts: Vec<Statement> = shaped_chunks(&message_rows)
-            .map(|chunk| messages::Entity::insert_many(chunk.to_vec()).build(backend))
-            .collect();
-        let event_rows: Vec<conversation_events::ActiveModel> = commits
-            .iter()
-            .flat_map(|c| c.events.iter())
-            .map(|event| conversation_events::ActiveModel {
-                conversation_id: Set(event.conversation_id.clone()),
-                event_id: Set(event.event_id),
-                event_type: Set(event.event_type.clone()),
-                payload: Set(event.payload.clone()),
-                dedup_key: Set(event.dedup_key.clone()),
-                created_at: Set(event.created_at),
-            })
-            .collect();
-        inserts.extend(
-            shaped_chunks(&event_rows).map(|chunk| {
-                conversation_events::Entity::insert_many(chunk.to_vec()).build(backend)
-            }),
-        );
-        if let Some(writer) = &self.writer {
-            return writer.commit(updates, inserts).await;
-        }
-        let txn = self.db.begin().await?;
-        for (statement, rows) in updates {
-            let result = txn.execute_raw(statement).await?;
-            updated(result.rows_affected(), rows)?;
-        }
-        for statement in inserts {
-            txn.execute_raw(statement).await?;
-        }
-        txn.commit().await?;
-        Ok(())
     }
 
     pub(crate) async fn insert_client_request(&self, request: &ClientRequest) -> Result<()> {
@@ -765,100 +724,6 @@ async fn insert_key<C: ConnectionTrait>(
     Ok(())
 }
 
-/// The statement that updates the rows of `commits`, each guarded by its expected counters:
-/// it must change exactly one row per commit (see [`updated`]).
-fn update_conversations(
-    backend: DbBackend,
-    commits: &[Arc<ConversationCommit>],
-) -> Result<Statement> {
-    use sea_orm::Value;
-    let postgres = backend == DbBackend::Postgres;
-    // Postgres needs the types of the VALUES spelt out; SQLite takes them as they come.
-    let casts: [&str; 12] = if postgres {
-        [
-            "::text",
-            "::bigint",
-            "::bigint",
-            "::bigint",
-            "::bigint",
-            "::timestamptz",
-            "::text",
-            "::json",
-            "::timestamptz",
-            "::bigint",
-            "::bigint",
-            "::bigint",
-        ]
-    } else {
-        [""; 12]
-    };
-    let mut values: Vec<Value> = Vec::with_capacity(commits.len() * casts.len());
-    let mut rows = Vec::with_capacity(commits.len());
-    for commit in commits {
-        let base = values.len();
-        let row: Vec<String> = casts
-            .iter()
-            .enumerate()
-            .map(|(i, cast)| {
-                if postgres {
-                    format!("${}{cast}", base + i + 1)
-                } else {
-                    "?".to_owned()
-                }
-            })
-            .collect();
-        rows.push(format!("({})", row.join(", ")));
-        let state_data = commit
-            .state
-            .as_ref()
-            .map(serde_json::to_value)
-            .transpose()
-            .map_err(|e| StoreError::Other(format!("state does not serialise: {e}")))?;
-        let usage = commit.usage;
-        values.extend([
-            Value::from(commit.conversation_id.clone()),
-            Value::from(commit.expected_next_sequence_id),
-            Value::from(commit.expected_next_event_id),
-            Value::from(commit.next_sequence_id),
-            Value::from(commit.next_event_id),
-            Value::from(commit.at),
-            Value::String(commit.state.as_ref().map(|s| s.kind().to_owned())),
-            Value::Json(state_data.map(Box::new)),
-            Value::ChronoDateTimeUtc(commit.state.as_ref().map(|_| commit.at)),
-            Value::BigInt(usage.map(|u| to_i64(u.input_tokens))),
-            Value::BigInt(usage.map(|u| to_i64(u.output_tokens))),
-            Value::BigInt(usage.map(|u| to_i64(u.context_tokens))),
-        ]);
-    }
-    let sql = format!(
-        "WITH v(id, exp_seq, exp_evt, next_seq, next_evt, updated_at, state, state_data, state_at, \
-         input_tokens, output_tokens, context_tokens) AS (VALUES {}) \
-         UPDATE conversations SET \
-           next_sequence_id = v.next_seq, next_event_id = v.next_evt, updated_at = v.updated_at, \
-           state = COALESCE(v.state, conversations.state), \
-           state_data = COALESCE(v.state_data, conversations.state_data), \
-           state_updated_at = COALESCE(v.state_at, conversations.state_updated_at), \
-           input_tokens = COALESCE(v.input_tokens, conversations.input_tokens), \
-           output_tokens = COALESCE(v.output_tokens, conversations.output_tokens), \
-           context_tokens = COALESCE(v.context_tokens, conversations.context_tokens) \
-         FROM v WHERE conversations.id = v.id \
-           AND conversations.next_sequence_id = v.exp_seq AND conversations.next_event_id = v.exp_evt",
-        rows.join(", ")
-    );
-    Ok(Statement::from_sql_and_values(backend, sql, values))
-}
-
-/// Checks what a guarded update of `expected` conversations changed.
-fn updated(changed: u64, expected: u64) -> Result<()> {
-    if changed == expected {
-        return Ok(());
-    }
-    Err(StoreError::Conflict(format!(
-        "{} of {expected} conversations were deleted or changed by another writer",
-        expected.saturating_sub(changed)
-    )))
-}
-
 /// How every SQLite connection is set up.
 fn sqlite_options(
     opts: sea_orm::sqlx::sqlite::SqliteConnectOptions,
@@ -930,19 +795,6 @@ fn shaped_chunks<T>(items: &[T]) -> impl Iterator<Item = &[T]> {
 
 fn to_i64(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
-}
-
-fn message_row(message: &MessageRecord) -> Result<messages::ActiveModel> {
-    Ok(messages::ActiveModel {
-        id: Set(message.id.clone()),
-        conversation_id: Set(message.conversation_id.clone()),
-        sequence_id: Set(message.sequence_id),
-        message_type: Set(message.content.message_type().as_str().to_owned()),
-        content: Set(wire::content(&message.content)),
-        usage_data: Set(message.usage.as_ref().map(wire::stored_usage)),
-        client_message_id: Set(message.client_message_id.clone()),
-        created_at: Set(message.created_at),
-    })
 }
 
 fn tenant(row: tenants::Model) -> Tenant {
@@ -1051,6 +903,53 @@ pub(crate) mod testing {
         .await
         .expect("the store opens");
         store.migrate().await.expect("migrations apply");
+        seed(&store, conversations).await;
+        (store, dir)
+    }
+
+    /// A migrated store in a fresh Postgres database, with tenant `t` and the given
+    /// conversations, when BEDROCK_TEST_DATABASE_URL names a server; the database's name,
+    /// for [`drop_postgres`]. (Named as the integration tests name theirs, so a run that dies
+    /// leaves nothing their clean-up misses.)
+    pub(crate) async fn postgres_store(conversations: &[&str]) -> Option<(Store, String)> {
+        let admin = std::env::var("BEDROCK_TEST_DATABASE_URL")
+            .ok()
+            .filter(|u| !u.is_empty())?;
+        let name = format!("bedrock_t_{}", uuid::Uuid::now_v7().simple());
+        let server = Database::connect(&admin).await.expect("the server answers");
+        server
+            .execute_unprepared(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("CREATE DATABASE works");
+        let _ = server.close().await;
+        let (base, query) = admin.split_at(admin.find('?').unwrap_or(admin.len()));
+        let base = base.rsplit_once('/').map_or(base, |(server, _)| server);
+        let store = Store::connect(&StoreOptions {
+            url: format!("{base}/{name}{query}"),
+            max_connections: 2,
+            acquire_timeout: Duration::from_secs(5),
+        })
+        .await
+        .expect("the store opens");
+        store.migrate().await.expect("migrations apply");
+        seed(&store, conversations).await;
+        Some((store, name))
+    }
+
+    /// Drops a database [`postgres_store`] made.
+    pub(crate) async fn drop_postgres(store: Store, name: &str) {
+        let _ = store.close().await;
+        if let Some(admin) = std::env::var("BEDROCK_TEST_DATABASE_URL").ok()
+            && let Ok(server) = Database::connect(&admin).await
+        {
+            let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+            let _ = server.execute_unprepared(&sql).await;
+            let _ = server.close().await;
+        }
+    }
+
+    /// Tenant `t` and the given conversations.
+    async fn seed(store: &Store, conversations: &[&str]) {
         let tenant = Tenant {
             id: "t".into(),
             name: "t".into(),
@@ -1062,7 +961,6 @@ pub(crate) mod testing {
                 .await
                 .expect("a conversation");
         }
-        (store, dir)
     }
 
     /// A conversation's row, which the test knows exists.
@@ -1077,7 +975,7 @@ pub(crate) mod testing {
 
 #[cfg(test)]
 mod tests {
-    use super::testing::{at, row, sqlite_store};
+    use super::testing::{at, drop_postgres, postgres_store, row, sqlite_store};
     use super::*;
     use crate::state_machine::MessageContent;
 
@@ -1121,10 +1019,19 @@ mod tests {
     #[tokio::test]
     async fn a_failed_group_commit_writes_nothing_and_the_writer_goes_on() {
         let (store, dir) = sqlite_store("group-commit", &["c1", "c2"]).await;
-        let first = row(&store, "c1").await.next_sequence_id;
+        group_commits_are_whole(&store).await;
+        let _ = std::fs::remove_dir_all(&dir);
+        if let Some((store, name)) = postgres_store(&["c1", "c2"]).await {
+            group_commits_are_whole(&store).await;
+            drop_postgres(store, &name).await;
+        }
+    }
+
+    async fn group_commits_are_whole(store: &Store) {
+        let first = row(store, "c1").await.next_sequence_id;
         assert_eq!(
             first,
-            row(&store, "c2").await.next_event_id,
+            row(store, "c2").await.next_event_id,
             "counters start equal"
         );
         let unchanged = |store: Store| async move {
@@ -1167,9 +1074,8 @@ mod tests {
             .expect("the writer goes on");
         for id in ["c1", "c2"] {
             assert_eq!(store.count_messages(id).await.expect("counts"), 1, "{id}");
-            assert_eq!(row(&store, id).await.next_sequence_id, first + 1, "{id}");
+            assert_eq!(row(store, id).await.next_sequence_id, first + 1, "{id}");
         }
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -20,12 +20,18 @@
 
 use std::sync::Arc;
 
+use entity::{conversation_events, messages};
 use sea_orm::sqlx::{self, Executor, Sqlite, SqliteConnection, pool::PoolConnection};
-use sea_orm::{DatabaseConnection, DbErr, RuntimeErr, Statement, Values};
+use sea_orm::{
+    ActiveValue::Set, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryTrait, RuntimeErr,
+    Statement, Value, Values,
+};
 use sea_query_sqlx::SqlxValues;
 use tokio::sync::Mutex;
 
-use super::{Result, StoreError};
+use super::{Result, StoreError, shaped_chunks, to_i64};
+use crate::model::{ConversationCommit, MessageRecord};
+use crate::wire;
 
 /// Statements kept prepared on the writer's connection. A batch's text depends on how many
 /// rows each of its statements carries (powers of two), so a busy server sees a few hundred
@@ -69,34 +75,9 @@ impl Writer {
         Ok(())
     }
 
-    /// Writes `updates` (each with the rows it must change) and `inserts` in one transaction.
-    pub(super) async fn commit(
-        &self,
-        updates: Vec<(Statement, u64)>,
-        inserts: Vec<Statement>,
-    ) -> Result<()> {
-        let mut sql = String::from("BEGIN");
-        let mut values = Vec::new();
-        let mut append = |statement: Statement| {
-            sql.push_str(";\n");
-            sql.push_str(&statement.sql);
-            if let Some(Values(v)) = statement.values {
-                values.extend(v);
-            }
-        };
-        for (statement, rows) in updates {
-            append(statement);
-            append(Statement::from_sql_and_values(
-                sea_orm::DbBackend::Sqlite,
-                "INSERT OR REPLACE INTO temp.commit_guard (id, ok) VALUES (1, changes() = ?)",
-                [sea_orm::Value::from(
-                    i64::try_from(rows).unwrap_or(i64::MAX),
-                )],
-            ));
-        }
-        inserts.into_iter().for_each(&mut append);
-        sql.push_str(";\nCOMMIT");
-
+    /// Writes `commits` in one transaction.
+    pub(super) async fn commit(&self, commits: &[Arc<ConversationCommit>]) -> Result<()> {
+        let (sql, values) = batch(commits)?;
         let mut held = self.held.lock().await;
         let conn = match &mut *held {
             Some(conn) => conn,
@@ -129,6 +110,118 @@ impl Writer {
         }
         Err(store_error(error))
     }
+}
+
+/// The text of a batch, BEGIN to COMMIT, and its arguments. A few statements for the whole
+/// batch, not a few per commit; their row counts are powers of two, so the texts repeat and
+/// stay prepared (every new text is parsed and planned again).
+fn batch(commits: &[Arc<ConversationCommit>]) -> Result<(String, Vec<Value>)> {
+    let mut sql = String::from("BEGIN");
+    let mut values = Vec::new();
+    let mut append = |statement: Statement| {
+        sql.push_str(";\n");
+        sql.push_str(&statement.sql);
+        if let Some(Values(v)) = statement.values {
+            values.extend(v);
+        }
+    };
+    for chunk in shaped_chunks(commits) {
+        append(update_conversations(chunk)?);
+        append(Statement::from_sql_and_values(
+            DbBackend::Sqlite,
+            "INSERT OR REPLACE INTO temp.commit_guard (id, ok) VALUES (1, changes() = ?)",
+            [Value::from(i64::try_from(chunk.len()).unwrap_or(i64::MAX))],
+        ));
+    }
+    let message_rows: Vec<messages::ActiveModel> = commits
+        .iter()
+        .flat_map(|c| c.messages.iter())
+        .map(message_row)
+        .collect::<Result<_>>()?;
+    for chunk in shaped_chunks(&message_rows) {
+        append(messages::Entity::insert_many(chunk.to_vec()).build(DbBackend::Sqlite));
+    }
+    let frame_rows: Vec<conversation_events::ActiveModel> = commits
+        .iter()
+        .flat_map(|c| c.events.iter())
+        .map(|event| conversation_events::ActiveModel {
+            conversation_id: Set(event.conversation_id.clone()),
+            event_id: Set(event.event_id),
+            event_type: Set(event.event_type.clone()),
+            payload: Set(event.payload.clone()),
+            dedup_key: Set(event.dedup_key.clone()),
+            created_at: Set(event.created_at),
+        })
+        .collect();
+    for chunk in shaped_chunks(&frame_rows) {
+        append(conversation_events::Entity::insert_many(chunk.to_vec()).build(DbBackend::Sqlite));
+    }
+    sql.push_str(";\nCOMMIT");
+    Ok((sql, values))
+}
+
+/// The statement that updates the rows of `commits`, each guarded by its expected counters:
+/// the guard after it checks that it changed one row per commit.
+fn update_conversations(commits: &[Arc<ConversationCommit>]) -> Result<Statement> {
+    let mut values: Vec<Value> = Vec::with_capacity(commits.len() * 12);
+    let mut rows = Vec::with_capacity(commits.len());
+    for commit in commits {
+        rows.push("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+        let state_data = commit
+            .state
+            .as_ref()
+            .map(serde_json::to_value)
+            .transpose()
+            .map_err(|e| StoreError::Other(format!("state does not serialise: {e}")))?;
+        let usage = commit.usage;
+        values.extend([
+            Value::from(commit.conversation_id.clone()),
+            Value::from(commit.expected_next_sequence_id),
+            Value::from(commit.expected_next_event_id),
+            Value::from(commit.next_sequence_id),
+            Value::from(commit.next_event_id),
+            Value::from(commit.at),
+            Value::String(commit.state.as_ref().map(|s| s.kind().to_owned())),
+            Value::Json(state_data.map(Box::new)),
+            Value::ChronoDateTimeUtc(commit.state.as_ref().map(|_| commit.at)),
+            Value::BigInt(usage.map(|u| to_i64(u.input_tokens))),
+            Value::BigInt(usage.map(|u| to_i64(u.output_tokens))),
+            Value::BigInt(usage.map(|u| to_i64(u.context_tokens))),
+        ]);
+    }
+    let sql = format!(
+        "WITH v(id, exp_seq, exp_evt, next_seq, next_evt, updated_at, state, state_data, state_at, \
+         input_tokens, output_tokens, context_tokens) AS (VALUES {}) \
+         UPDATE conversations SET \
+           next_sequence_id = v.next_seq, next_event_id = v.next_evt, updated_at = v.updated_at, \
+           state = COALESCE(v.state, conversations.state), \
+           state_data = COALESCE(v.state_data, conversations.state_data), \
+           state_updated_at = COALESCE(v.state_at, conversations.state_updated_at), \
+           input_tokens = COALESCE(v.input_tokens, conversations.input_tokens), \
+           output_tokens = COALESCE(v.output_tokens, conversations.output_tokens), \
+           context_tokens = COALESCE(v.context_tokens, conversations.context_tokens) \
+         FROM v WHERE conversations.id = v.id \
+           AND conversations.next_sequence_id = v.exp_seq AND conversations.next_event_id = v.exp_evt",
+        rows.join(", ")
+    );
+    Ok(Statement::from_sql_and_values(
+        DbBackend::Sqlite,
+        sql,
+        values,
+    ))
+}
+
+fn message_row(message: &MessageRecord) -> Result<messages::ActiveModel> {
+    Ok(messages::ActiveModel {
+        id: Set(message.id.clone()),
+        conversation_id: Set(message.conversation_id.clone()),
+        sequence_id: Set(message.sequence_id),
+        message_type: Set(message.content.message_type().as_str().to_owned()),
+        content: Set(wire::content(&message.content)),
+        usage_data: Set(message.usage.as_ref().map(wire::stored_usage)),
+        client_message_id: Set(message.client_message_id.clone()),
+        created_at: Set(message.created_at),
+    })
 }
 
 fn store_error(error: sqlx::Error) -> StoreError {

@@ -1,0 +1,127 @@
+//! Postgres's write path: a group commit as one statement, one round trip to the server.
+//!
+//! Through sea-orm's transaction a commit was five round trips (BEGIN, three statements,
+//! COMMIT), each a wake-up of the server's backend and of the task waiting for its answer.
+//! Here the batch goes over as three JSON documents (its conversations' new counters and
+//! state, its messages, its frames) and one statement writes them with data-modifying CTEs.
+//! A single statement is its own transaction: it lands whole or not at all.
+//!
+//! The guarded updates are checked inside the statement: `bedrock_commit_guard` (created by
+//! the migrations) raises SQLSTATE `BR409` when they changed fewer rows than the batch has
+//! commits, which undoes the inserts too. The text never changes with the batch's size, so
+//! it stays prepared.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, Value};
+use serde_json::json;
+
+use super::{Result, to_i64};
+use crate::model::ConversationCommit;
+use crate::wire;
+
+const COMMIT: &str = "\
+WITH v AS (
+    SELECT * FROM json_to_recordset($1::json) AS v(
+        id text, exp_seq bigint, exp_evt bigint, next_seq bigint, next_evt bigint,
+        updated_at timestamptz, state text, state_data json, state_at timestamptz,
+        input_tokens bigint, output_tokens bigint, context_tokens bigint)
+), changed AS (
+    UPDATE conversations SET
+        next_sequence_id = v.next_seq, next_event_id = v.next_evt, updated_at = v.updated_at,
+        state = COALESCE(v.state, conversations.state),
+        state_data = COALESCE(v.state_data, conversations.state_data),
+        state_updated_at = COALESCE(v.state_at, conversations.state_updated_at),
+        input_tokens = COALESCE(v.input_tokens, conversations.input_tokens),
+        output_tokens = COALESCE(v.output_tokens, conversations.output_tokens),
+        context_tokens = COALESCE(v.context_tokens, conversations.context_tokens)
+    FROM v WHERE conversations.id = v.id
+        AND conversations.next_sequence_id = v.exp_seq AND conversations.next_event_id = v.exp_evt
+    RETURNING 1
+), new_messages AS (
+    INSERT INTO messages (id, conversation_id, sequence_id, message_type, content, usage_data,
+        client_message_id, created_at)
+    SELECT * FROM json_to_recordset($2::json) AS m(
+        id text, conversation_id text, sequence_id bigint, message_type text, content json,
+        usage_data json, client_message_id text, created_at timestamptz)
+), new_frames AS (
+    INSERT INTO conversation_events (conversation_id, event_id, event_type, payload, dedup_key,
+        created_at)
+    SELECT * FROM json_to_recordset($3::json) AS e(
+        conversation_id text, event_id bigint, event_type text, payload json, dedup_key text,
+        created_at timestamptz)
+)
+SELECT bedrock_commit_guard((SELECT count(*) FROM changed), $4)";
+
+/// The SQLSTATE `bedrock_commit_guard` raises.
+pub(super) const GUARD_FAILED: &str = "BR409";
+
+/// Writes `commits` in one statement.
+pub(super) async fn commit(
+    db: &DatabaseConnection,
+    commits: &[Arc<ConversationCommit>],
+) -> Result<()> {
+    let mut conversations = Vec::with_capacity(commits.len());
+    let mut messages = Vec::new();
+    let mut frames = Vec::new();
+    for commit in commits {
+        let state = commit.state.as_ref();
+        let usage = commit.usage;
+        conversations.push(json!({
+            "id": commit.conversation_id,
+            "exp_seq": commit.expected_next_sequence_id,
+            "exp_evt": commit.expected_next_event_id,
+            "next_seq": commit.next_sequence_id,
+            "next_evt": commit.next_event_id,
+            "updated_at": timestamp(commit.at),
+            "state": state.map(|s| s.kind()),
+            "state_data": state,
+            "state_at": state.map(|_| timestamp(commit.at)),
+            "input_tokens": usage.map(|u| to_i64(u.input_tokens)),
+            "output_tokens": usage.map(|u| to_i64(u.output_tokens)),
+            "context_tokens": usage.map(|u| to_i64(u.context_tokens)),
+        }));
+        for message in &commit.messages {
+            messages.push(json!({
+                "id": message.id,
+                "conversation_id": message.conversation_id,
+                "sequence_id": message.sequence_id,
+                "message_type": message.content.message_type().as_str(),
+                "content": wire::content(&message.content),
+                "usage_data": message.usage.as_ref().map(wire::stored_usage),
+                "client_message_id": message.client_message_id,
+                "created_at": timestamp(message.created_at),
+            }));
+        }
+        for frame in &commit.events {
+            frames.push(json!({
+                "conversation_id": frame.conversation_id,
+                "event_id": frame.event_id,
+                "event_type": frame.event_type,
+                "payload": frame.payload,
+                "dedup_key": frame.dedup_key,
+                "created_at": timestamp(frame.created_at),
+            }));
+        }
+    }
+    let document =
+        |rows: Vec<serde_json::Value>| Value::from(serde_json::Value::from(rows).to_string());
+    let statement = Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        COMMIT,
+        [
+            document(conversations),
+            document(messages),
+            document(frames),
+            Value::from(i64::try_from(commits.len()).unwrap_or(i64::MAX)),
+        ],
+    );
+    db.query_one_raw(statement).await?;
+    Ok(())
+}
+
+/// A time as Postgres reads it, to the microsecond it keeps (truncated, as sqlx binds one).
+fn timestamp(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Micros, true)
+}
