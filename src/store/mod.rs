@@ -103,7 +103,10 @@ impl Store {
                 pool.after_connect(|conn, _| Box::pin(stable_plans(conn)))
             })
             // A statement stuck on a dead connection must fail, not hang a flush.
-            .map_sqlx_postgres_opts(|opts| opts.options([("statement_timeout", "15000")]));
+            .map_sqlx_postgres_opts(|opts| opts.options([("statement_timeout", "15000")]))
+            .map_sqlx_postgres_pool_opts(|pool| {
+                pool.after_connect(|conn, _| Box::pin(postgres::no_delay(conn)))
+            });
         // SQLite drops a connection's whole page cache when it begins a transaction after
         // another connection has written. Commits taking turns over the pool's connections
         // found every B-tree page they touched gone and read each back from the file, a

@@ -13,6 +13,8 @@
 
 use std::sync::Arc;
 
+use std::net::SocketAddr;
+
 use chrono::{DateTime, SecondsFormat, Utc};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, Value};
 use serde_json::json;
@@ -124,4 +126,102 @@ pub(super) async fn commit(
 /// A time as Postgres reads it, to the microsecond it keeps (truncated, as sqlx binds one).
 fn timestamp(at: DateTime<Utc>) -> String {
     at.to_rfc3339_opts(SecondsFormat::Micros, true)
+}
+
+/// Turns off Nagle's algorithm on a new connection's socket. sqlx (0.9) leaves it on, and a
+/// statement that did not fit in one TCP segment then waited for the server's delayed ACK
+/// before its last segment went out: 40–50 ms stalls, which made most of the commit tail.
+/// sqlx does not expose its socket, so this finds it among the process's file descriptors by
+/// its two addresses, as the server reports them. A connection through a proxy or a Unix
+/// socket, which the addresses do not match, is left as it is.
+pub(super) async fn no_delay(
+    conn: &mut sea_orm::sqlx::PgConnection,
+) -> Result<(), sea_orm::sqlx::Error> {
+    if let Some((local, peer)) = ends(conn).await?
+        && with_socket(local, peer, |socket| socket.set_tcp_nodelay(true)).is_none()
+    {
+        tracing::debug!(%local, %peer, "no socket of this process has the connection's addresses");
+    }
+    Ok(())
+}
+
+/// A connection's addresses, ours then the server's, as the server sees them (`None` over a
+/// Unix socket).
+async fn ends(
+    conn: &mut sea_orm::sqlx::PgConnection,
+) -> Result<Option<(SocketAddr, SocketAddr)>, sea_orm::sqlx::Error> {
+    type Ends = (Option<String>, Option<i32>, Option<String>, Option<i32>);
+    let (client, client_port, server, server_port): Ends = sea_orm::sqlx::query_as(
+        "SELECT host(inet_client_addr()), inet_client_port(), \
+                host(inet_server_addr()), inet_server_port()",
+    )
+    .fetch_one(conn)
+    .await?;
+    let end = |host: Option<String>, port: Option<i32>| {
+        Some(SocketAddr::new(
+            host?.parse().ok()?,
+            u16::try_from(port?).ok()?,
+        ))
+    };
+    Ok(end(client, client_port).zip(end(server, server_port)))
+}
+
+/// Runs `f` on the socket of this process connected from `local` to `peer`, if there is one.
+#[allow(unsafe_code)]
+fn with_socket<T>(
+    local: SocketAddr,
+    peer: SocketAddr,
+    f: impl FnOnce(&socket2::SockRef<'_>) -> T,
+) -> Option<T> {
+    use std::os::fd::{BorrowedFd, RawFd};
+    let fds = std::fs::read_dir("/proc/self/fd").ok()?;
+    for fd in fds.flatten() {
+        let Some(raw) = fd
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<RawFd>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: the descriptor is only used while borrowed here, by getsockname,
+        // getpeername and what `f` does to the one socket with exactly this pair of
+        // addresses, the connection's own. Were another descriptor closed and its number
+        // reused in between, those calls fail or find other addresses.
+        let fd = unsafe { BorrowedFd::borrow_raw(raw) };
+        let socket = socket2::SockRef::from(&fd);
+        let address = |a: std::io::Result<socket2::SockAddr>| a.ok().and_then(|a| a.as_socket());
+        if address(socket.local_addr()) == Some(local) && address(socket.peer_addr()) == Some(peer)
+        {
+            return Some(f(&socket));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::testing::{drop_postgres, postgres_store};
+
+    /// Every pooled Postgres connection sends without waiting for ACKs (TCP_NODELAY).
+    #[tokio::test]
+    async fn postgres_connections_do_not_wait_for_acks() {
+        let Some((store, name)) = postgres_store(&[]).await else {
+            return;
+        };
+        let mut conn = store
+            .db
+            .get_postgres_connection_pool()
+            .acquire()
+            .await
+            .expect("a connection");
+        let (local, peer) = ends(&mut conn)
+            .await
+            .expect("the server answers")
+            .expect("a TCP connection");
+        let nodelay = with_socket(local, peer, |socket| socket.tcp_nodelay().expect("reads"));
+        assert_eq!(nodelay, Some(true));
+        drop(conn);
+        drop_postgres(store, &name).await;
+    }
 }
