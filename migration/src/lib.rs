@@ -5,7 +5,7 @@ pub use sea_orm_migration::prelude::*;
 mod m20261121_000001_initial;
 mod m20261121_000002_conversation_network;
 mod m20261122_000003_partial_unique_keys;
-mod m20261122_000004_commit_guard;
+mod m20261122_000004_commit_function;
 
 /// Every migration, in order.
 #[derive(Debug)]
@@ -18,7 +18,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261121_000001_initial::Migration),
             Box::new(m20261121_000002_conversation_network::Migration),
             Box::new(m20261122_000003_partial_unique_keys::Migration),
-            Box::new(m20261122_000004_commit_guard::Migration),
+            Box::new(m20261122_000004_commit_function::Migration),
         ]
     }
 }

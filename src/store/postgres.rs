@@ -3,13 +3,11 @@
 //! Through sea-orm's transaction a commit was five round trips (BEGIN, three statements,
 //! COMMIT), each a wake-up of the server's backend and of the task waiting for its answer.
 //! Here the batch goes over as three JSON documents (its conversations' new counters and
-//! state, its messages, its frames) and one statement writes them with data-modifying CTEs.
-//! A single statement is its own transaction: it lands whole or not at all.
-//!
-//! The guarded updates are checked inside the statement: `bedrock_commit_guard` (created by
-//! the migrations) raises SQLSTATE `BR409` when they changed fewer rows than the batch has
-//! commits, which undoes the inserts too. The text never changes with the batch's size, so
-//! it stays prepared.
+//! state, its messages, its frames) to `bedrock_commit`, a function the migrations create,
+//! which writes them. A single statement is its own transaction: it lands whole or not at
+//! all. Each conversation's update is guarded by the counters the commit expects; one that
+//! finds its conversation gone or its counters moved raises SQLSTATE `BR409`, which undoes
+//! the whole statement. The text never changes with the batch's size, so it stays prepared.
 
 use std::sync::Arc;
 
@@ -23,38 +21,8 @@ use super::{Result, to_i64};
 use crate::model::ConversationCommit;
 use crate::wire;
 
-const COMMIT: &str = "\
-WITH v AS (
-    SELECT * FROM json_to_recordset($1::json) AS v(
-        id text, exp_seq bigint, exp_evt bigint, next_seq bigint, next_evt bigint,
-        updated_at timestamptz, state text, state_data json, state_at timestamptz,
-        input_tokens bigint, output_tokens bigint, context_tokens bigint)
-), changed AS (
-    UPDATE conversations SET
-        next_sequence_id = v.next_seq, next_event_id = v.next_evt, updated_at = v.updated_at,
-        state = COALESCE(v.state, conversations.state),
-        state_data = COALESCE(v.state_data, conversations.state_data),
-        state_updated_at = COALESCE(v.state_at, conversations.state_updated_at),
-        input_tokens = COALESCE(v.input_tokens, conversations.input_tokens),
-        output_tokens = COALESCE(v.output_tokens, conversations.output_tokens),
-        context_tokens = COALESCE(v.context_tokens, conversations.context_tokens)
-    FROM v WHERE conversations.id = v.id
-        AND conversations.next_sequence_id = v.exp_seq AND conversations.next_event_id = v.exp_evt
-    RETURNING 1
-), new_messages AS (
-    INSERT INTO messages (id, conversation_id, sequence_id, message_type, content, usage_data,
-        client_message_id, created_at)
-    SELECT * FROM json_to_recordset($2::json) AS m(
-        id text, conversation_id text, sequence_id bigint, message_type text, content json,
-        usage_data json, client_message_id text, created_at timestamptz)
-), new_frames AS (
-    INSERT INTO conversation_events (conversation_id, event_id, event_type, payload, dedup_key,
-        created_at)
-    SELECT * FROM json_to_recordset($3::json) AS e(
-        conversation_id text, event_id bigint, event_type text, payload json, dedup_key text,
-        created_at timestamptz)
-)
-SELECT bedrock_commit_guard((SELECT count(*) FROM changed), $4)";
+/// The whole batch, written by the migrations' `bedrock_commit` function.
+const COMMIT: &str = "SELECT bedrock_commit($1::json, $2::json, $3::json)";
 
 /// The SQLSTATE `bedrock_commit_guard` raises.
 pub(super) const GUARD_FAILED: &str = "BR409";
@@ -116,7 +84,6 @@ pub(super) async fn commit(
             document(conversations),
             document(messages),
             document(frames),
-            Value::from(i64::try_from(commits.len()).unwrap_or(i64::MAX)),
         ],
     );
     db.query_one_raw(statement).await?;
