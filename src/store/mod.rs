@@ -2,7 +2,8 @@
 //! `pub(crate)` and called only by the persistence actor, the one owner of database writes.
 //!
 //! SQLite (the embedded default, WAL mode with synchronous=FULL) and Postgres share every
-//! code path here.
+//! code path here but the group commit, which each does in one round trip of its own
+//! (`sqlite.rs`, `postgres.rs`).
 
 mod error;
 mod postgres;
@@ -50,7 +51,7 @@ pub struct StoreOptions {
 #[derive(Clone, Debug)]
 pub struct Store {
     db: DatabaseConnection,
-    /// SQLite: the one connection every write goes through (see [`Store::connect`]).
+    /// SQLite: the pool writes go through, with the connection group commits keep.
     writer: Option<sqlite::Writer>,
 }
 
@@ -111,8 +112,8 @@ impl Store {
         // another connection has written. Commits taking turns over the pool's connections
         // found every B-tree page they touched gone and read each back from the file, a
         // system call a page: their statements ran at half speed. Writes have a pool of their
-        // own (see `sqlite::Writer`), and the commits one connection in it that keeps its
-        // cache; reads go through the main pool.
+        // own (see `sqlite::Writer`), and group commits keep one connection of it, whose
+        // cache stays warm; reads go through the main pool.
         let db = Database::connect(connect.clone()).await?;
         let writer = if db.get_database_backend() == DbBackend::Sqlite {
             let mut two = connect;

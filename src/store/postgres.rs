@@ -9,22 +9,21 @@
 //! finds its conversation gone or its counters moved raises SQLSTATE `BR409`, which undoes
 //! the whole statement. The text never changes with the batch's size, so it stays prepared.
 
-use std::sync::Arc;
-
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, Value};
 use serde_json::json;
 
-use super::{Result, to_i64};
+use super::{Result, StoreError, to_i64};
 use crate::model::ConversationCommit;
 use crate::wire;
 
 /// The whole batch, written by the migrations' `bedrock_commit` function.
 const COMMIT: &str = "SELECT bedrock_commit($1::json, $2::json, $3::json)";
 
-/// The SQLSTATE `bedrock_commit_guard` raises.
+/// The SQLSTATE `bedrock_commit` raises when a guarded update finds nothing to change.
 pub(super) const GUARD_FAILED: &str = "BR409";
 
 /// Writes `commits` in one statement.
@@ -37,6 +36,10 @@ pub(super) async fn commit(
     let mut frames = Vec::new();
     for commit in commits {
         let state = commit.state.as_ref();
+        let state_data = state
+            .map(serde_json::to_value)
+            .transpose()
+            .map_err(|e| StoreError::Other(format!("state does not serialise: {e}")))?;
         let usage = commit.usage;
         conversations.push(json!({
             "id": commit.conversation_id,
@@ -46,7 +49,7 @@ pub(super) async fn commit(
             "next_evt": commit.next_event_id,
             "updated_at": timestamp(commit.at),
             "state": state.map(|s| s.kind()),
-            "state_data": state,
+            "state_data": state_data,
             "state_at": state.map(|_| timestamp(commit.at)),
             "input_tokens": usage.map(|u| to_i64(u.input_tokens)),
             "output_tokens": usage.map(|u| to_i64(u.output_tokens)),
