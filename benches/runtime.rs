@@ -362,6 +362,18 @@ async fn main() {
             .llm
             .auto_tool_turns("think", json!({"thoughts": "one tool call per turn"}));
         let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+        // `load`: the two 50-conversation measures alone, a line each (for quick A/B runs).
+        if only == "load" {
+            let _ = load(&bench, 50, duration.min(Duration::from_secs(1))).await; // warm-up
+            let (rate, turns) = load(&bench, 50, duration).await;
+            report("50 conversations back to back", rate, &turns);
+            let first = bench.conversations(50).await;
+            let every = Some(Duration::from_millis(50));
+            let (rate, turns) = paced(&bench, first, duration, every, TURNS_PER_CONVERSATION).await;
+            report("50 conversations offered 1,000 turns/s", rate, &turns);
+            finish(bench, db).await;
+            continue;
+        }
         // `memory` and `cancel` skip the turns (their conversations are still created).
         if only != "memory" && only != "cancel" {
             let _ = load(&bench, 50, duration.min(Duration::from_secs(1))).await; // warm-up

@@ -151,7 +151,8 @@ pub struct PersistenceState {
     metrics: Arc<Metrics>,
     /// Jobs waiting for the next flush, in arrival order.
     queue: VecDeque<Job>,
-    /// Flush tasks running.
+    /// Flush tasks writing (a batch that is written may still be waiting to be durable: the
+    /// next one is written meanwhile).
     flushing: usize,
     /// How many may run at once: one for SQLite (one writer at a time anyway), a few for
     /// Postgres, whose own group commit then merges their WAL flushes.
@@ -198,12 +199,12 @@ impl Actor for PersistenceActor {
                 let (mut pause, mut seen) = (CHECKPOINT_QUIET_EVERY, 0);
                 while me.get_status() <= ractor::ActorStatus::Running {
                     tokio::time::sleep(pause).await;
-                    match store.checkpoint().await {
+                    match pass(&store).await {
                         Ok(Some(frames)) => {
                             pause = pause_after(seen, frames);
                             seen = frames;
                             if frames >= RESTART_LOG_FRAMES {
-                                seen = catch_up(frames, || store.checkpoint()).await;
+                                seen = catch_up(frames, || pass(&store)).await;
                                 let _ = me.cast(PersistenceMsg::Checkpoint);
                             }
                         }
@@ -269,9 +270,11 @@ fn start_flush(myself: &ActorRef<PersistenceMsg>, state: &mut PersistenceState, 
     let metrics = state.metrics.clone();
     let myself = myself.clone();
     tokio::spawn(async move {
-        flush(&store, &metrics, jobs).await;
-        // The actor is gone only when the server stops; then nothing waits.
-        let _ = myself.cast(PersistenceMsg::Flushed);
+        flush(&store, &metrics, jobs, move || {
+            // The actor is gone only when the server stops; then nothing waits.
+            let _ = myself.cast(PersistenceMsg::Flushed);
+        })
+        .await;
     });
 }
 
@@ -287,6 +290,17 @@ fn take_urgent(queue: &mut VecDeque<Job>) -> Vec<Job> {
         }
     }
     jobs
+}
+
+/// A checkpoint pass beside the commits: copies what it can of the log into the database,
+/// then syncs the database file, so the pages it copied are on disk before the checkpoint in
+/// the queue (which syncs whatever is left while every commit waits) comes.
+async fn pass(store: &Store) -> crate::store::Result<Option<u64>> {
+    let frames = store.checkpoint().await?;
+    if frames.is_some() {
+        store.sync_database().await?;
+    }
+    Ok(frames)
 }
 
 /// Frames written to the log between two passes that found it `before` and `now` frames
@@ -355,7 +369,10 @@ fn take_batch(queue: &mut VecDeque<Job>) -> Vec<Job> {
     jobs
 }
 
-async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>) {
+/// Runs `jobs`, calling `written` once the database is free for the next flush: for a batch
+/// of commits that is as soon as it is written, before it is durable, so the next batch is
+/// written while this one's log is synced (SQLite); replies go out once it is durable.
+async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>, written: impl FnOnce()) {
     let mut batch = Vec::with_capacity(jobs.len());
     let mut replies = Vec::with_capacity(jobs.len());
     for job in jobs {
@@ -375,10 +392,28 @@ async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>) {
         }
     }
     if batch.is_empty() {
+        written();
         return;
     }
     let started = Instant::now();
-    let outcome = store.commit_batch(&batch).await;
+    let outcome = match store.write_batch(&batch).await {
+        Ok(durable) => {
+            written();
+            durable.wait().await
+        }
+        // One bad commit must not fail its neighbours: write each alone to find it.
+        Err(error) if batch.len() > 1 && !error.is_unavailable() => {
+            for (commit, reply) in batch.chunks(1).zip(replies) {
+                let _ = reply.send(store.commit_batch(commit).await);
+            }
+            written();
+            return;
+        }
+        Err(error) => {
+            written();
+            Err(error)
+        }
+    };
     metrics.commit(started.elapsed().as_secs_f64(), batch.len());
     tracing::trace!(
         target: "bedrock::persistence",
@@ -387,23 +422,8 @@ async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>) {
         ok = outcome.is_ok(),
         "group commit"
     );
-    match outcome {
-        Ok(()) => {
-            for reply in replies {
-                let _ = reply.send(Ok(()));
-            }
-        }
-        // One bad commit must not fail its neighbours: write each alone to find it.
-        Err(error) if batch.len() > 1 && !error.is_unavailable() => {
-            for (commit, reply) in batch.chunks(1).zip(replies) {
-                let _ = reply.send(store.commit_batch(commit).await);
-            }
-        }
-        Err(error) => {
-            for reply in replies {
-                let _ = reply.send(Err(error.clone()));
-            }
-        }
+    for reply in replies {
+        let _ = reply.send(outcome.clone());
     }
 }
 
@@ -568,9 +588,58 @@ mod tests {
             store,
             &Metrics::default(),
             vec![Job::Commit(Arc::new(commit), tx.into())],
+            || {},
         )
         .await;
         rx.await.expect("the commit is answered")
+    }
+
+    /// The writer is handed the next batch as soon as a batch is written, before it is
+    /// durable and answered; every kind of flush frees the writer exactly once.
+    #[tokio::test]
+    async fn the_writer_is_freed_once_before_the_answers() {
+        let (store, dir) = sqlite_store("freed", &["c1"]).await;
+        let before = row(&store, "c1").await;
+        let (tx, rx) = ractor::concurrency::oneshot();
+        let commit = to_error("c1", "x", before.next_sequence_id, before.next_event_id);
+        let answer = Arc::new(std::sync::Mutex::new(rx));
+        let freed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (seen, count) = (Arc::clone(&answer), Arc::clone(&freed));
+        flush(
+            &store,
+            &Metrics::default(),
+            vec![Job::Commit(Arc::new(commit), tx.into())],
+            move || {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let pending = seen.lock().expect("not poisoned").try_recv();
+                assert!(pending.is_err(), "answered before the writer was freed");
+            },
+        )
+        .await;
+        assert_eq!(freed.load(std::sync::atomic::Ordering::SeqCst), 1);
+        let answered = answer.lock().expect("not poisoned").try_recv();
+        assert!(matches!(answered, Ok(Ok(()))), "{answered:?}");
+
+        for jobs in [
+            vec![Job::Checkpoint],
+            vec![Job::Write(
+                WriteJob::SetArchived {
+                    id: "c1".into(),
+                    archived: true,
+                    at: at(),
+                },
+                ractor::concurrency::oneshot().0.into(),
+            )],
+        ] {
+            let freed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let count = Arc::clone(&freed);
+            flush(&store, &Metrics::default(), jobs, move || {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            })
+            .await;
+            assert_eq!(freed.load(std::sync::atomic::Ordering::SeqCst), 1);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A cancel's commit gets a flush of its own where flushes run side by side: the urgent
@@ -618,7 +687,17 @@ mod tests {
             jobs.push(Job::Commit(Arc::new(commit), tx.into()));
             answers.push(rx);
         }
-        flush(&store, &Metrics::default(), jobs).await;
+        let freed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = Arc::clone(&freed);
+        flush(&store, &Metrics::default(), jobs, move || {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        })
+        .await;
+        assert_eq!(
+            freed.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "freed once"
+        );
 
         let mut outcomes = Vec::new();
         for rx in answers {
@@ -702,7 +781,7 @@ mod tests {
         let mut sizes = Vec::new();
         for round in 0..3 {
             if round > 0 {
-                flush(&store, &Metrics::default(), vec![Job::Checkpoint]).await;
+                flush(&store, &Metrics::default(), vec![Job::Checkpoint], || {}).await;
             }
             let start = log_bytes();
             // A row written again unchanged is not written at all: each round says more.

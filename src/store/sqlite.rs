@@ -17,17 +17,30 @@
 //!   row goes into a temporary table whose CHECK holds only when the update changed one row
 //!   per commit (`changes()`). A failed check aborts the text, and the transaction is rolled
 //!   back, as any failed statement's is.
+//!
+//! A commit is durable only once the log is on disk, but the sync need not hold up the next
+//! batch: the held connection commits with `synchronous = NORMAL` (SQLite then writes the
+//! transaction's frames to its write-ahead log without syncing it) and [`LogSync`] syncs the
+//! log afterwards, on a thread of its own, while the writer already runs the next batch. A
+//! batch is reported committed only after a sync that began once its COMMIT had returned,
+//! so nothing is acknowledged before it is on disk, as with `synchronous = FULL`. What
+//! differs: another connection may read a batch in the fraction of a millisecond before its
+//! sync ends (a power loss then would lose data that a read saw, though no write that was
+//! acknowledged). Syncs requested while one runs are served by the next, one for all. The
+//! other connections keep `FULL`: their commits sync the log themselves, and checkpoints
+//! sync the log before they copy from it.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use entity::{conversation_events, messages};
 use sea_orm::sqlx::{self, Executor, Sqlite, SqliteConnection, pool::PoolConnection};
 use sea_orm::{
-    ActiveValue::Set, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryTrait, RuntimeErr,
-    Statement, Value, Values,
+    ActiveValue::Set, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait,
+    QueryTrait, RuntimeErr, Statement, Value, Values,
 };
 use sea_query_sqlx::SqlxValues;
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, oneshot};
 
 use super::{Result, StoreError, shaped_chunks, to_i64};
 use crate::model::{ConversationCommit, MessageRecord};
@@ -56,51 +69,186 @@ pub(super) async fn prepare(conn: &mut SqliteConnection) -> Result<(), sqlx::Err
 #[derive(Clone, Debug)]
 pub(super) struct Writer {
     pub(super) pool: DatabaseConnection,
-    held: Arc<Mutex<Option<PoolConnection<Sqlite>>>>,
+    /// The database's file; `None` in memory.
+    pub(super) file: Option<PathBuf>,
+    held: Arc<Mutex<Option<Held>>>,
+}
+
+/// The file of a pool's database, as SQLite resolved it; `None` in memory.
+pub(super) async fn database_file(pool: &DatabaseConnection) -> Result<Option<PathBuf>> {
+    let row = pool
+        .query_one_raw(Statement::from_string(
+            DbBackend::Sqlite,
+            "SELECT file FROM pragma_database_list WHERE name = 'main'",
+        ))
+        .await?;
+    let file = match row {
+        Some(row) => row.try_get_by_index::<String>(0)?,
+        None => String::new(),
+    };
+    Ok((!file.is_empty()).then(|| PathBuf::from(file)))
+}
+
+/// `fdatasync` of `file`, on a blocking thread.
+pub(super) async fn sync_file(file: PathBuf) -> Result<()> {
+    tokio::task::spawn_blocking(move || {
+        std::fs::File::open(&file)
+            .and_then(|f| f.sync_data())
+            .map_err(|e| StoreError::Unavailable(format!("syncing {}: {e}", file.display())))
+    })
+    .await
+    .map_err(|e| StoreError::Other(format!("the sync task failed: {e}")))?
+}
+
+/// The connection group commits go through, and what syncs its log.
+#[derive(Debug)]
+struct Held {
+    conn: PoolConnection<Sqlite>,
+    /// `None` for a database without a log file (in memory), whose commits stay `FULL`.
+    log: Option<Arc<LogSync>>,
+}
+
+/// What a written batch waits for before it is durable.
+#[derive(Debug, Default)]
+#[must_use = "a written batch is durable only once `wait` returns"]
+pub(crate) struct Durable(Option<Arc<LogSync>>);
+
+impl Durable {
+    /// Whether `wait` has a sync to wait for.
+    #[cfg(test)]
+    pub(crate) fn syncs(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Waits until the batch is on disk.
+    pub(crate) async fn wait(self) -> Result<()> {
+        match self.0 {
+            Some(log) => log.sync().await,
+            None => Ok(()),
+        }
+    }
+}
+
+/// A request for a sync of the log, answered once one that began after it ends.
+type SyncRequest = oneshot::Sender<std::result::Result<(), String>>;
+
+/// Syncs a write-ahead log on a thread of its own (see the module's comment).
+#[derive(Debug)]
+struct LogSync {
+    requests: std::sync::mpsc::Sender<SyncRequest>,
+}
+
+impl LogSync {
+    fn start(log: PathBuf) -> std::io::Result<LogSync> {
+        let (requests, waiting) = std::sync::mpsc::channel::<SyncRequest>();
+        std::thread::Builder::new()
+            .name("bedrock-log-sync".into())
+            .spawn(move || {
+                // Ends when the writer drops its connection (every sender is gone).
+                while let Ok(first) = waiting.recv() {
+                    let served: Vec<SyncRequest> =
+                        std::iter::once(first).chain(waiting.try_iter()).collect();
+                    // Opened for each sync, so a log that SQLite deleted and made again is
+                    // never synced through a stale descriptor.
+                    let outcome = std::fs::File::open(&log)
+                        .and_then(|file| file.sync_data())
+                        .map_err(|e| format!("syncing {}: {e}", log.display()));
+                    for request in served {
+                        let _ = request.send(outcome.clone());
+                    }
+                }
+            })?;
+        Ok(LogSync { requests })
+    }
+
+    async fn sync(&self) -> Result<()> {
+        let (answer, answered) = oneshot::channel();
+        let stopped = || StoreError::Unavailable("the log sync thread stopped".into());
+        self.requests.send(answer).map_err(|_| stopped())?;
+        answered
+            .await
+            .map_err(|_| stopped())?
+            .map_err(StoreError::Unavailable)
+    }
+}
+
+impl Held {
+    /// Checks out the writer's connection: commits on it leave the sync to [`LogSync`].
+    async fn acquire(pool: &DatabaseConnection, file: Option<&PathBuf>) -> Result<Held> {
+        let mut conn = pool
+            .get_sqlite_connection_pool()
+            .acquire()
+            .await
+            .map_err(store_error)?;
+        let Some(file) = file else {
+            return Ok(Held { conn, log: None });
+        };
+        let mut log = file.clone().into_os_string();
+        log.push("-wal");
+        let log = LogSync::start(PathBuf::from(log))
+            .map_err(|e| StoreError::Unavailable(format!("cannot start the log sync: {e}")))?;
+        conn.execute("PRAGMA synchronous = NORMAL")
+            .await
+            .map_err(store_error)?;
+        Ok(Held {
+            conn,
+            log: Some(Arc::new(log)),
+        })
+    }
 }
 
 impl Writer {
-    pub(super) fn new(pool: DatabaseConnection) -> Writer {
-        Writer {
+    pub(super) async fn new(pool: DatabaseConnection) -> Result<Writer> {
+        Ok(Writer {
+            file: database_file(&pool).await?,
             pool,
             held: Arc::default(),
-        }
+        })
     }
 
     /// Gives the held connection back and closes the pool (closing waits for every
     /// connection to come back).
     pub(super) async fn close(&self) -> Result<()> {
-        drop(self.held.lock().await.take());
+        // Closed rather than given back: it commits without syncing.
+        if let Some(writer) = self.held.lock().await.take() {
+            drop(writer.conn.detach());
+        }
         self.pool.clone().close().await?;
         Ok(())
     }
 
-    /// Writes `commits` in one transaction.
-    pub(super) async fn commit(&self, commits: &[Arc<ConversationCommit>]) -> Result<()> {
+    /// The `synchronous` level of the held connection, once one is held (for tests).
+    #[cfg(test)]
+    pub(super) async fn held_synchronous(&self) -> Option<i64> {
+        let mut held = self.held.lock().await;
+        let writer = held.as_mut()?;
+        sqlx::query_scalar("PRAGMA synchronous")
+            .fetch_one(&mut *writer.conn)
+            .await
+            .ok()
+    }
+
+    /// Writes `commits` in one transaction; they are durable once the answer's `wait` returns,
+    /// and the writer is free for the next batch at once.
+    pub(super) async fn write(&self, commits: &[Arc<ConversationCommit>]) -> Result<Durable> {
         let (sql, values) = batch(commits)?;
         let mut held = self.held.lock().await;
-        let conn = match &mut *held {
-            Some(conn) => conn,
-            None => held.insert(
-                self.pool
-                    .get_sqlite_connection_pool()
-                    .acquire()
-                    .await
-                    .map_err(store_error)?,
-            ),
+        let writer = match &mut *held {
+            Some(writer) => writer,
+            None => held.insert(Held::acquire(&self.pool, self.file.as_ref()).await?),
         };
         let query = sqlx::query_with(sqlx::AssertSqlSafe(sql), SqlxValues(Values(values)));
-        let Err(error) = conn.execute(query).await else {
-            return Ok(());
+        let Err(error) = writer.conn.execute(query).await else {
+            return Ok(Durable(writer.log.clone()));
         };
         // The transaction is still open when a statement before COMMIT failed. A connection
         // that cannot roll back is closed, and the next commit checks out another.
-        if let Err(e) = conn.execute("ROLLBACK").await
+        if let Err(e) = writer.conn.execute("ROLLBACK").await
             && !e.to_string().contains("no transaction is active")
         {
             tracing::warn!(error = %e, "rollback failed; closing the writer's connection");
-            if let Some(conn) = held.take() {
-                drop(conn.detach());
+            if let Some(writer) = held.take() {
+                drop(writer.conn.detach());
             }
         }
         if error.to_string().contains(GUARD) {
@@ -226,4 +374,39 @@ fn message_row(message: &MessageRecord) -> Result<messages::ActiveModel> {
 
 fn store_error(error: sqlx::Error) -> StoreError {
     DbErr::Exec(RuntimeErr::SqlxError(Arc::new(error))).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every request waiting when a sync begins is answered by it; a log that cannot be synced
+    /// fails every commit waiting for it, as unavailable (the commit is retried, never
+    /// acknowledged).
+    #[tokio::test]
+    async fn log_syncs_answer_every_waiting_commit_and_report_failures() {
+        let dir = std::env::temp_dir().join(format!("bedrock-log-sync-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a temp dir");
+        let log = dir.join("db.sqlite-wal");
+        std::fs::write(&log, b"frames").expect("a log file");
+        let sync = Arc::new(LogSync::start(log.clone()).expect("the sync thread starts"));
+        let waiting: Vec<_> = (0..16)
+            .map(|_| {
+                let sync = Arc::clone(&sync);
+                tokio::spawn(async move { sync.sync().await })
+            })
+            .collect();
+        for outcome in futures::future::join_all(waiting).await {
+            outcome.expect("joins").expect("synced");
+        }
+
+        std::fs::remove_file(&log).expect("removed");
+        let failed = Durable(Some(Arc::clone(&sync))).wait().await;
+        assert!(
+            matches!(&failed, Err(StoreError::Unavailable(why)) if why.contains("db.sqlite-wal")),
+            "{failed:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
