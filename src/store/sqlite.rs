@@ -28,7 +28,11 @@
 //! sync ends (a power loss then would lose data that a read saw, though no write that was
 //! acknowledged). Syncs requested while one runs are served by the next, one for all. The
 //! other connections keep `FULL`: their commits sync the log themselves, and checkpoints
-//! sync the log before they copy from it.
+//! sync the log before they copy from it. A sync that fails (an I/O error) answers its
+//! batches as unavailable although they are written, like a commit whose connection broke
+//! before its answer came (a retried commit that then conflicts looks at the row to see
+//! whether the first try landed). With `FULL` it was no clearer: SQLite may replay such a
+//! transaction from the log at the next start.
 
 use std::path::PathBuf;
 use std::sync::Arc;
