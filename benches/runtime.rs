@@ -301,6 +301,20 @@ fn report(label: &str, rate: f64, turns: &[Turn]) {
     );
 }
 
+const OFFERED: &str = "50 conversations offered 1,000 turns/s";
+
+/// After a warm-up, 50 conversations doing turns back to back, then 50 fresh ones offered
+/// 1,000 turns/s in all (one turn every 50 ms each): the overhead at the target rate, short
+/// of saturation.
+async fn fifty(bench: &Arc<Bench>, duration: Duration) -> [(f64, Vec<Turn>); 2] {
+    let _ = load(bench, 50, duration.min(Duration::from_secs(1))).await; // warm-up
+    let back_to_back = load(bench, 50, duration).await;
+    let first = bench.conversations(50).await;
+    let every = Some(Duration::from_millis(50));
+    let offered = paced(bench, first, duration, every, TURNS_PER_CONVERSATION).await;
+    [back_to_back, offered]
+}
+
 /// Cancels measured per load: enough that p99 is not one late cancel (with 100 it was the
 /// second-slowest).
 const CANCELS: usize = 400;
@@ -364,20 +378,15 @@ async fn main() {
         let only = std::env::var("BENCH_ONLY").unwrap_or_default();
         // `load`: the two 50-conversation measures alone, a line each (for quick A/B runs).
         if only == "load" {
-            let _ = load(&bench, 50, duration.min(Duration::from_secs(1))).await; // warm-up
-            let (rate, turns) = load(&bench, 50, duration).await;
+            let [(rate, turns), (paced_rate, paced_turns)] = fifty(&bench, duration).await;
             report("50 conversations back to back", rate, &turns);
-            let first = bench.conversations(50).await;
-            let every = Some(Duration::from_millis(50));
-            let (rate, turns) = paced(&bench, first, duration, every, TURNS_PER_CONVERSATION).await;
-            report("50 conversations offered 1,000 turns/s", rate, &turns);
+            report(OFFERED, paced_rate, &paced_turns);
             finish(bench, db).await;
             continue;
         }
         // `memory` and `cancel` skip the turns (their conversations are still created).
         if only != "memory" && only != "cancel" {
-            let _ = load(&bench, 50, duration.min(Duration::from_secs(1))).await; // warm-up
-            let (rate, turns) = load(&bench, 50, duration).await;
+            let [(rate, turns), (paced_rate, paced_turns)] = fifty(&bench, duration).await;
             let (total50, total99) = summary(&turns, |t| t.total);
             let (served50, served99) = summary(&turns, |t| t.served);
             let (over50, over99) = summary(&turns, |t| t.overhead());
@@ -410,12 +419,7 @@ async fn main() {
                 ms(outside99)
             );
             println!("turns/s with 50 concurrent conversations: {rate:.0}");
-            // The same 50 conversations offered 1,000 turns/s in all (one turn every 50 ms
-            // each): the overhead at the target rate, short of saturation.
-            let every = Some(Duration::from_millis(50));
-            let first = bench.conversations(50).await;
-            let (rate, turns) = paced(&bench, first, duration, every, TURNS_PER_CONVERSATION).await;
-            report("50 conversations offered 1,000 turns/s", rate, &turns);
+            report(OFFERED, paced_rate, &paced_turns);
             // The same turn with nothing else running: the latency a turn adds, unqueued.
             let (rate, turns) = load(&bench, 1, duration).await;
             report("one conversation alone", rate, &turns);

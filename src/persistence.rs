@@ -297,9 +297,7 @@ fn take_urgent(queue: &mut VecDeque<Job>) -> Vec<Job> {
 /// the queue (which syncs whatever is left while every commit waits) comes.
 async fn pass(store: &Store) -> crate::store::Result<Option<u64>> {
     let frames = store.checkpoint().await?;
-    if frames.is_some() {
-        store.sync_database().await?;
-    }
+    store.sync_database().await?;
     Ok(frames)
 }
 
@@ -594,6 +592,18 @@ mod tests {
         rx.await.expect("the commit is answered")
     }
 
+    /// Flushes `jobs` and tells how many times the flush freed the writer, running `check`
+    /// each time it does.
+    async fn flush_counting(store: &Store, jobs: Vec<Job>, check: impl Fn()) -> usize {
+        let mut freed = 0;
+        flush(store, &Metrics::default(), jobs, || {
+            freed += 1;
+            check();
+        })
+        .await;
+        freed
+    }
+
     /// The writer is handed the next batch as soon as a batch is written, before it is
     /// durable and answered; every kind of flush frees the writer exactly once.
     #[tokio::test]
@@ -603,20 +613,14 @@ mod tests {
         let (tx, rx) = ractor::concurrency::oneshot();
         let commit = to_error("c1", "x", before.next_sequence_id, before.next_event_id);
         let answer = Arc::new(std::sync::Mutex::new(rx));
-        let freed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (seen, count) = (Arc::clone(&answer), Arc::clone(&freed));
-        flush(
-            &store,
-            &Metrics::default(),
-            vec![Job::Commit(Arc::new(commit), tx.into())],
-            move || {
-                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let pending = seen.lock().expect("not poisoned").try_recv();
-                assert!(pending.is_err(), "answered before the writer was freed");
-            },
-        )
+        let seen = Arc::clone(&answer);
+        let jobs = vec![Job::Commit(Arc::new(commit), tx.into())];
+        let freed = flush_counting(&store, jobs, move || {
+            let pending = seen.lock().expect("not poisoned").try_recv();
+            assert!(pending.is_err(), "answered before the writer was freed");
+        })
         .await;
-        assert_eq!(freed.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(freed, 1);
         let answered = answer.lock().expect("not poisoned").try_recv();
         assert!(matches!(answered, Ok(Ok(()))), "{answered:?}");
 
@@ -631,13 +635,7 @@ mod tests {
                 ractor::concurrency::oneshot().0.into(),
             )],
         ] {
-            let freed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-            let count = Arc::clone(&freed);
-            flush(&store, &Metrics::default(), jobs, move || {
-                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            })
-            .await;
-            assert_eq!(freed.load(std::sync::atomic::Ordering::SeqCst), 1);
+            assert_eq!(flush_counting(&store, jobs, || {}).await, 1);
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -687,17 +685,7 @@ mod tests {
             jobs.push(Job::Commit(Arc::new(commit), tx.into()));
             answers.push(rx);
         }
-        let freed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let count = Arc::clone(&freed);
-        flush(&store, &Metrics::default(), jobs, move || {
-            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        })
-        .await;
-        assert_eq!(
-            freed.load(std::sync::atomic::Ordering::SeqCst),
-            1,
-            "freed once"
-        );
+        assert_eq!(flush_counting(&store, jobs, || {}).await, 1, "freed once");
 
         let mut outcomes = Vec::new();
         for rx in answers {

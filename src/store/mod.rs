@@ -2,9 +2,8 @@
 //! `pub(crate)` and called only by the persistence actor, the one owner of database writes.
 //!
 //! SQLite (the embedded default, WAL mode, every commit synced before it is acknowledged)
-//! and Postgres share every
-//! code path here but the group commit, which each does in one round trip of its own
-//! (`sqlite.rs`, `postgres.rs`).
+//! and Postgres share every code path here but the group commit, which each does in one
+//! round trip of its own (`sqlite.rs`, `postgres.rs`).
 
 mod error;
 mod postgres;
@@ -23,8 +22,7 @@ use migration::{Migrator, MigratorTrait};
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectOptions, ConnectionTrait, Database, DatabaseConnection,
-    DbBackend, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, Statement,
-    TransactionTrait,
+    DbBackend, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, TransactionTrait,
 };
 
 pub use error::StoreError;
@@ -165,18 +163,9 @@ impl Store {
         if self.backend() != DbBackend::Sqlite {
             return Ok(None);
         }
-        let row = self
-            .db
-            .query_one_raw(Statement::from_string(
-                DbBackend::Sqlite,
-                "PRAGMA wal_checkpoint(PASSIVE)",
-            ))
-            .await?;
-        let frames = match row {
-            Some(row) => row.try_get_by_index::<i64>(1)?,
-            None => 0,
-        };
-        Ok(Some(u64::try_from(frames).unwrap_or(0)))
+        let frames: Option<i64> =
+            sqlite::one_value(&self.db, "PRAGMA wal_checkpoint(PASSIVE)", 1).await?;
+        Ok(Some(u64::try_from(frames.unwrap_or(0)).unwrap_or(0)))
     }
 
     /// Syncs SQLite's database file (nothing on Postgres or in memory).
@@ -186,7 +175,7 @@ impl Store {
     /// megabytes of them, until the checkpoint between two flushes (the one that lets the log
     /// start over) synced them all while every commit waited (11 – 23 ms measured at 1,000
     /// turns/s). Synced after each pass beside the commits instead, that one finds little.
-    pub async fn sync_database(&self) -> Result<()> {
+    pub(crate) async fn sync_database(&self) -> Result<()> {
         match self.writer.as_ref().and_then(|w| w.file.clone()) {
             Some(file) => sqlite::sync_file(file).await,
             None => Ok(()),
@@ -1133,15 +1122,9 @@ mod tests {
             Some(1),
             "NORMAL on the writer's"
         );
-        let other: Option<i64> = store
-            .db
-            .query_one_raw(Statement::from_string(
-                DbBackend::Sqlite,
-                "PRAGMA synchronous",
-            ))
+        let other: Option<i64> = sqlite::one_value(&store.db, "PRAGMA synchronous", 0)
             .await
-            .expect("reads")
-            .map(|r| r.try_get_by_index(0).expect("a number"));
+            .expect("reads");
         assert_eq!(other, Some(2), "FULL elsewhere");
         store
             .sync_database()

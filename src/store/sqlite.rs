@@ -78,30 +78,38 @@ pub(super) struct Writer {
     held: Arc<Mutex<Option<Held>>>,
 }
 
-/// The file of a pool's database, as SQLite resolved it; `None` in memory.
-pub(super) async fn database_file(pool: &DatabaseConnection) -> Result<Option<PathBuf>> {
-    let row = pool
-        .query_one_raw(Statement::from_string(
-            DbBackend::Sqlite,
-            "SELECT file FROM pragma_database_list WHERE name = 'main'",
-        ))
+/// Column `index` of the row an SQLite statement without arguments answers; `None` for no row.
+pub(super) async fn one_value<T: sea_orm::TryGetable>(
+    db: &DatabaseConnection,
+    sql: &str,
+    index: usize,
+) -> Result<Option<T>> {
+    let row = db
+        .query_one_raw(Statement::from_string(DbBackend::Sqlite, sql))
         .await?;
-    let file = match row {
-        Some(row) => row.try_get_by_index::<String>(0)?,
-        None => String::new(),
-    };
-    Ok((!file.is_empty()).then(|| PathBuf::from(file)))
+    Ok(row.map(|row| row.try_get_by_index(index)).transpose()?)
 }
 
-/// `fdatasync` of `file`, on a blocking thread.
+/// The file of a pool's database, as SQLite resolved it; `None` in memory.
+async fn database_file(pool: &DatabaseConnection) -> Result<Option<PathBuf>> {
+    let sql = "SELECT file FROM pragma_database_list WHERE name = 'main'";
+    let file: Option<String> = one_value(pool, sql, 0).await?;
+    Ok(file.filter(|f| !f.is_empty()).map(PathBuf::from))
+}
+
+/// `fdatasync` of `file`, opened anew each time so that a file SQLite deleted and made again
+/// is never synced through a stale descriptor.
+fn fdatasync(file: &std::path::Path) -> std::result::Result<(), String> {
+    std::fs::File::open(file)
+        .and_then(|f| f.sync_data())
+        .map_err(|e| format!("syncing {}: {e}", file.display()))
+}
+
+/// [`fdatasync`] on a blocking thread.
 pub(super) async fn sync_file(file: PathBuf) -> Result<()> {
-    tokio::task::spawn_blocking(move || {
-        std::fs::File::open(&file)
-            .and_then(|f| f.sync_data())
-            .map_err(|e| StoreError::Unavailable(format!("syncing {}: {e}", file.display())))
-    })
-    .await
-    .map_err(|e| StoreError::Other(format!("the sync task failed: {e}")))?
+    tokio::task::spawn_blocking(move || fdatasync(&file).map_err(StoreError::Unavailable))
+        .await
+        .map_err(|e| StoreError::Other(format!("the sync task failed: {e}")))?
 }
 
 /// The connection group commits go through, and what syncs its log.
@@ -152,11 +160,7 @@ impl LogSync {
                 while let Ok(first) = waiting.recv() {
                     let served: Vec<SyncRequest> =
                         std::iter::once(first).chain(waiting.try_iter()).collect();
-                    // Opened for each sync, so a log that SQLite deleted and made again is
-                    // never synced through a stale descriptor.
-                    let outcome = std::fs::File::open(&log)
-                        .and_then(|file| file.sync_data())
-                        .map_err(|e| format!("syncing {}: {e}", log.display()));
+                    let outcome = fdatasync(&log);
                     for request in served {
                         let _ = request.send(outcome.clone());
                     }
@@ -210,10 +214,9 @@ impl Writer {
         })
     }
 
-    /// Gives the held connection back and closes the pool (closing waits for every
-    /// connection to come back).
+    /// Closes the held connection (it commits without syncing: it is not given back to the
+    /// pool) and then the pool (closing waits for every connection to come back).
     pub(super) async fn close(&self) -> Result<()> {
-        // Closed rather than given back: it commits without syncing.
         if let Some(writer) = self.held.lock().await.take() {
             drop(writer.conn.detach());
         }
