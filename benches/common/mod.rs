@@ -99,9 +99,17 @@ impl BenchDb {
         })
     }
 
+    /// SQLite, then Postgres where there is one; `BENCH_DB=sqlite` or `BENCH_DB=postgres`
+    /// keeps only that one.
     pub async fn all() -> Vec<BenchDb> {
-        let mut all = vec![BenchDb::sqlite()];
-        all.extend(BenchDb::postgres().await);
+        let only = std::env::var("BENCH_DB").unwrap_or_default();
+        let mut all = Vec::new();
+        if only != "postgres" {
+            all.push(BenchDb::sqlite());
+        }
+        if only != "sqlite" {
+            all.extend(BenchDb::postgres().await);
+        }
         all
     }
 
