@@ -224,12 +224,12 @@ impl Writer {
         Ok(())
     }
 
-    /// The `synchronous` level of the held connection, once one is held (for tests).
+    /// A pragma's value (`sql` reads it) on the held connection, once one is held (for tests).
     #[cfg(test)]
-    pub(super) async fn held_synchronous(&self) -> Option<i64> {
+    pub(super) async fn held_pragma(&self, sql: &'static str) -> Option<i64> {
         let mut held = self.held.lock().await;
         let writer = held.as_mut()?;
-        sqlx::query_scalar("PRAGMA synchronous")
+        sqlx::query_scalar(sql)
             .fetch_one(&mut *writer.conn)
             .await
             .ok()
