@@ -99,7 +99,7 @@ impl Store {
             // to the database (for SQLite, to its worker thread) per transaction. Only one
             // idle long enough to have been dropped (a database restart, a proxy) is checked.
             .test_before_acquire_if_idle_for(Duration::from_secs(1))
-            .map_sqlx_sqlite_opts(|opts| sqlite_options(opts).pragma("cache_size", READ_CACHE))
+            .map_sqlx_sqlite_opts(|opts| sqlite_options(opts, READ_CACHE))
             .map_sqlx_sqlite_pool_opts(|pool| {
                 pool.after_connect(|conn, _| Box::pin(stable_plans(conn)))
             })
@@ -120,8 +120,7 @@ impl Store {
             two.max_connections(2)
                 .min_connections(1)
                 .map_sqlx_sqlite_opts(|opts| {
-                    sqlite_options(opts)
-                        .pragma("cache_size", WRITE_CACHE)
+                    sqlite_options(opts, WRITE_CACHE)
                         .statement_cache_capacity(sqlite::WRITER_STATEMENTS)
                 })
                 .map_sqlx_sqlite_pool_opts(|pool| {
@@ -746,9 +745,11 @@ async fn insert_key<C: ConnectionTrait>(
     Ok(())
 }
 
-/// How every SQLite connection is set up.
+/// How every SQLite connection is set up, with `cache_size` of page cache (a writer's or a
+/// reader's, below).
 fn sqlite_options(
     opts: sea_orm::sqlx::sqlite::SqliteConnectOptions,
+    cache_size: &'static str,
 ) -> sea_orm::sqlx::sqlite::SqliteConnectOptions {
     use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
     opts.journal_mode(SqliteJournalMode::Wal)
@@ -761,6 +762,7 @@ fn sqlite_options(
         // Statement journals and sorts in memory: as files, each was created and deleted
         // within a commit (a tenth of the writer's time in the kernel).
         .pragma("temp_store", "memory")
+        .pragma("cache_size", cache_size)
 }
 
 /// Page cache of a writer's connection: 8 MiB (SQLite's default is 2 MiB), so the hot pages
