@@ -14,10 +14,11 @@ use std::sync::Arc;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, Value};
-use serde_json::json;
+use serde::Serialize;
 
 use super::{Result, StoreError, to_i64};
 use crate::model::ConversationCommit;
+use crate::state_machine::ConvState;
 use crate::wire;
 
 /// The whole batch, written by the migrations' `bedrock_commit` function.
@@ -31,66 +32,114 @@ pub(super) async fn commit(
     db: &DatabaseConnection,
     commits: &[Arc<ConversationCommit>],
 ) -> Result<()> {
+    let [conversations, messages, frames] = documents(commits)?;
+    let statement = Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        COMMIT,
+        [
+            Value::from(conversations),
+            Value::from(messages),
+            Value::from(frames),
+        ],
+    );
+    db.query_one_raw(statement).await?;
+    Ok(())
+}
+
+/// The batch's three documents: its conversations' guarded updates, its messages, its
+/// frames. Each is serialised straight from the commits (the rows borrow from them), not
+/// built as a `serde_json::Value` first, which copied every frame's payload.
+fn documents(commits: &[Arc<ConversationCommit>]) -> Result<[String; 3]> {
     let mut conversations = Vec::with_capacity(commits.len());
     let mut messages = Vec::new();
     let mut frames = Vec::new();
     for commit in commits {
         let state = commit.state.as_ref();
-        let state_data = state
-            .map(serde_json::to_value)
-            .transpose()
-            .map_err(|e| StoreError::Other(format!("state does not serialise: {e}")))?;
         let usage = commit.usage;
-        conversations.push(json!({
-            "id": commit.conversation_id,
-            "exp_seq": commit.expected_next_sequence_id,
-            "exp_evt": commit.expected_next_event_id,
-            "next_seq": commit.next_sequence_id,
-            "next_evt": commit.next_event_id,
-            "updated_at": timestamp(commit.at),
-            "state": state.map(|s| s.kind()),
-            "state_data": state_data,
-            "state_at": state.map(|_| timestamp(commit.at)),
-            "input_tokens": usage.map(|u| to_i64(u.input_tokens)),
-            "output_tokens": usage.map(|u| to_i64(u.output_tokens)),
-            "context_tokens": usage.map(|u| to_i64(u.context_tokens)),
+        conversations.push(ConversationRow {
+            id: &commit.conversation_id,
+            exp_seq: commit.expected_next_sequence_id,
+            exp_evt: commit.expected_next_event_id,
+            next_seq: commit.next_sequence_id,
+            next_evt: commit.next_event_id,
+            updated_at: timestamp(commit.at),
+            state: state.map(ConvState::kind),
+            state_data: state,
+            state_at: state.map(|_| timestamp(commit.at)),
+            input_tokens: usage.map(|u| to_i64(u.input_tokens)),
+            output_tokens: usage.map(|u| to_i64(u.output_tokens)),
+            context_tokens: usage.map(|u| to_i64(u.context_tokens)),
+        });
+        messages.extend(commit.messages.iter().map(|message| MessageRow {
+            id: &message.id,
+            conversation_id: &message.conversation_id,
+            sequence_id: message.sequence_id,
+            message_type: message.content.message_type().as_str(),
+            content: wire::content(&message.content),
+            usage_data: message.usage.as_ref().map(wire::stored_usage),
+            client_message_id: message.client_message_id.as_deref(),
+            created_at: timestamp(message.created_at),
         }));
-        for message in &commit.messages {
-            messages.push(json!({
-                "id": message.id,
-                "conversation_id": message.conversation_id,
-                "sequence_id": message.sequence_id,
-                "message_type": message.content.message_type().as_str(),
-                "content": wire::content(&message.content),
-                "usage_data": message.usage.as_ref().map(wire::stored_usage),
-                "client_message_id": message.client_message_id,
-                "created_at": timestamp(message.created_at),
-            }));
-        }
-        for frame in &commit.events {
-            frames.push(json!({
-                "conversation_id": frame.conversation_id,
-                "event_id": frame.event_id,
-                "event_type": frame.event_type,
-                "payload": frame.payload,
-                "dedup_key": frame.dedup_key,
-                "created_at": timestamp(frame.created_at),
-            }));
-        }
+        frames.extend(commit.events.iter().map(|frame| FrameRow {
+            conversation_id: &frame.conversation_id,
+            event_id: frame.event_id,
+            event_type: &frame.event_type,
+            payload: &frame.payload,
+            dedup_key: frame.dedup_key.as_deref(),
+            created_at: timestamp(frame.created_at),
+        }));
     }
-    let document =
-        |rows: Vec<serde_json::Value>| Value::from(serde_json::Value::from(rows).to_string());
-    let statement = Statement::from_sql_and_values(
-        DbBackend::Postgres,
-        COMMIT,
-        [
-            document(conversations),
-            document(messages),
-            document(frames),
-        ],
-    );
-    db.query_one_raw(statement).await?;
-    Ok(())
+    Ok([
+        document(&conversations)?,
+        document(&messages)?,
+        document(&frames)?,
+    ])
+}
+
+fn document<T: Serialize>(rows: &[T]) -> Result<String> {
+    serde_json::to_string(rows)
+        .map_err(|e| StoreError::Other(format!("a commit does not serialise: {e}")))
+}
+
+/// A conversation's guarded update, as `bedrock_commit` reads it.
+#[derive(Serialize)]
+struct ConversationRow<'a> {
+    id: &'a str,
+    exp_seq: i64,
+    exp_evt: i64,
+    next_seq: i64,
+    next_evt: i64,
+    updated_at: String,
+    state: Option<&'static str>,
+    state_data: Option<&'a ConvState>,
+    state_at: Option<String>,
+    input_tokens: Option<i64>,
+    output_tokens: Option<i64>,
+    context_tokens: Option<i64>,
+}
+
+/// A message row, as `bedrock_commit` reads it.
+#[derive(Serialize)]
+struct MessageRow<'a> {
+    id: &'a str,
+    conversation_id: &'a str,
+    sequence_id: i64,
+    message_type: &'static str,
+    content: serde_json::Value,
+    usage_data: Option<serde_json::Value>,
+    client_message_id: Option<&'a str>,
+    created_at: String,
+}
+
+/// A frame row, as `bedrock_commit` reads it.
+#[derive(Serialize)]
+struct FrameRow<'a> {
+    conversation_id: &'a str,
+    event_id: i64,
+    event_type: &'a str,
+    payload: &'a serde_json::Value,
+    dedup_key: Option<&'a str>,
+    created_at: String,
 }
 
 /// A time as Postgres reads it, to the microsecond it keeps (truncated, as sqlx binds one).
