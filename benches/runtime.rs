@@ -205,17 +205,27 @@ const TURNS_PER_CONVERSATION: usize = 50;
 /// Runs `n` new conversations at once doing turns back to back for `duration`.
 async fn load(bench: &Arc<Bench>, n: usize, duration: Duration) -> (f64, Vec<Turn>) {
     let first = bench.conversations(n).await;
-    paced(bench, first, duration, None, TURNS_PER_CONVERSATION).await
+    paced(
+        bench,
+        first,
+        duration,
+        None,
+        Duration::ZERO,
+        TURNS_PER_CONVERSATION,
+    )
+    .await
 }
 
-/// Runs the conversations `first` at once for `duration`, each starting a turn every `every`
-/// (staggered, and at once when its last turn ran late), or back to back when `every` is
-/// `None`. Each runs `turns_each` turns, then a fresh one takes its place.
+/// Runs the conversations `first` for `duration`, each starting a turn every `every` (and at
+/// once when its last turn ran late), or back to back when `every` is `None`. Their first
+/// turns start spread evenly over `stagger` (over `every` when paced). Each runs
+/// `turns_each` turns, then a fresh one takes its place.
 async fn paced(
     bench: &Arc<Bench>,
     first: Vec<String>,
     duration: Duration,
     every: Option<Duration>,
+    stagger: Duration,
     turns_each: usize,
 ) -> (f64, Vec<Turn>) {
     let n = first.len();
@@ -224,10 +234,13 @@ async fn paced(
     let mut tasks = Vec::new();
     for (i, first) in first.into_iter().enumerate() {
         let bench = bench.clone();
-        let offset = every.map_or(Duration::ZERO, |every| every * i as u32 / n as u32);
+        let offset = every.unwrap_or(stagger) * i as u32 / n as u32;
         tasks.push(tokio::spawn(async move {
             let mut done = Vec::new();
             let mut next = tokio::time::Instant::now() + offset;
+            if every.is_none() {
+                tokio::time::sleep_until(next).await;
+            }
             // The first conversations run fewer turns, each its own number, so that the
             // conversations are replaced one at a time rather than all at once.
             let mut fresh = Some(first);
@@ -314,9 +327,25 @@ async fn fifty(bench: &Arc<Bench>, duration: Duration) -> [(f64, Vec<Turn>); 2] 
     // behind (the database's and the kernel's write-back) that is not this load's.
     let first = bench.conversations(50).await;
     let settle = duration.min(Duration::from_secs(1));
-    let _ = paced(bench, first, settle, every, TURNS_PER_CONVERSATION).await;
+    let _ = paced(
+        bench,
+        first,
+        settle,
+        every,
+        Duration::ZERO,
+        TURNS_PER_CONVERSATION,
+    )
+    .await;
     let first = bench.conversations(50).await;
-    let offered = paced(bench, first, duration, every, TURNS_PER_CONVERSATION).await;
+    let offered = paced(
+        bench,
+        first,
+        duration,
+        every,
+        Duration::ZERO,
+        TURNS_PER_CONVERSATION,
+    )
+    .await;
     [back_to_back, offered]
 }
 
@@ -389,6 +418,12 @@ async fn main() {
             finish(bench, db).await;
             continue;
         }
+        // `concurrency`: the 200 ms LLM's sweep alone.
+        if only == "concurrency" {
+            concurrency(&bench, duration).await;
+            finish(bench, db).await;
+            continue;
+        }
         // `memory` and `cancel` skip the turns (their conversations are still created).
         if only != "memory" && only != "cancel" {
             let [(rate, turns), (paced_rate, paced_turns)] = fifty(&bench, duration).await;
@@ -436,7 +471,8 @@ async fn main() {
                 turn(&bench, &id, &mut frames).await;
             }
             drop(frames);
-            let (rate, turns) = paced(&bench, vec![id], duration, None, usize::MAX).await;
+            let (rate, turns) =
+                paced(&bench, vec![id], duration, None, Duration::ZERO, usize::MAX).await;
             report(
                 "one conversation alone, 1,000 turns into its history",
                 rate,
@@ -551,29 +587,44 @@ async fn main() {
         }
         let _ = std::fs::remove_dir_all(&cwd);
 
-        // Concurrency before the overhead doubles, with a 200 ms LLM.
-        bench.llm.latency(Duration::from_millis(200));
-        println!(
-            "| concurrent conversations (200 ms LLM) | turns/s | overhead p50 | overhead p99 |"
-        );
-        println!("|---|---|---|---|");
-        let mut baseline = None;
-        for n in [50usize, 100, 200, 400, 800, 1600] {
-            let (rate, turns) = load(&bench, n, duration.max(Duration::from_secs(3))).await;
-            let (over50, over99) = summary(&turns, |t| t.overhead());
-            println!("| {n} | {rate:.0} | {} | {} |", ms(over50), ms(over99));
-            let base = *baseline.get_or_insert(over50);
-            if over50 >= base * 2 {
-                println!(
-                    "overhead doubled (from {} at 50) at {n} concurrent conversations",
-                    ms(base)
-                );
-                break;
-            }
-        }
-        bench.llm.latency(Duration::ZERO);
+        concurrency(&bench, duration).await;
         finish(bench, db).await;
     }
+}
+
+/// A 200 ms LLM: how many conversations run at once before the overhead per turn doubles
+/// (from its value at 50). Each load's first turns start spread over one turn's LLM time, as
+/// independent clients would, not all in the same instant: started together, conversations
+/// with a fixed LLM latency stay in step, and every turn's commits queue behind the others'.
+async fn concurrency(bench: &Arc<Bench>, duration: Duration) {
+    let latency = Duration::from_millis(200);
+    bench.llm.latency(latency);
+    println!("| concurrent conversations (200 ms LLM) | turns/s | overhead p50 | overhead p99 |");
+    println!("|---|---|---|---|");
+    let mut baseline = None;
+    for n in [50usize, 100, 200, 400, 800, 1600] {
+        let first = bench.conversations(n).await;
+        let (rate, turns) = paced(
+            bench,
+            first,
+            duration.max(Duration::from_secs(3)),
+            None,
+            2 * latency,
+            TURNS_PER_CONVERSATION,
+        )
+        .await;
+        let (over50, over99) = summary(&turns, |t| t.overhead());
+        println!("| {n} | {rate:.0} | {} | {} |", ms(over50), ms(over99));
+        let base = *baseline.get_or_insert(over50);
+        if over50 >= base * 2 {
+            println!(
+                "overhead doubled (from {} at 50) at {n} concurrent conversations",
+                ms(base)
+            );
+            break;
+        }
+    }
+    bench.llm.latency(Duration::ZERO);
 }
 
 /// Stops the server, removes its workspace and drops the bench's database.
