@@ -202,15 +202,21 @@ async fn turn(
 /// different lengths and loads measure the same work.
 const TURNS_PER_CONVERSATION: usize = 50;
 
-/// Runs `n` new conversations at once doing turns back to back for `duration`.
-async fn load(bench: &Arc<Bench>, n: usize, duration: Duration) -> (f64, Vec<Turn>) {
+/// Runs `n` new conversations doing turns back to back for `duration`, their first turns
+/// spread evenly over `stagger`.
+async fn load(
+    bench: &Arc<Bench>,
+    n: usize,
+    duration: Duration,
+    stagger: Duration,
+) -> (f64, Vec<Turn>) {
     let first = bench.conversations(n).await;
     paced(
         bench,
         first,
         duration,
         None,
-        Duration::ZERO,
+        stagger,
         TURNS_PER_CONVERSATION,
     )
     .await
@@ -218,8 +224,8 @@ async fn load(bench: &Arc<Bench>, n: usize, duration: Duration) -> (f64, Vec<Tur
 
 /// Runs the conversations `first` for `duration`, each starting a turn every `every` (and at
 /// once when its last turn ran late), or back to back when `every` is `None`. Their first
-/// turns start spread evenly over `stagger` (over `every` when paced). Each runs
-/// `turns_each` turns, then a fresh one takes its place.
+/// turns start spread evenly over `stagger`. Each runs `turns_each` turns, then a fresh one
+/// takes its place.
 async fn paced(
     bench: &Arc<Bench>,
     first: Vec<String>,
@@ -234,13 +240,13 @@ async fn paced(
     let mut tasks = Vec::new();
     for (i, first) in first.into_iter().enumerate() {
         let bench = bench.clone();
-        let offset = every.unwrap_or(stagger) * i as u32 / n as u32;
+        let offset = stagger * i as u32 / n as u32;
         tasks.push(tokio::spawn(async move {
             let mut done = Vec::new();
-            let mut next = tokio::time::Instant::now() + offset;
-            if every.is_none() {
-                tokio::time::sleep_until(next).await;
+            if !offset.is_zero() {
+                tokio::time::sleep(offset).await;
             }
+            let mut next = tokio::time::Instant::now();
             // The first conversations run fewer turns, each its own number, so that the
             // conversations are replaced one at a time rather than all at once.
             let mut fresh = Some(first);
@@ -320,9 +326,10 @@ const OFFERED: &str = "50 conversations offered 1,000 turns/s";
 /// 1,000 turns/s in all (one turn every 50 ms each): the overhead at the target rate, short
 /// of saturation.
 async fn fifty(bench: &Arc<Bench>, duration: Duration) -> [(f64, Vec<Turn>); 2] {
-    let _ = load(bench, 50, duration.min(Duration::from_secs(1))).await; // warm-up
-    let back_to_back = load(bench, 50, duration).await;
-    let every = Some(Duration::from_millis(50));
+    let warm_up = duration.min(Duration::from_secs(1));
+    let _ = load(bench, 50, warm_up, Duration::ZERO).await;
+    let back_to_back = load(bench, 50, duration, Duration::ZERO).await;
+    let every = Duration::from_millis(50);
     // A second at the offered rate, not counted: the saturating load before it leaves work
     // behind (the database's and the kernel's write-back) that is not this load's.
     let first = bench.conversations(50).await;
@@ -331,8 +338,8 @@ async fn fifty(bench: &Arc<Bench>, duration: Duration) -> [(f64, Vec<Turn>); 2] 
         bench,
         first,
         settle,
+        Some(every),
         every,
-        Duration::ZERO,
         TURNS_PER_CONVERSATION,
     )
     .await;
@@ -341,8 +348,8 @@ async fn fifty(bench: &Arc<Bench>, duration: Duration) -> [(f64, Vec<Turn>); 2] 
         bench,
         first,
         duration,
+        Some(every),
         every,
-        Duration::ZERO,
         TURNS_PER_CONVERSATION,
     )
     .await;
@@ -461,7 +468,7 @@ async fn main() {
             println!("turns/s with 50 concurrent conversations: {rate:.0}");
             report(OFFERED, paced_rate, &paced_turns);
             // The same turn with nothing else running: the latency a turn adds, unqueued.
-            let (rate, turns) = load(&bench, 1, duration).await;
+            let (rate, turns) = load(&bench, 1, duration, Duration::ZERO).await;
             report("one conversation alone", rate, &turns);
             // What history costs: one conversation alone, 1,000 turns (4,000 messages) into
             // its life, so that every request carries all of them.
@@ -603,16 +610,7 @@ async fn concurrency(bench: &Arc<Bench>, duration: Duration) {
     println!("|---|---|---|---|");
     let mut baseline = None;
     for n in [50usize, 100, 200, 400, 800, 1600] {
-        let first = bench.conversations(n).await;
-        let (rate, turns) = paced(
-            bench,
-            first,
-            duration.max(Duration::from_secs(3)),
-            None,
-            2 * latency,
-            TURNS_PER_CONVERSATION,
-        )
-        .await;
+        let (rate, turns) = load(bench, n, duration.max(Duration::from_secs(3)), 2 * latency).await;
         let (over50, over99) = summary(&turns, |t| t.overhead());
         println!("| {n} | {rate:.0} | {} | {} |", ms(over50), ms(over99));
         let base = *baseline.get_or_insert(over50);
