@@ -137,7 +137,10 @@ async fn main() {
         tick.tick().await;
         for conversation in &conversations {
             let frame = json!({"type": "delta", "text": text, "t": now_nanos()});
-            hub.publish(conversation, Arc::new(Frame::from_value(&frame)));
+            hub.publish(
+                conversation,
+                Arc::new(Frame::new("delta", None, frame.to_string().into())),
+            );
             published += 1;
         }
     }

@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::broadcast;
 
+use crate::wire::{self, ServerFrame};
+
 /// One frame as sent to clients.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Frame {
@@ -23,19 +25,19 @@ pub struct Frame {
 }
 
 impl Frame {
-    /// A frame from its JSON value (which carries `type`, and `event_id` when durable).
-    pub fn from_value(value: &serde_json::Value) -> Frame {
-        let text = value.to_string();
+    /// A frame from its JSON text, its `type` and, when durable, its event id.
+    pub fn new(kind: impl Into<String>, event_id: Option<i64>, json: Arc<str>) -> Frame {
         Frame {
-            event_id: value.get("event_id").and_then(serde_json::Value::as_i64),
-            kind: value
-                .get("type")
-                .and_then(serde_json::Value::as_str)
-                .unwrap_or_default()
-                .to_owned(),
-            json: text.as_str().into(),
-            ws: text.into(),
+            event_id,
+            kind: kind.into(),
+            ws: json.as_ref().into(),
+            json,
         }
+    }
+
+    /// A frame as the wire types make it.
+    pub fn of(frame: &ServerFrame<'_>) -> Frame {
+        Frame::new(frame.kind(), frame.event_id(), wire::to_json(frame).into())
     }
 }
 
@@ -110,9 +112,10 @@ mod tests {
     use super::*;
 
     fn frame(n: i64) -> Arc<Frame> {
-        Arc::new(Frame::from_value(
-            &serde_json::json!({"type": "state", "event_id": n}),
-        ))
+        Arc::new(Frame::of(&ServerFrame::State {
+            state: wire::State::Idle,
+            event_id: n,
+        }))
     }
 
     #[test]

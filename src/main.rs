@@ -42,6 +42,8 @@ enum Command {
     },
     /// Print the effective configuration, secrets masked.
     Config,
+    /// Print the OpenAPI document of the API (what GET /openapi.json serves).
+    Openapi,
 }
 
 #[derive(Debug, Subcommand)]
@@ -115,6 +117,10 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
         }
         Command::Config => {
             print!("{}", settings.masked_toml());
+            Ok(())
+        }
+        Command::Openapi => {
+            print!("{}", bedrock::api::openapi_json());
             Ok(())
         }
     }

@@ -127,8 +127,8 @@ pub struct EventRecord {
     pub event_id: i64,
     /// The frame's `type`.
     pub event_type: String,
-    /// The whole frame as sent to clients, `event_id` included.
-    pub payload: serde_json::Value,
+    /// The whole frame as sent to clients, `event_id` included: JSON text.
+    pub payload: std::sync::Arc<str>,
     /// One frame per key and conversation (idempotent client events).
     pub dedup_key: Option<String>,
     pub created_at: DateTime<Utc>,

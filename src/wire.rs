@@ -1,124 +1,356 @@
-//! The contract's JSON shapes (../shared/api.md): states, messages, usage and frames.
+//! The contract's JSON shapes (../shared/api.md) as Rust types: request bodies, responses,
+//! states, messages, frames and the error body. Everything that leaves the process as JSON
+//! is one of these, and the OpenAPI document (`/openapi.json`, docs/openapi.json) is derived
+//! from them, so the two cannot drift apart. The JSON of message contents that the store
+//! keeps is made here too (it is stored as it is sent).
 //!
-//! Everything that leaves the process as JSON is built here, and so is the JSON of message
-//! contents and durable frames that the store keeps (they are stored as they are sent).
+//! Responses borrow from the records they describe (`'a`); nothing here reads the store,
+//! the clock or the network.
 
-use serde_json::{Value, json};
+use std::borrow::Cow;
 
-use crate::model::{ConversationRecord, MessageRecord};
-use crate::state_machine::{
-    ConvState, ImageRef, MessageContent, MessageType, ToolResult, ToolUse, Usage,
-};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize, Serializer};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
 
-/// The contract's `State` object.
-pub fn state(state: &ConvState) -> Value {
-    match state {
-        ConvState::Idle => json!({"kind": "idle"}),
-        ConvState::AwaitingLlm { .. } => json!({"kind": "awaiting_llm"}),
-        ConvState::LlmRequesting { attempt, .. } => {
-            json!({"kind": "llm_requesting", "attempt": attempt})
+use crate::model::{BackgroundTask, ClientRequest, ConversationRecord, MessageRecord};
+use crate::state_machine::{self as core, ConvState, MessageContent, MessageType};
+
+/// Timestamps leave as RFC 3339 with the offset spelled out (`+00:00`).
+fn rfc3339<S: Serializer>(at: &DateTime<Utc>, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_str(&at.to_rfc3339())
+}
+
+fn rfc3339_opt<S: Serializer>(
+    at: &Option<DateTime<Utc>>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match at {
+        Some(at) => rfc3339(at, serializer),
+        None => serializer.serialize_none(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Errors.
+
+/// Every non-2xx reply: `{"error": {"code", "message"}}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody<'a> {
+    pub error: ErrorDetail<'a>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail<'a> {
+    /// A snake_case code, e.g. `invalid_request`, `not_found`, `agent_busy`.
+    #[schema(example = "invalid_request")]
+    pub code: &'a str,
+    /// A sentence meant for a developer.
+    pub message: &'a str,
+}
+
+// ---------------------------------------------------------------------------------------
+// States and usage.
+
+/// Why a turn failed (the state `error`'s `error_kind`, a `retrying` frame's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    Auth,
+    RateLimit,
+    Network,
+    InvalidRequest,
+    Limit,
+    Unknown,
+}
+
+impl From<core::ErrorKind> for ErrorKind {
+    fn from(kind: core::ErrorKind) -> Self {
+        match kind {
+            core::ErrorKind::Auth => ErrorKind::Auth,
+            core::ErrorKind::RateLimit => ErrorKind::RateLimit,
+            core::ErrorKind::Network => ErrorKind::Network,
+            core::ErrorKind::InvalidRequest => ErrorKind::InvalidRequest,
+            core::ErrorKind::Limit => ErrorKind::Limit,
+            core::ErrorKind::Unknown => ErrorKind::Unknown,
         }
+    }
+}
+
+/// The conversation's state: `kind` plus the fields of that kind.
+#[derive(Clone, Debug, PartialEq, Serialize, ToSchema)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum State<'a> {
+    Idle,
+    AwaitingLlm,
+    LlmRequesting {
+        /// 1 to 3.
+        #[schema(minimum = 1, maximum = 3)]
+        attempt: u32,
+    },
+    ToolExecuting {
+        current_tool_id: &'a str,
+        /// *Extension.*
+        current_tool_name: &'a str,
+        remaining_tool_ids: Vec<&'a str>,
+        completed: u32,
+    },
+    Cancelling,
+    AwaitingSubAgents {
+        pending_ids: Vec<&'a str>,
+        completed: u32,
+    },
+    Error {
+        message: &'a str,
+        error_kind: ErrorKind,
+    },
+    /// Sub-agents only, after submit_result.
+    Completed,
+}
+
+/// The contract's `State` of a conversation's state.
+pub fn state(state: &ConvState) -> State<'_> {
+    match state {
+        ConvState::Idle => State::Idle,
+        ConvState::AwaitingLlm { .. } => State::AwaitingLlm,
+        ConvState::LlmRequesting { attempt, .. } => State::LlmRequesting { attempt: *attempt },
         ConvState::ToolExecuting {
             current,
             remaining,
             completed,
             ..
-        } => json!({
-            "kind": "tool_executing",
-            "current_tool_id": current.id,
-            "current_tool_name": current.name,
-            "remaining_tool_ids": remaining.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(),
-            "completed": completed,
-        }),
-        ConvState::Cancelling { .. } => json!({"kind": "cancelling"}),
-        ConvState::AwaitingSubAgents { agents, .. } => json!({
-            "kind": "awaiting_sub_agents",
-            "pending_ids": state.pending_agent_ids(),
-            "completed": agents.iter().filter(|slot| slot.outcome.is_some()).count(),
-        }),
+        } => State::ToolExecuting {
+            current_tool_id: &current.id,
+            current_tool_name: &current.name,
+            remaining_tool_ids: remaining.iter().map(|t| t.id.as_str()).collect(),
+            completed: *completed,
+        },
+        ConvState::Cancelling { .. } => State::Cancelling,
+        ConvState::AwaitingSubAgents { agents, .. } => State::AwaitingSubAgents {
+            pending_ids: state.pending_agent_ids(),
+            completed: u32::try_from(agents.iter().filter(|slot| slot.outcome.is_some()).count())
+                .unwrap_or(u32::MAX),
+        },
         ConvState::Error {
             message,
             error_kind,
-        } => json!({"kind": "error", "message": message, "error_kind": error_kind.as_str()}),
-        ConvState::Completed => json!({"kind": "completed"}),
+        } => State::Error {
+            message,
+            error_kind: (*error_kind).into(),
+        },
+        ConvState::Completed => State::Completed,
     }
 }
 
-/// The contract's `Usage` object.
-pub fn usage(input_tokens: u64, output_tokens: u64, context_tokens: u64, window: u64) -> Value {
-    json!({
-        "input_tokens": input_tokens,
-        "output_tokens": output_tokens,
-        "context_tokens": context_tokens,
-        "context_window": window,
-    })
+/// Token counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// What the conversation occupied of the context window after the LLM response.
+    pub context_tokens: u64,
+    /// The model's context window.
+    pub context_window: u64,
+}
+
+// ---------------------------------------------------------------------------------------
+// Conversations and messages.
+
+/// A conversation.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Conversation<'a> {
+    pub id: &'a str,
+    pub slug: &'a str,
+    pub cwd: &'a str,
+    pub model: &'a str,
+    #[schema(required = true)]
+    pub system_prompt: Option<&'a str>,
+    /// The parent of a sub-agent.
+    #[schema(required = true)]
+    pub parent_id: Option<&'a str>,
+    pub user_initiated: bool,
+    /// Tools that ask the client before each run. *Extension.*
+    pub require_approval: &'a [String],
+    /// Whether its tool processes have network access. *Extension.*
+    pub network: bool,
+    pub archived: bool,
+    pub state: State<'a>,
+    pub usage: Usage,
+    #[serde(serialize_with = "rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: DateTime<Utc>,
+    #[serde(serialize_with = "rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub updated_at: DateTime<Utc>,
 }
 
 /// The contract's `Conversation` object.
-pub fn conversation(conv: &ConversationRecord, context_window: u64) -> Value {
-    json!({
-        "id": conv.id,
-        "slug": conv.slug,
-        "cwd": conv.cwd,
-        "model": conv.model,
-        "system_prompt": conv.system_prompt,
-        "parent_id": conv.parent_id,
-        "user_initiated": conv.user_initiated,
-        "require_approval": conv.require_approval,
-        "network": conv.network,
-        "archived": conv.archived,
-        "state": state(&conv.state),
-        "usage": usage(
-            conv.usage.input_tokens,
-            conv.usage.output_tokens,
-            conv.usage.context_tokens,
+pub fn conversation(conv: &ConversationRecord, context_window: u64) -> Conversation<'_> {
+    Conversation {
+        id: &conv.id,
+        slug: &conv.slug,
+        cwd: &conv.cwd,
+        model: &conv.model,
+        system_prompt: conv.system_prompt.as_deref(),
+        parent_id: conv.parent_id.as_deref(),
+        user_initiated: conv.user_initiated,
+        require_approval: &conv.require_approval,
+        network: conv.network,
+        archived: conv.archived,
+        state: state(&conv.state),
+        usage: Usage {
+            input_tokens: conv.usage.input_tokens,
+            output_tokens: conv.usage.output_tokens,
+            context_tokens: conv.usage.context_tokens,
             context_window,
-        ),
-        "created_at": conv.created_at.to_rfc3339(),
-        "updated_at": conv.updated_at.to_rfc3339(),
-    })
+        },
+        created_at: conv.created_at,
+        updated_at: conv.updated_at,
+    }
+}
+
+/// A message of a conversation.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Message<'a> {
+    pub id: &'a str,
+    pub conversation_id: &'a str,
+    /// 1, 2, 3, ... per conversation, with no gaps.
+    #[schema(minimum = 1)]
+    pub sequence_id: i64,
+    /// `message_type` and its `content`.
+    #[serde(flatten)]
+    pub body: MessageBody<'a>,
+    /// The tokens of the LLM response an agent message came from.
+    #[schema(required = true)]
+    pub usage: Option<Usage>,
+    #[serde(serialize_with = "rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: DateTime<Utc>,
+    /// The client's idempotency key, when it gave one. *Extension.*
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<&'a str>,
+}
+
+/// A message's `message_type` and its `content`.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(tag = "message_type", content = "content", rename_all = "snake_case")]
+pub enum MessageBody<'a> {
+    User(UserContent<'a>),
+    Agent(AgentContent<'a>),
+    Tool(ToolContent<'a>),
+    System(TextContent<'a>),
+    Error(TextContent<'a>),
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UserContent<'a> {
+    pub text: &'a str,
+    pub images: Vec<ImageRef<'a>>,
+}
+
+/// An image stored with a user message.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ImageRef<'a> {
+    pub id: &'a str,
+    pub media_type: &'a str,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AgentContent<'a> {
+    #[schema(required = true)]
+    pub text: Option<&'a str>,
+    /// Each is answered by exactly one tool message, whatever happens.
+    pub tool_uses: Vec<ToolUse<'a>>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ToolUse<'a> {
+    pub id: &'a str,
+    pub name: &'a str,
+    /// The tool's input, as the LLM gave it.
+    pub input: &'a Value,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ToolContent<'a> {
+    pub tool_use_id: &'a str,
+    pub name: &'a str,
+    pub ok: bool,
+    pub output: &'a str,
+    /// A synthetic result of work that never finished (cancel, limit, restart).
+    pub cancelled: bool,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TextContent<'a> {
+    pub text: &'a str,
+}
+
+/// A message's `message_type` and `content`.
+pub fn message_body(content: &MessageContent) -> MessageBody<'_> {
+    match content {
+        MessageContent::User { text, images } => MessageBody::User(UserContent {
+            text,
+            images: images
+                .iter()
+                .map(|image| ImageRef {
+                    id: &image.id,
+                    media_type: &image.media_type,
+                })
+                .collect(),
+        }),
+        MessageContent::Agent { text, tool_uses } => MessageBody::Agent(AgentContent {
+            text: text.as_deref(),
+            tool_uses: tool_uses
+                .iter()
+                .map(|tool| ToolUse {
+                    id: &tool.id,
+                    name: &tool.name,
+                    input: &tool.input,
+                })
+                .collect(),
+        }),
+        MessageContent::Tool(result) => MessageBody::Tool(ToolContent {
+            tool_use_id: &result.tool_use_id,
+            name: &result.name,
+            ok: result.ok,
+            output: &result.output,
+            cancelled: result.cancelled,
+        }),
+        MessageContent::System { text } => MessageBody::System(TextContent { text }),
+        MessageContent::Error { text } => MessageBody::Error(TextContent { text }),
+    }
 }
 
 /// The contract's `Message` object.
-pub fn message(message: &MessageRecord, context_window: u64) -> Value {
-    let mut value = json!({
-        "id": message.id,
-        "conversation_id": message.conversation_id,
-        "sequence_id": message.sequence_id,
-        "message_type": message.content.message_type().as_str(),
-        "content": content(&message.content),
-        "usage": message.usage.map(|u| usage(u.input_tokens, u.output_tokens, u.context_tokens(), context_window)),
-        "created_at": message.created_at.to_rfc3339(),
-    });
-    if let (Some(key), Some(object)) = (&message.client_message_id, value.as_object_mut()) {
-        object.insert("message_id".into(), Value::String(key.clone()));
+pub fn message(message: &MessageRecord, context_window: u64) -> Message<'_> {
+    Message {
+        id: &message.id,
+        conversation_id: &message.conversation_id,
+        sequence_id: message.sequence_id,
+        body: message_body(&message.content),
+        usage: message.usage.map(|u| Usage {
+            input_tokens: u.input_tokens,
+            output_tokens: u.output_tokens,
+            context_tokens: u.context_tokens(),
+            context_window,
+        }),
+        created_at: message.created_at,
+        message_id: message.client_message_id.as_deref(),
     }
-    value
 }
 
-/// A message's `content` object, by type.
+/// A message's `content` object, as stored.
 pub fn content(content: &MessageContent) -> Value {
-    match content {
-        MessageContent::User { text, images } => json!({"text": text, "images": images
-            .iter()
-            .map(|image| json!({"id": image.id, "media_type": image.media_type}))
-            .collect::<Vec<_>>()}),
-        MessageContent::Agent { text, tool_uses } => json!({
-            "text": text,
-            "tool_uses": tool_uses
-                .iter()
-                .map(|tool| json!({"id": tool.id, "name": tool.name, "input": tool.input}))
-                .collect::<Vec<_>>(),
-        }),
-        MessageContent::Tool(result) => json!({
-            "tool_use_id": result.tool_use_id,
-            "name": result.name,
-            "ok": result.ok,
-            "output": result.output,
-            "cancelled": result.cancelled,
-        }),
-        MessageContent::System { text } | MessageContent::Error { text } => json!({"text": text}),
-    }
+    let stored = match message_body(content) {
+        MessageBody::User(c) => serde_json::to_value(c),
+        MessageBody::Agent(c) => serde_json::to_value(c),
+        MessageBody::Tool(c) => serde_json::to_value(c),
+        MessageBody::System(c) | MessageBody::Error(c) => serde_json::to_value(c),
+    };
+    // Plain structs of strings, numbers and JSON values always serialise.
+    stored.unwrap_or(Value::Null)
 }
 
 /// Reads back a stored `content` object of the given type.
@@ -141,14 +373,14 @@ pub fn parse_content(kind: &str, value: &Value) -> Result<MessageContent, String
     Ok(match kind_enum {
         MessageType::User => MessageContent::User {
             text: text("text")?,
-            images: serde_json::from_value::<Vec<ImageRef>>(
+            images: serde_json::from_value::<Vec<core::ImageRef>>(
                 value.get("images").cloned().unwrap_or(Value::Array(vec![])),
             )
             .map_err(|e| format!("user content images: {e}"))?,
         },
         MessageType::Agent => MessageContent::Agent {
             text: value.get("text").and_then(Value::as_str).map(str::to_owned),
-            tool_uses: serde_json::from_value::<Vec<ToolUse>>(
+            tool_uses: serde_json::from_value::<Vec<core::ToolUse>>(
                 value
                     .get("tool_uses")
                     .cloned()
@@ -157,7 +389,7 @@ pub fn parse_content(kind: &str, value: &Value) -> Result<MessageContent, String
             .map_err(|e| format!("agent content tool_uses: {e}"))?,
         },
         MessageType::Tool => MessageContent::Tool(
-            serde_json::from_value::<ToolResult>(value.clone())
+            serde_json::from_value::<core::ToolResult>(value.clone())
                 .map_err(|e| format!("tool content: {e}"))?,
         ),
         MessageType::System => MessageContent::System {
@@ -170,29 +402,578 @@ pub fn parse_content(kind: &str, value: &Value) -> Result<MessageContent, String
 }
 
 /// Usage as stored with a message.
-pub fn stored_usage(usage: &Usage) -> Value {
-    json!({"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens})
+pub fn stored_usage(usage: &core::Usage) -> Value {
+    serde_json::json!({"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens})
 }
 
 /// Reads back [`stored_usage`].
-pub fn parse_stored_usage(value: &Value) -> Option<Usage> {
-    Some(Usage {
+pub fn parse_stored_usage(value: &Value) -> Option<core::Usage> {
+    Some(core::Usage {
         input_tokens: value.get("input_tokens")?.as_u64()?,
         output_tokens: value.get("output_tokens")?.as_u64()?,
     })
 }
 
+// ---------------------------------------------------------------------------------------
+// Request bodies and queries.
+
+/// `POST /v1/conversations`.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateConversation {
+    /// Relative to `<workspace root>/<tenant id>`, or absolute inside it. Default: a
+    /// directory of its own.
+    pub cwd: Option<String>,
+    pub model: Option<String>,
+    pub system_prompt: Option<String>,
+    /// 1 to 64 characters of a-z, 0-9, `-` and `_`; unique per tenant.
+    pub slug: Option<String>,
+    /// Tools that ask the client (a `confirm` request) before each run. *Extension.*
+    pub require_approval: Option<Vec<String>>,
+    /// Network access for the tool processes, where the operator allows it. *Extension.*
+    pub network: Option<bool>,
+}
+
+/// `GET /v1/conversations`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// 1 to 200 (default 50).
+    pub limit: Option<u64>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+    /// Archived conversations instead of the others (default false).
+    pub archived: Option<bool>,
+}
+
+/// `GET /v1/conversations/{id}/messages`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct MessagesQuery {
+    /// Messages with a sequence id above this (default 0).
+    pub after: Option<i64>,
+    /// 1 to 1000 (default 100).
+    pub limit: Option<u64>,
+}
+
+/// An image sent with a user message.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ImageIn {
+    /// `image/png`, `image/jpeg`, `image/gif` or `image/webp`.
+    pub media_type: String,
+    /// Base64 (a data URL is accepted too).
+    pub data: String,
+}
+
+/// `POST /v1/conversations/{id}/messages`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SendMessage {
+    pub text: String,
+    pub images: Option<Vec<ImageIn>>,
+    /// The client's idempotency key: a repeat returns the original message.
+    pub message_id: Option<String>,
+}
+
+/// `POST /v1/conversations/{id}/events`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PostEvent {
+    pub event: SystemEvent,
+}
+
+/// `POST /v1/conversations/{id}/requests/{request_id}`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Respond {
+    /// Checked against the request's kind once the request is found.
+    #[schema(value_type = Reply)]
+    pub payload: Value,
+}
+
+/// Live-stream queries.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct StreamQuery {
+    /// Replay the durable frames after this event id, then go on live.
+    pub after_event_id: Option<i64>,
+    /// The API key, for clients that cannot set headers (browsers).
+    #[allow(dead_code)]
+    pub access_token: Option<String>,
+}
+
+// ---------------------------------------------------------------------------------------
+// Server-to-client requests, replies and system events.
+
+/// A request from the server to the client, by kind.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RequestType {
+    Confirm {
+        message: String,
+        #[serde(default)]
+        default: Option<bool>,
+    },
+    Prompt {
+        message: String,
+        #[serde(default)]
+        default: Option<String>,
+        #[serde(default)]
+        placeholder: Option<String>,
+    },
+    Select {
+        message: String,
+        options: Vec<SelectOption>,
+        #[serde(default)]
+        multi_select: bool,
+    },
+    Custom {
+        /// What the client should show.
+        type_name: String,
+        /// A JSON Schema of the expected answer.
+        #[serde(default)]
+        schema: Value,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SelectOption {
+    pub value: String,
+    pub label: String,
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+/// A client's answer to a request; it must fit the request's kind (or cancel it).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Reply {
+    Confirmed(bool),
+    Text(String),
+    Selected(Vec<String>),
+    Custom(Value),
+    /// Always `true`.
+    Cancelled(bool),
+}
+
+/// A system event (system-bus-plan.md): `type` plus the fields of that type. Clients may
+/// post `user_request`, `user_response` and `approval_response`; the others are the
+/// server's. Fields beyond those listed are kept and passed on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SystemEvent {
+    /// `system_notice`, `system_error`, `tool_progress`, `tool_result`, `user_request`,
+    /// `user_response`, `approval_request` or `approval_response`.
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// The rest of the event: `request_id`, `kind` (user_request: `usage` or `tasks`),
+    /// `payload`, `approved` (approval_response), ...
+    #[serde(flatten)]
+    #[schema(value_type = Object)]
+    pub fields: serde_json::Map<String, Value>,
+}
+
+/// A pending server-to-client request, in a snapshot.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PendingRequest<'a> {
+    pub request_id: &'a str,
+    #[schema(value_type = RequestType)]
+    pub request_type: &'a Value,
+    pub timeout_ms: i64,
+    #[serde(serialize_with = "rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub expires_at: DateTime<Utc>,
+    #[schema(required = true)]
+    pub tool_use_id: Option<&'a str>,
+}
+
+pub fn pending_request(request: &ClientRequest) -> PendingRequest<'_> {
+    PendingRequest {
+        request_id: &request.id,
+        request_type: &request.request_type,
+        timeout_ms: request.timeout_ms,
+        expires_at: request.expires_at,
+        tool_use_id: request.tool_use_id.as_deref(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Response bodies.
+
+/// `GET /v1/conversations`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ConversationPage<'a> {
+    pub conversations: Vec<Conversation<'a>>,
+    /// Pass as `cursor` for the next page; null on the last.
+    #[schema(required = true)]
+    pub next_cursor: Option<&'a str>,
+}
+
+/// `GET /v1/conversations/{id}/children`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ConversationList<'a> {
+    pub conversations: Vec<Conversation<'a>>,
+}
+
+/// `GET /v1/conversations/{id}/messages`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MessageList<'a> {
+    pub messages: Vec<Message<'a>>,
+}
+
+/// A message sent: 202 when new, 200 for a repeat of its `message_id`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Sent<'a> {
+    pub message: Message<'a>,
+}
+
+/// `POST /v1/conversations/{id}/cancel`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Cancelled<'a> {
+    pub state: State<'a>,
+    /// What the cancel stopped. *Extension.*
+    pub stopped: Stopped<'a>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Stopped<'a> {
+    /// Tool calls whose runs were stopped.
+    pub tools: &'a [String],
+    /// Sub-agents stopped.
+    pub sub_agents: &'a [String],
+    /// Whether an LLM request was aborted.
+    pub llm_request: bool,
+}
+
+/// `POST /v1/conversations/{id}/events`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Queued<'a> {
+    pub queued: bool,
+    pub event_type: &'a str,
+}
+
+/// `POST /v1/conversations/{id}/requests/{request_id}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Answered<'a> {
+    pub answered: bool,
+    pub request_id: &'a str,
+}
+
+/// A background task. *Extension.*
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Task<'a> {
+    pub task_id: &'a str,
+    pub tool_use_id: &'a str,
+    pub tool_name: &'a str,
+    pub command: &'a str,
+    /// `running`, `completed`, `failed` or `cancelled`.
+    pub status: &'a str,
+    #[schema(required = true)]
+    pub exit_code: Option<i32>,
+    #[schema(required = true)]
+    pub output: Option<&'a str>,
+    #[serde(serialize_with = "rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: DateTime<Utc>,
+    #[serde(serialize_with = "rfc3339_opt")]
+    #[schema(value_type = Option<String>, format = DateTime, required = true)]
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
 /// A background task as listed on its conversation.
-pub fn background_task(task: &crate::model::BackgroundTask) -> Value {
-    json!({
-        "task_id": task.id,
-        "tool_use_id": task.tool_use_id,
-        "tool_name": task.tool_name,
-        "command": task.command,
-        "status": task.status,
-        "exit_code": task.exit_code,
-        "output": task.output,
-        "created_at": task.created_at.to_rfc3339(),
-        "finished_at": task.finished_at.map(|t| t.to_rfc3339()),
+pub fn background_task(task: &BackgroundTask) -> Task<'_> {
+    Task {
+        task_id: &task.id,
+        tool_use_id: &task.tool_use_id,
+        tool_name: &task.tool_name,
+        command: &task.command,
+        status: &task.status,
+        exit_code: task.exit_code,
+        output: task.output.as_deref(),
+        created_at: task.created_at,
+        finished_at: task.finished_at,
+    }
+}
+
+/// `GET /v1/conversations/{id}/tasks`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TaskList<'a> {
+    pub tasks: Vec<Task<'a>>,
+}
+
+/// `POST /v1/conversations/{id}/tasks/{task_id}/cancel`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TaskReply<'a> {
+    pub task: Task<'a>,
+}
+
+/// `GET /healthz`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// `ok`.
+    pub status: &'static str,
+}
+
+/// `GET /readyz`: 200 when the database answers, 503 when not.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Ready {
+    /// `ready` or `unavailable`.
+    pub status: &'static str,
+    /// `ok`, or why the database does not answer.
+    pub database: String,
+    /// Whether tool processes are confined: `mode` (`enforce` or `off`), with the Landlock
+    /// ABI or a `warning` (docs/security.md).
+    #[schema(value_type = Object)]
+    pub sandbox: Value,
+}
+
+// ---------------------------------------------------------------------------------------
+// Live-stream frames.
+
+/// A frame the server sends on the WebSocket (and, as `event:`/`data:`, on SSE). Durable
+/// frames carry `event_id`: per conversation, from 1, strictly increasing, stored.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ServerFrame<'a> {
+    /// First on every connection.
+    Snapshot {
+        conversation: Conversation<'a>,
+        /// The most recent, up to 50, ascending.
+        messages: Vec<Message<'a>>,
+        pending_requests: Vec<PendingRequest<'a>>,
+        /// The latest durable frame's (0 when there is none).
+        event_id: i64,
+    },
+    State {
+        state: State<'a>,
+        event_id: i64,
+    },
+    Message {
+        message: Message<'a>,
+        event_id: i64,
+    },
+    /// Streamed LLM text of the message being generated. Not durable.
+    Delta {
+        text: &'a str,
+    },
+    Retrying {
+        attempt: u32,
+        delay_ms: u64,
+        error_kind: ErrorKind,
+        event_id: i64,
+    },
+    /// A tool's progress (a background task's output lines). Not durable.
+    ToolProgress {
+        tool_use_id: &'a str,
+        tool_name: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        task_id: Option<&'a str>,
+        stage: &'a str,
+        #[schema(required = true)]
+        progress: Option<f64>,
+        message: &'a str,
+    },
+    ClientRequest {
+        request_id: &'a str,
+        request_type: &'a RequestType,
+        timeout_ms: i64,
+        #[schema(required = true)]
+        tool_use_id: Option<&'a str>,
+        event_id: i64,
+    },
+    /// A request was answered (here or on another connection), expired or cancelled.
+    /// *Extension.*
+    ClientRequestResolved {
+        request_id: &'a str,
+        /// `answered`, `expired` or `cancelled`.
+        status: &'a str,
+        event_id: i64,
+    },
+    ContextWarning {
+        context_tokens: u64,
+        context_window: u64,
+        ratio: f64,
+        event_id: i64,
+    },
+    SystemEvent {
+        event: Cow<'a, SystemEvent>,
+        event_id: i64,
+    },
+    /// The answer to a client frame that was refused. Not durable.
+    Rejected {
+        code: &'a str,
+        message: &'a str,
+    },
+    Pong,
+    /// SSE only: the server closes the stream (`code` 4008: reconnect with your last event
+    /// id; 1001: shutting down). Not durable.
+    Closing {
+        code: u16,
+        reason: &'a str,
+    },
+}
+
+impl ServerFrame<'_> {
+    /// The frame's `type`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ServerFrame::Snapshot { .. } => "snapshot",
+            ServerFrame::State { .. } => "state",
+            ServerFrame::Message { .. } => "message",
+            ServerFrame::Delta { .. } => "delta",
+            ServerFrame::Retrying { .. } => "retrying",
+            ServerFrame::ToolProgress { .. } => "tool_progress",
+            ServerFrame::ClientRequest { .. } => "client_request",
+            ServerFrame::ClientRequestResolved { .. } => "client_request_resolved",
+            ServerFrame::ContextWarning { .. } => "context_warning",
+            ServerFrame::SystemEvent { .. } => "system_event",
+            ServerFrame::Rejected { .. } => "rejected",
+            ServerFrame::Pong => "pong",
+            ServerFrame::Closing { .. } => "closing",
+        }
+    }
+
+    /// The event id of a durable frame (a snapshot's is the latest's, and it is not one).
+    pub fn event_id(&self) -> Option<i64> {
+        match self {
+            ServerFrame::State { event_id, .. }
+            | ServerFrame::Message { event_id, .. }
+            | ServerFrame::Retrying { event_id, .. }
+            | ServerFrame::ClientRequest { event_id, .. }
+            | ServerFrame::ClientRequestResolved { event_id, .. }
+            | ServerFrame::ContextWarning { event_id, .. }
+            | ServerFrame::SystemEvent { event_id, .. } => Some(*event_id),
+            ServerFrame::Snapshot { .. }
+            | ServerFrame::Delta { .. }
+            | ServerFrame::ToolProgress { .. }
+            | ServerFrame::Rejected { .. }
+            | ServerFrame::Pong
+            | ServerFrame::Closing { .. } => None,
+        }
+    }
+}
+
+/// A durable frame made outside the conversation actor, which numbers it: its `type`, and
+/// its JSON for the event id it gets.
+pub struct DurableFrame {
+    pub kind: &'static str,
+    json: Box<dyn FnOnce(i64) -> String + Send>,
+    /// One frame per key and conversation (idempotent client events).
+    pub dedup_key: Option<String>,
+}
+
+impl std::fmt::Debug for DurableFrame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DurableFrame")
+            .field("kind", &self.kind)
+            .field("dedup_key", &self.dedup_key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DurableFrame {
+    /// A system event frame.
+    pub fn system_event(event: SystemEvent, dedup_key: Option<String>) -> DurableFrame {
+        DurableFrame {
+            kind: "system_event",
+            json: Box::new(move |event_id| {
+                to_json(&ServerFrame::SystemEvent {
+                    event: Cow::Borrowed(&event),
+                    event_id,
+                })
+            }),
+            dedup_key,
+        }
+    }
+
+    /// A client request frame.
+    pub fn client_request(
+        request_id: String,
+        request_type: RequestType,
+        timeout_ms: i64,
+        tool_use_id: Option<String>,
+    ) -> DurableFrame {
+        DurableFrame {
+            kind: "client_request",
+            json: Box::new(move |event_id| {
+                to_json(&ServerFrame::ClientRequest {
+                    request_id: &request_id,
+                    request_type: &request_type,
+                    timeout_ms,
+                    tool_use_id: tool_use_id.as_deref(),
+                    event_id,
+                })
+            }),
+            dedup_key: None,
+        }
+    }
+
+    /// The end of a client request: `answered`, `expired` or `cancelled`.
+    pub fn client_request_resolved(request_id: String, status: &'static str) -> DurableFrame {
+        DurableFrame {
+            kind: "client_request_resolved",
+            json: Box::new(move |event_id| {
+                to_json(&ServerFrame::ClientRequestResolved {
+                    request_id: &request_id,
+                    status,
+                    event_id,
+                })
+            }),
+            dedup_key: None,
+        }
+    }
+
+    /// The frame's JSON with its event id.
+    pub fn json(self, event_id: i64) -> String {
+        (self.json)(event_id)
+    }
+}
+
+impl SystemEvent {
+    /// An event of `event_type` with these fields (an object; anything else gives none).
+    pub fn new(event_type: &str, fields: Value) -> SystemEvent {
+        SystemEvent {
+            event_type: event_type.to_owned(),
+            fields: if let Value::Object(fields) = fields {
+                fields
+            } else {
+                serde_json::Map::new()
+            },
+        }
+    }
+
+    /// A field's value (Null when it is absent).
+    pub fn get(&self, key: &str) -> &Value {
+        self.fields.get(key).unwrap_or(&Value::Null)
+    }
+}
+
+/// A frame a client sends on the WebSocket. Any other frame gets `rejected`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ClientFrame {
+    UserMessage {
+        text: String,
+        #[serde(default)]
+        images: Vec<ImageIn>,
+        message_id: Option<String>,
+    },
+    Cancel,
+    Respond {
+        request_id: String,
+        #[schema(value_type = Reply)]
+        payload: Value,
+    },
+    SystemEvent {
+        event: SystemEvent,
+    },
+    Ping,
+}
+
+/// Serialises a frame (it always serialises: strings, numbers and JSON values only).
+pub fn to_json(frame: &impl Serialize) -> String {
+    serde_json::to_string(frame).unwrap_or_else(|e| {
+        tracing::error!(%e, "a frame did not serialise");
+        String::from("{}")
     })
 }

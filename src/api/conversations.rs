@@ -3,17 +3,14 @@
 use crate::sandbox::Network;
 use std::time::{Duration, Instant};
 
-use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use chrono::Utc;
-use serde::Deserialize;
-use serde_json::{Value, json};
 
 use super::AppState;
 use super::auth::Caller;
-use super::error::{ApiError, Body, Query, rejection};
+use super::error::{ApiError, Body, ErrorBody, Path, Query, rejection, reply};
 use super::images;
 use crate::model::{ConversationRecord, MessageRecord, NewConversation};
 use crate::persistence::WriteJob;
@@ -21,7 +18,11 @@ use crate::runtime::{CancelOutcome, ConvMsg, Live, SendError};
 use crate::state_machine::ImageRef;
 use crate::store::{NewAttachment, StoreError};
 use crate::tools::resolve_in;
-use crate::wire;
+use crate::wire::{
+    self, Answered, Cancelled, Conversation, ConversationList, ConversationPage,
+    CreateConversation, ListQuery, MessageList, MessagesQuery, PostEvent, Queued, Respond,
+    SendMessage, Sent, Stopped, SystemEvent, TaskList, TaskReply,
+};
 
 /// How long the API waits for a conversation to take a message or a cancel.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -31,11 +32,15 @@ impl AppState {
         self.settings.model(model).context_window
     }
 
-    pub(super) fn conversation_json(&self, conv: &ConversationRecord) -> Value {
+    pub(super) fn conversation_json<'a>(&self, conv: &'a ConversationRecord) -> Conversation<'a> {
         wire::conversation(conv, self.window(&conv.model))
     }
 
-    pub(super) fn message_json(&self, conv: &ConversationRecord, message: &MessageRecord) -> Value {
+    pub(super) fn message_json<'a>(
+        &self,
+        conv: &ConversationRecord,
+        message: &'a MessageRecord,
+    ) -> wire::Message<'a> {
         wire::message(message, self.window(&conv.model))
     }
 
@@ -64,18 +69,6 @@ impl AppState {
     }
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CreateBody {
-    cwd: Option<String>,
-    model: Option<String>,
-    system_prompt: Option<String>,
-    slug: Option<String>,
-    require_approval: Option<Vec<String>>,
-    /// Network for the tool processes, where `sandbox.network` allows the tenant to ask.
-    network: Option<bool>,
-}
-
 fn valid_slug(slug: &str) -> bool {
     (1..=64).contains(&slug.len())
         && slug
@@ -83,10 +76,18 @@ fn valid_slug(slug: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
 }
 
+/// Creates a conversation.
+#[utoipa::path(post, path = "/conversations", tag = "conversations",
+    request_body = CreateConversation,
+    responses(
+        (status = 201, description = "The new conversation", body = Conversation),
+        (status = 403, description = "`network_not_allowed`: the tenant's tools may not use the network", body = ErrorBody),
+        (status = 409, description = "`slug_taken`: another conversation of the tenant has this slug", body = ErrorBody),
+    ))]
 pub async fn create(
     State(app): State<AppState>,
     caller: Caller,
-    Body(body): Body<CreateBody>,
+    Body(body): Body<CreateConversation>,
 ) -> Result<Response, ApiError> {
     let id = uuid::Uuid::now_v7().to_string();
     let tenant_root = app.workspace_root.join(&caller.0.id);
@@ -193,21 +194,18 @@ pub async fn create(
         Err(e) => return Err(e.into()),
     }
     let conv = app.find(&caller, &id).await?;
-    Ok((StatusCode::CREATED, Json(app.conversation_json(&conv))).into_response())
+    Ok(reply(StatusCode::CREATED, &app.conversation_json(&conv)))
 }
 
-#[derive(Debug, Deserialize)]
-pub struct ListQuery {
-    limit: Option<u64>,
-    cursor: Option<String>,
-    archived: Option<bool>,
-}
-
+/// Lists the tenant's user-initiated conversations, newest first.
+#[utoipa::path(get, path = "/conversations", tag = "conversations",
+    params(ListQuery),
+    responses((status = 200, description = "A page of conversations", body = ConversationPage)))]
 pub async fn list(
     State(app): State<AppState>,
     caller: Caller,
     Query(q): Query<ListQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let limit = q.limit.unwrap_or(50);
     if !(1..=200).contains(&limit) {
         return Err(ApiError::invalid("limit must be between 1 and 200"));
@@ -222,33 +220,42 @@ pub async fn list(
             q.cursor.as_deref(),
         )
         .await?;
-    Ok(Json(json!({
-        "conversations": page.items.iter().map(|c| app.conversation_json(c)).collect::<Vec<_>>(),
-        "next_cursor": page.next_cursor,
-    })))
+    Ok(reply(
+        StatusCode::OK,
+        &ConversationPage {
+            conversations: page
+                .items
+                .iter()
+                .map(|c| app.conversation_json(c))
+                .collect(),
+            next_cursor: page.next_cursor.as_deref(),
+        },
+    ))
 }
 
+/// A conversation, by id or slug.
+#[utoipa::path(get, path = "/conversations/{id}", tag = "conversations",
+    params(("id" = String, Path, description = "The conversation's id or slug")),
+    responses((status = 200, description = "The conversation", body = Conversation)))]
 pub async fn get(
     State(app): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let conv = app.find(&caller, &id).await?;
-    Ok(Json(app.conversation_json(&conv)))
+    Ok(reply(StatusCode::OK, &app.conversation_json(&conv)))
 }
 
-#[derive(Debug, Deserialize)]
-pub struct MessagesQuery {
-    after: Option<i64>,
-    limit: Option<u64>,
-}
-
+/// A conversation's messages, ascending.
+#[utoipa::path(get, path = "/conversations/{id}/messages", tag = "conversations",
+    params(("id" = String, Path, description = "The conversation's id or slug"), MessagesQuery),
+    responses((status = 200, description = "Messages after `after`", body = MessageList)))]
 pub async fn messages(
     State(app): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
     Query(q): Query<MessagesQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let conv = app.find(&caller, &id).await?;
     let limit = q.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
@@ -259,36 +266,34 @@ pub async fn messages(
         .store
         .messages_after(&conv.id, q.after.unwrap_or(0), limit)
         .await?;
-    Ok(Json(json!({
-        "messages": messages.iter().map(|m| app.message_json(&conv, m)).collect::<Vec<_>>(),
-    })))
+    Ok(reply(
+        StatusCode::OK,
+        &MessageList {
+            messages: messages
+                .iter()
+                .map(|m| app.message_json(&conv, m))
+                .collect(),
+        },
+    ))
 }
 
+/// A conversation's sub-agents.
+#[utoipa::path(get, path = "/conversations/{id}/children", tag = "conversations",
+    params(("id" = String, Path, description = "The conversation's id or slug")),
+    responses((status = 200, description = "Its sub-agents", body = ConversationList)))]
 pub async fn children(
     State(app): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let conv = app.find(&caller, &id).await?;
     let children = app.services.store.children(&conv.id).await?;
-    Ok(Json(json!({
-        "conversations": children.iter().map(|c| app.conversation_json(c)).collect::<Vec<_>>(),
-    })))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ImageIn {
-    media_type: String,
-    data: String,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SendBody {
-    text: String,
-    images: Option<Vec<ImageIn>>,
-    message_id: Option<String>,
+    Ok(reply(
+        StatusCode::OK,
+        &ConversationList {
+            conversations: children.iter().map(|c| app.conversation_json(c)).collect(),
+        },
+    ))
 }
 
 /// A user message, validated; shared by REST and the WebSocket.
@@ -299,8 +304,8 @@ pub struct Outgoing {
     pub message_id: Option<String>,
 }
 
-impl From<SendBody> for Outgoing {
-    fn from(body: SendBody) -> Self {
+impl From<SendMessage> for Outgoing {
+    fn from(body: SendMessage) -> Self {
         Outgoing {
             text: body.text,
             images: body
@@ -315,7 +320,7 @@ impl From<SendBody> for Outgoing {
 }
 
 /// What a send came to: a new message (202) or the one stored earlier under its message_id (200).
-pub enum Sent {
+pub enum Delivered {
     New(MessageRecord),
     Repeat(MessageRecord),
 }
@@ -326,7 +331,7 @@ pub async fn deliver(
     app: &AppState,
     conv: &ConversationRecord,
     out: Outgoing,
-) -> Result<Sent, ApiError> {
+) -> Result<Delivered, ApiError> {
     let limits = &app.settings.server;
     if out.text.len() > limits.max_text_bytes {
         return Err(ApiError::too_large(format!(
@@ -355,7 +360,7 @@ pub async fn deliver(
             .message_by_client_id(&conv.id, key)
             .await?
         {
-            return Ok(Sent::Repeat(original));
+            return Ok(Delivered::Repeat(original));
         }
     }
     let mut refs = Vec::new();
@@ -409,7 +414,9 @@ pub async fn deliver(
             )
             .await;
         match answer {
-            Ok(ractor::rpc::CallResult::Success(Ok(message))) => return Ok(Sent::New(message)),
+            Ok(ractor::rpc::CallResult::Success(Ok(message))) => {
+                return Ok(Delivered::New(message));
+            }
             Ok(ractor::rpc::CallResult::Success(Err(SendError::Duplicate))) => {
                 let key = out.message_id.as_deref().unwrap_or_default();
                 return match app
@@ -418,7 +425,7 @@ pub async fn deliver(
                     .message_by_client_id(&conv.id, key)
                     .await?
                 {
-                    Some(original) => Ok(Sent::Repeat(original)),
+                    Some(original) => Ok(Delivered::Repeat(original)),
                     None => Err(SendError::Duplicate.into()),
                 };
             }
@@ -440,24 +447,35 @@ pub async fn deliver(
     Err(ApiError::unavailable("the conversation stopped; try again"))
 }
 
+/// Sends a user message; it is stored before the reply.
+#[utoipa::path(post, path = "/conversations/{id}/messages", tag = "conversations",
+    params(("id" = String, Path, description = "The conversation's id or slug")),
+    request_body = SendMessage,
+    responses(
+        (status = 202, description = "Accepted and stored; the turn starts", body = Sent),
+        (status = 200, description = "A repeat of an earlier `message_id`: the original, nothing stored", body = Sent),
+        (status = 409, description = "`agent_busy` (a turn runs; cancel it first), `cancelling`, or `conversation_completed` (a sub-agent that submitted its result)", body = ErrorBody),
+    ))]
 pub async fn send(
     State(app): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-    Body(body): Body<SendBody>,
+    Body(body): Body<SendMessage>,
 ) -> Result<Response, ApiError> {
     let conv = app.find(&caller, &id).await?;
     Ok(match deliver(&app, &conv, body.into()).await? {
-        Sent::New(message) => (
+        Delivered::New(message) => reply(
             StatusCode::ACCEPTED,
-            Json(json!({"message": app.message_json(&conv, &message)})),
-        )
-            .into_response(),
-        Sent::Repeat(message) => (
+            &Sent {
+                message: app.message_json(&conv, &message),
+            },
+        ),
+        Delivered::Repeat(message) => reply(
             StatusCode::OK,
-            Json(json!({"message": app.message_json(&conv, &message)})),
-        )
-            .into_response(),
+            &Sent {
+                message: app.message_json(&conv, &message),
+            },
+        ),
     })
 }
 
@@ -482,17 +500,10 @@ pub async fn cancel_conversation(
     Ok(outcome)
 }
 
-pub fn cancel_json(outcome: &CancelOutcome) -> Value {
-    json!({
-        "state": wire::state(&outcome.state),
-        "stopped": {
-            "tools": outcome.stopped_tools,
-            "sub_agents": outcome.stopped_sub_agents,
-            "llm_request": outcome.aborted_llm,
-        },
-    })
-}
-
+/// Cancels the running turn (idempotent: also when idle).
+#[utoipa::path(post, path = "/conversations/{id}/cancel", tag = "conversations",
+    params(("id" = String, Path, description = "The conversation's id or slug")),
+    responses((status = 202, description = "The state after the cancel, and what it stopped", body = Cancelled)))]
 pub async fn cancel(
     State(app): State<AppState>,
     caller: Caller,
@@ -500,7 +511,17 @@ pub async fn cancel(
 ) -> Result<Response, ApiError> {
     let conv = app.find(&caller, &id).await?;
     let outcome = cancel_conversation(&app, &conv).await?;
-    Ok((StatusCode::ACCEPTED, Json(cancel_json(&outcome))).into_response())
+    Ok(reply(
+        StatusCode::ACCEPTED,
+        &Cancelled {
+            state: wire::state(&outcome.state),
+            stopped: Stopped {
+                tools: &outcome.stopped_tools,
+                sub_agents: &outcome.stopped_sub_agents,
+                llm_request: outcome.aborted_llm,
+            },
+        },
+    ))
 }
 
 async fn set_archived(
@@ -508,7 +529,7 @@ async fn set_archived(
     caller: &Caller,
     id: &str,
     archived: bool,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let conv = app.find(caller, id).await?;
     app.services
         .persistence
@@ -519,25 +540,38 @@ async fn set_archived(
         })
         .await?;
     let conv = app.find(caller, &conv.id).await?;
-    Ok(Json(app.conversation_json(&conv)))
+    Ok(reply(StatusCode::OK, &app.conversation_json(&conv)))
 }
 
+/// Archives a conversation (it leaves the default listing).
+#[utoipa::path(post, path = "/conversations/{id}/archive", tag = "conversations",
+    params(("id" = String, Path, description = "The conversation's id or slug")),
+    responses((status = 200, description = "The conversation", body = Conversation)))]
 pub async fn archive(
     State(app): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     set_archived(&app, &caller, &id, true).await
 }
 
+/// Unarchives a conversation.
+#[utoipa::path(post, path = "/conversations/{id}/unarchive", tag = "conversations",
+    params(("id" = String, Path, description = "The conversation's id or slug")),
+    responses((status = 200, description = "The conversation", body = Conversation)))]
 pub async fn unarchive(
     State(app): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     set_archived(&app, &caller, &id, false).await
 }
 
+/// Deletes a conversation: stops its work, kills its background tasks, removes its
+/// messages and sub-agents.
+#[utoipa::path(delete, path = "/conversations/{id}", tag = "conversations",
+    params(("id" = String, Path, description = "The conversation's id or slug")),
+    responses((status = 204, description = "Deleted")))]
 pub async fn delete(
     State(app): State<AppState>,
     caller: Caller,
@@ -573,12 +607,6 @@ pub async fn delete(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EventBody {
-    event: Value,
-}
-
 /// Event types a client may post; the others are the server's.
 const CLIENT_EVENTS: [&str; 3] = ["user_request", "user_response", "approval_response"];
 const SERVER_EVENTS: [&str; 5] = [
@@ -589,29 +617,36 @@ const SERVER_EVENTS: [&str; 5] = [
     "approval_request",
 ];
 
+/// Posts a client's system event (`user_request`, `user_response`, `approval_response`).
+#[utoipa::path(post, path = "/conversations/{id}/events", tag = "conversations",
+    params(("id" = String, Path, description = "The conversation's id or slug")),
+    request_body = PostEvent,
+    responses(
+        (status = 202, description = "Stored and handled", body = Queued),
+        (status = 400, description = "`forbidden_event_type`: a server-only type; `invalid_request`", body = ErrorBody),
+    ))]
 pub async fn system_event(
     State(app): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-    Body(body): Body<EventBody>,
+    Body(body): Body<PostEvent>,
 ) -> Result<Response, ApiError> {
     let conv = app.find(&caller, &id).await?;
-    let event_type = check_client_event(&body.event)?;
+    check_client_event(&body.event)?;
+    let event_type = body.event.event_type.clone();
     super::stream::post_event(&app, &conv, body.event).await?;
-    Ok((
+    Ok(reply(
         StatusCode::ACCEPTED,
-        Json(json!({"queued": true, "event_type": event_type})),
-    )
-        .into_response())
+        &Queued {
+            queued: true,
+            event_type: &event_type,
+        },
+    ))
 }
 
-/// The type of a client's system event, or why it is refused.
-pub fn check_client_event(event: &Value) -> Result<String, ApiError> {
-    let Some(event_type) = event.get("type").and_then(Value::as_str) else {
-        return Err(ApiError::invalid(
-            "event must be an object with a string `type`",
-        ));
-    };
+/// Refuses a client's system event of a type clients may not post.
+pub fn check_client_event(event: &SystemEvent) -> Result<(), ApiError> {
+    let event_type = event.event_type.as_str();
     if SERVER_EVENTS.contains(&event_type) {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -628,39 +663,64 @@ pub fn check_client_event(event: &Value) -> Result<String, ApiError> {
             CLIENT_EVENTS.join(", ")
         )));
     }
-    Ok(event_type.to_owned())
+    Ok(())
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RespondBody {
-    payload: Value,
-}
-
+/// Answers a pending server-to-client request.
+#[utoipa::path(post, path = "/conversations/{id}/requests/{request_id}", tag = "conversations",
+    params(
+        ("id" = String, Path, description = "The conversation's id or slug"),
+        ("request_id" = String, Path, description = "The request's id"),
+    ),
+    request_body = Respond,
+    responses(
+        (status = 200, description = "Answered", body = Answered),
+        (status = 409, description = "`already_answered`, or `expired` (timed out, cancelled, or the server restarted)", body = ErrorBody),
+    ))]
 pub async fn respond(
     State(app): State<AppState>,
     caller: Caller,
     Path((id, request_id)): Path<(String, String)>,
-    Body(body): Body<RespondBody>,
-) -> Result<Json<Value>, ApiError> {
+    Body(body): Body<Respond>,
+) -> Result<Response, ApiError> {
     let conv = app.find(&caller, &id).await?;
     super::stream::answer_request(&app, &conv, &request_id, body.payload).await?;
-    Ok(Json(json!({"answered": true, "request_id": request_id})))
+    Ok(reply(
+        StatusCode::OK,
+        &Answered {
+            answered: true,
+            request_id: &request_id,
+        },
+    ))
 }
 
+/// A conversation's background tasks. *Extension.*
+#[utoipa::path(get, path = "/conversations/{id}/tasks", tag = "conversations",
+    params(("id" = String, Path, description = "The conversation's id or slug")),
+    responses((status = 200, description = "Its background tasks, oldest first", body = TaskList)))]
 pub async fn tasks(
     State(app): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let conv = app.find(&caller, &id).await?;
     let tasks = app.services.store.background_tasks(&conv.id).await?;
-    Ok(Json(
-        json!({"tasks": tasks.iter().map(wire::background_task).collect::<Vec<_>>()}),
+    Ok(reply(
+        StatusCode::OK,
+        &TaskList {
+            tasks: tasks.iter().map(wire::background_task).collect(),
+        },
     ))
 }
 
 /// Kills a running background task; for a finished one it answers with how it ended.
+/// *Extension.*
+#[utoipa::path(post, path = "/conversations/{id}/tasks/{task_id}/cancel", tag = "conversations",
+    params(
+        ("id" = String, Path, description = "The conversation's id or slug"),
+        ("task_id" = String, Path, description = "The task's id"),
+    ),
+    responses((status = 202, description = "The task as it is after the kill", body = TaskReply)))]
 pub async fn cancel_task(
     State(app): State<AppState>,
     caller: Caller,
@@ -690,9 +750,10 @@ pub async fn cancel_task(
             }
         }
     }
-    Ok((
+    Ok(reply(
         StatusCode::ACCEPTED,
-        Json(json!({"task": wire::background_task(&task)})),
-    )
-        .into_response())
+        &TaskReply {
+            task: wire::background_task(&task),
+        },
+    ))
 }

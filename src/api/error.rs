@@ -2,13 +2,16 @@
 //! here and nowhere else.
 
 use axum::Json;
-use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::json;
+
+pub use crate::wire::ErrorBody;
+use crate::wire::ErrorDetail;
 
 use crate::runtime::{SendError, StartError};
 use crate::state_machine::Rejection;
@@ -59,15 +62,25 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
     }
 
-    pub fn body(&self) -> serde_json::Value {
-        json!({"error": {"code": self.code, "message": self.message}})
+    pub fn body(&self) -> ErrorBody<'_> {
+        ErrorBody {
+            error: ErrorDetail {
+                code: self.code,
+                message: &self.message,
+            },
+        }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        reply(self.status, &self.body())
     }
+}
+
+/// A JSON reply with this status.
+pub fn reply(status: StatusCode, body: &impl Serialize) -> Response {
+    (status, Json(body)).into_response()
 }
 
 impl From<StoreError> for ApiError {
@@ -167,6 +180,28 @@ where
         serde_json::from_slice(&bytes).map(Body).map_err(|e| {
             ApiError::invalid(format!("the body is not valid JSON for this route: {e}"))
         })
+    }
+}
+
+/// Path parameters; one that cannot be read (bytes that are not UTF-8, say) is a 400
+/// `invalid_request`.
+#[derive(Debug, Clone)]
+pub struct Path<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for Path<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned + Send,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|p| Path(p.0))
+            .map_err(|e: PathRejection| {
+                ApiError::invalid(format!("invalid path: {}", e.body_text()))
+            })
     }
 }
 

@@ -1,20 +1,38 @@
 //! Ops routes: no /v1 prefix, no auth.
 
-use axum::Json;
+use std::sync::LazyLock;
+
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::AppState;
+use super::error::reply;
+use crate::wire::{Health, Ready};
 
-/// The OpenAPI document of the API (docs/openapi.json).
-pub const OPENAPI: &str = include_str!("../../docs/openapi.json");
+/// The OpenAPI document as served (and as docs/openapi.json holds it), made once.
+pub static OPENAPI: LazyLock<String> = LazyLock::new(|| {
+    let mut text = super::openapi_document()
+        .to_pretty_json()
+        .unwrap_or_else(|e| format!("{{\"error\": \"the document did not serialise: {e}\"}}"));
+    text.push('\n');
+    text
+});
 
-pub async fn healthz() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+/// The process is up.
+#[utoipa::path(get, path = "/healthz", tag = "operations",
+    responses((status = 200, description = "Up", body = Health)))]
+pub async fn healthz() -> Response {
+    reply(StatusCode::OK, &Health { status: "ok" })
 }
 
+/// The database answers (and how tool processes are confined).
+#[utoipa::path(get, path = "/readyz", tag = "operations",
+    responses(
+        (status = 200, description = "Ready", body = Ready),
+        (status = 503, description = "The database does not answer", body = Ready),
+    ))]
 pub async fn readyz(State(app): State<AppState>) -> Response {
     let sandbox = match &app.services.tool_limits.sandbox {
         Some(sandbox) => sandbox.describe(),
@@ -24,17 +42,28 @@ pub async fn readyz(State(app): State<AppState>) -> Response {
         }),
     };
     match app.services.store.ping().await {
-        Ok(()) => {
-            Json(json!({"status": "ready", "database": "ok", "sandbox": sandbox})).into_response()
-        }
-        Err(e) => (
+        Ok(()) => reply(
+            StatusCode::OK,
+            &Ready {
+                status: "ready",
+                database: "ok".to_owned(),
+                sandbox,
+            },
+        ),
+        Err(e) => reply(
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "unavailable", "database": e.to_string(), "sandbox": sandbox})),
-        )
-            .into_response(),
+            &Ready {
+                status: "unavailable",
+                database: e.to_string(),
+                sandbox,
+            },
+        ),
     }
 }
 
+/// Metrics in the Prometheus text format.
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
 pub async fn metrics(State(app): State<AppState>) -> Response {
     let metrics = &app.services.metrics;
     metrics.gauges(
@@ -51,6 +80,13 @@ pub async fn metrics(State(app): State<AppState>) -> Response {
         .into_response()
 }
 
+/// This document.
+#[utoipa::path(get, path = "/openapi.json", tag = "operations",
+    responses((status = 200, description = "The OpenAPI document", content_type = "application/json", body = Object)))]
 pub async fn openapi() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        OPENAPI.as_str(),
+    )
+        .into_response()
 }

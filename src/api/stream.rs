@@ -9,23 +9,23 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::State;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::{SinkExt, StreamExt};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::{broadcast, mpsc};
 
 use super::AppState;
 use super::auth::Caller;
 use super::conversations::{Outgoing, cancel_conversation, check_client_event, deliver};
-use super::error::{ApiError, Query};
+use super::error::{ApiError, ErrorBody, Path, Query};
 use crate::hub::Frame;
 use crate::model::ConversationRecord;
+use crate::wire::{self, ClientFrame, ServerFrame, StreamQuery, SystemEvent};
 
 /// Close code: you fell behind; reconnect with `after_event_id` = your last event id.
 pub const CLOSE_LAGGED: u16 = 4008;
@@ -34,33 +34,25 @@ const CLOSE_GOING_AWAY: u16 = 1001;
 /// A client whose socket takes no data for this long is dropped.
 const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 
-#[derive(Debug, Deserialize)]
-pub struct StreamQuery {
-    after_event_id: Option<i64>,
-    #[allow(dead_code)]
-    access_token: Option<String>,
-}
-
 /// What the pump hands to a transport.
 enum Out {
     Frame(Arc<Frame>),
     Close(u16, String),
 }
 
-fn frame(value: &Value) -> Arc<Frame> {
-    Arc::new(Frame::from_value(value))
+fn frame(frame: &ServerFrame<'_>) -> Arc<Frame> {
+    Arc::new(Frame::of(frame))
 }
 
 /// The snapshot frame: state, the last 50 messages, pending client requests.
-async fn snapshot(app: &AppState, conv: &ConversationRecord) -> Result<Value, ApiError> {
+async fn snapshot(app: &AppState, conv: &ConversationRecord) -> Result<Arc<Frame>, ApiError> {
     let messages = app.services.store.recent_messages(&conv.id, 50).await?;
     let pending = app.services.store.pending_requests(&conv.id).await?;
-    Ok(json!({
-        "type": "snapshot",
-        "conversation": app.conversation_json(conv),
-        "messages": messages.iter().map(|m| app.message_json(conv, m)).collect::<Vec<_>>(),
-        "pending_requests": pending,
-        "event_id": conv.last_event_id(),
+    Ok(frame(&ServerFrame::Snapshot {
+        conversation: app.conversation_json(conv),
+        messages: messages.iter().map(|m| app.message_json(conv, m)).collect(),
+        pending_requests: pending.iter().map(wire::pending_request).collect(),
+        event_id: conv.last_event_id(),
     }))
 }
 
@@ -103,7 +95,8 @@ async fn replay(
                 return Some(after);
             }
             after = event.event_id;
-            if !sink.frame(frame(&event.payload)).await {
+            let replayed = Frame::new(event.event_type, Some(event.event_id), event.payload);
+            if !sink.frame(Arc::new(replayed)).await {
                 return None;
             }
         }
@@ -122,7 +115,7 @@ async fn open(
     // Read the row after subscribing, so nothing committed in between is missed.
     let conv = app.services.store.conversation_by_id(id).await.ok()??;
     let first = snapshot(app, &conv).await.ok()?;
-    if !sink.frame(frame(&first)).await {
+    if !sink.frame(first).await {
         return None;
     }
     let mut last = conv.last_event_id();
@@ -174,6 +167,15 @@ const WS_READ_BUFFER: usize = 4096;
 
 const GOING_AWAY: &str = "the server is shutting down; reconnect with after_event_id";
 
+/// The live stream, read-write: a `snapshot`, the durable frames after `after_event_id`,
+/// then live frames (ServerFrame); the client sends ClientFrame. Close code 4008: you fell
+/// behind, reconnect with your last event id.
+#[utoipa::path(get, path = "/conversations/{id}/ws", tag = "live stream",
+    params(("id" = String, Path, description = "The conversation's id or slug"), StreamQuery),
+    responses(
+        (status = 101, description = "Switching to the WebSocket protocol; frames are ServerFrame (server to client) and ClientFrame (client to server)"),
+        (status = 400, description = "`invalid_request`: not a WebSocket upgrade", body = ErrorBody),
+    ))]
 pub async fn websocket(
     State(app): State<AppState>,
     caller: Caller,
@@ -207,7 +209,7 @@ async fn serve_socket(
     let (mut sink, mut incoming) = socket.split();
     if let Some((mut live, mut last)) = open(&app, &conv.id, after, &mut sink).await {
         // Answers to the client's own frames (rejections, pongs).
-        let (reply_tx, mut reply_rx) = mpsc::channel::<Value>(64);
+        let (reply_tx, mut reply_rx) = mpsc::channel::<Arc<Frame>>(64);
         let limit = app.settings.server.max_ws_frame_bytes;
         let close = loop {
             tokio::select! {
@@ -218,7 +220,7 @@ async fn serve_socket(
                     }
                 }
                 reply = reply_rx.recv() => {
-                    if let Some(reply) = reply && !sink.frame(Arc::new(Frame::from_value(&reply))).await {
+                    if let Some(reply) = reply && !sink.frame(reply).await {
                         break None;
                     }
                 }
@@ -252,38 +254,12 @@ async fn serve_socket(
     metrics.websocket(false);
 }
 
-fn rejected(code: &str, message: &str) -> Value {
-    json!({"type": "rejected", "code": code, "message": message})
+fn rejected(code: &str, message: &str) -> Arc<Frame> {
+    frame(&ServerFrame::Rejected { code, message })
 }
 
-fn rejected_by(error: &ApiError) -> Value {
+fn rejected_by(error: &ApiError) -> Arc<Frame> {
     rejected(error.code, &error.message)
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-enum ClientFrame {
-    UserMessage {
-        text: String,
-        #[serde(default)]
-        images: Vec<ImageFrame>,
-        message_id: Option<String>,
-    },
-    Cancel,
-    Respond {
-        request_id: String,
-        payload: Value,
-    },
-    SystemEvent {
-        event: Value,
-    },
-    Ping,
-}
-
-#[derive(Debug, Deserialize)]
-struct ImageFrame {
-    media_type: String,
-    data: String,
 }
 
 /// Handles one client frame; slow work runs in a task, and any refusal comes back as a
@@ -292,7 +268,7 @@ fn client_frame(
     app: &AppState,
     conv: &ConversationRecord,
     text: &str,
-    replies: &mpsc::Sender<Value>,
+    replies: &mpsc::Sender<Arc<Frame>>,
 ) {
     let parsed: Result<ClientFrame, _> = serde_json::from_str(text);
     let frame = match parsed {
@@ -309,8 +285,8 @@ fn client_frame(
     };
     let (app, conv, replies) = (app.clone(), conv.clone(), replies.clone());
     tokio::spawn(async move {
-        let outcome: Result<Option<Value>, ApiError> = match frame {
-            ClientFrame::Ping => Ok(Some(json!({"type": "pong"}))),
+        let outcome: Result<Option<Arc<Frame>>, ApiError> = match frame {
+            ClientFrame::Ping => Ok(Some(self::frame(&ServerFrame::Pong))),
             ClientFrame::UserMessage {
                 text,
                 images,
@@ -331,7 +307,7 @@ fn client_frame(
                 .await
                 .map(|()| None),
             ClientFrame::SystemEvent { event } => match check_client_event(&event) {
-                Ok(_) => post_event(&app, &conv, event).await.map(|()| None),
+                Ok(()) => post_event(&app, &conv, event).await.map(|()| None),
                 Err(e) => Err(e),
             },
         };
@@ -345,6 +321,15 @@ fn client_frame(
     });
 }
 
+/// The live stream, read-only, as Server-Sent Events: the same frames as the WebSocket, with
+/// `id:` the event id and `event:` the type; resumable with `Last-Event-ID`.
+#[utoipa::path(get, path = "/conversations/{id}/stream", tag = "live stream",
+    params(
+        ("id" = String, Path, description = "The conversation's id or slug"),
+        StreamQuery,
+        ("Last-Event-ID" = Option<i64>, Header, description = "Resume after this event id (wins over after_event_id)"),
+    ),
+    responses((status = 200, description = "An event stream of ServerFrame", content_type = "text/event-stream", body = ServerFrame)))]
 pub async fn sse(
     State(app): State<AppState>,
     caller: Caller,
@@ -385,20 +370,24 @@ pub async fn sse(
         }
     });
     let events = tokio_stream::wrappers::ReceiverStream::new(rx).map(|out| {
-        let event = match out {
-            Out::Frame(frame) => {
-                let mut event = SseEvent::default()
-                    .event(frame.kind.clone())
-                    .data(&*frame.json);
-                if let Some(id) = frame.event_id {
-                    event = event.id(id.to_string());
+        let event =
+            match out {
+                Out::Frame(frame) => {
+                    let mut event = SseEvent::default()
+                        .event(frame.kind.clone())
+                        .data(&*frame.json);
+                    if let Some(id) = frame.event_id {
+                        event = event.id(id.to_string());
+                    }
+                    event
                 }
-                event
-            }
-            Out::Close(code, reason) => SseEvent::default()
-                .event("closing")
-                .data(json!({"type": "closing", "code": code, "reason": reason}).to_string()),
-        };
+                Out::Close(code, reason) => SseEvent::default().event("closing").data(
+                    wire::to_json(&ServerFrame::Closing {
+                        code,
+                        reason: &reason,
+                    }),
+                ),
+            };
         Ok::<_, std::convert::Infallible>(event)
     });
     Ok(Sse::new(events)
@@ -410,7 +399,7 @@ pub async fn sse(
 pub async fn post_event(
     app: &AppState,
     conv: &ConversationRecord,
-    event: Value,
+    event: SystemEvent,
 ) -> Result<(), ApiError> {
     crate::runtime::post_system_event(&app.services, conv, event)
         .await

@@ -382,10 +382,8 @@ async fn stream_reply(
                         first_token = Some(ms);
                         tracing::Span::current().record("ttft_ms", ms);
                     }
-                    let frame = serde_json::json!({"type": "delta", "text": text});
-                    shared
-                        .hub
-                        .publish(&job.conversation_id, Arc::new(Frame::from_value(&frame)));
+                    let frame = Frame::of(&crate::wire::ServerFrame::Delta { text: &text });
+                    shared.hub.publish(&job.conversation_id, Arc::new(frame));
                 }
             }
         }

@@ -22,6 +22,7 @@ use crate::model::BackgroundTask;
 use crate::persistence::WriteJob;
 use crate::state_machine::{BackgroundResult, Event, TurnId};
 use crate::tools::{OnLine, ToolLimits, run_bash};
+use crate::wire::{DurableFrame, ServerFrame, SystemEvent};
 
 /// What starts a background task.
 #[derive(Clone, Debug)]
@@ -119,16 +120,15 @@ async fn run(services: Arc<Services>, id: String, spec: TaskSpec, cancel: Cancel
             spec.tool_use_id.clone(),
         );
         Arc::new(move |line: &str| {
-            let frame = json!({
-                "type": "tool_progress",
-                "tool_use_id": tool_use_id,
-                "tool_name": "bash",
-                "task_id": task,
-                "stage": "running",
-                "progress": null,
-                "message": line,
-            });
-            hub.publish(&conversation, Arc::new(Frame::from_value(&frame)));
+            let frame = ServerFrame::ToolProgress {
+                tool_use_id: &tool_use_id,
+                tool_name: "bash",
+                task_id: Some(&task),
+                stage: "running",
+                progress: None,
+                message: line,
+            };
+            hub.publish(&conversation, Arc::new(Frame::of(&frame)));
         })
     };
     let outcome = run_bash(
@@ -177,19 +177,18 @@ async fn run(services: Arc<Services>, id: String, spec: TaskSpec, cancel: Cancel
     else {
         return;
     };
-    let event = json!({
-        "type": "system_event",
-        "event": {
-            "type": "tool_result",
+    let event = SystemEvent::new(
+        "tool_result",
+        json!({
             "task_id": id,
             "tool_name": "bash",
             "tool_use_id": spec.tool_use_id,
             "status": status,
             "result": {"ok": result.ok, "output": result.output},
             "error": if result.ok { serde_json::Value::Null } else { json!(result.output) },
-        },
-    });
-    let _ = emit(&live.actor, vec![(event, None)]).await;
+        }),
+    );
+    let _ = emit(&live.actor, vec![DurableFrame::system_event(event, None)]).await;
     let wake = spec
         .wake
         .then(|| TurnId::new(uuid::Uuid::now_v7().to_string()));

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use serde_json::json;
 use uuid::Uuid;
 
 use crate::hub::Frame;
@@ -13,7 +12,7 @@ use crate::model::{
     ConversationCommit, ConversationRecord, EventRecord, MessageRecord, UsageTotals,
 };
 use crate::state_machine::{ConvState, Effect, MessageContent, TransitionResult, Usage};
-use crate::wire;
+use crate::wire::{self, DurableFrame, ServerFrame};
 
 /// What a transition writes, and what is done after the commit.
 #[derive(Debug)]
@@ -113,7 +112,7 @@ pub fn plan<'a>(
 ) -> Plan {
     let conv = base.into();
     let mut next_seq = conv.next_sequence_id;
-    let mut next_event = conv.next_event_id;
+    let next_event = conv.next_event_id;
     let mut messages = Vec::new();
     let mut events = Vec::new();
     let mut dispatch = Vec::new();
@@ -121,23 +120,12 @@ pub fn plan<'a>(
     let mut pending_usage: Option<Usage> = None;
     let mut client_key = client_message_id;
 
-    let mut push_event = |payload: serde_json::Value, events: &mut Vec<EventRecord>| {
-        let event_id = next_event;
-        next_event += 1;
-        let mut payload = payload;
-        if let Some(object) = payload.as_object_mut() {
-            object.insert("event_id".into(), json!(event_id));
-        }
-        events.push(EventRecord {
-            conversation_id: conv.id.to_owned(),
-            event_id,
-            event_type: payload["type"].as_str().unwrap_or_default().to_owned(),
-            payload,
-            dedup_key: None,
-            created_at: at,
-        });
+    let mut frames = Numbered {
+        conversation_id: conv.id,
+        next: next_event,
+        events: &mut events,
+        at,
     };
-
     for effect in result.effects {
         match effect {
             Effect::PersistMessage(content) => {
@@ -159,10 +147,10 @@ pub fn plan<'a>(
                     created_at: at,
                 };
                 next_seq += 1;
-                push_event(
-                    json!({"type": "message", "message": wire::message(&message, context_window)}),
-                    &mut events,
-                );
+                frames.push(|event_id| ServerFrame::Message {
+                    message: wire::message(&message, context_window),
+                    event_id,
+                });
                 messages.push(message);
             }
             Effect::RecordUsage { usage } => {
@@ -173,28 +161,22 @@ pub fn plan<'a>(
                 attempt,
                 delay_ms,
                 error_kind,
-            } => push_event(
-                json!({
-                    "type": "retrying",
-                    "attempt": attempt,
-                    "delay_ms": delay_ms,
-                    "error_kind": error_kind.as_str(),
-                }),
-                &mut events,
-            ),
+            } => frames.push(|event_id| ServerFrame::Retrying {
+                attempt,
+                delay_ms,
+                error_kind: error_kind.into(),
+                event_id,
+            }),
             Effect::WarnContext {
                 context_tokens,
                 context_window,
                 ratio,
-            } => push_event(
-                json!({
-                    "type": "context_warning",
-                    "context_tokens": context_tokens,
-                    "context_window": context_window,
-                    "ratio": ratio,
-                }),
-                &mut events,
-            ),
+            } => frames.push(|event_id| ServerFrame::ContextWarning {
+                context_tokens,
+                context_window,
+                ratio,
+                event_id,
+            }),
             other @ (Effect::Continue { .. }
             | Effect::RequestLlm { .. }
             | Effect::AbortLlm { .. }
@@ -208,15 +190,13 @@ pub fn plan<'a>(
     }
     let state_changed = result.new_state != *conv.state;
     if wire::state(&result.new_state) != wire::state(conv.state) {
-        push_event(
-            json!({"type": "state", "state": wire::state(&result.new_state)}),
-            &mut events,
-        );
+        frames.push(|event_id| ServerFrame::State {
+            state: wire::state(&result.new_state),
+            event_id,
+        });
     }
-    let frames = events
-        .iter()
-        .map(|e| Arc::new(Frame::from_value(&e.payload)))
-        .collect();
+    let next_event = frames.next;
+    let frames = events.iter().map(frame_of).collect();
     let commit =
         (state_changed || !messages.is_empty() || !events.is_empty() || usage_totals.is_some())
             .then(|| {
@@ -240,33 +220,62 @@ pub fn plan<'a>(
     }
 }
 
+/// Durable frames numbered on from a conversation's counter, each made into JSON once, for
+/// the store and the clients alike.
+struct Numbered<'e> {
+    conversation_id: &'e str,
+    next: i64,
+    events: &'e mut Vec<EventRecord>,
+    at: DateTime<Utc>,
+}
+
+impl Numbered<'_> {
+    fn push<'f>(&mut self, frame: impl FnOnce(i64) -> ServerFrame<'f>) {
+        let event_id = self.next;
+        self.next += 1;
+        let frame = frame(event_id);
+        self.events.push(EventRecord {
+            conversation_id: self.conversation_id.to_owned(),
+            event_id,
+            event_type: frame.kind().to_owned(),
+            payload: wire::to_json(&frame).into(),
+            dedup_key: None,
+            created_at: self.at,
+        });
+    }
+}
+
+/// The frame clients get for a stored event.
+fn frame_of(event: &EventRecord) -> Arc<Frame> {
+    Arc::new(Frame::new(
+        event.event_type.clone(),
+        Some(event.event_id),
+        event.payload.clone(),
+    ))
+}
+
 /// A commit of durable frames alone (client requests, system events), numbered from `conv`'s
-/// counters. `frames` are `(payload without event_id, dedup key)`.
+/// counters.
 pub fn plan_frames(
     conv: &ConversationRecord,
-    frames: Vec<(serde_json::Value, Option<String>)>,
+    frames: Vec<DurableFrame>,
     at: DateTime<Utc>,
 ) -> Plan {
     let mut next_event = conv.next_event_id;
     let mut events = Vec::with_capacity(frames.len());
-    for (mut payload, dedup_key) in frames {
-        if let Some(object) = payload.as_object_mut() {
-            object.insert("event_id".into(), json!(next_event));
-        }
+    for frame in frames {
+        let (kind, dedup_key) = (frame.kind, frame.dedup_key.clone());
         events.push(EventRecord {
             conversation_id: conv.id.clone(),
             event_id: next_event,
-            event_type: payload["type"].as_str().unwrap_or_default().to_owned(),
-            payload,
+            event_type: kind.to_owned(),
+            payload: frame.json(next_event).into(),
             dedup_key,
             created_at: at,
         });
         next_event += 1;
     }
-    let frames = events
-        .iter()
-        .map(|e| Arc::new(Frame::from_value(&e.payload)))
-        .collect();
+    let frames = events.iter().map(frame_of).collect();
     Plan {
         commit: (!events.is_empty()).then(|| {
             Arc::new(ConversationCommit {
@@ -391,11 +400,18 @@ mod tests {
         let expected: Vec<i64> = (20..20 + (first_events + second_events) as i64).collect();
         assert_eq!(events, expected);
         assert_eq!(commit.next_event_id, 20 + events.len() as i64);
-        let states: Vec<&str> = commit
+        let states: Vec<String> = commit
             .events
             .iter()
             .filter(|e| e.event_type == "state")
-            .map(|e| e.payload["state"]["kind"].as_str().unwrap_or_default())
+            .map(|e| {
+                let payload: serde_json::Value =
+                    serde_json::from_str(&e.payload).expect("a frame is JSON");
+                payload["state"]["kind"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
             .collect();
         assert_eq!(states, ["awaiting_llm", "llm_requesting"]);
         assert!(matches!(

@@ -29,6 +29,7 @@ use crate::state_machine::{
     SubAgentOutcome, ToolOutcome, TurnId, transition,
 };
 use crate::store::StoreError;
+use crate::wire::DurableFrame;
 
 /// Why a user message was not accepted.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -76,10 +77,9 @@ pub struct SendRequest {
     pub reply: RpcReplyPort<Result<MessageRecord, SendError>>,
 }
 
-/// Frames for [`ConvMsg::Emit`]: `(payload, dedup key)`. Answers false when a dedup key was
-/// already stored.
+/// Frames for [`ConvMsg::Emit`]. Answers false when a dedup key was already stored.
 pub struct EmitRequest {
-    pub frames: Vec<(serde_json::Value, Option<String>)>,
+    pub frames: Vec<DurableFrame>,
     pub reply: RpcReplyPort<Result<bool, String>>,
 }
 
@@ -118,10 +118,7 @@ impl ConvMsg {
         ConvMsg::Event(Box::new(event))
     }
 
-    pub fn emit(
-        frames: Vec<(serde_json::Value, Option<String>)>,
-        reply: RpcReplyPort<Result<bool, String>>,
-    ) -> ConvMsg {
+    pub fn emit(frames: Vec<DurableFrame>, reply: RpcReplyPort<Result<bool, String>>) -> ConvMsg {
         ConvMsg::Emit(Box::new(EmitRequest { frames, reply }))
     }
 
@@ -480,7 +477,7 @@ async fn send(
 /// Stores and publishes durable frames outside a transition.
 async fn emit_frames(
     state: &mut ConversationState,
-    frames: Vec<(serde_json::Value, Option<String>)>,
+    frames: Vec<DurableFrame>,
 ) -> Result<bool, String> {
     let plan = commit::plan_frames(&state.record, frames, Utc::now());
     let Some(commit) = &plan.commit else {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use ractor::ActorRef;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
@@ -19,6 +19,7 @@ use super::Services;
 use super::conversation::ConvMsg;
 use crate::model::ClientRequest;
 use crate::persistence::{WriteJob, WriteOutcome};
+use crate::wire::{DurableFrame, RequestType};
 
 /// How a request ended for the tool that asked.
 #[derive(Clone, Debug, PartialEq)]
@@ -135,10 +136,10 @@ impl RequestBroker {
         conversation_id: &str,
         conversation: &ActorRef<ConvMsg>,
         tool_use_id: Option<String>,
-        request_type: Value,
+        request_type: RequestType,
         timeout: Duration,
         cancel: &CancellationToken,
-        extra_frames: impl FnOnce(&str) -> Vec<Value>,
+        extra_frames: impl FnOnce(&str) -> Vec<DurableFrame>,
     ) -> (String, Asked) {
         let id = uuid::Uuid::now_v7().to_string();
         let now = Utc::now();
@@ -147,7 +148,7 @@ impl RequestBroker {
             id: id.clone(),
             conversation_id: conversation_id.to_owned(),
             tool_use_id: tool_use_id.clone(),
-            request_type: request_type.clone(),
+            request_type: serde_json::to_value(&request_type).unwrap_or(Value::Null),
             status: "pending".into(),
             response: None,
             timeout_ms,
@@ -170,20 +171,14 @@ impl RequestBroker {
             broker: self,
             id: id.clone(),
         };
-        let mut frames = vec![json!({
-            "type": "client_request",
-            "request_id": id,
-            "request_type": request_type,
-            "timeout_ms": timeout_ms,
-            "tool_use_id": tool_use_id,
-        })];
+        let mut frames = vec![DurableFrame::client_request(
+            id.clone(),
+            request_type,
+            timeout_ms,
+            tool_use_id,
+        )];
         frames.extend(extra_frames(&id));
-        if let Err(e) = emit(
-            conversation,
-            frames.into_iter().map(|f| (f, None)).collect(),
-        )
-        .await
-        {
+        if let Err(e) = emit(conversation, frames).await {
             self.resolve(services, &id, "expired").await;
             return (id, Asked::Failed(e));
         }
@@ -216,10 +211,7 @@ impl RequestBroker {
             };
             let _ = emit(
                 conversation,
-                vec![(
-                    json!({"type": "client_request_resolved", "request_id": id, "status": status}),
-                    None,
-                )],
+                vec![DurableFrame::client_request_resolved(id.clone(), status)],
             )
             .await;
         }
@@ -255,7 +247,7 @@ impl RequestBroker {
 /// Stores durable frames through the conversation actor, which owns the event ids.
 pub async fn emit(
     conversation: &ActorRef<ConvMsg>,
-    frames: Vec<(Value, Option<String>)>,
+    frames: Vec<DurableFrame>,
 ) -> Result<bool, String> {
     match conversation
         .call(
@@ -275,6 +267,7 @@ pub async fn emit(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn replies_must_match_their_request() {
@@ -358,8 +351,8 @@ pub async fn answer_request(
     }
     services.requests.deliver(request_id, payload);
     if let Some(live) = services.registry.get(&conv.id) {
-        let frame = json!({"type": "client_request_resolved", "request_id": request_id, "status": "answered"});
-        let _ = emit(&live.actor, vec![(frame, None)]).await;
+        let frame = DurableFrame::client_request_resolved(request_id.to_owned(), "answered");
+        let _ = emit(&live.actor, vec![frame]).await;
     }
     Ok(())
 }

@@ -10,6 +10,7 @@ use super::Services;
 use super::conversation::context;
 use super::requests::emit;
 use crate::model::ConversationRecord;
+use crate::wire::{DurableFrame, SystemEvent};
 
 /// What the user_request handlers know.
 pub const HANDLERS: [&str; 2] = ["usage", "tasks"];
@@ -38,9 +39,10 @@ async fn handle(
                 .background_tasks(&conv.id)
                 .await
                 .map_err(|e| e.to_string())?;
-            Ok(json!({
-                "tasks": tasks.iter().map(crate::wire::background_task).collect::<Vec<_>>(),
-            }))
+            serde_json::to_value(crate::wire::TaskList {
+                tasks: tasks.iter().map(crate::wire::background_task).collect(),
+            })
+            .map_err(|e| e.to_string())
         }
         other => Err(format!(
             "unknown request kind {other:?}; known kinds: {}",
@@ -54,43 +56,39 @@ async fn handle(
 pub async fn post(
     services: &Arc<Services>,
     conv: &ConversationRecord,
-    event: Value,
+    event: SystemEvent,
 ) -> Result<bool, String> {
     let live = services
         .registry
         .get_or_start(services, &conv.id)
         .await
         .map_err(|e| e.to_string())?;
-    let event_type = event["type"].as_str().unwrap_or_default().to_owned();
-    let request_id = event
-        .get("request_id")
-        .and_then(Value::as_str)
-        .map(str::to_owned);
-    let dedup = request_id.as_ref().map(|id| format!("{event_type}:{id}"));
-    let mut frames = vec![(json!({"type": "system_event", "event": event}), dedup)];
-    if event_type == "user_request" {
-        let kind = event["kind"].as_str().unwrap_or_default();
+    let request_id = event.get("request_id").as_str().map(str::to_owned);
+    let dedup = request_id
+        .as_ref()
+        .map(|id| format!("{}:{id}", event.event_type));
+    let mut answers = Vec::new();
+    if event.event_type == "user_request" {
+        let kind = event.get("kind").as_str().unwrap_or_default();
         let (payload, error) = match handle(services, conv, kind).await {
             Ok(payload) => (payload, Value::Null),
             Err(error) => (Value::Null, Value::String(error)),
         };
-        frames.push((
-            json!({
-                "type": "system_event",
-                "event": {
-                    "type": "user_response",
+        answers.push(DurableFrame::system_event(
+            SystemEvent::new(
+                "user_response",
+                json!({
                     "request_id": request_id,
                     "kind": kind,
                     "payload": payload,
                     "error": error,
-                },
-            }),
+                }),
+            ),
             None,
         ));
     }
-    if event_type == "approval_response"
-        && let (Some(id), Some(approved)) =
-            (&request_id, event.get("approved").and_then(Value::as_bool))
+    if event.event_type == "approval_response"
+        && let (Some(id), Some(approved)) = (&request_id, event.get("approved").as_bool())
     {
         // An approval answered as a system event resolves its confirm request.
         if let Err(e) =
@@ -99,5 +97,7 @@ pub async fn post(
             tracing::debug!(request = %id, error = ?e, "approval_response did not resolve a request");
         }
     }
+    let mut frames = vec![DurableFrame::system_event(event, dedup)];
+    frames.extend(answers);
     emit(&live.actor, frames).await
 }

@@ -21,6 +21,7 @@ use super::requests::{Asked, emit};
 use crate::metrics::Metrics;
 use crate::state_machine::{Event, ToolOutcome, ToolUse, TurnId};
 use crate::tools::{self, ASK_USER, ToolLimits, preview};
+use crate::wire::{DurableFrame, RequestType, SelectOption, SystemEvent};
 
 #[derive(Debug)]
 pub struct ToolRun;
@@ -183,10 +184,14 @@ async fn approve(run: &Run) -> Result<(), ToolOutcome> {
     let services = &run.services;
     let timeout = Duration::from_millis(services.settings.requests.approval_timeout_ms);
     let tool = &run.tool;
-    let request_type = json!({"confirm": {
-        "message": format!("Allow the agent to run {}?\n{}", tool.name, preview(&tool.input.to_string(), 2000)),
-        "default": false,
-    }});
+    let request_type = RequestType::Confirm {
+        message: format!(
+            "Allow the agent to run {}?\n{}",
+            tool.name,
+            preview(&tool.input.to_string(), 2000)
+        ),
+        default: Some(false),
+    };
     let (request_id, asked) = services
         .requests
         .ask(
@@ -198,13 +203,18 @@ async fn approve(run: &Run) -> Result<(), ToolOutcome> {
             timeout,
             &run.cancel,
             |id| {
-                vec![json!({"type": "system_event", "event": {
-                    "type": "approval_request",
-                    "request_id": id,
-                    "tool_use_id": tool.id,
-                    "tool_name": tool.name,
-                    "input": tool.input,
-                }})]
+                vec![DurableFrame::system_event(
+                    SystemEvent::new(
+                        "approval_request",
+                        json!({
+                            "request_id": id,
+                            "tool_use_id": tool.id,
+                            "tool_name": tool.name,
+                            "input": tool.input,
+                        }),
+                    ),
+                    None,
+                )]
             },
         )
         .await;
@@ -236,15 +246,20 @@ async fn approve(run: &Run) -> Result<(), ToolOutcome> {
             format!("approval could not be requested ({why}); the tool did not run"),
         ),
     };
-    let frame = json!({"type": "system_event", "event": {
-        "type": "approval_response",
-        "request_id": request_id,
-        "tool_use_id": tool.id,
-        "tool_name": tool.name,
-        "approved": approved,
-        "reason": reason,
-    }});
-    let _ = emit(&run.conversation, vec![(frame, None)]).await;
+    let frame = DurableFrame::system_event(
+        SystemEvent::new(
+            "approval_response",
+            json!({
+                "request_id": request_id,
+                "tool_use_id": tool.id,
+                "tool_name": tool.name,
+                "approved": approved,
+                "reason": reason,
+            }),
+        ),
+        None,
+    );
+    let _ = emit(&run.conversation, vec![frame]).await;
     if approved {
         Ok(())
     } else {
@@ -262,28 +277,49 @@ async fn ask_user(run: &Run) -> ToolOutcome {
         .get("kind")
         .and_then(Value::as_str)
         .unwrap_or("prompt");
+    let message = question.to_owned();
     let request_type = match kind {
-        "confirm" => json!({"confirm": {"message": question, "default": null}}),
-        "prompt" => json!({"prompt": {"message": question, "default": null, "placeholder": null}}),
+        "confirm" => RequestType::Confirm {
+            message,
+            default: None,
+        },
+        "prompt" => RequestType::Prompt {
+            message,
+            default: None,
+            placeholder: None,
+        },
         "select" => {
-            let options: Vec<&str> = input
+            let options: Vec<SelectOption> = input
                 .get("options")
                 .and_then(Value::as_array)
-                .map(|o| o.iter().filter_map(Value::as_str).collect())
+                .map(|o| {
+                    o.iter()
+                        .filter_map(Value::as_str)
+                        .map(|o| SelectOption {
+                            value: o.to_owned(),
+                            label: o.to_owned(),
+                            description: None,
+                        })
+                        .collect()
+                })
                 .unwrap_or_default();
             if options.is_empty() {
                 return failed("invalid arguments: select needs `options`, a list of strings");
             }
-            json!({"select": {
-                "message": question,
-                "options": options.iter().map(|o| json!({"value": o, "label": o, "description": null})).collect::<Vec<_>>(),
-                "multi_select": false,
-            }})
+            RequestType::Select {
+                message,
+                options,
+                multi_select: false,
+            }
         }
-        "custom" => json!({"custom": {
-            "type_name": input.get("type_name").and_then(Value::as_str).unwrap_or("custom"),
-            "schema": input.get("schema").cloned().unwrap_or(Value::Null),
-        }}),
+        "custom" => RequestType::Custom {
+            type_name: input
+                .get("type_name")
+                .and_then(Value::as_str)
+                .unwrap_or("custom")
+                .to_owned(),
+            schema: input.get("schema").cloned().unwrap_or(Value::Null),
+        },
         other => {
             return failed(format!(
                 "invalid arguments: kind must be confirm, prompt, select or custom, not {other:?}"

@@ -37,6 +37,17 @@ use crate::wire;
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
+/// A durable frame as read back, its payload as text.
+#[derive(Debug, sea_orm::FromQueryResult)]
+struct EventRow {
+    conversation_id: String,
+    event_id: i64,
+    event_type: String,
+    payload: String,
+    dedup_key: Option<String>,
+    created_at: DateTime<Utc>,
+}
+
 /// How the store connects.
 #[derive(Clone, Debug)]
 pub struct StoreOptions {
@@ -379,11 +390,27 @@ impl Store {
         after: i64,
         limit: u64,
     ) -> Result<Vec<EventRecord>> {
+        use conversation_events::Column;
+        // The payload comes back as the text it was stored as, not parsed: it is sent on as
+        // it is.
         Ok(conversation_events::Entity::find()
-            .filter(conversation_events::Column::ConversationId.eq(conversation_id))
-            .filter(conversation_events::Column::EventId.gt(after))
-            .order_by_asc(conversation_events::Column::EventId)
+            .select_only()
+            .columns([
+                Column::ConversationId,
+                Column::EventId,
+                Column::EventType,
+                Column::DedupKey,
+                Column::CreatedAt,
+            ])
+            .column_as(
+                Expr::col(Column::Payload).cast_as(sea_orm::sea_query::Alias::new("text")),
+                "payload",
+            )
+            .filter(Column::ConversationId.eq(conversation_id))
+            .filter(Column::EventId.gt(after))
+            .order_by_asc(Column::EventId)
             .limit(limit)
+            .into_model::<EventRow>()
             .all(&self.db)
             .await?
             .into_iter()
@@ -391,7 +418,7 @@ impl Store {
                 conversation_id: row.conversation_id,
                 event_id: row.event_id,
                 event_type: row.event_type,
-                payload: row.payload,
+                payload: row.payload.into(),
                 dedup_key: row.dedup_key,
                 created_at: row.created_at,
             })
@@ -424,7 +451,7 @@ impl Store {
     }
 
     /// The pending requests of a conversation, oldest first, as the snapshot lists them.
-    pub async fn pending_requests(&self, conversation_id: &str) -> Result<Vec<serde_json::Value>> {
+    pub async fn pending_requests(&self, conversation_id: &str) -> Result<Vec<ClientRequest>> {
         Ok(client_requests::Entity::find()
             .filter(client_requests::Column::ConversationId.eq(conversation_id))
             .filter(client_requests::Column::Status.eq("pending"))
@@ -432,15 +459,7 @@ impl Store {
             .all(&self.db)
             .await?
             .into_iter()
-            .map(|row| {
-                serde_json::json!({
-                    "request_id": row.id,
-                    "request_type": row.request_type,
-                    "timeout_ms": row.timeout_ms,
-                    "expires_at": row.expires_at.to_rfc3339(),
-                    "tool_use_id": row.tool_use_id,
-                })
-            })
+            .map(client_request)
             .collect())
     }
 
@@ -1032,7 +1051,9 @@ mod tests {
                 conversation_id: id.into(),
                 event_id: seq,
                 event_type: "message".into(),
-                payload: serde_json::json!({"type": "message", "event_id": seq}),
+                payload: serde_json::json!({"type": "message", "event_id": seq})
+                    .to_string()
+                    .into(),
                 dedup_key: None,
                 created_at: at(),
             }],

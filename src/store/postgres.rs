@@ -80,20 +80,28 @@ fn documents(commits: &[Arc<ConversationCommit>]) -> Result<[String; 3]> {
             client_message_id: message.client_message_id.as_deref(),
             created_at: timestamp(message.created_at),
         }));
-        frames.extend(commit.events.iter().map(|frame| FrameRow {
-            conversation_id: &frame.conversation_id,
-            event_id: frame.event_id,
-            event_type: &frame.event_type,
-            payload: &frame.payload,
-            dedup_key: frame.dedup_key.as_deref(),
-            created_at: timestamp(frame.created_at),
-        }));
+        for frame in &commit.events {
+            frames.push(FrameRow {
+                conversation_id: &frame.conversation_id,
+                event_id: frame.event_id,
+                event_type: &frame.event_type,
+                payload: raw_json(&frame.payload)?,
+                dedup_key: frame.dedup_key.as_deref(),
+                created_at: timestamp(frame.created_at),
+            });
+        }
     }
     Ok([
         document(&conversations)?,
         document(&messages)?,
         document(&frames)?,
     ])
+}
+
+/// A frame's payload as the JSON it is, embedded in the document without a copy.
+fn raw_json(text: &str) -> Result<&serde_json::value::RawValue> {
+    serde_json::from_str(text)
+        .map_err(|e| StoreError::Other(format!("a frame's payload is not JSON: {e}")))
 }
 
 fn document<T: Serialize>(rows: &[T]) -> Result<String> {
@@ -137,7 +145,7 @@ struct FrameRow<'a> {
     conversation_id: &'a str,
     event_id: i64,
     event_type: &'a str,
-    payload: &'a serde_json::Value,
+    payload: &'a serde_json::value::RawValue,
     dedup_key: Option<&'a str>,
     created_at: String,
 }

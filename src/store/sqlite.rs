@@ -37,7 +37,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use entity::{conversation_events, messages};
+use entity::messages;
 use sea_orm::sqlx::{self, Executor, Sqlite, SqliteConnection, pool::PoolConnection};
 use sea_orm::{
     ActiveValue::Set, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait,
@@ -47,7 +47,7 @@ use sea_query_sqlx::SqlxValues;
 use tokio::sync::{Mutex, oneshot};
 
 use super::{Result, StoreError, shaped_chunks, to_i64};
-use crate::model::{ConversationCommit, MessageRecord};
+use crate::model::{ConversationCommit, EventRecord, MessageRecord};
 use crate::wire;
 
 /// Statements kept prepared on the writer's connection. A batch's text depends on how many
@@ -296,23 +296,33 @@ fn batch(commits: &[Arc<ConversationCommit>]) -> Result<(String, Vec<Value>)> {
     for chunk in shaped_chunks(&message_rows) {
         append(messages::Entity::insert_many(chunk.to_vec()).build(DbBackend::Sqlite));
     }
-    let frame_rows: Vec<conversation_events::ActiveModel> = commits
-        .iter()
-        .flat_map(|c| c.events.iter())
-        .map(|event| conversation_events::ActiveModel {
-            conversation_id: Set(event.conversation_id.clone()),
-            event_id: Set(event.event_id),
-            event_type: Set(event.event_type.clone()),
-            payload: Set(event.payload.clone()),
-            dedup_key: Set(event.dedup_key.clone()),
-            created_at: Set(event.created_at),
-        })
-        .collect();
-    for chunk in shaped_chunks(&frame_rows) {
-        append(conversation_events::Entity::insert_many(chunk.to_vec()).build(DbBackend::Sqlite));
+    let frames: Vec<&EventRecord> = commits.iter().flat_map(|c| c.events.iter()).collect();
+    for chunk in shaped_chunks(&frames) {
+        append(insert_frames(chunk));
     }
     sql.push_str(";\nCOMMIT");
     Ok((sql, values))
+}
+
+/// The statement that inserts durable frames; their payloads go in as the JSON text they are.
+fn insert_frames(frames: &[&EventRecord]) -> Statement {
+    let mut values: Vec<Value> = Vec::with_capacity(frames.len() * 6);
+    for frame in frames {
+        values.extend([
+            Value::from(frame.conversation_id.clone()),
+            Value::from(frame.event_id),
+            Value::from(frame.event_type.clone()),
+            Value::from(frame.payload.as_ref()),
+            Value::String(frame.dedup_key.clone()),
+            Value::from(frame.created_at),
+        ]);
+    }
+    let sql = format!(
+        "INSERT INTO conversation_events \
+         (conversation_id, event_id, event_type, payload, dedup_key, created_at) VALUES {}",
+        vec!["(?, ?, ?, ?, ?, ?)"; frames.len()].join(", ")
+    );
+    Statement::from_sql_and_values(DbBackend::Sqlite, sql, values)
 }
 
 /// The statement that updates the rows of `commits`, each guarded by its expected counters:

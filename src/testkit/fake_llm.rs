@@ -158,7 +158,8 @@ impl FakeLlm {
     }
 
     /// Every turn becomes one tool call then a text answer: a request whose last message is
-    /// a tool result gets text, any other gets a call of `tool` with `args`.
+    /// a tool result gets the text `done: ` and the last user message's text, any other gets
+    /// a call of `tool` with `args`.
     pub fn auto_tool_turns(&self, tool: &str, args: Value) {
         self.inner().auto_tool = Some((tool.to_owned(), args));
     }
@@ -320,35 +321,58 @@ fn stream_response(chunks: Vec<Bytes>, then_stall: bool, shared: Arc<Shared>) ->
 }
 
 /// What routing needs of a request: the text of the first user message (a JSON array of
-/// parts, for one with images) and whether the last message is a tool result.
-///
+/// parts, for one with images), the text of the last one, and whether the last message is a
+/// tool result.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Keys {
+    first_user: String,
+    last_user: String,
+    last_is_tool: bool,
+}
+
 /// The fake must cost little next to the service it stands in front of, and a request
 /// carries the whole history, so the body is not parsed when it need not be. In compact JSON
 /// (what the gateway sends) every `"role":"` is a message's role: inside a string its quotes
 /// would be escaped. Anything else is parsed ([`Peek`]).
-fn route_keys(body: &[u8]) -> (String, bool) {
+fn route_keys(body: &[u8]) -> Keys {
     quick_route_keys(body).unwrap_or_else(|| Peek::route_keys(body))
 }
 
-fn quick_route_keys(body: &[u8]) -> Option<(String, bool)> {
+fn quick_route_keys(body: &[u8]) -> Option<Keys> {
     const ROLE: &[u8] = b"\"role\":\"";
     const USER: &[u8] = b"\"role\":\"user\",\"content\":";
     let last = memchr::memmem::rfind(body, ROLE)? + ROLE.len();
     let last_is_tool = body[last..].starts_with(b"tool\"");
-    let first_user = match memchr::memmem::find(body, USER) {
-        None if memchr::memmem::find(body, b"\"role\":\"user\"").is_some() => return None,
-        None => String::new(),
-        Some(at) => {
-            let content: &serde_json::value::RawValue =
-                serde_json::Deserializer::from_slice(&body[at + USER.len()..])
-                    .into_iter()
-                    .next()?
-                    .ok()?;
+    let content_at = |at: usize| -> Option<String> {
+        let content: &serde_json::value::RawValue =
+            serde_json::Deserializer::from_slice(&body[at + USER.len()..])
+                .into_iter()
+                .next()?
+                .ok()?;
+        Some(
             serde_json::from_str::<String>(content.get())
-                .unwrap_or_else(|_| content.get().to_owned())
+                .unwrap_or_else(|_| content.get().to_owned()),
+        )
+    };
+    let (first_user, last_user) = match memchr::memmem::find(body, USER) {
+        None if memchr::memmem::find(body, b"\"role\":\"user\"").is_some() => return None,
+        None => (String::new(), String::new()),
+        Some(first) => {
+            // Every user message must have its content next for the last one found to be
+            // the last user message.
+            let users = memchr::memmem::find_iter(body, b"\"role\":\"user\"").count();
+            if users != memchr::memmem::find_iter(body, USER).count() {
+                return None;
+            }
+            let last = memchr::memmem::rfind(body, USER).unwrap_or(first);
+            (content_at(first)?, content_at(last)?)
         }
     };
-    Some((first_user, last_is_tool))
+    Some(Keys {
+        first_user,
+        last_user,
+        last_is_tool,
+    })
 }
 
 /// The whole parse behind [`route_keys`], for bodies it cannot read quickly.
@@ -368,29 +392,25 @@ struct PeekMessage<'a> {
 
 impl Peek<'_> {
     /// [`route_keys`] by a whole parse (nothing, for a body that is not JSON).
-    fn route_keys(body: &[u8]) -> (String, bool) {
+    fn route_keys(body: &[u8]) -> Keys {
         let peek: Peek<'_> = serde_json::from_slice(body).unwrap_or(Peek {
             messages: Vec::new(),
         });
-        (peek.first_user_text(), peek.last_is_tool())
+        let mut users = peek.messages.iter().filter(|m| m.role == "user");
+        Keys {
+            first_user: text_of(users.next()),
+            last_user: text_of(peek.messages.iter().rev().find(|m| m.role == "user")),
+            last_is_tool: peek.messages.last().is_some_and(|m| m.role == "tool"),
+        }
     }
+}
 
-    /// The text of the first user message (a JSON array of parts, for one with images).
-    fn first_user_text(&self) -> String {
-        let Some(content) = self
-            .messages
-            .iter()
-            .find(|m| m.role == "user")
-            .and_then(|m| m.content)
-        else {
-            return String::new();
-        };
-        serde_json::from_str::<String>(content.get()).unwrap_or_else(|_| content.get().to_owned())
-    }
-
-    fn last_is_tool(&self) -> bool {
-        self.messages.last().is_some_and(|m| m.role == "tool")
-    }
+/// A message's text (a JSON array of parts, for one with images); empty without one.
+fn text_of(message: Option<&PeekMessage<'_>>) -> String {
+    let Some(content) = message.and_then(|m| m.content) else {
+        return String::new();
+    };
+    serde_json::from_str::<String>(content.get()).unwrap_or_else(|_| content.get().to_owned())
 }
 
 /// Counts requests in flight while it lives.
@@ -412,7 +432,7 @@ impl Drop for InFlight {
 
 async fn complete(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
     let started = std::time::Instant::now();
-    let (first_user, last_is_tool) = route_keys(&body);
+    let keys = route_keys(&body);
     let (reply, latency, (prompt, completion)) = {
         let mut inner = shared.inner.lock().unwrap_or_else(|e| e.into_inner());
         if !inner.forget {
@@ -423,11 +443,11 @@ async fn complete(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
         let routed = inner
             .routes
             .iter_mut()
-            .find(|(key, replies)| !replies.is_empty() && first_user.contains(key.as_str()))
+            .find(|(key, replies)| !replies.is_empty() && keys.first_user.contains(key.as_str()))
             .and_then(|(_, replies)| replies.pop_front());
         let auto = inner.auto_tool.as_ref().map(|(tool, args)| {
-            if last_is_tool {
-                Reply::text("done")
+            if keys.last_is_tool {
+                Reply::text(&format!("done: {}", keys.last_user))
             } else {
                 let id = format!("call_{}", uuid::Uuid::now_v7().simple());
                 Reply::tool(&id, tool, args.clone())
@@ -448,7 +468,10 @@ async fn complete(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
     drop(in_flight);
     let mut inner = shared.inner.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(times) = &mut inner.times {
-        times.entry(first_user).or_default().push(started.elapsed());
+        times
+            .entry(keys.first_user)
+            .or_default()
+            .push(started.elapsed());
     }
     response
 }
@@ -576,7 +599,24 @@ mod tests {
         }
         assert_eq!(
             route_keys(bodies[0].as_bytes()),
-            ("spin \"role\":\"user\" now".to_owned(), true)
+            Keys {
+                first_user: "spin \"role\":\"user\" now".to_owned(),
+                last_user: "spin \"role\":\"user\" now".to_owned(),
+                last_is_tool: true,
+            }
+        );
+        let two_turns = r#"{"messages":[{"role":"user","content":"one"},{"role":"assistant","content":"a"},{"role":"user","content":"two"}]}"#;
+        assert_eq!(
+            route_keys(two_turns.as_bytes()),
+            Keys {
+                first_user: "one".to_owned(),
+                last_user: "two".to_owned(),
+                last_is_tool: false,
+            }
+        );
+        assert_eq!(
+            route_keys(two_turns.as_bytes()),
+            Peek::route_keys(two_turns.as_bytes())
         );
         // Pretty-printed, or a user message whose content is not next: the whole parse.
         let pretty = serde_json::to_string_pretty(&json!({"messages": [

@@ -1,0 +1,568 @@
+//! End-to-end figures, seen from outside the way users see Bedrock (issue 21): the release
+//! `bedrock serve` as its own process, the testkit's fake LLM as a second process, and a load
+//! generator in a third, over real HTTP and WebSocket. Each turn: POST a message, wait on the
+//! conversation's WebSocket for the turn's final state, check the answer. The fake asks for
+//! one `think` call per turn and then answers `done: <the user's text>`.
+//!
+//! Two modes: reused conversations (each worker keeps one conversation and one WebSocket,
+//! turn after turn) and a new conversation per turn (create, connect, send, wait, close). Each
+//! at 1 and at 50 workers. Printed: turns/s, turn latency p50/p99/max, the server process's
+//! own CPU per turn (from /proc, the server's pid only) and its RSS, as a table and as one
+//! JSON line.
+//!
+//!     cargo bench --bench e2e            (BENCH_SECONDS=5 by default)
+//!
+//! SQLite by default; with BEDROCK_TEST_DATABASE_URL also Postgres (a fresh database each),
+//! `BENCH_DB=sqlite|postgres` keeps one. `BENCH_MODES=reused,new` and `BENCH_WORKERS=1,50`
+//! choose the rows.
+//!
+//! The one binary plays three parts, by `BEDROCK_E2E_ROLE`: unset, it is the conductor that
+//! starts the other two and the server; `fake-llm` and `load` are the other processes.
+
+#![allow(clippy::print_stdout, clippy::print_stderr, clippy::unwrap_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{BenchDb, percentile, seconds};
+use futures::StreamExt;
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+
+const ROLE: &str = "BEDROCK_E2E_ROLE";
+
+fn main() {
+    match std::env::var(ROLE).as_deref() {
+        Ok("fake-llm") => fake_llm(),
+        Ok("load") => load(),
+        _ => conduct(),
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+// ---------------------------------------------------------------------------------------
+// The fake LLM process.
+
+/// Serves the fake on a loopback port, prints its base URL, and runs until stdin closes
+/// (the conductor going away, whatever the way).
+fn fake_llm() {
+    bedrock::install_crypto();
+    runtime().block_on(async {
+        let llm = bedrock::testkit::FakeLlm::start().await;
+        llm.forget_requests();
+        llm.auto_tool_turns("think", json!({"thoughts": "one tool call per turn"}));
+        println!("{}", llm.base_url);
+        std::io::stdout().flush().unwrap();
+        tokio::task::spawn_blocking(|| {
+            let mut line = String::new();
+            while std::io::stdin().read_line(&mut line).is_ok_and(|n| n > 0) {}
+        })
+        .await
+        .unwrap();
+    });
+}
+
+// ---------------------------------------------------------------------------------------
+// The load generator process.
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Each worker keeps one conversation and its WebSocket.
+    Reused,
+    /// Each turn creates a conversation, connects, sends, waits, closes.
+    New,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Reused => "reused",
+            Mode::New => "new",
+        }
+    }
+
+    fn parse(name: &str) -> Option<Mode> {
+        match name {
+            "reused" => Some(Mode::Reused),
+            "new" => Some(Mode::New),
+            _ => None,
+        }
+    }
+}
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+struct Client {
+    http: reqwest::Client,
+    base: String,
+    ws_base: String,
+}
+
+impl Client {
+    async fn create(&self) -> Result<String, String> {
+        let response = self
+            .http
+            .post(format!("{}/v1/conversations", self.base))
+            .json(&json!({}))
+            .send()
+            .await
+            .map_err(|e| format!("create: {e}"))?;
+        if response.status() != 201 {
+            return Err(format!("create answered {}", response.status()));
+        }
+        let body: Value = response.json().await.map_err(|e| e.to_string())?;
+        body["id"]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| "create: no id".to_owned())
+    }
+
+    /// Connects to the conversation's WebSocket and reads its snapshot.
+    async fn connect(&self, id: &str) -> Result<Socket, String> {
+        let (mut socket, _) =
+            tokio_tungstenite::connect_async(format!("{}/v1/conversations/{id}/ws", self.ws_base))
+                .await
+                .map_err(|e| format!("connect: {e}"))?;
+        let first = next_frame(&mut socket).await?;
+        if first["type"] != "snapshot" {
+            return Err(format!("the first frame is not a snapshot: {first}"));
+        }
+        Ok(socket)
+    }
+
+    /// One turn on a connected conversation: send `text`, wait for the state that ends the
+    /// turn, check the answer.
+    async fn turn(&self, id: &str, socket: &mut Socket, text: &str) -> Result<(), String> {
+        let response = self
+            .http
+            .post(format!("{}/v1/conversations/{id}/messages", self.base))
+            .json(&json!({ "text": text }))
+            .send()
+            .await
+            .map_err(|e| format!("send: {e}"))?;
+        if response.status() != 202 {
+            return Err(format!("send answered {}", response.status()));
+        }
+        let sent: Value = response.json().await.map_err(|e| e.to_string())?;
+        let message_id = sent["message"]["id"].clone();
+        let expected = format!("done: {text}");
+        let (mut seen_ours, mut answered) = (false, false);
+        loop {
+            let frame = next_frame(socket).await?;
+            match frame["type"].as_str() {
+                Some("message") if frame["message"]["id"] == message_id => seen_ours = true,
+                Some("message")
+                    if seen_ours
+                        && frame["message"]["message_type"] == "agent"
+                        && frame["message"]["content"]["tool_uses"]
+                            .as_array()
+                            .is_some_and(Vec::is_empty) =>
+                {
+                    if frame["message"]["content"]["text"] != expected.as_str() {
+                        return Err(format!("wrong answer: {frame}"));
+                    }
+                    answered = true;
+                }
+                Some("state") if seen_ours => match frame["state"]["kind"].as_str() {
+                    Some("idle") if answered => return Ok(()),
+                    Some("idle" | "error") => return Err(format!("the turn ended: {frame}")),
+                    _ => {}
+                },
+                _ => {}
+            }
+        }
+    }
+}
+
+async fn next_frame(socket: &mut Socket) -> Result<Value, String> {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(60), socket.next()).await {
+            Err(_) => return Err("no frame for 60 s".into()),
+            Ok(None) => return Err("the WebSocket closed".into()),
+            Ok(Some(Err(e))) => return Err(format!("WebSocket: {e}")),
+            Ok(Some(Ok(Message::Text(text)))) => {
+                return serde_json::from_str(&text).map_err(|e| e.to_string());
+            }
+            Ok(Some(Ok(_))) => {}
+        }
+    }
+}
+
+/// What one worker did in the measured window.
+#[derive(Default)]
+struct Tally {
+    latencies: Vec<Duration>,
+    errors: Vec<String>,
+}
+
+/// One worker: turns back to back until `stop`; turns that end inside the window
+/// `[start, stop)` are counted.
+async fn worker(client: std::sync::Arc<Client>, mode: Mode, n: usize, window: Window) -> Tally {
+    let mut tally = Tally::default();
+    let mut kept: Option<(String, Socket)> = None;
+    for k in 0.. {
+        let began = Instant::now();
+        if began >= window.stop {
+            break;
+        }
+        let text = format!("worker {n} turn {k}");
+        let outcome = async {
+            match mode {
+                Mode::Reused => {
+                    if kept.is_none() {
+                        let id = client.create().await?;
+                        let socket = client.connect(&id).await?;
+                        kept = Some((id, socket));
+                    }
+                    let (id, socket) = kept.as_mut().ok_or("no conversation")?;
+                    client.turn(id, socket, &text).await
+                }
+                Mode::New => {
+                    let id = client.create().await?;
+                    let mut socket = client.connect(&id).await?;
+                    client.turn(&id, &mut socket, &text).await?;
+                    let _ = socket.close(None).await;
+                    Ok(())
+                }
+            }
+        }
+        .await;
+        let ended = Instant::now();
+        let counted = began >= window.start && ended < window.stop;
+        match outcome {
+            Ok(()) if counted => tally.latencies.push(ended - began),
+            Ok(()) => {}
+            Err(e) => {
+                tally.errors.push(e);
+                kept = None;
+            }
+        }
+    }
+    if let Some((_, mut socket)) = kept {
+        let _ = socket.close(None).await;
+    }
+    tally
+}
+
+#[derive(Clone, Copy)]
+struct Window {
+    start: Instant,
+    stop: Instant,
+}
+
+/// Runs the workers; prints `start` when the measured window opens and `stop` when it
+/// closes (the conductor reads the server's CPU at both), then one JSON line of results.
+fn load() {
+    bedrock::install_crypto();
+    let arg = |name: &str| std::env::var(name).unwrap();
+    let base = arg("E2E_BASE");
+    let mode = Mode::parse(&arg("E2E_MODE")).unwrap();
+    let workers: usize = arg("E2E_WORKERS").parse().unwrap();
+    let warmup = Duration::from_millis(arg("E2E_WARMUP_MS").parse().unwrap());
+    let measure = Duration::from_millis(arg("E2E_MEASURE_MS").parse().unwrap());
+    runtime().block_on(async move {
+        let client = std::sync::Arc::new(Client {
+            http: reqwest::Client::builder()
+                .pool_max_idle_per_host(workers * 2)
+                .tcp_nodelay(true)
+                .build()
+                .unwrap(),
+            ws_base: base.replacen("http://", "ws://", 1),
+            base,
+        });
+        let start = Instant::now() + warmup;
+        let window = Window {
+            start,
+            stop: start + measure,
+        };
+        let tasks: Vec<_> = (0..workers)
+            .map(|n| tokio::spawn(worker(client.clone(), mode, n, window)))
+            .collect();
+        tokio::time::sleep_until(start.into()).await;
+        println!("start");
+        tokio::time::sleep_until(window.stop.into()).await;
+        println!("stop");
+        let mut all = Tally::default();
+        for task in tasks {
+            let tally = task.await.unwrap();
+            all.latencies.extend(tally.latencies);
+            all.errors.extend(tally.errors);
+        }
+        all.latencies.sort();
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        println!(
+            "{}",
+            json!({
+                "turns": all.latencies.len(),
+                "p50_ms": ms(percentile(&all.latencies, 50.0)),
+                "p99_ms": ms(percentile(&all.latencies, 99.0)),
+                "max_ms": ms(all.latencies.last().copied().unwrap_or_default()),
+                "errors": all.errors.len(),
+                "first_error": all.errors.first(),
+            })
+        );
+    });
+}
+
+// ---------------------------------------------------------------------------------------
+// The conductor.
+
+/// A child process of ours, killed (by its own pid) when dropped.
+struct Owned(Child);
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn this_binary(role: &str) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.env(ROLE, role);
+    cmd
+}
+
+/// The process's CPU time so far (user and system, all threads), from /proc.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    let per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as u64;
+    Duration::from_secs_f64(ticks as f64 / per_second as f64)
+}
+
+/// The process's resident memory, in bytes.
+fn rss(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024
+}
+
+struct ServerProcess {
+    process: Owned,
+    base: String,
+    workspace: std::path::PathBuf,
+}
+
+impl ServerProcess {
+    fn start(db: &BenchDb, llm_base: &str) -> ServerProcess {
+        let workspace =
+            std::env::temp_dir().join(format!("bedrock-e2e-{}", uuid::Uuid::now_v7().simple()));
+        std::fs::create_dir_all(&workspace).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_bedrock"))
+            .arg("serve")
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("BEDROCK_DATABASE_URL", &db.url)
+            .env("BEDROCK_LLM_BASE_URL", llm_base)
+            .env("BEDROCK_LLM_API_KEY", "k")
+            .env("BEDROCK_WORKSPACE_ROOT", workspace.join("ws"))
+            .env("BEDROCK_DATA_DIR", workspace.join("data"))
+            .env("BEDROCK_AUTH", "dev")
+            .env("BEDROCK_LISTEN", "127.0.0.1:0")
+            .env("BEDROCK_LOG_FORMAT", "json")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut told = false;
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if !told
+                    && let Ok(value) = serde_json::from_str::<Value>(&line)
+                    && let Some(addr) = value["fields"]["addr"].as_str()
+                {
+                    let _ = tx.send(addr.to_owned());
+                    told = true;
+                } else if line.contains("\"ERROR\"") {
+                    eprintln!("server: {line}");
+                }
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the server logs its address");
+        ServerProcess {
+            process: Owned(child),
+            base: format!("http://{addr}"),
+            workspace,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.process.0.id()
+    }
+
+    /// SIGTERM to our own child, then waits for it.
+    fn stop(mut self) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.pid()).unwrap());
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let _ = self.process.0.wait();
+        let _ = std::fs::remove_dir_all(&self.workspace);
+    }
+}
+
+struct Row {
+    db: &'static str,
+    mode: Mode,
+    workers: usize,
+    turns: u64,
+    seconds: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+    cpu_per_turn_ms: f64,
+    rss_mib: f64,
+    errors: u64,
+    first_error: Value,
+}
+
+fn read_line(out: &mut BufReader<ChildStdout>) -> String {
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    line.trim().to_owned()
+}
+
+fn measure(server: &ServerProcess, db: &'static str, mode: Mode, workers: usize) -> Row {
+    let measure = seconds();
+    let warmup = Duration::from_secs(1);
+    let mut child = this_binary("load")
+        .env("E2E_BASE", &server.base)
+        .env("E2E_MODE", mode.name())
+        .env("E2E_WORKERS", workers.to_string())
+        .env("E2E_WARMUP_MS", warmup.as_millis().to_string())
+        .env("E2E_MEASURE_MS", measure.as_millis().to_string())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let load = Owned(child);
+    assert_eq!(read_line(&mut out), "start");
+    let (cpu0, t0) = (cpu_time(server.pid()), Instant::now());
+    assert_eq!(read_line(&mut out), "stop");
+    let (cpu1, t1) = (cpu_time(server.pid()), Instant::now());
+    let rss = rss(server.pid());
+    let result: Value = serde_json::from_str(&read_line(&mut out)).unwrap();
+    drop(load);
+    let turns = result["turns"].as_u64().unwrap_or(0);
+    let seconds = (t1 - t0).as_secs_f64();
+    Row {
+        db,
+        mode,
+        workers,
+        turns,
+        seconds,
+        p50_ms: result["p50_ms"].as_f64().unwrap_or(0.0),
+        p99_ms: result["p99_ms"].as_f64().unwrap_or(0.0),
+        max_ms: result["max_ms"].as_f64().unwrap_or(0.0),
+        cpu_per_turn_ms: (cpu1 - cpu0).as_secs_f64() * 1000.0 / turns.max(1) as f64,
+        rss_mib: rss as f64 / (1024.0 * 1024.0),
+        errors: result["errors"].as_u64().unwrap_or(0),
+        first_error: result["first_error"].clone(),
+    }
+}
+
+fn list<T>(name: &str, default: &str, parse: impl Fn(&str) -> Option<T>) -> Vec<T> {
+    std::env::var(name)
+        .unwrap_or_else(|_| default.to_owned())
+        .split(',')
+        .map(|item| {
+            parse(item.trim()).unwrap_or_else(|| panic!("{name}: {item:?} is not understood"))
+        })
+        .collect()
+}
+
+fn conduct() {
+    bedrock::install_crypto();
+    let modes = list("BENCH_MODES", "reused,new", Mode::parse);
+    let workers = list("BENCH_WORKERS", "1,50", |w| w.parse::<usize>().ok());
+    let mut fake = this_binary("fake-llm")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let llm_base = read_line(&mut BufReader::new(fake.stdout.take().unwrap()));
+    let _fake = Owned(fake);
+    let dbs = runtime().block_on(BenchDb::all());
+    let mut rows = Vec::new();
+    for db in dbs {
+        let server = ServerProcess::start(&db, &llm_base);
+        for &mode in &modes {
+            for &n in &workers {
+                let row = measure(&server, db.label, mode, n);
+                print_row(&row);
+                rows.push(row);
+            }
+        }
+        server.stop();
+        runtime().block_on(db.drop_db());
+    }
+    let json: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            json!({
+                "db": r.db,
+                "mode": r.mode.name(),
+                "workers": r.workers,
+                "turns": r.turns,
+                "turns_per_s": r.turns as f64 / r.seconds,
+                "p50_ms": r.p50_ms,
+                "p99_ms": r.p99_ms,
+                "max_ms": r.max_ms,
+                "server_cpu_per_turn_ms": r.cpu_per_turn_ms,
+                "server_rss_mib": r.rss_mib,
+                "errors": r.errors,
+            })
+        })
+        .collect();
+    println!("{}", json!({"bench": "e2e", "rows": json}));
+}
+
+fn print_row(row: &Row) {
+    static HEADER: std::sync::Once = std::sync::Once::new();
+    HEADER.call_once(|| {
+        println!(
+            "| db | conversations | workers | turns/s | p50 | p99 | max | server CPU/turn | server RSS | errors |"
+        );
+        println!("|---|---|---|---|---|---|---|---|---|---|");
+    });
+    println!(
+        "| {} | {} | {} | {:.0} | {:.2} ms | {:.2} ms | {:.2} ms | {:.3} ms | {:.1} MiB | {} |",
+        row.db,
+        row.mode.name(),
+        row.workers,
+        row.turns as f64 / row.seconds,
+        row.p50_ms,
+        row.p99_ms,
+        row.max_ms,
+        row.cpu_per_turn_ms,
+        row.rss_mib,
+        row.errors,
+    );
+    if row.errors > 0 {
+        eprintln!("first error: {}", row.first_error);
+    }
+}

@@ -1,0 +1,138 @@
+//! The OpenAPI document: its frame, and what every operation shares (the API key, the error
+//! replies any route can give). The operations come from the handlers' `#[utoipa::path]`
+//! and the schemas from the wire types (src/wire.rs); docs/openapi.json is this document as
+//! `bedrock openapi` prints it, and a test fails when the file is stale.
+
+use utoipa::openapi::path::Operation;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, OpenApi, Ref, RefOr, ResponseBuilder, SecurityRequirement};
+
+use crate::wire;
+
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "Bedrock",
+        description = "Runs LLM agent conversations as supervised actors. The live stream's \
+            frames are the schemas ServerFrame (server to client) and ClientFrame (client to \
+            server); docs/api.md has the semantics.",
+    ),
+    components(schemas(
+        wire::ServerFrame,
+        wire::ClientFrame,
+        wire::RequestType,
+        wire::Reply,
+        wire::SystemEvent,
+        wire::ErrorBody,
+    )),
+    tags(
+        (name = "conversations", description = "Conversations, their messages and their control"),
+        (name = "live stream", description = "WebSocket and SSE"),
+        (name = "operations", description = "Health, readiness, metrics and this document; no key"),
+    ),
+)]
+pub struct Document;
+
+/// The error replies every operation can give, by status, for those under /v1 (with a key)
+/// and the others.
+const V1_ERRORS: [(&str, &str); 5] = [
+    (
+        "400",
+        "`invalid_request`: a malformed path, query or body (a missing or unknown field, a \
+         wrong type)",
+    ),
+    ("401", "`unauthorized`: a missing or unknown API key"),
+    (
+        "404",
+        "`not_found`: no such conversation (or another tenant's), request or task",
+    ),
+    (
+        "413",
+        "`payload_too_large`: the body, a text or a frame is over its limit",
+    ),
+    (
+        "503",
+        "`unavailable`: the database does not answer, or the server is shutting down; retry",
+    ),
+];
+
+/// Adds the security scheme, the version, and the shared error replies.
+pub fn finish(mut document: OpenApi) -> OpenApi {
+    document.info.version = env!("CARGO_PKG_VERSION").to_owned();
+    let components = document.components.get_or_insert_with(Default::default);
+    components.add_security_scheme(
+        "api_key",
+        SecurityScheme::Http(
+            HttpBuilder::new()
+                .scheme(HttpAuthScheme::Bearer)
+                .description(Some(
+                    "`Authorization: Bearer <api key>`; where a client cannot set headers, \
+                     `?access_token=<api key>`. In dev mode a request without a key acts as \
+                     tenant `default`.",
+                ))
+                .build(),
+        ),
+    );
+    for (path, item) in document.paths.paths.iter_mut() {
+        let v1 = path.starts_with("/v1/");
+        for operation in operations(item) {
+            if !v1 {
+                continue;
+            }
+            operation.security = Some(vec![SecurityRequirement::new(
+                "api_key",
+                Vec::<String>::new(),
+            )]);
+            for (status, description) in V1_ERRORS {
+                let has_body = operation.request_body.is_some() || status != "413";
+                if has_body && !operation.responses.responses.contains_key(status) {
+                    operation
+                        .responses
+                        .responses
+                        .insert(status.to_owned(), error_reply(description));
+                }
+            }
+        }
+    }
+    document
+}
+
+fn operations(item: &mut utoipa::openapi::PathItem) -> impl Iterator<Item = &mut Operation> {
+    [
+        item.get.as_mut(),
+        item.put.as_mut(),
+        item.post.as_mut(),
+        item.delete.as_mut(),
+        item.patch.as_mut(),
+    ]
+    .into_iter()
+    .flatten()
+}
+
+fn error_reply(description: &str) -> RefOr<utoipa::openapi::Response> {
+    RefOr::T(
+        ResponseBuilder::new()
+            .description(description)
+            .content(
+                "application/json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("ErrorBody")))
+                    .build(),
+            )
+            .build(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    /// docs/openapi.json is the document the code makes, as `bedrock openapi` prints it.
+    #[test]
+    fn docs_openapi_json_is_the_generated_document() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/openapi.json");
+        let committed = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            committed == super::super::openapi_json(),
+            "docs/openapi.json is stale: run `cargo run -- openapi > docs/openapi.json`"
+        );
+    }
+}
