@@ -84,8 +84,11 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
     match command {
         Command::Serve => {
             bedrock::install_crypto();
+            // One id per process until clusters name their nodes.
+            let instance = uuid::Uuid::now_v7().to_string();
             let telemetry = bedrock::telemetry::init(
                 std::env::var("BEDROCK_LOG_FORMAT").is_ok_and(|f| f == "json"),
+                &instance,
             )?;
             let app = Application::build_with(settings, telemetry.metrics()).await?;
             tracing::info!(addr = %app.addr, "listening");

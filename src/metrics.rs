@@ -39,7 +39,7 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        Metrics::new(None)
+        Metrics::new(None, opentelemetry_sdk::Resource::builder_empty().build())
     }
 }
 
@@ -127,10 +127,14 @@ fn build(meter: &Meter, registry: prometheus::Registry, provider: SdkMeterProvid
 }
 
 impl Metrics {
-    /// The instruments, read for /metrics and, with an exporter, pushed over OTLP.
-    pub fn new(otlp: Option<opentelemetry_otlp::MetricExporter>) -> Metrics {
+    /// The instruments, read for /metrics and, with an exporter, pushed over OTLP with
+    /// `resource` (the process's: telemetry::resource).
+    pub fn new(
+        otlp: Option<opentelemetry_otlp::MetricExporter>,
+        resource: opentelemetry_sdk::Resource,
+    ) -> Metrics {
         let registry = prometheus::Registry::new();
-        let mut builder = SdkMeterProvider::builder();
+        let mut builder = SdkMeterProvider::builder().with_resource(resource);
         match opentelemetry_prometheus::exporter()
             .with_registry(registry.clone())
             .build()

@@ -5,8 +5,10 @@
 
 use std::sync::Arc;
 
+use opentelemetry::KeyValue;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::resource::{EnvResourceDetector, TelemetryResourceDetector};
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -38,19 +40,55 @@ impl Telemetry {
     }
 }
 
-/// Whether the process environment asks for OTLP trace export.
-fn otlp_configured() -> bool {
-    [
-        "OTEL_EXPORTER_OTLP_ENDPOINT",
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-    ]
-    .iter()
-    .any(|name| std::env::var(name).is_ok_and(|v| !v.is_empty()))
+/// The signals OTLP export can carry.
+#[derive(Clone, Copy, Debug)]
+enum Signal {
+    Traces,
+    Metrics,
+}
+
+/// Whether the process environment asks for OTLP export of `signal`: an endpoint for all
+/// signals or for this one, the SDK not disabled, and the signal's exporter not `none`.
+fn otlp_configured(signal: Signal) -> bool {
+    let set = |name: &str| std::env::var(name).is_ok_and(|v| !v.is_empty());
+    let (endpoint, exporter) = match signal {
+        Signal::Traces => ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_TRACES_EXPORTER"),
+        Signal::Metrics => (
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+            "OTEL_METRICS_EXPORTER",
+        ),
+    };
+    (set("OTEL_EXPORTER_OTLP_ENDPOINT") || set(endpoint))
         && std::env::var("OTEL_SDK_DISABLED").map_or(true, |v| v != "true")
+        && std::env::var(exporter).map_or(true, |v| v != "none")
+}
+
+/// What every span and metric of this process says of it: `service.name` (from
+/// OTEL_SERVICE_NAME, else a `service.name` in OTEL_RESOURCE_ATTRIBUTES, else `bedrock`),
+/// `service.version`, `service.instance.id` (`instance_id`), the SDK's own attributes, and
+/// whatever OTEL_RESOURCE_ATTRIBUTES adds. The standard variables win over the defaults.
+pub fn resource(instance_id: &str) -> Resource {
+    let defaults = [
+        KeyValue::new("service.name", "bedrock"),
+        KeyValue::new("service.version", env!("CARGO_PKG_VERSION")),
+        KeyValue::new("service.instance.id", instance_id.to_owned()),
+    ];
+    let builder = Resource::builder_empty()
+        .with_attributes(defaults)
+        .with_detectors(&[
+            Box::new(TelemetryResourceDetector),
+            Box::new(EnvResourceDetector::new()),
+        ]);
+    match std::env::var("OTEL_SERVICE_NAME") {
+        Ok(name) if !name.is_empty() => builder.with_service_name(name),
+        _ => builder,
+    }
+    .build()
 }
 
 /// Installs the global subscriber. Call once, at start, after `install_crypto`.
-pub fn init(json_logs: bool) -> anyhow::Result<Telemetry> {
+/// `instance_id` names this process among the service's (`service.instance.id`).
+pub fn init(json_logs: bool, instance_id: &str) -> anyhow::Result<Telemetry> {
     let filter = || {
         EnvFilter::try_from_default_env().unwrap_or_else(|_| {
             EnvFilter::new("info,ractor=warn,sqlx=warn,sea_orm=warn,sea_orm_migration=warn,h2=warn,hyper=warn,reqwest=warn")
@@ -64,17 +102,20 @@ pub fn init(json_logs: bool) -> anyhow::Result<Telemetry> {
     } else {
         fmt.boxed()
     });
-    let otlp = otlp_configured();
-    let metrics = Arc::new(Metrics::new(if otlp {
-        Some(
-            opentelemetry_otlp::MetricExporter::builder()
-                .with_http()
-                .build()?,
-        )
-    } else {
-        None
-    }));
-    let provider = if otlp {
+    let resource = resource(instance_id);
+    let metrics = Arc::new(Metrics::new(
+        if otlp_configured(Signal::Metrics) {
+            Some(
+                opentelemetry_otlp::MetricExporter::builder()
+                    .with_http()
+                    .build()?,
+            )
+        } else {
+            None
+        },
+        resource.clone(),
+    ));
+    let provider = if otlp_configured(Signal::Traces) {
         // Endpoint, protocol (http/protobuf or http/json), headers and timeouts come from the
         // standard OTEL_* variables.
         let exporter = opentelemetry_otlp::SpanExporter::builder()
@@ -83,7 +124,7 @@ pub fn init(json_logs: bool) -> anyhow::Result<Telemetry> {
         Some(
             SdkTracerProvider::builder()
                 .with_batch_exporter(exporter)
-                .with_resource(Resource::builder().with_service_name("bedrock").build())
+                .with_resource(resource)
                 .build(),
         )
     } else {

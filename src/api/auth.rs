@@ -42,53 +42,34 @@ pub fn key_prefix(key: &str) -> String {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Caller(pub Tenant);
 
-fn bearer(parts: &Parts) -> Option<String> {
+/// The key a request carries, if any. An `Authorization` header that is not
+/// `Bearer <key>` is refused rather than taken for no key.
+fn bearer(parts: &Parts) -> Result<Option<String>, ApiError> {
     if let Some(value) = parts.headers.get(header::AUTHORIZATION) {
-        let value = value.to_str().ok()?;
-        let (scheme, key) = value.split_once(' ')?;
-        return scheme
-            .eq_ignore_ascii_case("bearer")
-            .then(|| key.trim().to_owned());
+        return value
+            .to_str()
+            .ok()
+            .and_then(|value| value.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, key)| key.trim().to_owned())
+            .filter(|key| !key.is_empty())
+            .map(Some)
+            .ok_or_else(|| {
+                ApiError::unauthorized("the Authorization header must be `Bearer <api key>`")
+            });
     }
-    let query = parts.uri.query()?;
-    url_param(query, "access_token")
+    Ok(parts
+        .uri
+        .query()
+        .and_then(|query| url_param(query, "access_token"))
+        .filter(|key| !key.is_empty()))
 }
 
 /// One decoded query parameter.
 pub fn url_param(query: &str, name: &str) -> Option<String> {
-    query.split('&').find_map(|pair| {
-        let (key, value) = pair.split_once('=')?;
-        (key == name).then(|| percent_decode(value))
-    })
-}
-
-fn percent_decode(value: &str) -> String {
-    let bytes = value.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => match u8::from_str_radix(&value[i + 1..i + 3], 16) {
-                Ok(b) => {
-                    out.push(b);
-                    i += 3;
-                }
-                Err(_) => {
-                    out.push(b'%');
-                    i += 1;
-                }
-            },
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    url::form_urlencoded::parse(query.as_bytes())
+        .find(|(key, _)| key == name)
+        .map(|(_, value)| value.into_owned())
 }
 
 impl FromRequestParts<AppState> for Caller {
@@ -98,7 +79,7 @@ impl FromRequestParts<AppState> for Caller {
         parts: &mut Parts,
         app: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let Some(key) = bearer(parts).filter(|k| !k.is_empty()) else {
+        let Some(key) = bearer(parts)? else {
             return match &app.dev_tenant {
                 Some(tenant) => Ok(Caller(tenant.clone())),
                 None => Err(ApiError::unauthorized(
@@ -166,6 +147,10 @@ mod tests {
         assert_eq!(
             url_param("access_token=%zz%", "access_token").as_deref(),
             Some("%zz%")
+        );
+        assert_eq!(
+            url_param("access_token=%ff", "access_token").as_deref(),
+            Some("\u{fffd}")
         );
     }
 }

@@ -9,6 +9,7 @@ mod support;
 
 mod api;
 mod architecture;
+mod contract;
 mod hitl;
 mod persistence;
 mod runtime;

@@ -25,6 +25,24 @@ async fn receive(State(received): State<Received>, body: axum::body::Bytes) -> a
     axum::Json(json!({}))
 }
 
+/// A resource's string attributes, as a map.
+fn resource_attributes(resource: &Value) -> Value {
+    let map: serde_json::Map<String, Value> = resource["attributes"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|kv| {
+                    Some((
+                        kv["key"].as_str()?.to_owned(),
+                        kv["value"]["stringValue"].clone(),
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Value::Object(map)
+}
+
 /// A flat list of every span received, with its attributes as a map.
 fn spans(received: &Received) -> Vec<Value> {
     let batches = received.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -35,11 +53,7 @@ fn spans(received: &Received) -> Vec<Value> {
             .cloned()
             .unwrap_or_default()
         {
-            let service = resource["resource"]["attributes"]
-                .as_array()
-                .and_then(|a| a.iter().find(|kv| kv["key"] == "service.name"))
-                .map(|kv| kv["value"]["stringValue"].clone())
-                .unwrap_or(Value::Null);
+            let service = resource_attributes(&resource["resource"]);
             for scope in resource["scopeSpans"]
                 .as_array()
                 .cloned()
@@ -99,6 +113,13 @@ async fn a_turn_is_exported_as_one_trace() {
         .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")
         .env("OTEL_METRIC_EXPORT_INTERVAL", "200")
+        // The standard variables win over Bedrock's defaults (OTEL_SERVICE_NAME over a
+        // service.name in OTEL_RESOURCE_ATTRIBUTES).
+        .env("OTEL_SERVICE_NAME", "bedrock-under-test")
+        .env(
+            "OTEL_RESOURCE_ATTRIBUTES",
+            "service.name=overridden,deployment.environment.name=ci",
+        )
         .env_remove("RUST_LOG");
     let server = Server::start_with(cmd);
     let created = server.conversation().await;
@@ -129,7 +150,16 @@ async fn a_turn_is_exported_as_one_trace() {
     let turn = named("conversation.turn");
     assert_eq!(turn.len(), 1, "one turn: {names:?}");
     let turn = &turn[0];
-    assert_eq!(turn["service"], "bedrock");
+    let service = &turn["service"];
+    assert_eq!(service["service.name"], "bedrock-under-test", "{service}");
+    assert_eq!(service["deployment.environment.name"], "ci", "{service}");
+    assert_eq!(
+        service["service.version"],
+        env!("CARGO_PKG_VERSION"),
+        "{service}"
+    );
+    let instance = service["service.instance.id"].as_str().unwrap_or_default();
+    assert!(uuid::Uuid::parse_str(instance).is_ok(), "{service}");
     assert_eq!(turn["attributes"]["conversation"], id.as_str());
     assert!(turn["attributes"]["tenant"].is_string());
     let llm_spans = named("llm.request");
@@ -179,8 +209,18 @@ async fn a_turn_is_exported_as_one_trace() {
         .expect("a 'turn finished' log line");
     assert_eq!(finished["span"]["trace_id"], turn["trace"], "{finished}");
 
-    // The turn's metrics arrived too, with their attributes.
+    // The turn's metrics arrived too, with their attributes, from the same resource.
     let batches = metrics.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    for resource in batches
+        .iter()
+        .flat_map(|b| b["resourceMetrics"].as_array().cloned().unwrap_or_default())
+    {
+        assert_eq!(
+            &resource_attributes(&resource["resource"]),
+            service,
+            "metrics and spans name the same process"
+        );
+    }
     let exported: Vec<Value> = batches
         .iter()
         .flat_map(|b| b["resourceMetrics"].as_array().cloned().unwrap_or_default())
@@ -283,4 +323,62 @@ async fn the_dashboard_queries_only_served_metrics() {
     }
     drop(ws);
     app.cleanup(db).await;
+}
+
+/// Without OTEL_SERVICE_NAME, a `service.name` in OTEL_RESOURCE_ATTRIBUTES names the
+/// service; with neither, it is `bedrock`.
+#[tokio::test]
+async fn the_service_name_comes_from_the_standard_variables() {
+    bedrock::install_crypto();
+    for (attributes, expected) in [
+        (
+            Some("service.name=from-attributes,team=agents"),
+            "from-attributes",
+        ),
+        (None, "bedrock"),
+    ] {
+        let metrics: Received = Arc::default();
+        let app = Router::new().route("/v1/metrics", post(receive).with_state(metrics.clone()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let collector = listener.local_addr().expect("an address");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let db = TestDb::sqlite();
+        let llm = FakeLlm::start().await;
+        let workspace = crate::support::db::temp_dir("ws");
+        let mut cmd = command(&db, &llm, &workspace);
+        cmd.env(
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+            format!("http://{collector}/v1/metrics"),
+        )
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+        .env("OTEL_METRIC_EXPORT_INTERVAL", "200");
+        if let Some(attributes) = attributes {
+            cmd.env("OTEL_RESOURCE_ATTRIBUTES", attributes);
+        }
+        let server = Server::start_with(cmd);
+        // Something to export: /metrics sets the gauges.
+        let served = reqwest::get(format!("{}/metrics", server.base)).await;
+        assert!(served.is_ok_and(|r| r.status() == 200));
+        let resource = eventually("a metrics export", WAIT, || async {
+            let batches = metrics.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            batches
+                .iter()
+                .flat_map(|b| b["resourceMetrics"].as_array().cloned().unwrap_or_default())
+                .map(|r| resource_attributes(&r["resource"]))
+                .next()
+        })
+        .await;
+        assert_eq!(resource["service.name"], expected, "{resource}");
+        if attributes.is_some() {
+            assert_eq!(resource["team"], "agents", "{resource}");
+        }
+        let status = tokio::task::spawn_blocking(move || server.terminate())
+            .await
+            .expect("the wait");
+        assert!(status.success());
+        crate::support::process::remove_workspace(&workspace);
+        db.drop_db().await;
+    }
 }
