@@ -5,8 +5,10 @@
 //! one `think` call per turn and then answers `done: <the user's text>`.
 //!
 //! Two modes: reused conversations (each worker keeps one conversation and one WebSocket,
-//! turn after turn) and a new conversation per turn (create, connect, send, wait, close). Each
-//! at 1 and at 50 workers. Printed: turns/s, turn latency p50/p99/max, the server process's
+//! turn after turn, and moves to a new one after `BENCH_TURNS_PER_CONVERSATION` turns,
+//! default 50: every LLM request carries the whole history, so without a bound the cost of a
+//! turn would grow with the length of the run; 0 = never) and a new conversation per turn
+//! (create, connect, send, wait, close). Each at 1 and at 50 workers. Printed: turns/s, turn latency p50/p99/max, the server process's
 //! own CPU per turn (from /proc, the server's pid only) and its RSS, as a table and as one
 //! JSON line.
 //!
@@ -207,10 +209,22 @@ struct Tally {
 
 /// One worker: turns back to back until `stop`; turns that end inside the window
 /// `[start, stop)` are counted.
-async fn worker(client: std::sync::Arc<Client>, mode: Mode, n: usize, window: Window) -> Tally {
+async fn worker(
+    client: std::sync::Arc<Client>,
+    mode: Mode,
+    n: usize,
+    window: Window,
+    turns_per_conversation: usize,
+) -> Tally {
     let mut tally = Tally::default();
     let mut kept: Option<(String, Socket)> = None;
-    for k in 0.. {
+    for k in 0usize.. {
+        if turns_per_conversation > 0
+            && k % turns_per_conversation == 0
+            && let Some((_, mut socket)) = kept.take()
+        {
+            let _ = socket.close(None).await;
+        }
         let began = Instant::now();
         if began >= window.stop {
             break;
@@ -270,6 +284,7 @@ fn load() {
     let workers: usize = arg("E2E_WORKERS").parse().unwrap();
     let warmup = Duration::from_millis(arg("E2E_WARMUP_MS").parse().unwrap());
     let measure = Duration::from_millis(arg("E2E_MEASURE_MS").parse().unwrap());
+    let turns_per_conversation: usize = arg("E2E_TURNS_PER_CONVERSATION").parse().unwrap();
     runtime().block_on(async move {
         let client = std::sync::Arc::new(Client {
             http: reqwest::Client::builder()
@@ -286,7 +301,15 @@ fn load() {
             stop: start + measure,
         };
         let tasks: Vec<_> = (0..workers)
-            .map(|n| tokio::spawn(worker(client.clone(), mode, n, window)))
+            .map(|n| {
+                tokio::spawn(worker(
+                    client.clone(),
+                    mode,
+                    n,
+                    window,
+                    turns_per_conversation,
+                ))
+            })
             .collect();
         tokio::time::sleep_until(start.into()).await;
         println!("start");
@@ -333,19 +356,20 @@ fn this_binary(role: &str) -> Command {
     cmd
 }
 
-/// The process's CPU time so far (user and system, all threads), from /proc.
-fn cpu_time(pid: u32) -> Duration {
+/// The process's CPU time so far, user and system (all threads), from /proc.
+fn cpu_time(pid: u32) -> (Duration, Duration) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     // The fields after the command name, which is in parentheses and may hold spaces.
     let rest = &stat[stat.rfind(')').unwrap() + 2..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
     // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
     let per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
         .ok()
         .flatten()
-        .unwrap_or(100) as u64;
-    Duration::from_secs_f64(ticks as f64 / per_second as f64)
+        .unwrap_or(100) as f64;
+    let time =
+        |field: &str| Duration::from_secs_f64(field.parse::<u64>().unwrap() as f64 / per_second);
+    (time(fields[11]), time(fields[12]))
 }
 
 /// The process's resident memory, in bytes.
@@ -435,6 +459,8 @@ struct Row {
     p99_ms: f64,
     max_ms: f64,
     cpu_per_turn_ms: f64,
+    /// The part of it spent in the kernel.
+    sys_per_turn_ms: f64,
     rss_mib: f64,
     errors: u64,
     first_error: Value,
@@ -455,6 +481,10 @@ fn measure(server: &ServerProcess, db: &'static str, mode: Mode, workers: usize)
         .env("E2E_WORKERS", workers.to_string())
         .env("E2E_WARMUP_MS", warmup.as_millis().to_string())
         .env("E2E_MEASURE_MS", measure.as_millis().to_string())
+        .env(
+            "E2E_TURNS_PER_CONVERSATION",
+            turns_per_conversation().to_string(),
+        )
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -478,11 +508,21 @@ fn measure(server: &ServerProcess, db: &'static str, mode: Mode, workers: usize)
         p50_ms: result["p50_ms"].as_f64().unwrap_or(0.0),
         p99_ms: result["p99_ms"].as_f64().unwrap_or(0.0),
         max_ms: result["max_ms"].as_f64().unwrap_or(0.0),
-        cpu_per_turn_ms: (cpu1 - cpu0).as_secs_f64() * 1000.0 / turns.max(1) as f64,
+        cpu_per_turn_ms: ((cpu1.0 + cpu1.1) - (cpu0.0 + cpu0.1)).as_secs_f64() * 1000.0
+            / turns.max(1) as f64,
+        sys_per_turn_ms: (cpu1.1 - cpu0.1).as_secs_f64() * 1000.0 / turns.max(1) as f64,
         rss_mib: rss as f64 / (1024.0 * 1024.0),
         errors: result["errors"].as_u64().unwrap_or(0),
         first_error: result["first_error"].clone(),
     }
+}
+
+/// Turns a reused conversation takes before its worker moves to a new one (0: never).
+fn turns_per_conversation() -> usize {
+    std::env::var("BENCH_TURNS_PER_CONVERSATION")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(50)
 }
 
 fn list<T>(name: &str, default: &str, parse: impl Fn(&str) -> Option<T>) -> Vec<T> {
@@ -533,24 +573,32 @@ fn conduct() {
                 "p99_ms": r.p99_ms,
                 "max_ms": r.max_ms,
                 "server_cpu_per_turn_ms": r.cpu_per_turn_ms,
+                "server_sys_per_turn_ms": r.sys_per_turn_ms,
                 "server_rss_mib": r.rss_mib,
                 "errors": r.errors,
             })
         })
         .collect();
-    println!("{}", json!({"bench": "e2e", "rows": json}));
+    println!(
+        "{}",
+        json!({"bench": "e2e", "turns_per_conversation": turns_per_conversation(), "seconds": seconds().as_secs(), "rows": json})
+    );
 }
 
 fn print_row(row: &Row) {
     static HEADER: std::sync::Once = std::sync::Once::new();
     HEADER.call_once(|| {
         println!(
-            "| db | conversations | workers | turns/s | p50 | p99 | max | server CPU/turn | server RSS | errors |"
+            "reused conversations take {} turns each (BENCH_TURNS_PER_CONVERSATION; 0 = no limit)",
+            turns_per_conversation()
+        );
+        println!(
+            "| db | conversations | workers | turns/s | p50 | p99 | max | server CPU/turn (kernel) | server RSS | errors |"
         );
         println!("|---|---|---|---|---|---|---|---|---|---|");
     });
     println!(
-        "| {} | {} | {} | {:.0} | {:.2} ms | {:.2} ms | {:.2} ms | {:.3} ms | {:.1} MiB | {} |",
+        "| {} | {} | {} | {:.0} | {:.2} ms | {:.2} ms | {:.2} ms | {:.3} ms ({:.3}) | {:.1} MiB | {} |",
         row.db,
         row.mode.name(),
         row.workers,
@@ -559,6 +607,7 @@ fn print_row(row: &Row) {
         row.p99_ms,
         row.max_ms,
         row.cpu_per_turn_ms,
+        row.sys_per_turn_ms,
         row.rss_mib,
         row.errors,
     );

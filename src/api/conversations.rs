@@ -14,7 +14,7 @@ use super::error::{ApiError, Body, ErrorBody, Path, Query, rejection, reply};
 use super::images;
 use crate::model::{ConversationRecord, MessageRecord, NewConversation};
 use crate::persistence::WriteJob;
-use crate::runtime::{CancelOutcome, ConvMsg, Live, SendError};
+use crate::runtime::{CancelOutcome, ConvMsg, Fixed, Live, SendError};
 use crate::state_machine::ImageRef;
 use crate::store::{NewAttachment, StoreError};
 use crate::tools::resolve_in;
@@ -58,6 +58,20 @@ impl AppState {
             .conversation(&caller.0.id, id)
             .await?
             .ok_or_else(|| ApiError::not_found("conversation"))
+    }
+
+    /// What sending to a conversation needs: from its running actor when it runs (no
+    /// database read on the hot path), else from its row.
+    pub(super) async fn target(&self, caller: &Caller, id: &str) -> Result<Target, ApiError> {
+        if let Some(live) = self.services.registry.get(id)
+            && live.fixed.tenant_id == caller.0.id
+        {
+            return Ok(Target {
+                id: id.to_owned(),
+                fixed: live.fixed.clone(),
+            });
+        }
+        Ok(Target::from(&self.find(caller, id).await?))
     }
 
     pub(super) async fn live(&self, id: &str) -> Result<Live, ApiError> {
@@ -296,6 +310,22 @@ pub async fn children(
     ))
 }
 
+/// A conversation a message goes to: its id and what never changes of it.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub id: String,
+    pub fixed: std::sync::Arc<Fixed>,
+}
+
+impl From<&ConversationRecord> for Target {
+    fn from(conv: &ConversationRecord) -> Self {
+        Target {
+            id: conv.id.clone(),
+            fixed: std::sync::Arc::new(Fixed::from(conv)),
+        }
+    }
+}
+
 /// A user message, validated; shared by REST and the WebSocket.
 #[derive(Debug)]
 pub struct Outgoing {
@@ -327,11 +357,7 @@ pub enum Delivered {
 
 /// Validates, stores images, and hands the message to the conversation; atomic with its
 /// busy check (the actor decides).
-pub async fn deliver(
-    app: &AppState,
-    conv: &ConversationRecord,
-    out: Outgoing,
-) -> Result<Delivered, ApiError> {
+pub async fn deliver(app: &AppState, conv: &Target, out: Outgoing) -> Result<Delivered, ApiError> {
     let limits = &app.settings.server;
     if out.text.len() > limits.max_text_bytes {
         return Err(ApiError::too_large(format!(
@@ -365,7 +391,7 @@ pub async fn deliver(
     }
     let mut refs = Vec::new();
     if !out.images.is_empty() {
-        let max_px = app.settings.model(&conv.model).max_image_px;
+        let max_px = app.settings.model(&conv.fixed.model).max_image_px;
         let raw = out.images;
         let prepared = tokio::task::spawn_blocking(move || {
             raw.iter()
@@ -380,7 +406,7 @@ pub async fn deliver(
             .into_iter()
             .map(|p| NewAttachment {
                 id: uuid::Uuid::now_v7().to_string(),
-                tenant_id: conv.tenant_id.clone(),
+                tenant_id: conv.fixed.tenant_id.clone(),
                 conversation_id: conv.id.clone(),
                 media_type: p.media_type,
                 data: p.data,
@@ -462,21 +488,18 @@ pub async fn send(
     Path(id): Path<String>,
     Body(body): Body<SendMessage>,
 ) -> Result<Response, ApiError> {
-    let conv = app.find(&caller, &id).await?;
-    Ok(match deliver(&app, &conv, body.into()).await? {
-        Delivered::New(message) => reply(
-            StatusCode::ACCEPTED,
-            &Sent {
-                message: app.message_json(&conv, &message),
-            },
-        ),
-        Delivered::Repeat(message) => reply(
-            StatusCode::OK,
-            &Sent {
-                message: app.message_json(&conv, &message),
-            },
-        ),
-    })
+    let conv = app.target(&caller, &id).await?;
+    let (status, message) = match deliver(&app, &conv, body.into()).await? {
+        Delivered::New(message) => (StatusCode::ACCEPTED, message),
+        Delivered::Repeat(message) => (StatusCode::OK, message),
+    };
+    let window = app.window(&conv.fixed.model);
+    Ok(reply(
+        status,
+        &Sent {
+            message: wire::message(&message, window),
+        },
+    ))
 }
 
 /// Cancels through the conversation's cancel path; shared by REST and the WebSocket.

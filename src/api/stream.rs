@@ -21,7 +21,7 @@ use tokio::sync::{broadcast, mpsc};
 
 use super::AppState;
 use super::auth::Caller;
-use super::conversations::{Outgoing, cancel_conversation, check_client_event, deliver};
+use super::conversations::{Outgoing, Target, cancel_conversation, check_client_event, deliver};
 use super::error::{ApiError, ErrorBody, Path, Query};
 use crate::hub::Frame;
 use crate::model::ConversationRecord;
@@ -56,24 +56,36 @@ async fn snapshot(app: &AppState, conv: &ConversationRecord) -> Result<Arc<Frame
     }))
 }
 
-/// Where a stream's frames go: a WebSocket or an SSE response.
+/// Where a stream's frames go: a WebSocket or an SSE response. Frames are queued with
+/// `frame` and go out together at the next `flush_frames`: a burst of frames is one write.
 trait FrameSink {
-    /// Sends one frame; false when the client is gone.
+    /// Queues one frame; false when the client is gone.
     async fn frame(&mut self, frame: Arc<Frame>) -> bool;
+    /// Sends what is queued; false when the client is gone.
+    async fn flush_frames(&mut self) -> bool;
 }
 
 type WsSink = futures::stream::SplitSink<WebSocket, Message>;
 
 impl FrameSink for WsSink {
     async fn frame(&mut self, frame: Arc<Frame>) -> bool {
-        let send = self.send(Message::Text(frame.ws.clone()));
-        matches!(tokio::time::timeout(SEND_TIMEOUT, send).await, Ok(Ok(())))
+        let feed = self.feed(Message::Text(frame.ws.clone()));
+        matches!(tokio::time::timeout(SEND_TIMEOUT, feed).await, Ok(Ok(())))
+    }
+
+    async fn flush_frames(&mut self) -> bool {
+        let flush = SinkExt::flush(self);
+        matches!(tokio::time::timeout(SEND_TIMEOUT, flush).await, Ok(Ok(())))
     }
 }
 
 impl FrameSink for mpsc::Sender<Out> {
     async fn frame(&mut self, frame: Arc<Frame>) -> bool {
         self.send(Out::Frame(frame)).await.is_ok()
+    }
+
+    async fn flush_frames(&mut self) -> bool {
+        !self.is_closed()
     }
 }
 
@@ -122,7 +134,7 @@ async fn open(
     if let Some(after) = after.filter(|a| *a < conv.last_event_id()) {
         last = replay(app, id, after.max(0), None, sink).await?.max(last);
     }
-    Some((live, last))
+    sink.flush_frames().await.then_some((live, last))
 }
 
 /// Forwards one item from the hub: a durable frame at or below `last` is a duplicate from the
@@ -156,6 +168,34 @@ async fn forward(
         *last = event_id;
     }
     if sink.frame(frame).await {
+        Ok(())
+    } else {
+        Err(None)
+    }
+}
+
+/// Forwards `first` and every frame already waiting behind it, then sends them in one write.
+async fn forward_ready(
+    app: &AppState,
+    id: &str,
+    first: Result<Arc<Frame>, broadcast::error::RecvError>,
+    live: &mut broadcast::Receiver<Arc<Frame>>,
+    last: &mut i64,
+    sink: &mut impl FrameSink,
+) -> Result<(), Option<(u16, String)>> {
+    let mut received = first;
+    loop {
+        forward(app, id, received, last, sink).await?;
+        received = match live.try_recv() {
+            Ok(frame) => Ok(frame),
+            Err(broadcast::error::TryRecvError::Empty) => break,
+            Err(broadcast::error::TryRecvError::Lagged(n)) => {
+                Err(broadcast::error::RecvError::Lagged(n))
+            }
+            Err(broadcast::error::TryRecvError::Closed) => Err(broadcast::error::RecvError::Closed),
+        };
+    }
+    if sink.flush_frames().await {
         Ok(())
     } else {
         Err(None)
@@ -215,12 +255,12 @@ async fn serve_socket(
             tokio::select! {
                 () = app.shutdown.cancelled() => break Some((CLOSE_GOING_AWAY, GOING_AWAY.to_owned())),
                 received = live.recv() => {
-                    if let Err(close) = forward(&app, &conv.id, received, &mut last, &mut sink).await {
+                    if let Err(close) = forward_ready(&app, &conv.id, received, &mut live, &mut last, &mut sink).await {
                         break close;
                     }
                 }
                 reply = reply_rx.recv() => {
-                    if let Some(reply) = reply && !sink.frame(reply).await {
+                    if let Some(reply) = reply && !(sink.frame(reply).await && sink.flush_frames().await) {
                         break None;
                     }
                 }
@@ -297,7 +337,7 @@ fn client_frame(
                     images: images.into_iter().map(|i| (i.media_type, i.data)).collect(),
                     message_id,
                 };
-                deliver(&app, &conv, out).await.map(|_| None)
+                deliver(&app, &Target::from(&conv), out).await.map(|_| None)
             }
             ClientFrame::Cancel => cancel_conversation(&app, &conv).await.map(|_| None),
             ClientFrame::Respond {
@@ -357,7 +397,7 @@ pub async fn sse(
                 () = app.shutdown.cancelled() => break Some((CLOSE_GOING_AWAY, GOING_AWAY.to_owned())),
                 () = sink.closed() => break None,
                 received = live.recv() => {
-                    if let Err(close) = forward(&app, &conv.id, received, &mut last, &mut sink).await {
+                    if let Err(close) = forward_ready(&app, &conv.id, received, &mut live, &mut last, &mut sink).await {
                         break close;
                     }
                 }

@@ -311,15 +311,17 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
         is_sub_agent: job.is_sub_agent,
         max_output_tokens: model_settings.max_output_tokens,
     };
-    let loader = |id: &str| images.get(id).cloned();
-    let request = request::body(&ctx, &history.messages, &loader).map_err(|e| {
+    let encoding = |e: serde_json::Error| {
         Failure::new(
             ErrorKind::InvalidRequest,
             format!("cannot encode the request: {e}"),
         )
-    })?;
-    drop(history);
-    let size = request.get().len();
+    };
+    let loader = |id: &str| images.get(id).cloned();
+    let converted = request::images(&history.messages, &loader).map_err(encoding)?;
+    drop(images);
+    let body = request::body(&ctx, &history.messages, &converted).map_err(encoding)?;
+    let size = body.size().map_err(encoding)?;
     if size > llm.max_request_bytes {
         return Err(Failure::new(
             ErrorKind::Limit,
@@ -334,16 +336,17 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
     PROBE
         .scope(
             probe.clone(),
-            stream_reply(shared, job, request, deadline, started, probe),
+            stream_reply(shared, job, &body, deadline, started, probe),
         )
         .await
 }
 
-/// Sends `request` and accumulates the streamed reply, forwarding text deltas live.
+/// Sends `request` and accumulates the streamed reply, forwarding text deltas live. The body
+/// is serialised once, into the request async-openai sends.
 async fn stream_reply(
     shared: &Shared,
     job: &LlmJob,
-    request: Box<serde_json::value::RawValue>,
+    request: &request::Body<'_>,
     deadline: tokio::time::Instant,
     started: Instant,
     probe: Arc<http::Probe>,

@@ -2,9 +2,9 @@
 //!
 //! The backend is sent the whole history at every step, so each message is turned into its
 //! wire JSON once ([`wire`]), kept with the gateway's history, and a request's body is those
-//! pieces put together ([`body`]): a step costs a copy of the history, not its conversion
-//! and serialization. Messages with images are converted per request (their data URLs are
-//! not kept in memory).
+//! pieces written one after the other into the sender's buffer ([`Body`]): a step costs one
+//! copy of the history, not its conversion and serialization. Messages with images are
+//! converted per request ([`images`]; their data URLs are not kept in memory).
 
 use async_openai::types::chat::{
     ChatCompletionMessageToolCall, ChatCompletionMessageToolCalls,
@@ -115,20 +115,22 @@ fn tool_list(tools: &[ToolDefinition]) -> Vec<ChatCompletionTools> {
 struct Messages<'a> {
     system: ChatCompletionRequestMessage,
     history: &'a [Wire],
-    images: ImageLoader<'a>,
+    /// The messages with images, converted, in the order they come in `history`.
+    images: &'a [Box<RawValue>],
 }
 
 impl serde::Serialize for Messages<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut seq = serializer.serialize_seq(None)?;
         seq.serialize_element(&self.system)?;
+        let mut images = self.images.iter();
         for message in self.history {
             match message {
                 Wire::Skip => {}
                 Wire::Json(json) => seq.serialize_element(json)?,
-                Wire::Images(content) => {
-                    if let Some(message) = convert(content, self.images) {
-                        seq.serialize_element(&message)?;
+                Wire::Images(_) => {
+                    if let Some(json) = images.next() {
+                        seq.serialize_element(json)?;
                     }
                 }
             }
@@ -137,9 +139,11 @@ impl serde::Serialize for Messages<'_> {
     }
 }
 
-/// The body of a streaming chat-completions request.
+/// The body of a streaming chat-completions request: the system prompt, the history, the
+/// tools, `stream` with usage in the last chunk, and the output token limit. It borrows the
+/// history and is serialised by whoever sends it.
 #[derive(serde::Serialize)]
-struct Body<'a> {
+pub struct Body<'a> {
     model: &'a str,
     messages: Messages<'a>,
     tools: &'a RawValue,
@@ -148,14 +152,27 @@ struct Body<'a> {
     max_completion_tokens: u32,
 }
 
-/// The JSON body of the streaming request for `history`: the system prompt, the history,
-/// the tools, `stream` with usage in the last chunk, and the output token limit.
-pub fn body(
-    ctx: &RequestContext<'_>,
-    history: &[Wire],
-    images: ImageLoader<'_>,
-) -> serde_json::Result<Box<RawValue>> {
-    let body = Body {
+/// The messages of `history` that carry images, converted (data URLs and all), in order:
+/// what [`body`] takes for them.
+pub fn images(history: &[Wire], loader: ImageLoader<'_>) -> serde_json::Result<Vec<Box<RawValue>>> {
+    history
+        .iter()
+        .filter_map(|message| match message {
+            Wire::Images(content) => convert(content, loader),
+            Wire::Skip | Wire::Json(_) => None,
+        })
+        .map(|message| serde_json::value::to_raw_value(&message))
+        .collect()
+}
+
+/// The body of the streaming request for `history`, with its messages with images
+/// converted by [`images`].
+pub fn body<'a>(
+    ctx: &RequestContext<'a>,
+    history: &'a [Wire],
+    images: &'a [Box<RawValue>],
+) -> serde_json::Result<Body<'a>> {
+    Ok(Body {
         model: ctx.model,
         messages: Messages {
             system: ChatCompletionRequestMessage::System(ChatCompletionRequestSystemMessage {
@@ -172,8 +189,27 @@ pub fn body(
             include_obfuscation: None,
         },
         max_completion_tokens: ctx.max_output_tokens,
-    };
-    serde_json::value::to_raw_value(&body)
+    })
+}
+
+impl Body<'_> {
+    /// The size of the body's JSON, counted without making it: the history's pieces are
+    /// only measured.
+    pub fn size(&self) -> serde_json::Result<usize> {
+        struct Count(usize);
+        impl std::io::Write for Count {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0 += bytes.len();
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut count = Count(0);
+        serde_json::to_writer(&mut count, self)?;
+        Ok(count.0)
+    }
 }
 
 fn user_text(text: String) -> ChatCompletionRequestMessage {
@@ -342,9 +378,11 @@ mod tests {
         let wires: Vec<Wire> = history.iter().map(wire).collect();
         assert!(matches!(wires[3], Wire::Skip) && matches!(wires[4], Wire::Skip));
         assert!(matches!(wires[6], Wire::Images(_)));
-        let sent: serde_json::Value =
-            serde_json::from_str(body(&ctx, &wires, &loader).expect("encodes").get())
-                .expect("valid JSON");
+        let converted = images(&wires, &loader).expect("converts");
+        let body = body(&ctx, &wires, &converted).expect("encodes");
+        let text = serde_json::to_string(&body).expect("serialises");
+        assert_eq!(body.size().expect("counts"), text.len());
+        let sent: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
 
         let mut messages = vec![ChatCompletionRequestMessage::System(
             ChatCompletionRequestSystemMessage {

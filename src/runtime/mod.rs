@@ -34,7 +34,7 @@ pub use cancel::{CancelOutcome, CancelSlot};
 pub use commit::{Plan, apply as apply_commit, plan as plan_commit, plan_frames};
 pub use conversation::{ConvMsg, SendError, context};
 pub use recovery::{RecoveryReport, recover};
-pub use registry::{Live, Registry, StartError};
+pub use registry::{Fixed, Live, Registry, StartError};
 pub use requests::{AnswerError, Asked, RequestBroker, answer_request, check_reply};
 pub use system_events::post as post_system_event;
 

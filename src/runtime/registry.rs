@@ -12,11 +12,29 @@ use super::cancel::CancelSlot;
 use super::conversation::{ConvMsg, ConversationActor, ConversationArgs};
 use crate::store::StoreError;
 
-/// A running conversation: its mailbox and its cancel path.
+/// A running conversation: its mailbox, its cancel path, and what never changes of it.
 #[derive(Clone, Debug)]
 pub struct Live {
     pub actor: ActorRef<ConvMsg>,
     pub cancel: Arc<CancelSlot>,
+    pub fixed: Arc<Fixed>,
+}
+
+/// What a conversation keeps from its creation on: enough to act on it from the API
+/// without reading its row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fixed {
+    pub tenant_id: String,
+    pub model: String,
+}
+
+impl From<&crate::model::ConversationRecord> for Fixed {
+    fn from(record: &crate::model::ConversationRecord) -> Self {
+        Fixed {
+            tenant_id: record.tenant_id.clone(),
+            model: record.model.clone(),
+        }
+    }
 }
 
 impl Live {
@@ -63,6 +81,7 @@ impl Registry {
                         .await?
                         .ok_or(StartError::NotFound)?;
                     let cancel = Arc::new(CancelSlot::default());
+                    let fixed = Arc::new(Fixed::from(&record));
                     let args = ConversationArgs {
                         record,
                         services: services.clone(),
@@ -73,7 +92,11 @@ impl Registry {
                         Actor::spawn_linked(None, ConversationActor, args, services.root())
                             .await
                             .map_err(|e| StartError::Spawn(e.to_string()))?;
-                    Ok::<_, StartError>(Live { actor, cancel })
+                    Ok::<_, StartError>(Live {
+                        actor,
+                        cancel,
+                        fixed,
+                    })
                 })
                 .await;
             match started {

@@ -346,6 +346,7 @@ async fn start_agent(
         .map_err(|e| e.to_string())?
         .ok_or_else(|| "its conversation row is missing".to_owned())?;
     let cancel = Arc::new(CancelSlot::default());
+    let fixed = Arc::new(super::registry::Fixed::from(&record));
     let args = ConversationArgs {
         record,
         services: services.clone(),
@@ -358,7 +359,11 @@ async fn start_agent(
     let (actor, _) = Actor::spawn_linked(None, ConversationActor, args, myself.get_cell())
         .await
         .map_err(|e| e.to_string())?;
-    let live = Live { actor, cancel };
+    let live = Live {
+        actor,
+        cancel,
+        fixed,
+    };
     services.registry.insert(id, live.clone());
     Ok(live)
 }

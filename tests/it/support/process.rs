@@ -121,6 +121,16 @@ impl Server {
     }
 }
 
+/// A server a failed test leaves behind is killed (by its own pid) rather than left running.
+impl Drop for Server {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// Removes a test's workspace and the data dir beside it.
 pub fn remove_workspace(workspace: &std::path::Path) {
     let _ = std::fs::remove_dir_all(workspace);
