@@ -106,6 +106,31 @@ impl NewConversation {
     }
 }
 
+impl NewConversation {
+    /// The conversation as it is stored once created: idle, nothing used, nothing numbered.
+    pub fn record(&self) -> ConversationRecord {
+        ConversationRecord {
+            id: self.id.clone(),
+            tenant_id: self.tenant_id.clone(),
+            slug: self.slug.clone(),
+            cwd: self.cwd.clone(),
+            model: self.model.clone(),
+            system_prompt: self.system_prompt.clone(),
+            parent_id: self.parent_id.clone(),
+            user_initiated: self.user_initiated,
+            require_approval: self.require_approval.clone(),
+            network: self.network,
+            state: ConvState::Idle,
+            archived: false,
+            usage: UsageTotals::default(),
+            next_sequence_id: 1,
+            next_event_id: 1,
+            created_at: self.created_at,
+            updated_at: self.created_at,
+        }
+    }
+}
+
 /// A stored message.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MessageRecord {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
-use chrono::Utc;
+use chrono::{SubsecRound as _, Utc};
 
 use super::AppState;
 use super::auth::Caller;
@@ -60,8 +60,8 @@ impl AppState {
             .ok_or_else(|| ApiError::not_found("conversation"))
     }
 
-    /// What sending to a conversation needs: from its running actor when it runs (no
-    /// database read on the hot path), else from its row.
+    /// A conversation to act on: from its running actor when it runs (no database read on
+    /// the hot path), else from its row.
     pub(super) async fn target(&self, caller: &Caller, id: &str) -> Result<Target, ApiError> {
         if let Some(live) = self.services.registry.get(id)
             && live.fixed.tenant_id == caller.0.id
@@ -72,6 +72,40 @@ impl AppState {
             });
         }
         Ok(Target::from(&self.find(caller, id).await?))
+    }
+
+    /// A conversation to send to: [`target`](Self::target), and its actor started from the
+    /// row just read when it was not running.
+    pub(super) async fn sending_target(
+        &self,
+        caller: &Caller,
+        id: &str,
+    ) -> Result<Target, ApiError> {
+        if let Some(live) = self.services.registry.get(id)
+            && live.fixed.tenant_id == caller.0.id
+        {
+            return Ok(Target {
+                id: id.to_owned(),
+                fixed: live.fixed.clone(),
+            });
+        }
+        let conv = self.find(caller, id).await?;
+        let target = Target::from(&conv);
+        self.services
+            .registry
+            .start_from(&self.services, conv)
+            .await?;
+        Ok(target)
+    }
+
+    /// The conversation as stored now: its actor's record when it runs, else its row.
+    pub(super) async fn current(&self, id: &str) -> Result<Option<ConversationRecord>, ApiError> {
+        if let Some(live) = self.services.registry.get(id)
+            && let Some(record) = live.record().await
+        {
+            return Ok(Some(record));
+        }
+        Ok(self.services.store.conversation_by_id(id).await?)
     }
 
     pub(super) async fn live(&self, id: &str) -> Result<Live, ApiError> {
@@ -189,8 +223,10 @@ pub async fn create(
         user_initiated: true,
         require_approval,
         network,
-        created_at: Utc::now(),
+        // As stored: the databases keep microseconds.
+        created_at: Utc::now().trunc_subsecs(6),
     };
+    let conv = new.record();
     match app
         .services
         .persistence
@@ -207,8 +243,13 @@ pub async fn create(
         }
         Err(e) => return Err(e.into()),
     }
-    let conv = app.find(&caller, &id).await?;
-    Ok(reply(StatusCode::CREATED, &app.conversation_json(&conv)))
+    let created = reply(StatusCode::CREATED, &app.conversation_json(&conv));
+    // A new conversation is about to be used: its actor starts from the row just written,
+    // so the first connection and message find it running.
+    if let Err(e) = app.services.registry.start_from(&app.services, conv).await {
+        tracing::warn!(error = %e, "a new conversation's actor did not start; it starts on first use");
+    }
+    Ok(created)
 }
 
 /// Lists the tenant's user-initiated conversations, newest first.
@@ -488,7 +529,7 @@ pub async fn send(
     Path(id): Path<String>,
     Body(body): Body<SendMessage>,
 ) -> Result<Response, ApiError> {
-    let conv = app.target(&caller, &id).await?;
+    let conv = app.sending_target(&caller, &id).await?;
     let (status, message) = match deliver(&app, &conv, body.into()).await? {
         Delivered::New(message) => (StatusCode::ACCEPTED, message),
         Delivered::Repeat(message) => (StatusCode::OK, message),
@@ -503,12 +544,9 @@ pub async fn send(
 }
 
 /// Cancels through the conversation's cancel path; shared by REST and the WebSocket.
-pub async fn cancel_conversation(
-    app: &AppState,
-    conv: &ConversationRecord,
-) -> Result<CancelOutcome, ApiError> {
+pub async fn cancel_conversation(app: &AppState, id: &str) -> Result<CancelOutcome, ApiError> {
     let started = Instant::now();
-    let live = app.live(&conv.id).await?;
+    let live = app.live(id).await?;
     let answer = live.cancel.request();
     let _ = live.actor.cast(ConvMsg::Cancel);
     let outcome = tokio::time::timeout(CALL_TIMEOUT, answer)
@@ -532,8 +570,8 @@ pub async fn cancel(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let conv = app.find(&caller, &id).await?;
-    let outcome = cancel_conversation(&app, &conv).await?;
+    let conv = app.target(&caller, &id).await?;
+    let outcome = cancel_conversation(&app, &conv.id).await?;
     Ok(reply(
         StatusCode::ACCEPTED,
         &Cancelled {
@@ -654,10 +692,10 @@ pub async fn system_event(
     Path(id): Path<String>,
     Body(body): Body<PostEvent>,
 ) -> Result<Response, ApiError> {
-    let conv = app.find(&caller, &id).await?;
+    let conv = app.target(&caller, &id).await?;
     check_client_event(&body.event)?;
     let event_type = body.event.event_type.clone();
-    super::stream::post_event(&app, &conv, body.event).await?;
+    super::stream::post_event(&app, &conv.id, body.event).await?;
     Ok(reply(
         StatusCode::ACCEPTED,
         &Queued {
@@ -706,8 +744,8 @@ pub async fn respond(
     Path((id, request_id)): Path<(String, String)>,
     Body(body): Body<Respond>,
 ) -> Result<Response, ApiError> {
-    let conv = app.find(&caller, &id).await?;
-    super::stream::answer_request(&app, &conv, &request_id, body.payload).await?;
+    let conv = app.target(&caller, &id).await?;
+    super::stream::answer_request(&app, &conv.id, &request_id, body.payload).await?;
     Ok(reply(
         StatusCode::OK,
         &Answered {

@@ -5,16 +5,15 @@ use serde_json::Value;
 
 use super::AppState;
 use super::error::ApiError;
-use crate::model::ConversationRecord;
 use crate::runtime::{AnswerError, answer_request};
 
 pub async fn answer(
     app: &AppState,
-    conv: &ConversationRecord,
+    conversation_id: &str,
     request_id: &str,
     payload: Value,
 ) -> Result<(), ApiError> {
-    answer_request(&app.services, conv, request_id, payload)
+    answer_request(&app.services, conversation_id, request_id, payload)
         .await
         .map_err(|error| match error {
             AnswerError::NotFound => ApiError::not_found("request"),

@@ -25,6 +25,7 @@ use super::conversations::{Outgoing, Target, cancel_conversation, check_client_e
 use super::error::{ApiError, ErrorBody, Path, Query};
 use crate::hub::Frame;
 use crate::model::ConversationRecord;
+use crate::state_machine::ConvState;
 use crate::wire::{self, ClientFrame, ServerFrame, StreamQuery, SystemEvent};
 
 /// Close code: you fell behind; reconnect with `after_event_id` = your last event id.
@@ -46,8 +47,19 @@ fn frame(frame: &ServerFrame<'_>) -> Arc<Frame> {
 
 /// The snapshot frame: state, the last 50 messages, pending client requests.
 async fn snapshot(app: &AppState, conv: &ConversationRecord) -> Result<Arc<Frame>, ApiError> {
-    let messages = app.services.store.recent_messages(&conv.id, 50).await?;
-    let pending = app.services.store.pending_requests(&conv.id).await?;
+    let store = &app.services.store;
+    let messages = if conv.next_sequence_id > 1 {
+        store.recent_messages(&conv.id, 50).await?
+    } else {
+        Vec::new()
+    };
+    // A request is pending only while the tool that asked runs: it is resolved (answered,
+    // expired, cancelled) before the tool's result is stored, and expired at a restart.
+    let pending = if matches!(conv.state, ConvState::ToolExecuting { .. }) {
+        store.pending_requests(&conv.id).await?
+    } else {
+        Vec::new()
+    };
     Ok(frame(&ServerFrame::Snapshot {
         conversation: app.conversation_json(conv),
         messages: messages.iter().map(|m| app.message_json(conv, m)).collect(),
@@ -124,8 +136,8 @@ async fn open(
     sink: &mut impl FrameSink,
 ) -> Option<(broadcast::Receiver<Arc<Frame>>, i64)> {
     let live = app.services.hub.subscribe(id);
-    // Read the row after subscribing, so nothing committed in between is missed.
-    let conv = app.services.store.conversation_by_id(id).await.ok()??;
+    // Read the conversation after subscribing, so nothing committed in between is missed.
+    let conv = app.current(id).await.ok()??;
     let first = snapshot(app, &conv).await.ok()?;
     if !sink.frame(first).await {
         return None;
@@ -223,7 +235,7 @@ pub async fn websocket(
     Query(q): Query<StreamQuery>,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
-    let conv = app.find(&caller, &id).await?;
+    let conv = app.target(&caller, &id).await?;
     let upgrade = upgrade
         .map_err(|e| ApiError::invalid(format!("this route needs a WebSocket upgrade: {e}")))?;
     let limit = app.settings.server.max_ws_frame_bytes;
@@ -238,12 +250,7 @@ pub async fn websocket(
         .into_response())
 }
 
-async fn serve_socket(
-    app: AppState,
-    conv: ConversationRecord,
-    after: Option<i64>,
-    socket: WebSocket,
-) {
+async fn serve_socket(app: AppState, conv: Target, after: Option<i64>, socket: WebSocket) {
     let metrics = app.services.metrics.clone();
     metrics.websocket(true);
     let (mut sink, mut incoming) = socket.split();
@@ -304,12 +311,7 @@ fn rejected_by(error: &ApiError) -> Arc<Frame> {
 
 /// Handles one client frame; slow work runs in a task, and any refusal comes back as a
 /// `rejected` frame on `replies` while the connection stays open.
-fn client_frame(
-    app: &AppState,
-    conv: &ConversationRecord,
-    text: &str,
-    replies: &mpsc::Sender<Arc<Frame>>,
-) {
+fn client_frame(app: &AppState, conv: &Target, text: &str, replies: &mpsc::Sender<Arc<Frame>>) {
     let parsed: Result<ClientFrame, _> = serde_json::from_str(text);
     let frame = match parsed {
         Ok(frame) => frame,
@@ -337,17 +339,17 @@ fn client_frame(
                     images: images.into_iter().map(|i| (i.media_type, i.data)).collect(),
                     message_id,
                 };
-                deliver(&app, &Target::from(&conv), out).await.map(|_| None)
+                deliver(&app, &conv, out).await.map(|_| None)
             }
-            ClientFrame::Cancel => cancel_conversation(&app, &conv).await.map(|_| None),
+            ClientFrame::Cancel => cancel_conversation(&app, &conv.id).await.map(|_| None),
             ClientFrame::Respond {
                 request_id,
                 payload,
-            } => answer_request(&app, &conv, &request_id, payload)
+            } => answer_request(&app, &conv.id, &request_id, payload)
                 .await
                 .map(|()| None),
             ClientFrame::SystemEvent { event } => match check_client_event(&event) {
-                Ok(()) => post_event(&app, &conv, event).await.map(|()| None),
+                Ok(()) => post_event(&app, &conv.id, event).await.map(|()| None),
                 Err(e) => Err(e),
             },
         };
@@ -377,7 +379,7 @@ pub async fn sse(
     headers: HeaderMap,
     Query(q): Query<StreamQuery>,
 ) -> Result<Response, ApiError> {
-    let conv = app.find(&caller, &id).await?;
+    let conv = app.target(&caller, &id).await?;
     let after =
         match headers.get("last-event-id").and_then(|v| v.to_str().ok()) {
             Some(value) => Some(value.trim().parse::<i64>().map_err(|_| {
@@ -436,12 +438,8 @@ pub async fn sse(
 }
 
 /// Posts a client's system event to the conversation (system-bus-plan.md).
-pub async fn post_event(
-    app: &AppState,
-    conv: &ConversationRecord,
-    event: SystemEvent,
-) -> Result<(), ApiError> {
-    crate::runtime::post_system_event(&app.services, conv, event)
+pub async fn post_event(app: &AppState, id: &str, event: SystemEvent) -> Result<(), ApiError> {
+    crate::runtime::post_system_event(&app.services, id, event)
         .await
         .map(|_| ())
         .map_err(ApiError::unavailable)
@@ -450,9 +448,9 @@ pub async fn post_event(
 /// Answers a pending client request.
 pub async fn answer_request(
     app: &AppState,
-    conv: &ConversationRecord,
+    id: &str,
     request_id: &str,
     payload: Value,
 ) -> Result<(), ApiError> {
-    crate::api::requests::answer(app, conv, request_id, payload).await
+    crate::api::requests::answer(app, id, request_id, payload).await
 }

@@ -65,6 +65,8 @@ pub enum ConvMsg {
     IdleCheck(u64),
     /// Store durable frames that no transition makes (client requests, system events).
     Emit(Box<EmitRequest>),
+    /// The conversation as stored now (its actor holds every commit it made).
+    Record(RpcReplyPort<ConversationRecord>),
     /// Graceful shutdown: interrupt the turn, store it, and stop.
     Shutdown(Box<RpcReplyPort<()>>),
 }
@@ -135,6 +137,7 @@ impl std::fmt::Debug for ConvMsg {
             ConvMsg::Event(event) => write!(f, "Event({})", event.name()),
             ConvMsg::IdleCheck(generation) => write!(f, "IdleCheck({generation})"),
             ConvMsg::Emit(emit) => write!(f, "Emit({})", emit.frames.len()),
+            ConvMsg::Record(_) => f.write_str("Record"),
             ConvMsg::Shutdown(_) => f.write_str("Shutdown"),
         }
     }
@@ -326,6 +329,9 @@ async fn handle(
         ConvMsg::Emit(emit) => {
             let EmitRequest { frames, reply } = *emit;
             let _ = reply.send(Box::pin(emit_frames(state, frames)).await);
+        }
+        ConvMsg::Record(reply) => {
+            let _ = reply.send(state.record.clone());
         }
         ConvMsg::Shutdown(reply) => {
             state.stopping = true;

@@ -10,6 +10,7 @@ use tokio::sync::OnceCell;
 use super::Services;
 use super::cancel::CancelSlot;
 use super::conversation::{ConvMsg, ConversationActor, ConversationArgs};
+use crate::model::ConversationRecord;
 use crate::store::StoreError;
 
 /// A running conversation: its mailbox, its cancel path, and what never changes of it.
@@ -28,8 +29,8 @@ pub struct Fixed {
     pub model: String,
 }
 
-impl From<&crate::model::ConversationRecord> for Fixed {
-    fn from(record: &crate::model::ConversationRecord) -> Self {
+impl From<&ConversationRecord> for Fixed {
+    fn from(record: &ConversationRecord) -> Self {
         Fixed {
             tenant_id: record.tenant_id.clone(),
             model: record.model.clone(),
@@ -38,6 +39,19 @@ impl From<&crate::model::ConversationRecord> for Fixed {
 }
 
 impl Live {
+    /// The conversation as its actor holds it: as stored, every commit applied. `None` when
+    /// the actor stopped or did not answer in time.
+    pub async fn record(&self) -> Option<ConversationRecord> {
+        match self
+            .actor
+            .call(ConvMsg::Record, Some(std::time::Duration::from_secs(30)))
+            .await
+        {
+            Ok(ractor::rpc::CallResult::Success(record)) => Some(record),
+            Ok(_) | Err(_) => None,
+        }
+    }
+
     fn is_running(&self) -> bool {
         self.actor.get_status() <= ActorStatus::Running
     }
@@ -71,15 +85,38 @@ impl Registry {
         services: &Arc<Services>,
         id: &str,
     ) -> Result<Live, StartError> {
+        self.start(services, id, None).await
+    }
+
+    /// [`get_or_start`](Self::get_or_start) with the row when it was just read or written:
+    /// a conversation that runs no actor changes only through one, so its row is current.
+    pub async fn start_from(
+        &self,
+        services: &Arc<Services>,
+        record: ConversationRecord,
+    ) -> Result<Live, StartError> {
+        let id = record.id.clone();
+        self.start(services, &id, Some(record)).await
+    }
+
+    async fn start(
+        &self,
+        services: &Arc<Services>,
+        id: &str,
+        mut known: Option<ConversationRecord>,
+    ) -> Result<Live, StartError> {
         loop {
             let slot = self.map().entry(id.to_owned()).or_default().clone();
             let started = slot
                 .get_or_try_init(|| async {
-                    let record = services
-                        .store
-                        .conversation_by_id(id)
-                        .await?
-                        .ok_or(StartError::NotFound)?;
+                    let record = match known.take() {
+                        Some(record) => record,
+                        None => services
+                            .store
+                            .conversation_by_id(id)
+                            .await?
+                            .ok_or(StartError::NotFound)?,
+                    };
                     let cancel = Arc::new(CancelSlot::default());
                     let fixed = Arc::new(Fixed::from(&record));
                     let args = ConversationArgs {

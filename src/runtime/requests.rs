@@ -311,13 +311,13 @@ pub enum AnswerError {
 /// Answers a pending request once; a second answer, or one after the timeout, is refused.
 pub async fn answer_request(
     services: &Services,
-    conv: &crate::model::ConversationRecord,
+    conversation_id: &str,
     request_id: &str,
     payload: Value,
 ) -> Result<(), AnswerError> {
     let row = services
         .store
-        .client_request(&conv.id, request_id)
+        .client_request(conversation_id, request_id)
         .await?
         .ok_or(AnswerError::NotFound)?;
     match row.status.as_str() {
@@ -344,13 +344,17 @@ pub async fn answer_request(
         .await?;
     if outcome != WriteOutcome::Resolved(true) {
         // Someone else resolved it first.
-        return match services.store.client_request(&conv.id, request_id).await? {
+        return match services
+            .store
+            .client_request(conversation_id, request_id)
+            .await?
+        {
             Some(row) if row.status == "answered" => Err(AnswerError::AlreadyAnswered),
             _ => Err(AnswerError::Expired),
         };
     }
     services.requests.deliver(request_id, payload);
-    if let Some(live) = services.registry.get(&conv.id) {
+    if let Some(live) = services.registry.get(conversation_id) {
         let frame = DurableFrame::client_request_resolved(request_id.to_owned(), "answered");
         let _ = emit(&live.actor, vec![frame]).await;
     }

@@ -8,19 +8,20 @@ use serde_json::{Value, json};
 
 use super::Services;
 use super::conversation::context;
+use super::registry::Live;
 use super::requests::emit;
-use crate::model::ConversationRecord;
 use crate::wire::{DurableFrame, SystemEvent};
 
 /// What the user_request handlers know.
 pub const HANDLERS: [&str; 2] = ["usage", "tasks"];
 
 /// The answer to a user_request of `kind`: the payload, or the error.
-async fn handle(
-    services: &Services,
-    conv: &ConversationRecord,
-    kind: &str,
-) -> Result<Value, String> {
+async fn handle(services: &Services, live: &Live, kind: &str) -> Result<Value, String> {
+    // The conversation as its actor holds it now.
+    let conv = &live
+        .record()
+        .await
+        .ok_or("the conversation did not answer")?;
     match kind {
         "usage" => {
             let ctx = context(services, conv);
@@ -55,12 +56,12 @@ async fn handle(
 /// is stored).
 pub async fn post(
     services: &Arc<Services>,
-    conv: &ConversationRecord,
+    conversation_id: &str,
     event: SystemEvent,
 ) -> Result<bool, String> {
     let live = services
         .registry
-        .get_or_start(services, &conv.id)
+        .get_or_start(services, conversation_id)
         .await
         .map_err(|e| e.to_string())?;
     let request_id = event.get("request_id").as_str().map(str::to_owned);
@@ -70,7 +71,7 @@ pub async fn post(
     let mut answers = Vec::new();
     if event.event_type == "user_request" {
         let kind = event.get("kind").as_str().unwrap_or_default();
-        let (payload, error) = match handle(services, conv, kind).await {
+        let (payload, error) = match handle(services, &live, kind).await {
             Ok(payload) => (payload, Value::Null),
             Err(error) => (Value::Null, Value::String(error)),
         };
@@ -91,8 +92,13 @@ pub async fn post(
         && let (Some(id), Some(approved)) = (&request_id, event.get("approved").as_bool())
     {
         // An approval answered as a system event resolves its confirm request.
-        if let Err(e) =
-            super::answer_request(services, conv, id, json!({"confirmed": approved})).await
+        if let Err(e) = super::answer_request(
+            services,
+            conversation_id,
+            id,
+            json!({"confirmed": approved}),
+        )
+        .await
         {
             tracing::debug!(request = %id, error = ?e, "approval_response did not resolve a request");
         }
