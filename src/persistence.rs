@@ -348,12 +348,21 @@ where
     frames
 }
 
-/// The next jobs to flush: a run of commits (up to [`MAX_BATCH`]) or one write.
+/// Whether a job is written with the commits of a batch: a commit, or a new conversation.
+fn batched(job: &Job) -> bool {
+    matches!(
+        job,
+        Job::Commit(..) | Job::Urgent(..) | Job::Write(WriteJob::CreateConversation(_), _)
+    )
+}
+
+/// The next jobs to flush: a run of commits and new conversations (up to [`MAX_BATCH`]), or
+/// one other write.
 fn take_batch(queue: &mut VecDeque<Job>) -> Vec<Job> {
     let mut jobs = Vec::new();
     while let Some(job) = queue.pop_front() {
         match job {
-            Job::Commit(..) | Job::Urgent(..) if jobs.len() < MAX_BATCH => jobs.push(job),
+            _ if batched(&job) && jobs.len() < MAX_BATCH => jobs.push(job),
             Job::Write(..) | Job::Checkpoint if jobs.is_empty() => {
                 jobs.push(job);
                 break;
@@ -373,11 +382,17 @@ fn take_batch(queue: &mut VecDeque<Job>) -> Vec<Job> {
 async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>, written: impl FnOnce()) {
     let mut batch = Vec::with_capacity(jobs.len());
     let mut replies = Vec::with_capacity(jobs.len());
+    let mut created = Vec::new();
+    let mut created_replies = Vec::new();
     for job in jobs {
         match job {
             Job::Commit(commit, reply) | Job::Urgent(commit, reply) => {
                 batch.push(commit);
                 replies.push(reply);
+            }
+            Job::Write(WriteJob::CreateConversation(new), reply) => {
+                created.push(new);
+                created_replies.push(reply);
             }
             Job::Write(job, reply) => {
                 let _ = reply.send(write(store, job).await);
@@ -389,18 +404,23 @@ async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>, written: impl F
             }
         }
     }
-    if batch.is_empty() {
+    if batch.is_empty() && created.is_empty() {
         written();
         return;
     }
     let started = Instant::now();
-    let outcome = match store.write_batch(&batch).await {
+    let outcome = match store.write_batch(&batch, &created).await {
         Ok(durable) => {
             written();
             durable.wait().await
         }
-        // One bad commit must not fail its neighbours: write each alone to find it.
-        Err(error) if batch.len() > 1 && !error.is_unavailable() => {
+        // One bad commit (or a taken slug) must not fail its neighbours: write each alone
+        // to find it.
+        Err(error) if batch.len() + created.len() > 1 && !error.is_unavailable() => {
+            for (new, reply) in created.iter().zip(created_replies) {
+                let outcome = store.insert_conversation(new).await;
+                let _ = reply.send(outcome.map(|()| WriteOutcome::Done));
+            }
             for (commit, reply) in batch.chunks(1).zip(replies) {
                 let _ = reply.send(store.commit_batch(commit).await);
             }
@@ -422,6 +442,9 @@ async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>, written: impl F
     );
     for reply in replies {
         let _ = reply.send(outcome.clone());
+    }
+    for reply in created_replies {
+        let _ = reply.send(outcome.clone().map(|()| WriteOutcome::Done));
     }
 }
 
@@ -550,7 +573,7 @@ impl Persistence {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ConversationCommit;
+    use crate::model::{ConversationCommit, NewConversation};
     use crate::state_machine::ConvState;
     use crate::store::testing::{at, row, sqlite_store};
 
@@ -700,6 +723,70 @@ mod tests {
         for (id, landed) in [("c1", true), ("c2", false), ("c3", true)] {
             let state = row(&store, id).await.state;
             assert_eq!(matches!(state, ConvState::Error { .. }), landed, "{id}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// New conversations are written with the commits of their batch; one whose slug is
+    /// taken fails alone (the fallback that writes each alone), on both databases.
+    #[tokio::test]
+    async fn new_conversations_go_with_the_batch_and_fail_alone() {
+        let (sqlite, dir) = sqlite_store("created", &["c1"]).await;
+        let postgres = crate::store::testing::postgres_store(&["c1"]).await;
+        let mut stores = vec![&sqlite];
+        if let Some((store, _)) = &postgres {
+            stores.push(store);
+        }
+        for store in stores {
+            let before = row(store, "c1").await;
+            let mut jobs = Vec::new();
+            let mut created = Vec::new();
+            for (id, slug) in [("n1", "fresh"), ("n2", "taken"), ("n3", "taken")] {
+                let (tx, rx) = ractor::concurrency::oneshot();
+                let mut new = NewConversation::user(id, "t", "/tmp", "m", at());
+                new.slug = slug.into();
+                jobs.push(Job::Write(WriteJob::CreateConversation(new), tx.into()));
+                created.push(rx);
+            }
+            let (tx, committed) = ractor::concurrency::oneshot();
+            let commit = to_error("c1", "x", before.next_sequence_id, before.next_event_id);
+            jobs.push(Job::Commit(Arc::new(commit), tx.into()));
+            let mut queue: VecDeque<Job> = jobs.into();
+            let batch = take_batch(&mut queue);
+            assert_eq!(
+                batch.len(),
+                4,
+                "one batch takes commits and new conversations"
+            );
+            assert_eq!(flush_counting(store, batch, || {}).await, 1);
+            let mut outcomes = Vec::new();
+            for rx in created {
+                outcomes.push(rx.await.expect("answered"));
+            }
+            assert!(
+                matches!(outcomes[0], Ok(WriteOutcome::Done)),
+                "{outcomes:?}"
+            );
+            assert!(
+                matches!(outcomes[1], Ok(WriteOutcome::Done)),
+                "{outcomes:?}"
+            );
+            assert!(
+                matches!(outcomes[2], Err(StoreError::Conflict(_))),
+                "{outcomes:?}"
+            );
+            assert!(matches!(committed.await, Ok(Ok(()))));
+            assert!(matches!(
+                row(store, "c1").await.state,
+                ConvState::Error { .. }
+            ));
+            for (id, exists) in [("n1", true), ("n2", true), ("n3", false)] {
+                let found = store.conversation_by_id(id).await.expect("reads");
+                assert_eq!(found.is_some(), exists, "{id}");
+            }
+        }
+        if let Some((store, name)) = postgres {
+            crate::store::testing::drop_postgres(store, &name).await;
         }
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -542,33 +542,9 @@ impl Store {
     }
 
     pub(crate) async fn insert_conversation(&self, new: &NewConversation) -> Result<()> {
-        let state = serde_json::to_value(ConvState::Idle)
-            .map_err(|e| StoreError::Other(format!("state does not serialise: {e}")))?;
-        conversations::Entity::insert(conversations::ActiveModel {
-            id: Set(new.id.clone()),
-            tenant_id: Set(new.tenant_id.clone()),
-            slug: Set(new.slug.clone()),
-            cwd: Set(new.cwd.clone()),
-            model: Set(new.model.clone()),
-            system_prompt: Set(new.system_prompt.clone()),
-            parent_conversation_id: Set(new.parent_id.clone()),
-            user_initiated: Set(new.user_initiated),
-            require_approval: Set(serde_json::json!(new.require_approval)),
-            network: Set(new.network),
-            state: Set("idle".into()),
-            state_data: Set(state),
-            state_updated_at: Set(new.created_at),
-            created_at: Set(new.created_at),
-            updated_at: Set(new.created_at),
-            archived: Set(false),
-            input_tokens: Set(0),
-            output_tokens: Set(0),
-            context_tokens: Set(0),
-            next_sequence_id: Set(1),
-            next_event_id: Set(1),
-        })
-        .exec(self.writer())
-        .await?;
+        conversations::Entity::insert(conversation_row(new)?)
+            .exec(self.writer())
+            .await?;
         Ok(())
     }
 
@@ -625,18 +601,46 @@ impl Store {
     /// commit's guarded update must find its conversation's counters as it expects, or
     /// nothing of the batch is written ([`StoreError::Conflict`]).
     pub(crate) async fn commit_batch(&self, commits: &[Arc<ConversationCommit>]) -> Result<()> {
-        self.write_batch(commits).await?.wait().await
+        self.write_batch(commits, &[]).await?.wait().await
     }
 
     /// [`Store::commit_batch`] in two steps: the batch is written (and visible) when this
     /// returns, and durable when the answer's `wait` returns. The next batch may be written
     /// in between (SQLite syncs its log off the write lock; a Postgres commit is durable
     /// when it returns).
-    pub(crate) async fn write_batch(&self, commits: &[Arc<ConversationCommit>]) -> Result<Durable> {
+    /// New conversations in `created` are written in the batch's transaction.
+    pub(crate) async fn write_batch(
+        &self,
+        commits: &[Arc<ConversationCommit>],
+        created: &[NewConversation],
+    ) -> Result<Durable> {
         match &self.writer {
-            Some(writer) => writer.write(commits).await,
-            None => {
+            Some(writer) => {
+                let rows = created
+                    .iter()
+                    .map(conversation_row)
+                    .collect::<Result<Vec<_>>>()?;
+                writer.write(commits, rows).await
+            }
+            None if created.is_empty() => {
                 postgres::commit(&self.db, commits).await?;
+                Ok(Durable::default())
+            }
+            // With new conversations, a transaction around their insert and the commit: the
+            // batch lands whole or not at all, as on SQLite.
+            None => {
+                let rows = created
+                    .iter()
+                    .map(conversation_row)
+                    .collect::<Result<Vec<_>>>()?;
+                let transaction = self.db.begin().await?;
+                conversations::Entity::insert_many(rows)
+                    .exec(&transaction)
+                    .await?;
+                if !commits.is_empty() {
+                    postgres::commit(&transaction, commits).await?;
+                }
+                transaction.commit().await?;
                 Ok(Durable::default())
             }
         }
@@ -845,6 +849,35 @@ fn shaped_chunks<T>(items: &[T]) -> impl Iterator<Item = &[T]> {
 
 fn to_i64(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// The row of a new conversation: idle, nothing used, nothing numbered.
+fn conversation_row(new: &NewConversation) -> Result<conversations::ActiveModel> {
+    let state = serde_json::to_value(ConvState::Idle)
+        .map_err(|e| StoreError::Other(format!("state does not serialise: {e}")))?;
+    Ok(conversations::ActiveModel {
+        id: Set(new.id.clone()),
+        tenant_id: Set(new.tenant_id.clone()),
+        slug: Set(new.slug.clone()),
+        cwd: Set(new.cwd.clone()),
+        model: Set(new.model.clone()),
+        system_prompt: Set(new.system_prompt.clone()),
+        parent_conversation_id: Set(new.parent_id.clone()),
+        user_initiated: Set(new.user_initiated),
+        require_approval: Set(serde_json::json!(new.require_approval)),
+        network: Set(new.network),
+        state: Set("idle".into()),
+        state_data: Set(state),
+        state_updated_at: Set(new.created_at),
+        created_at: Set(new.created_at),
+        updated_at: Set(new.created_at),
+        archived: Set(false),
+        input_tokens: Set(0),
+        output_tokens: Set(0),
+        context_tokens: Set(0),
+        next_sequence_id: Set(1),
+        next_event_id: Set(1),
+    })
 }
 
 fn tenant(row: tenants::Model) -> Tenant {
@@ -1139,7 +1172,7 @@ mod tests {
         let (store, dir) = sqlite_store("log-sync", &["c1"]).await;
         let first = row(&store, "c1").await.next_sequence_id;
         let durable = store
-            .write_batch(&[user_turn("c1", first, first)])
+            .write_batch(&[user_turn("c1", first, first)], &[])
             .await
             .expect("written");
         assert_eq!(
@@ -1174,7 +1207,7 @@ mod tests {
         if let Some((store, name)) = postgres_store(&["c1"]).await {
             let first = row(&store, "c1").await.next_sequence_id;
             let durable = store
-                .write_batch(&[user_turn("c1", first, first)])
+                .write_batch(&[user_turn("c1", first, first)], &[])
                 .await
                 .expect("written");
             assert!(!durable.syncs(), "nothing more to wait for");

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, Value};
+use sea_orm::{ConnectionTrait, DbBackend, Statement, Value};
 use serde::Serialize;
 
 use super::{Result, StoreError, to_i64};
@@ -29,7 +29,7 @@ pub(super) const GUARD_FAILED: &str = "BR409";
 
 /// Writes `commits` in one statement.
 pub(super) async fn commit(
-    db: &DatabaseConnection,
+    db: &impl ConnectionTrait,
     commits: &[Arc<ConversationCommit>],
 ) -> Result<()> {
     let [conversations, messages, frames] = documents(commits)?;

@@ -37,7 +37,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use entity::messages;
+use entity::{conversations, messages};
 use sea_orm::sqlx::{self, Executor, Sqlite, SqliteConnection, pool::PoolConnection};
 use sea_orm::{
     ActiveValue::Set, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait,
@@ -237,8 +237,12 @@ impl Writer {
 
     /// Writes `commits` in one transaction; they are durable once the answer's `wait` returns,
     /// and the writer is free for the next batch at once.
-    pub(super) async fn write(&self, commits: &[Arc<ConversationCommit>]) -> Result<Durable> {
-        let (sql, values) = batch(commits)?;
+    pub(super) async fn write(
+        &self,
+        commits: &[Arc<ConversationCommit>],
+        created: Vec<conversations::ActiveModel>,
+    ) -> Result<Durable> {
+        let (sql, values) = batch(commits, created)?;
         let mut held = self.held.lock().await;
         let writer = match &mut *held {
             Some(writer) => writer,
@@ -270,7 +274,10 @@ impl Writer {
 /// The text of a batch, BEGIN to COMMIT, and its arguments. A few statements for the whole
 /// batch, not a few per commit; their row counts are powers of two, so the texts repeat and
 /// stay prepared (every new text is parsed and planned again).
-fn batch(commits: &[Arc<ConversationCommit>]) -> Result<(String, Vec<Value>)> {
+fn batch(
+    commits: &[Arc<ConversationCommit>],
+    created: Vec<conversations::ActiveModel>,
+) -> Result<(String, Vec<Value>)> {
     let mut sql = String::from("BEGIN");
     let mut values = Vec::new();
     let mut append = |statement: Statement| {
@@ -280,6 +287,9 @@ fn batch(commits: &[Arc<ConversationCommit>]) -> Result<(String, Vec<Value>)> {
             values.extend(v);
         }
     };
+    for chunk in shaped_chunks(&created) {
+        append(conversations::Entity::insert_many(chunk.to_vec()).build(DbBackend::Sqlite));
+    }
     for chunk in shaped_chunks(commits) {
         append(update_conversations(chunk)?);
         append(Statement::from_sql_and_values(
