@@ -63,15 +63,19 @@ impl AppState {
     /// A conversation to act on: from its running actor when it runs (no database read on
     /// the hot path), else from its row.
     pub(super) async fn target(&self, caller: &Caller, id: &str) -> Result<Target, ApiError> {
-        if let Some(live) = self.services.registry.get(id)
-            && live.fixed.tenant_id == caller.0.id
-        {
-            return Ok(Target {
-                id: id.to_owned(),
-                fixed: live.fixed.clone(),
-            });
+        match self.running_target(caller, id) {
+            Some(target) => Ok(target),
+            None => Ok(Target::from(&self.find(caller, id).await?)),
         }
-        Ok(Target::from(&self.find(caller, id).await?))
+    }
+
+    /// The caller's conversation `id`, when its actor runs.
+    fn running_target(&self, caller: &Caller, id: &str) -> Option<Target> {
+        let live = self.services.registry.get(id)?;
+        (live.fixed.tenant_id == caller.0.id).then(|| Target {
+            id: id.to_owned(),
+            fixed: live.fixed.clone(),
+        })
     }
 
     /// A conversation to send to: [`target`](Self::target), and its actor started from the
@@ -81,13 +85,8 @@ impl AppState {
         caller: &Caller,
         id: &str,
     ) -> Result<Target, ApiError> {
-        if let Some(live) = self.services.registry.get(id)
-            && live.fixed.tenant_id == caller.0.id
-        {
-            return Ok(Target {
-                id: id.to_owned(),
-                fixed: live.fixed.clone(),
-            });
+        if let Some(target) = self.running_target(caller, id) {
+            return Ok(target);
         }
         let conv = self.find(caller, id).await?;
         let target = Target::from(&conv);

@@ -25,6 +25,21 @@ async fn receive(State(received): State<Received>, body: axum::body::Bytes) -> a
     axum::Json(json!({}))
 }
 
+/// A real OTLP/HTTP receiver on a loopback port: what it received on /v1/traces and on
+/// /v1/metrics, and its address.
+async fn collector() -> (Received, Received, std::net::SocketAddr) {
+    let (traces, metrics): (Received, Received) = (Arc::default(), Arc::default());
+    let app = Router::new()
+        .route("/v1/traces", post(receive).with_state(traces.clone()))
+        .route("/v1/metrics", post(receive).with_state(metrics.clone()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let addr = listener.local_addr().expect("an address");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (traces, metrics, addr)
+}
+
 /// A resource's string attributes, as a map.
 fn resource_attributes(resource: &Value) -> Value {
     let map: serde_json::Map<String, Value> = resource["attributes"]
@@ -94,16 +109,7 @@ fn spans(received: &Received) -> Vec<Value> {
 #[tokio::test]
 async fn a_turn_is_exported_as_one_trace() {
     bedrock::install_crypto();
-    let received: Received = Arc::default();
-    let metrics: Received = Arc::default();
-    let app = Router::new()
-        .route("/v1/traces", post(receive).with_state(received.clone()))
-        .route("/v1/metrics", post(receive).with_state(metrics.clone()));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a port");
-    let collector = listener.local_addr().expect("an address");
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let (received, metrics, collector) = collector().await;
 
     let db = TestDb::sqlite();
     let llm = FakeLlm::start().await;
@@ -337,13 +343,7 @@ async fn the_service_name_comes_from_the_standard_variables() {
         ),
         (None, "bedrock"),
     ] {
-        let metrics: Received = Arc::default();
-        let app = Router::new().route("/v1/metrics", post(receive).with_state(metrics.clone()));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("a port");
-        let collector = listener.local_addr().expect("an address");
-        tokio::spawn(async move { axum::serve(listener, app).await });
+        let (_, metrics, collector) = collector().await;
         let db = TestDb::sqlite();
         let llm = FakeLlm::start().await;
         let workspace = crate::support::db::temp_dir("ws");
