@@ -125,6 +125,8 @@ pub struct ModelOverrides {
     pub max_output_tokens: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_image_px: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub echo_reasoning: Option<bool>,
 }
 
 /// The settings of one model, defaults applied.
@@ -133,6 +135,9 @@ pub struct ModelSettings {
     pub context_window: u64,
     pub max_output_tokens: u32,
     pub max_image_px: u32,
+    /// Send the model's reasoning back, in the field the backend streamed it in, with the
+    /// assistant messages of the turn in progress (docs/backends.md).
+    pub echo_reasoning: bool,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -384,6 +389,10 @@ impl Settings {
                 .or(default.max_output_tokens)
                 .unwrap_or(4096),
             max_image_px: own.max_image_px.or(default.max_image_px).unwrap_or(1568),
+            echo_reasoning: own
+                .echo_reasoning
+                .or(default.echo_reasoning)
+                .unwrap_or(true),
         }
     }
 

@@ -26,6 +26,7 @@ pub struct Metrics {
     llm_duration: Histogram<f64>,
     retries: Counter<u64>,
     history_reads: Counter<u64>,
+    chunks_skipped: Counter<u64>,
     tokens: Counter<u64>,
     tool_runs: Counter<u64>,
     cancel_latency: Histogram<f64>,
@@ -72,6 +73,13 @@ fn build(meter: &Meter, registry: prometheus::Registry, provider: SdkMeterProvid
         retries: meter
             .u64_counter("bedrock.llm_retries")
             .with_description("LLM retries scheduled")
+            .build(),
+        chunks_skipped: meter
+            .u64_counter("bedrock.llm_chunks_skipped")
+            .with_description(
+                "Chunks of LLM streams that could not be read at all and were skipped (the \
+                 reply goes on without them)",
+            )
             .build(),
         history_reads: meter
             .u64_counter("bedrock.history_reads")
@@ -166,6 +174,10 @@ impl Metrics {
         self.llm_requests
             .add(1, &[KeyValue::new("outcome", outcome)]);
         self.llm_duration.record(seconds, &[]);
+    }
+
+    pub fn llm_chunk_skipped(&self) {
+        self.chunks_skipped.add(1, &[]);
     }
 
     pub fn history_read(&self) {

@@ -262,6 +262,9 @@ pub struct AgentContent<'a> {
     pub text: Option<&'a str>,
     /// Each is answered by exactly one tool message, whatever happens.
     pub tool_uses: Vec<ToolUse<'a>>,
+    /// The model's thinking, for backends that stream it. *Extension.*
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<&'a str>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -300,8 +303,13 @@ pub fn message_body(content: &MessageContent) -> MessageBody<'_> {
                 })
                 .collect(),
         }),
-        MessageContent::Agent { text, tool_uses } => MessageBody::Agent(AgentContent {
+        MessageContent::Agent {
+            text,
+            tool_uses,
+            reasoning,
+        } => MessageBody::Agent(AgentContent {
             text: text.as_deref(),
+            reasoning: reasoning.as_ref().map(|r| r.text.as_str()),
             tool_uses: tool_uses
                 .iter()
                 .map(|tool| ToolUse {
@@ -341,8 +349,26 @@ pub fn message(message: &MessageRecord, context_window: u64) -> Message<'_> {
     }
 }
 
-/// A message's `content` object, as stored.
+/// A message's `content` object, as stored: what clients get, and for an agent message
+/// what the backend wants back (the field its reasoning came in, the provider's data on
+/// tool calls).
 pub fn content(content: &MessageContent) -> Value {
+    if let MessageContent::Agent {
+        text,
+        tool_uses,
+        reasoning,
+    } = content
+    {
+        let mut stored = serde_json::json!({"text": text, "tool_uses": tool_uses});
+        if let (Some(reasoning), Some(object)) = (reasoning, stored.as_object_mut()) {
+            object.insert("reasoning".into(), Value::String(reasoning.text.clone()));
+            object.insert(
+                "reasoning_field".into(),
+                Value::String(reasoning.field.clone()),
+            );
+        }
+        return stored;
+    }
     let stored = match message_body(content) {
         MessageBody::User(c) => serde_json::to_value(c),
         MessageBody::Agent(c) => serde_json::to_value(c),
@@ -387,6 +413,17 @@ pub fn parse_content(kind: &str, value: &Value) -> Result<MessageContent, String
                     .unwrap_or(Value::Array(vec![])),
             )
             .map_err(|e| format!("agent content tool_uses: {e}"))?,
+            reasoning: value
+                .get("reasoning")
+                .and_then(Value::as_str)
+                .map(|text| core::Reasoning {
+                    text: text.to_owned(),
+                    field: value
+                        .get("reasoning_field")
+                        .and_then(Value::as_str)
+                        .unwrap_or("reasoning_content")
+                        .to_owned(),
+                }),
         },
         MessageType::Tool => MessageContent::Tool(
             serde_json::from_value::<core::ToolResult>(value.clone())
@@ -755,6 +792,10 @@ pub enum ServerFrame<'a> {
     /// Streamed LLM text of the message being generated. Not durable.
     Delta {
         text: &'a str,
+        /// Streamed thinking of the model, for backends that stream it (`text` is then
+        /// empty). *Extension.*
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reasoning: Option<&'a str>,
     },
     Retrying {
         attempt: u32,

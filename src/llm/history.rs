@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
-use super::request::{Wire, wire};
+use super::request::{Wire, starts_turn, wire};
 use crate::metrics::Metrics;
 use crate::model::ConversationCommit;
 use crate::store::{Store, StoreError};
@@ -20,6 +20,17 @@ pub struct History {
     /// The sequence id of the last message held (0: none).
     last: i64,
     pub messages: Vec<Wire>,
+    /// Where the turn in progress starts in `messages`: after the last user-role message.
+    pub turn_from: usize,
+}
+
+impl History {
+    fn push(&mut self, content: &crate::state_machine::MessageContent) {
+        self.messages.push(wire(content));
+        if starts_turn(content) {
+            self.turn_from = self.messages.len();
+        }
+    }
 }
 
 type Entry = Arc<AsyncMutex<History>>;
@@ -78,7 +89,7 @@ impl HistoryCache {
         let mut history = entry.lock_owned().await;
         for message in recent.iter().flat_map(|commit| &commit.messages) {
             if message.sequence_id == history.last + 1 {
-                history.messages.push(wire(&message.content));
+                history.push(&message.content);
                 history.last = message.sequence_id;
             } else if message.sequence_id > history.last {
                 break; // a gap: the database has what came between
@@ -92,9 +103,9 @@ impl HistoryCache {
             if let Some(last) = newer.last() {
                 history.last = last.sequence_id;
             }
-            history
-                .messages
-                .extend(newer.iter().map(|record| wire(&record.content)));
+            for record in &newer {
+                history.push(&record.content);
+            }
         }
         Ok(history)
     }
@@ -149,7 +160,9 @@ mod tests {
             .iter()
             .map(|m| match m {
                 Wire::Json(json) => json.get().to_owned(),
-                other @ (Wire::Skip | Wire::Images(_)) => format!("{other:?}"),
+                other @ (Wire::Skip | Wire::Images(_) | Wire::Thought { .. }) => {
+                    format!("{other:?}")
+                }
             })
             .collect()
     }

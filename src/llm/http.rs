@@ -100,11 +100,91 @@ pub async fn execute(
     if let Some(headers) = builder.headers_mut() {
         *headers = response.headers().clone();
     }
-    let body = limited(response.bytes_stream(), limits, probe);
+    // A server that ignored `stream: true` answers with one JSON completion: it is read as
+    // a stream of that one event.
+    let whole = response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("application/json"));
+    let body = limited(response.bytes_stream(), limits, probe.clone());
+    let body = if whole {
+        reqwest::Body::wrap_stream(one_event(body, probe))
+    } else {
+        reqwest::Body::wrap_stream(body)
+    };
     builder
-        .body(reqwest::Body::wrap_stream(body))
+        .body(body)
         .map(reqwest::Response::from)
         .map_err(|e| OpenAIError::Boxed(Box::new(e)))
+}
+
+/// A whole JSON body as one `data:` event and `[DONE]`.
+fn one_event(
+    body: impl Stream<Item = std::io::Result<Bytes>> + Send + 'static,
+    probe: Arc<Probe>,
+) -> impl Stream<Item = std::io::Result<Bytes>> + Send + 'static {
+    futures::stream::once(async move {
+        let mut whole = Vec::new();
+        let mut body = std::pin::pin!(body);
+        while let Some(bytes) = body.next().await {
+            whole.extend_from_slice(&bytes?);
+        }
+        // Compact, so the event is one line whatever the server's formatting.
+        let value: serde_json::Value = serde_json::from_slice(&whole).map_err(|e| {
+            let message = format!(
+                "the backend answered with JSON that cannot be read ({e}): {}",
+                crate::tools::preview(String::from_utf8_lossy(&whole).trim(), 200)
+            );
+            probe.fail(Failure::new(ErrorKind::Unknown, message.clone()));
+            std::io::Error::other(message)
+        })?;
+        probe.done.store(true, Ordering::Relaxed);
+        Ok(Bytes::from(format!("data: {value}\n\ndata: [DONE]\n\n")))
+    })
+}
+
+/// Finds `error:` fields in an event stream (llama.cpp's server reports failures there, not
+/// in a `data:` line, and event-stream parsers drop fields they do not know), across chunk
+/// boundaries, keeping only lines that may be one.
+#[derive(Debug, Default)]
+struct ErrorLines {
+    line: Vec<u8>,
+    /// The current line is not an `error:` field: skip to its end.
+    skipping: bool,
+}
+
+impl ErrorLines {
+    /// The longest `error:` line kept.
+    const MAX: usize = 64 * 1024;
+
+    /// Feeds bytes of the stream; each complete `error:` field's value goes to `found`.
+    fn feed(&mut self, mut bytes: &[u8], mut found: impl FnMut(&[u8])) {
+        while !bytes.is_empty() {
+            let end = memchr::memchr(b'\n', bytes);
+            let part = &bytes[..end.unwrap_or(bytes.len())];
+            if !self.skipping {
+                self.line.extend_from_slice(part);
+                let prefix = self.line.len().min(6);
+                if self.line[..prefix] != b"error:"[..prefix] || self.line.len() > Self::MAX {
+                    self.skipping = true;
+                    self.line.clear();
+                }
+            }
+            match end {
+                Some(at) => {
+                    if !self.skipping && self.line.len() >= 6 {
+                        let value = &self.line[6..];
+                        found(value.strip_suffix(b"\r").unwrap_or(value));
+                    }
+                    self.line.clear();
+                    self.skipping = false;
+                    bytes = &bytes[at + 1..];
+                }
+                None => break,
+            }
+        }
+    }
 }
 
 /// The body with the idle and size limits applied, watching for `[DONE]`.
@@ -113,10 +193,16 @@ fn limited(
     limits: HttpLimits,
     probe: Arc<Probe>,
 ) -> impl Stream<Item = std::io::Result<Bytes>> + Send + 'static {
-    let state = (Box::pin(inner), probe, Vec::<u8>::new(), false);
+    let state = (
+        Box::pin(inner),
+        probe,
+        Vec::<u8>::new(),
+        false,
+        ErrorLines::default(),
+    );
     futures::stream::unfold(
         state,
-        move |(mut inner, probe, mut tail, stopped)| async move {
+        move |(mut inner, probe, mut tail, stopped, mut errors)| async move {
             if stopped {
                 return None;
             }
@@ -141,6 +227,13 @@ fn limited(
                         probe.fail(Failure::new(ErrorKind::Limit, message.clone()));
                         Err(std::io::Error::other(message))
                     } else {
+                        errors.feed(&bytes, |value| {
+                            let text = String::from_utf8_lossy(value);
+                            let error = serde_json::from_str(text.trim()).unwrap_or_else(|_| {
+                                serde_json::Value::String(text.trim().to_owned())
+                            });
+                            probe.fail(super::stream::stream_error(&error));
+                        });
                         // Look for the end marker, also across a chunk boundary.
                         tail.extend_from_slice(&bytes);
                         if tail.windows(6).any(|w| w == b"[DONE]") {
@@ -153,7 +246,7 @@ fn limited(
                 }
             };
             let stop = item.is_err();
-            Some((item, (inner, probe, tail, stop)))
+            Some((item, (inner, probe, tail, stop, errors)))
         },
     )
 }

@@ -6,6 +6,7 @@
 //! the conversation tagged with the request it answers. No retries happen here: the state
 //! machine owns them.
 
+mod chunk;
 mod history;
 mod http;
 mod request;
@@ -310,6 +311,7 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
         system_prompt: job.system_prompt.as_deref(),
         is_sub_agent: job.is_sub_agent,
         max_output_tokens: model_settings.max_output_tokens,
+        echo_reasoning: model_settings.echo_reasoning,
     };
     let encoding = |e: serde_json::Error| {
         Failure::new(
@@ -320,7 +322,8 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
     let loader = |id: &str| images.get(id).cloned();
     let converted = request::images(&history.messages, &loader).map_err(encoding)?;
     drop(images);
-    let body = request::body(&ctx, &history.messages, &converted).map_err(encoding)?;
+    let body =
+        request::body(&ctx, &history.messages, history.turn_from, &converted).map_err(encoding)?;
     let size = body.size().map_err(encoding)?;
     if size > llm.max_request_bytes {
         return Err(Failure::new(
@@ -362,42 +365,61 @@ async fn stream_reply(
         )
     };
     let chat = shared.backend.chat();
+    // Chunks are read into the gateway's own tolerant type (chunk.rs), not async-openai's.
     let mut stream = tokio::time::timeout_at(
         deadline,
-        chat.create_stream_byot::<_, async_openai::types::chat::CreateChatCompletionStreamResponse>(
-            request,
-        ),
+        chat.create_stream_byot::<_, chunk::Chunk>(request),
     )
     .await
     .map_err(|_| total_limit())?
     .map_err(|e| http::classify(&e, &probe))?;
-    let mut accumulator = Accumulator::new(llm.max_tool_args_bytes);
+    let mut accumulator = Accumulator::new(llm.max_tool_args_bytes, generated_ids(&job.request));
     let mut first_token = None;
     loop {
         match tokio::time::timeout_at(deadline, stream.next()).await {
             Err(_) => return Err(total_limit()),
             Ok(None) => break,
+            // One chunk that cannot be read at all is skipped: the reply fails only if what
+            // is left is not a complete answer.
+            Ok(Some(Err(async_openai::error::OpenAIError::JSONDeserialize(error, content)))) => {
+                shared.metrics.llm_chunk_skipped();
+                tracing::warn!(
+                    %error,
+                    chunk = %crate::tools::preview(&content, 200),
+                    "skipped a chunk of the LLM stream that could not be read"
+                );
+            }
             Ok(Some(Err(error))) => return Err(http::classify(&error, &probe)),
             Ok(Some(Ok(chunk))) => {
-                if let Some(text) = accumulator.push(chunk)? {
-                    if first_token.is_none() {
-                        let ms = started.elapsed().as_millis() as u64;
-                        first_token = Some(ms);
-                        tracing::Span::current().record("ttft_ms", ms);
-                    }
-                    let frame = Frame::of(&crate::wire::ServerFrame::Delta { text: &text });
-                    shared.hub.publish(&job.conversation_id, Arc::new(frame));
+                let added = accumulator.push(chunk)?;
+                if added.text.is_none() && added.reasoning.is_none() {
+                    continue;
                 }
+                if first_token.is_none() {
+                    let ms = started.elapsed().as_millis() as u64;
+                    first_token = Some(ms);
+                    tracing::Span::current().record("ttft_ms", ms);
+                }
+                let frame = Frame::of(&crate::wire::ServerFrame::Delta {
+                    text: added.text.as_deref().unwrap_or_default(),
+                    reasoning: added.reasoning.as_deref(),
+                });
+                shared.hub.publish(&job.conversation_id, Arc::new(frame));
             }
         }
     }
     if let Some(failure) = probe.failure() {
         return Err(failure);
     }
-    if !probe.saw_done() {
-        tracing::debug!("the stream ended without data: [DONE]");
-    }
-    accumulator.finish()
+    accumulator.finish(probe.saw_done())
+}
+
+/// What the ids of tool calls that come without one are made from: the same for the same
+/// request, different for every request of a conversation (its turn and step).
+fn generated_ids(request: &LlmRequestTag) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(format!("{}/{}", request.turn, request.step).as_bytes());
+    format!("call_{}", &hex::encode(digest)[..16])
 }
 
 /// A cheap handle on the gateway actor.

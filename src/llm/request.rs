@@ -32,6 +32,8 @@ pub struct RequestContext<'a> {
     pub system_prompt: Option<&'a str>,
     pub is_sub_agent: bool,
     pub max_output_tokens: u32,
+    /// Send the turn's reasoning back (`[models] echo_reasoning`).
+    pub echo_reasoning: bool,
 }
 
 /// An image's bytes, by attachment id.
@@ -62,6 +64,12 @@ pub enum Wire {
     Skip,
     /// Its JSON, made once.
     Json(Box<RawValue>),
+    /// An agent message with the model's reasoning: its JSON without it, and with it in the
+    /// field the backend sent it in (sent while its turn is in progress).
+    Thought {
+        plain: Box<RawValue>,
+        with_reasoning: Box<RawValue>,
+    },
     /// A user message with images: converted per request.
     Images(MessageContent),
 }
@@ -71,14 +79,70 @@ pub fn wire(content: &MessageContent) -> Wire {
     if matches!(content, MessageContent::User { images, .. } if !images.is_empty()) {
         return Wire::Images(content.clone());
     }
-    match convert(content, &|_| None) {
-        None => Wire::Skip,
-        Some(message) => match serde_json::value::to_raw_value(&message) {
-            Ok(json) => Wire::Json(json),
-            // Not expected for these types; converting per request still works.
-            Err(_) => Wire::Images(content.clone()),
-        },
+    let Some(message) = convert(content, &|_| None) else {
+        return Wire::Skip;
+    };
+    let made = match content {
+        MessageContent::Agent {
+            tool_uses,
+            reasoning,
+            ..
+        } if reasoning.is_some() || tool_uses.iter().any(|t| t.extra.is_some()) => {
+            agent_wire(message, tool_uses, reasoning.as_ref())
+        }
+        MessageContent::User { .. }
+        | MessageContent::Agent { .. }
+        | MessageContent::Tool(_)
+        | MessageContent::System { .. }
+        | MessageContent::Error { .. } => serde_json::value::to_raw_value(&message).map(Wire::Json),
+    };
+    // Not expected for these types; converting per request still works.
+    made.unwrap_or_else(|_| Wire::Images(content.clone()))
+}
+
+/// Whether a stored message starts a turn as the backend sees it (a user-role message).
+pub fn starts_turn(content: &MessageContent) -> bool {
+    match content {
+        MessageContent::User { .. } | MessageContent::System { .. } => true,
+        MessageContent::Agent { .. } | MessageContent::Tool(_) | MessageContent::Error { .. } => {
+            false
+        }
     }
+}
+
+/// An agent message with what the provider wants back: each tool call's `extra_content`
+/// (Gemini's thought signature), and the reasoning in its field (kept apart, for the turn
+/// it belongs to).
+fn agent_wire(
+    message: ChatCompletionRequestMessage,
+    tool_uses: &[crate::state_machine::ToolUse],
+    reasoning: Option<&crate::state_machine::Reasoning>,
+) -> serde_json::Result<Wire> {
+    let mut value = serde_json::to_value(&message)?;
+    if let Some(calls) = value
+        .get_mut("tool_calls")
+        .and_then(serde_json::Value::as_array_mut)
+    {
+        for (call, tool) in calls.iter_mut().zip(tool_uses) {
+            if let (Some(extra), Some(call)) = (&tool.extra, call.as_object_mut()) {
+                call.insert("extra_content".into(), extra.clone());
+            }
+        }
+    }
+    let plain = serde_json::value::to_raw_value(&value)?;
+    let Some(reasoning) = reasoning else {
+        return Ok(Wire::Json(plain));
+    };
+    if let Some(object) = value.as_object_mut() {
+        object.insert(
+            reasoning.field.clone(),
+            serde_json::Value::String(reasoning.text.clone()),
+        );
+    }
+    Ok(Wire::Thought {
+        plain,
+        with_reasoning: serde_json::value::to_raw_value(&value)?,
+    })
 }
 
 /// The JSON of the request's `tools`, made once per kind of agent (the tools an agent gets
@@ -117,6 +181,9 @@ struct Messages<'a> {
     history: &'a [Wire],
     /// The messages with images, converted, in the order they come in `history`.
     images: &'a [Box<RawValue>],
+    /// Where the turn in progress starts in `history`: its agent messages carry their
+    /// reasoning (`None`: no message does).
+    reasoning_from: Option<usize>,
 }
 
 impl serde::Serialize for Messages<'_> {
@@ -124,10 +191,20 @@ impl serde::Serialize for Messages<'_> {
         let mut seq = serializer.serialize_seq(None)?;
         seq.serialize_element(&self.system)?;
         let mut images = self.images.iter();
-        for message in self.history {
+        for (at, message) in self.history.iter().enumerate() {
             match message {
                 Wire::Skip => {}
                 Wire::Json(json) => seq.serialize_element(json)?,
+                Wire::Thought {
+                    plain,
+                    with_reasoning,
+                } => {
+                    if self.reasoning_from.is_some_and(|from| at >= from) {
+                        seq.serialize_element(with_reasoning)?;
+                    } else {
+                        seq.serialize_element(plain)?;
+                    }
+                }
                 Wire::Images(_) => {
                     if let Some(json) = images.next() {
                         seq.serialize_element(json)?;
@@ -159,17 +236,18 @@ pub fn images(history: &[Wire], loader: ImageLoader<'_>) -> serde_json::Result<V
         .iter()
         .filter_map(|message| match message {
             Wire::Images(content) => convert(content, loader),
-            Wire::Skip | Wire::Json(_) => None,
+            Wire::Skip | Wire::Json(_) | Wire::Thought { .. } => None,
         })
         .map(|message| serde_json::value::to_raw_value(&message))
         .collect()
 }
 
 /// The body of the streaming request for `history`, with its messages with images
-/// converted by [`images`].
+/// converted by [`images`]; the turn in progress starts at `turn_from` in `history`.
 pub fn body<'a>(
     ctx: &RequestContext<'a>,
     history: &'a [Wire],
+    turn_from: usize,
     images: &'a [Box<RawValue>],
 ) -> serde_json::Result<Body<'a>> {
     Ok(Body {
@@ -181,6 +259,7 @@ pub fn body<'a>(
             }),
             history,
             images,
+            reasoning_from: ctx.echo_reasoning.then_some(turn_from),
         },
         tools: tools_json(ctx.is_sub_agent)?,
         stream: true,
@@ -262,7 +341,9 @@ fn convert(
                 name: None,
             })
         }
-        MessageContent::Agent { text, tool_uses } => {
+        MessageContent::Agent {
+            text, tool_uses, ..
+        } => {
             if text.as_deref().is_none_or(str::is_empty) && tool_uses.is_empty() {
                 return None;
             }
@@ -333,7 +414,9 @@ mod tests {
                     id: "call_1".into(),
                     name: "bash".into(),
                     input: serde_json::json!({"command": "ls \"a b\""}),
+                    extra: None,
                 }],
+                reasoning: None,
             },
             MessageContent::Tool(ToolResult {
                 tool_use_id: "call_1".into(),
@@ -348,6 +431,7 @@ mod tests {
             MessageContent::Agent {
                 text: None,
                 tool_uses: vec![],
+                reasoning: None,
             },
             MessageContent::System {
                 text: "a background task finished".into(),
@@ -373,13 +457,14 @@ mod tests {
             system_prompt: Some("be brief"),
             is_sub_agent: false,
             max_output_tokens: 512,
+            echo_reasoning: true,
         };
         let loader = |id: &str| (id == "img1").then(|| ("image/png".to_owned(), vec![1, 2, 3]));
         let wires: Vec<Wire> = history.iter().map(wire).collect();
         assert!(matches!(wires[3], Wire::Skip) && matches!(wires[4], Wire::Skip));
         assert!(matches!(wires[6], Wire::Images(_)));
         let converted = images(&wires, &loader).expect("converts");
-        let body = body(&ctx, &wires, &converted).expect("encodes");
+        let body = body(&ctx, &wires, 0, &converted).expect("encodes");
         let text = serde_json::to_string(&body).expect("serialises");
         assert_eq!(body.size().expect("counts"), text.len());
         let sent: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");

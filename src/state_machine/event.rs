@@ -37,6 +37,8 @@ pub struct LlmReply {
     /// False when the model stopped before it was done (e.g. it hit its output limit).
     pub end_turn: bool,
     pub usage: Usage,
+    /// The model's thinking, when the backend streamed it.
+    pub reasoning: Option<super::Reasoning>,
 }
 
 /// A failed LLM request, classified by the gateway.

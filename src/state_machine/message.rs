@@ -45,6 +45,8 @@ pub enum MessageContent {
     Agent {
         text: Option<String>,
         tool_uses: Vec<ToolUse>,
+        /// The model's thinking, when the backend streamed it.
+        reasoning: Option<Reasoning>,
     },
     Tool(ToolResult),
     /// Injected context the LLM sees (background results, reminders).
@@ -55,6 +57,14 @@ pub enum MessageContent {
     Error {
         text: String,
     },
+}
+
+/// A model's thinking, and the request field the backend sent it in (`reasoning_content` or
+/// `reasoning`): the field it is sent back in, to backends that want it back.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reasoning {
+    pub text: String,
+    pub field: String,
 }
 
 /// The one result of one tool call.

@@ -25,7 +25,7 @@ pub use chain::{ChainError, validate_chain};
 pub use context::{ConvContext, TurnLimits};
 pub use effect::{Effect, SubAgentTask};
 pub use event::{Event, Interruption, LlmFailure, LlmReply, LlmRequestTag, ToolOutcome, Usage};
-pub use message::{ImageRef, MessageContent, MessageType, ToolResult};
+pub use message::{ImageRef, MessageContent, MessageType, Reasoning, ToolResult};
 pub use state::{
     BackgroundResult, ConvState, ErrorKind, MAX_LLM_ATTEMPTS, SubAgentOutcome, SubAgentSlot,
     ToolUse, Turn, TurnId,

@@ -130,6 +130,7 @@ impl World {
                         input_tokens: u64::from(*tokens) % 1100,
                         output_tokens: 1,
                     },
+                    reasoning: None,
                 },
             },
             Op::LlmTools { names } => {
@@ -142,6 +143,7 @@ impl World {
                         tool_uses,
                         end_turn: true,
                         usage: Usage::default(),
+                        reasoning: None,
                     },
                 }
             }
@@ -223,11 +225,7 @@ impl World {
             4 => (SPAWN_SUB_AGENTS, json!({"tasks": "nope"})),
             _ => (SUBMIT_RESULT, json!({"result": "done"})),
         };
-        ToolUse {
-            id,
-            name: name.into(),
-            input,
-        }
+        ToolUse::new(id, name, input)
     }
 
     /// Applies `event`; on success carries out the effects. Returns the transition's outcome.

@@ -37,6 +37,22 @@ pub struct ToolUse {
     pub name: String,
     /// The arguments, already validated as JSON by the gateway.
     pub input: Value,
+    /// What the provider sent with the call to have it back with the call (Gemini's thought
+    /// signature, its `extra_content`); opaque here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra: Option<Value>,
+}
+
+impl ToolUse {
+    /// A call with nothing of the provider's to send back.
+    pub fn new(id: impl Into<String>, name: impl Into<String>, input: Value) -> Self {
+        Self {
+            id: id.into(),
+            name: name.into(),
+            input,
+            extra: None,
+        }
+    }
 }
 
 /// The result of a background (long-running) tool, reported after its tool call returned.

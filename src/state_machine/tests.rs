@@ -57,6 +57,7 @@ fn tool(id: &str, name: &str) -> ToolUse {
         id: id.into(),
         name: name.into(),
         input: json!({"command": format!("echo {id}")}),
+        extra: None,
     }
 }
 
@@ -77,6 +78,7 @@ fn reply(text: Option<&str>, tools: Vec<ToolUse>, end_turn: bool) -> LlmReply {
         tool_uses: tools,
         end_turn,
         usage: usage(10, 5),
+        reasoning: None,
     }
 }
 
@@ -141,6 +143,7 @@ fn agent(text: Option<&str>, tools: Vec<ToolUse>) -> Effect {
     Effect::PersistMessage(MessageContent::Agent {
         text: text.map(str::to_owned),
         tool_uses: tools,
+        reasoning: None,
     })
 }
 
@@ -502,6 +505,7 @@ fn matrix_spawn_sub_agents_awaits_the_sub_agents() {
         id: "s".into(),
         name: SPAWN_SUB_AGENTS.into(),
         input: json!({"tasks": [{"prompt": "one"}, {"prompt": "two", "model": "small"}]}),
+        extra: None,
     };
     check(
         requesting(1, 0, 1),
@@ -553,6 +557,7 @@ fn spawn_tool() -> ToolUse {
         id: "s".into(),
         name: SPAWN_SUB_AGENTS.into(),
         input: json!({"tasks": [{"prompt": "one"}, {"prompt": "two"}, {"prompt": "three"}]}),
+        extra: None,
     }
 }
 
@@ -921,6 +926,7 @@ fn req_bed_009_submit_result_completes_the_sub_agent() {
         id: "r".into(),
         name: SUBMIT_RESULT.into(),
         input: json!({"result": "the answer", "success": true}),
+        extra: None,
     };
     let after = bash("after");
     check(
@@ -982,6 +988,7 @@ fn req_bed_009_submit_result_is_refused_outside_sub_agents() {
         id: "r".into(),
         name: SUBMIT_RESULT.into(),
         input: json!({"result": "x"}),
+        extra: None,
     };
     let b = bash("b");
     check(
@@ -1036,6 +1043,7 @@ fn req_bed_008_malformed_spawn_calls_fail_as_tool_results() {
             id: "s".into(),
             name: SPAWN_SUB_AGENTS.into(),
             input,
+            extra: None,
         };
         check(
             requesting(1, 0, 1),
@@ -1443,6 +1451,7 @@ fn chain_validation_catches_every_kind_of_break() {
     let ask = MessageContent::Agent {
         text: None,
         tool_uses: vec![a.clone()],
+        reasoning: None,
     };
     let answer = MessageContent::tool_result(&a, true, "ok", false);
     let user = MessageContent::User {

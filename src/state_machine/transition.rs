@@ -337,11 +337,13 @@ fn llm_response(
         text,
         tool_uses,
         end_turn,
+        reasoning,
         ..
     } = reply;
     fx.persist(MessageContent::Agent {
         text,
         tool_uses: tool_uses.clone(),
+        reasoning,
     });
 
     let mut tools = tool_uses.into_iter();

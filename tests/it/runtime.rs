@@ -74,7 +74,9 @@ async fn full_turn_runs_tools_serially_and_sends_results_in_order() {
             .collect();
         assert_eq!(kinds, ["user", "agent", "tool", "tool", "agent"]);
         match &history[4].content {
-            MessageContent::Agent { text, tool_uses } => {
+            MessageContent::Agent {
+                text, tool_uses, ..
+            } => {
                 assert_eq!(text.as_deref(), Some("all done"));
                 assert!(tool_uses.is_empty());
             }
