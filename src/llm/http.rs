@@ -305,3 +305,34 @@ pub fn classify(error: &OpenAIError, probe: &Probe) -> Failure {
         other => Failure::new(ErrorKind::Unknown, other.to_string()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `error:` fields are found whole, however the stream is cut; other lines are not kept.
+    #[test]
+    fn error_fields_are_found_across_chunks() {
+        let stream = b"data: {\"choices\":[]}\n\nerror: {\"code\":400,\"message\":\"too long\"}\r\n\ndata: [DONE]\n\n";
+        for cut in 1..stream.len() {
+            let mut lines = ErrorLines::default();
+            let mut found = Vec::new();
+            for part in [&stream[..cut], &stream[cut..]] {
+                lines.feed(part, |value| {
+                    found.push(String::from_utf8_lossy(value).into_owned())
+                });
+            }
+            assert_eq!(
+                found,
+                [" {\"code\":400,\"message\":\"too long\"}"],
+                "cut at {cut}"
+            );
+        }
+        let mut lines = ErrorLines::default();
+        let mut found = 0;
+        lines.feed(b"data: error: not a field\nerr", |_| found += 1);
+        lines.feed(b"or-ish: no\n: error: comment\n", |_| found += 1);
+        assert_eq!(found, 0);
+        assert!(lines.line.is_empty());
+    }
+}

@@ -495,4 +495,84 @@ mod tests {
             "data:image/png;base64,AQID"
         );
     }
+
+    /// The reasoning of the turn in progress goes back in the field the backend sent it in,
+    /// earlier turns' does not, nor any when the echo is off; a call's provider data goes
+    /// back with the call in every turn.
+    #[test]
+    fn reasoning_goes_back_with_its_turn() {
+        use crate::state_machine::Reasoning;
+        let agent = |field: &str, signature: &str| MessageContent::Agent {
+            text: None,
+            tool_uses: vec![ToolUse {
+                id: format!("call_{field}"),
+                name: "think".into(),
+                input: serde_json::json!({}),
+                extra: Some(serde_json::json!({"google": {"thought_signature": signature}})),
+            }],
+            reasoning: Some(Reasoning {
+                text: format!("thinking in {field}"),
+                field: field.into(),
+            }),
+        };
+        let result = |id: &str| {
+            MessageContent::Tool(ToolResult {
+                tool_use_id: id.into(),
+                name: "think".into(),
+                ok: true,
+                output: "ok".into(),
+                cancelled: false,
+            })
+        };
+        let user = |text: &str| MessageContent::User {
+            text: text.into(),
+            images: vec![],
+        };
+        let history = [
+            user("first"),
+            agent("reasoning", "s1"),
+            result("call_reasoning"),
+            user("second"),
+            agent("reasoning_content", "s2"),
+            result("call_reasoning_content"),
+        ];
+        let wires: Vec<Wire> = history.iter().map(wire).collect();
+        let turn_from = history.iter().rposition(starts_turn).map_or(0, |at| at + 1);
+        assert_eq!(turn_from, 4);
+        for echo in [true, false] {
+            let ctx = RequestContext {
+                model: "m",
+                cwd: "/w",
+                system_prompt: None,
+                is_sub_agent: false,
+                max_output_tokens: 512,
+                echo_reasoning: echo,
+            };
+            let body = body(&ctx, &wires, turn_from, &[]).expect("encodes");
+            let sent = serde_json::to_value(&body).expect("serialises");
+            let messages = &sent["messages"];
+            // [system, user, agent, tool, user, agent, tool]
+            assert_eq!(
+                messages[2]["reasoning"],
+                serde_json::Value::Null,
+                "an earlier turn"
+            );
+            let current = &messages[5];
+            if echo {
+                assert_eq!(
+                    current["reasoning_content"],
+                    "thinking in reasoning_content"
+                );
+            } else {
+                assert_eq!(current["reasoning_content"], serde_json::Value::Null);
+            }
+            assert_eq!(current["reasoning"], serde_json::Value::Null);
+            for (at, signature) in [(2, "s1"), (5, "s2")] {
+                assert_eq!(
+                    messages[at]["tool_calls"][0]["extra_content"]["google"]["thought_signature"],
+                    signature
+                );
+            }
+        }
+    }
 }

@@ -325,3 +325,382 @@ pub fn stream_error(error: &Value) -> Failure {
         ),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// The reply the `data:` payloads make, the stream ended by `[DONE]`.
+    fn assemble(payloads: &[Value]) -> Result<LlmReply, Failure> {
+        assemble_with(payloads, true)
+    }
+
+    fn assemble_with(payloads: &[Value], saw_done: bool) -> Result<LlmReply, Failure> {
+        let mut accumulator = Accumulator::new(1024, "call_gen".into());
+        for payload in payloads {
+            let chunk: Chunk = serde_json::from_value(payload.clone()).expect("a chunk reads");
+            accumulator.push(chunk)?;
+        }
+        accumulator.finish(saw_done)
+    }
+
+    fn delta(delta: Value) -> Value {
+        json!({"choices": [{"index": 0, "delta": delta, "finish_reason": null}]})
+    }
+
+    fn calls(calls: Value) -> Value {
+        delta(json!({"tool_calls": calls}))
+    }
+
+    fn finish(reason: &str) -> Value {
+        json!({"choices": [{"index": 0, "delta": {}, "finish_reason": reason}]})
+    }
+
+    /// `(id, name, input)` of each call of a reply.
+    fn tools(reply: &LlmReply) -> Vec<(String, String, Value)> {
+        reply
+            .tool_uses
+            .iter()
+            .map(|t| (t.id.clone(), t.name.clone(), t.input.clone()))
+            .collect()
+    }
+
+    fn tool(id: &str, name: &str, input: Value) -> (String, String, Value) {
+        (id.to_owned(), name.to_owned(), input)
+    }
+
+    /// A case: what it is, the payloads, the calls they make.
+    type Case = (&'static str, Vec<Value>, Vec<(String, String, Value)>);
+
+    /// The assembly rules, one case each: the fragments as a server sends them, and the calls
+    /// they make.
+    #[test]
+    fn tool_calls_are_assembled_by_meaning() {
+        let cases: Vec<Case> = vec![
+            (
+                "OpenAI: name once, arguments in fragments",
+                vec![
+                    calls(
+                        json!([{"index": 0, "id": "c1", "type": "function", "function": {"name": "think", "arguments": ""}}]),
+                    ),
+                    calls(json!([{"index": 0, "function": {"arguments": "{\"thoughts\""}}])),
+                    calls(json!([{"index": 0, "function": {"arguments": ": \"x\"}"}}])),
+                    finish("tool_calls"),
+                ],
+                vec![tool("c1", "think", json!({"thoughts": "x"}))],
+            ),
+            (
+                "the name repeated in every fragment (GPT-5, MiniMax via NIM, vLLM)",
+                vec![
+                    calls(
+                        json!([{"index": 0, "id": "c1", "function": {"name": "think", "arguments": "{\"thou"}}]),
+                    ),
+                    calls(
+                        json!([{"index": 0, "function": {"name": "think", "arguments": "ghts\": 1}"}}]),
+                    ),
+                    calls(
+                        json!([{"index": 0, "id": "c1", "function": {"name": "think", "arguments": ""}}]),
+                    ),
+                    finish("tool_calls"),
+                ],
+                vec![tool("c1", "think", json!({"thoughts": 1}))],
+            ),
+            (
+                "a name streamed in pieces",
+                vec![
+                    calls(json!([{"index": 0, "id": "c1", "function": {"name": "thi"}}])),
+                    calls(json!([{"index": 0, "function": {"name": "nk", "arguments": "{}"}}])),
+                    finish("tool_calls"),
+                ],
+                vec![tool("c1", "think", json!({}))],
+            ),
+            (
+                "parallel calls all at index 0 with their own ids (Ollama)",
+                vec![
+                    calls(
+                        json!([{"index": 0, "id": "a", "function": {"name": "think", "arguments": "{\"thoughts\": \"one\"}"}}]),
+                    ),
+                    calls(
+                        json!([{"index": 0, "id": "b", "function": {"name": "think", "arguments": "{\"thoughts\": \"two\"}"}}]),
+                    ),
+                    finish("stop"),
+                ],
+                vec![
+                    tool("a", "think", json!({"thoughts": "one"})),
+                    tool("b", "think", json!({"thoughts": "two"})),
+                ],
+            ),
+            (
+                "no index: the call's position in the delta (Gemini, Mistral)",
+                vec![
+                    calls(json!([
+                        {"id": "a", "function": {"name": "think", "arguments": "{\"thoughts\": \"one\"}"}},
+                        {"id": "b", "function": {"name": "patch", "arguments": "{\"path\": \"p\"}"}}
+                    ])),
+                    calls(json!([{"id": "c", "function": {"name": "think", "arguments": "{}"}}])),
+                    finish("stop"),
+                ],
+                vec![
+                    tool("a", "think", json!({"thoughts": "one"})),
+                    tool("b", "patch", json!({"path": "p"})),
+                    tool("c", "think", json!({})),
+                ],
+            ),
+            (
+                "no id, or an empty one (vLLM, StepFun): one is made from the request",
+                vec![
+                    calls(
+                        json!([{"index": 0, "id": "", "type": "", "function": {"name": "think", "arguments": ""}}]),
+                    ),
+                    calls(json!([{"index": 0, "function": {"arguments": "{}"}}])),
+                    calls(json!([{"index": 1, "function": {"name": "think", "arguments": "{}"}}])),
+                    finish("tool_calls"),
+                ],
+                vec![
+                    tool("call_gen_0", "think", json!({})),
+                    tool("call_gen_1", "think", json!({})),
+                ],
+            ),
+            (
+                "arguments as a JSON object (llama.cpp, early 2026)",
+                vec![
+                    calls(
+                        json!([{"index": 0, "id": "c1", "function": {"name": "think", "arguments": {"thoughts": "x"}}}]),
+                    ),
+                    finish("tool_calls"),
+                ],
+                vec![tool("c1", "think", json!({"thoughts": "x"}))],
+            ),
+            (
+                "noise: tool_calls [] and null, content null, role on every chunk",
+                vec![
+                    delta(json!({"role": "assistant", "content": null, "tool_calls": []})),
+                    delta(json!({"role": "assistant", "tool_calls": null})),
+                    calls(
+                        json!([{"index": 0, "id": "c1", "function": {"name": "think", "arguments": "{}"}}]),
+                    ),
+                    delta(json!({"role": "assistant", "content": ""})),
+                    finish("tool_calls"),
+                ],
+                vec![tool("c1", "think", json!({}))],
+            ),
+        ];
+        for (what, payloads, expected) in cases {
+            let reply = assemble(&payloads).unwrap_or_else(|e| panic!("{what}: {e:?}"));
+            assert_eq!(tools(&reply), expected, "{what}");
+            assert!(reply.end_turn, "{what}");
+        }
+    }
+
+    /// Finish reasons: unknown ones are kept and end the turn, `""` is none, the last wins,
+    /// content in the finish chunk is kept, and only `length` leaves the turn unfinished.
+    #[test]
+    fn finish_reasons_are_read_as_sent() {
+        let text = |reply: &LlmReply| reply.text.clone().unwrap_or_default();
+        for reason in ["stop", "eos", "end_turn", "tool_calls", "STOP"] {
+            let reply = assemble(&[delta(json!({"content": "hi"})), finish(reason)])
+                .unwrap_or_else(|e| panic!("{reason}: {e:?}"));
+            assert_eq!(
+                (text(&reply), reply.end_turn),
+                ("hi".into(), true),
+                "{reason}"
+            );
+        }
+        // `""` on every chunk (a proxy, Ollama), the real reason last.
+        let empty = |content: &str| json!({"choices": [{"index": 0, "delta": {"content": content}, "finish_reason": ""}]});
+        let reply = assemble(&[empty("a"), empty("b"), finish("stop")]).expect("complete");
+        assert_eq!(text(&reply), "ab");
+        // Content in the chunk that finishes (Mistral), and the last reason wins.
+        let last = json!({"choices": [{"index": 0, "delta": {"content": "c"}, "finish_reason": "length"}]});
+        let reply =
+            assemble(&[finish("stop"), delta(json!({"content": "ab"})), last]).expect("complete");
+        assert_eq!((text(&reply), reply.end_turn), ("abc".into(), false));
+        // No finish reason at all, but [DONE] after an answer: complete.
+        let reply = assemble(&[delta(json!({"content": "x"}))]).expect("complete");
+        assert_eq!(text(&reply), "x");
+        // Without [DONE] it was cut.
+        let cut = assemble_with(&[delta(json!({"content": "x"}))], false).expect_err("cut");
+        assert_eq!(cut.kind, ErrorKind::Network);
+        assert!(cut.message.contains("truncated"), "{}", cut.message);
+    }
+
+    /// Usage is the last report with counts in it: `{}` (MiniMax) and counts under other
+    /// names report nothing, cumulative reports (Gemini) and repeated ones (Groq) are not
+    /// summed, Groq's `x_groq` counts.
+    #[test]
+    fn usage_is_the_last_report() {
+        let usage = |prompt: u64, completion: u64| json!({"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": completion}});
+        let reply = assemble(&[
+            delta(json!({"content": "a"})),
+            usage(10, 1),
+            usage(10, 2),
+            json!({"choices": [], "usage": {}}),
+            json!({"choices": [], "usage": {"total_tokens": 0, "total_characters": 0}}),
+            finish("stop"),
+        ])
+        .expect("complete");
+        assert_eq!(
+            reply.usage,
+            Usage {
+                input_tokens: 10,
+                output_tokens: 2
+            }
+        );
+        let groq = json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+            "x_groq": {"id": "req_1", "usage": {"queue_time": 0.07, "prompt_tokens": 23, "completion_tokens": 19}}});
+        let reply = assemble(&[delta(json!({"content": "a"})), groq]).expect("complete");
+        assert_eq!(
+            reply.usage,
+            Usage {
+                input_tokens: 23,
+                output_tokens: 19
+            }
+        );
+        let tier = json!({"choices": [], "service_tier": "on_demand",
+            "usage": {"queue_time": 0.2, "prompt_tokens": 5.0, "completion_tokens": "7"}});
+        let reply =
+            assemble(&[delta(json!({"content": "a"})), finish("stop"), tier]).expect("complete");
+        assert_eq!(
+            reply.usage,
+            Usage {
+                input_tokens: 5,
+                output_tokens: 7
+            }
+        );
+    }
+
+    /// Errors in the stream fail the reply with the provider's words, classified.
+    #[test]
+    fn errors_in_the_stream_are_failures() {
+        let openrouter = json!({"id": "cmpl-abc123", "object": "chat.completion.chunk",
+            "error": {"code": "server_error", "message": "Provider disconnected"},
+            "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}]});
+        let failure = assemble(&[delta(json!({"content": "par"})), openrouter]).expect_err("fails");
+        assert_eq!(failure.kind, ErrorKind::Network);
+        assert!(
+            failure.message.contains("Provider disconnected"),
+            "{}",
+            failure.message
+        );
+        let failure =
+            assemble(&[delta(json!({"content": "x"})), finish("error")]).expect_err("fails");
+        assert!(failure.message.contains("\"error\""), "{}", failure.message);
+        let failure = assemble(&[]).expect_err("nothing before [DONE]");
+        assert_eq!(failure.kind, ErrorKind::Network);
+        assert!(
+            failure.message.contains("without an answer"),
+            "{}",
+            failure.message
+        );
+        let failure =
+            assemble(&[json!({"error": "rate limit exceeded, retry later"})]).expect_err("fails");
+        assert_eq!(failure.kind, ErrorKind::RateLimit);
+    }
+
+    /// The kinds errors in streams are given: context overflows are not retried, overloads
+    /// and server errors are.
+    #[test]
+    fn stream_errors_are_classified() {
+        let cases = [
+            (
+                json!({"code": 400, "message": "the request exceeds the available context size. try increasing the context size or enable context shift", "type": "invalid_request_error"}),
+                ErrorKind::InvalidRequest,
+            ),
+            (
+                json!({"code": 429, "message": "slow down"}),
+                ErrorKind::RateLimit,
+            ),
+            (
+                json!({"type": "overloaded_error", "message": "Overloaded"}),
+                ErrorKind::RateLimit,
+            ),
+            (
+                json!({"code": 529, "message": "busy"}),
+                ErrorKind::RateLimit,
+            ),
+            (json!({"code": 401, "message": "bad key"}), ErrorKind::Auth),
+            (
+                json!({"code": 502, "message": "Bad gateway"}),
+                ErrorKind::Network,
+            ),
+            (
+                json!({"code": "server_error", "message": "Provider disconnected"}),
+                ErrorKind::Network,
+            ),
+            (
+                json!({"message": "The reasoning_content in the thinking mode must be passed back to the API.", "type": "invalid_request_error"}),
+                ErrorKind::InvalidRequest,
+            ),
+            (json!("something odd happened"), ErrorKind::Unknown),
+        ];
+        for (error, kind) in cases {
+            let failure = stream_error(&error);
+            assert_eq!(failure.kind, kind, "{error}");
+            let words = error.as_str().map_or_else(
+                || error["message"].as_str().unwrap_or_default().to_owned(),
+                str::to_owned,
+            );
+            assert!(failure.message.contains(&words), "{}", failure.message);
+        }
+    }
+
+    /// Reasoning, in either field, is kept apart from the text, with the field it came in;
+    /// the provider's data on a call is kept; other choices are not ours; a non-streamed
+    /// completion's `message` reads as the delta.
+    #[test]
+    fn reasoning_provider_data_and_whole_completions() {
+        let reply = assemble(&[
+            delta(json!({"reasoning_content": "Let me "})),
+            delta(json!({"reasoning_content": "think."})),
+            delta(json!({"content": "Done."})),
+            json!({"choices": [{"index": 1, "delta": {"content": "other choice"}}]}),
+            finish("stop"),
+        ])
+        .expect("complete");
+        assert_eq!(reply.text.as_deref(), Some("Done."));
+        assert_eq!(
+            reply.reasoning,
+            Some(Reasoning {
+                text: "Let me think.".into(),
+                field: "reasoning_content".into()
+            })
+        );
+        let reply =
+            assemble(&[delta(json!({"reasoning": "hm"})), finish("stop")]).expect("complete");
+        assert_eq!(reply.reasoning.map(|r| r.field), Some("reasoning".into()));
+        let signature = json!({"google": {"thought_signature": "sig"}});
+        let reply = assemble(&[
+            calls(json!([{"extra_content": signature, "function": {"arguments": "{}", "name": "think"}, "id": "g1", "type": "function"}])),
+            finish("stop"),
+        ])
+        .expect("complete");
+        assert_eq!(reply.tool_uses[0].extra, Some(signature));
+        let whole = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
+            "message": {"role": "assistant", "content": "whole", "tool_calls": [
+                {"id": "w1", "type": "function", "function": {"name": "think", "arguments": "{}"}}]},
+            "finish_reason": "tool_calls"}], "usage": {"prompt_tokens": 3, "completion_tokens": 4}});
+        let reply = assemble(&[whole]).expect("complete");
+        assert_eq!(reply.text.as_deref(), Some("whole"));
+        assert_eq!(tools(&reply), vec![tool("w1", "think", json!({}))]);
+        assert_eq!(
+            reply.usage,
+            Usage {
+                input_tokens: 3,
+                output_tokens: 4
+            }
+        );
+    }
+
+    /// Tolerance loosens no limit: arguments over the cap fail, whatever their shape.
+    #[test]
+    fn the_argument_cap_holds() {
+        let big = "x".repeat(2000);
+        for arguments in [json!(big), json!({"thoughts": big})] {
+            let failure = assemble(&[calls(json!([{"index": 0, "id": "c", "function": {"name": "think", "arguments": arguments}}]))])
+                .expect_err("over the cap");
+            assert_eq!(failure.kind, ErrorKind::Limit);
+        }
+    }
+}

@@ -49,6 +49,12 @@ pub enum Reply {
     Truncated,
     /// A body of `size` bytes of content, streamed in chunks.
     Huge { size: usize },
+    /// These bytes, as they are, with this content type: a recorded response of a real
+    /// server, streamed in the pieces given.
+    Raw {
+        content_type: String,
+        pieces: Vec<Bytes>,
+    },
 }
 
 impl Reply {
@@ -68,6 +74,18 @@ impl Reply {
 
     pub fn bash(id: &str, command: &str) -> Reply {
         Reply::tool(id, "bash", json!({"command": command}))
+    }
+
+    /// `body` with `content_type`, streamed in pieces of `piece` bytes (so events are cut at
+    /// arbitrary points, as a network may cut them).
+    pub fn raw(content_type: &str, body: &[u8], piece: usize) -> Reply {
+        Reply::Raw {
+            content_type: content_type.to_owned(),
+            pieces: body
+                .chunks(piece.max(1))
+                .map(Bytes::copy_from_slice)
+                .collect(),
+        }
     }
 
     pub fn status(status: u16, message: &str) -> Reply {
@@ -537,6 +555,16 @@ async fn reply_with(reply: Reply, prompt: u64, completion: u64, shared: Arc<Shar
                 && let Ok(value) = HeaderValue::from_str(&seconds.to_string())
             {
                 response.headers_mut().insert(header::RETRY_AFTER, value);
+            }
+            response
+        }
+        Reply::Raw {
+            content_type,
+            pieces,
+        } => {
+            let mut response = stream_response(pieces, false, shared);
+            if let Ok(value) = HeaderValue::from_str(&content_type) {
+                response.headers_mut().insert(header::CONTENT_TYPE, value);
             }
             response
         }

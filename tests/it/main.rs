@@ -9,6 +9,7 @@ mod support;
 
 mod api;
 mod architecture;
+mod backends;
 mod contract;
 mod hitl;
 mod persistence;
