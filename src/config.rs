@@ -31,7 +31,27 @@ pub struct Settings {
     pub sub_agents: SubAgentSettings,
     pub requests: RequestSettings,
     pub conversations: ConversationSettings,
+    pub events: EventSettings,
     pub sandbox: SandboxSettings,
+}
+
+/// Durable frames, kept for clients that reconnect (docs/api.md, "Resuming").
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventSettings {
+    /// How long frames are kept, e.g. `"7d"` or `"12h"`; `""` keeps them forever. Messages
+    /// are always kept: a resume from before the window gets them instead of the frames.
+    pub retain: String,
+}
+
+impl EventSettings {
+    /// The retention window; `None` keeps frames forever.
+    pub fn retention(&self) -> Option<Duration> {
+        let retain = self.retain.trim();
+        (!retain.is_empty())
+            .then(|| humantime::parse_duration(retain).ok())
+            .flatten()
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -327,6 +347,23 @@ impl Settings {
                 return Err(ConfigError(format!(
                     "{name} must be a positive whole number"
                 )));
+            }
+        }
+        let retain = self.events.retain.trim();
+        if !retain.is_empty() {
+            match humantime::parse_duration(retain) {
+                Ok(window) if !window.is_zero() => {}
+                Ok(_) => {
+                    return Err(ConfigError(
+                        "events.retain must be longer than nothing (\"\" keeps frames forever)"
+                            .into(),
+                    ));
+                }
+                Err(e) => {
+                    return Err(ConfigError(format!(
+                        "events.retain must be a duration such as \"7d\" or \"12h\": {e}"
+                    )));
+                }
             }
         }
         if !(0..=19).contains(&self.sandbox.nice) {

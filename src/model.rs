@@ -154,9 +154,31 @@ pub struct EventRecord {
     pub event_type: String,
     /// The whole frame as sent to clients, `event_id` included: JSON text.
     pub payload: std::sync::Arc<str>,
+    /// What the store keeps of it.
+    pub stored: StoredFrame,
     /// One frame per key and conversation (idempotent client events).
     pub dedup_key: Option<String>,
     pub created_at: DateTime<Utc>,
+}
+
+/// What the store keeps of a durable frame: only what it cannot make again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoredFrame {
+    /// A message's frame: the message itself is stored; this is its sequence id.
+    Message { sequence_id: i64 },
+    /// A state frame: the state's JSON.
+    State(std::sync::Arc<str>),
+    /// Any other frame: the payload as it is.
+    Whole,
+}
+
+/// The durable frames of one stored row: `frames[i]` has event id `first_event_id + i`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FrameRow {
+    pub first_event_id: i64,
+    pub last_event_id: i64,
+    /// The frames' items as stored, JSON text (`{"m": seq}`, `{"s": state}`, `{"f": frame}`).
+    pub frames: String,
 }
 
 /// A request from the server to a client (bidirectional-streaming.md).

@@ -96,6 +96,12 @@ pub enum WriteJob {
     ExpirePendingWork {
         at: DateTime<Utc>,
     },
+    /// Retention: remove up to `limit` rows of frames stored before `before` (milliseconds
+    /// since the Unix epoch).
+    PruneFrames {
+        before: i64,
+        limit: u64,
+    },
 }
 
 /// What a write reports back.
@@ -106,6 +112,8 @@ pub enum WriteOutcome {
     Resolved(bool),
     /// Rows touched by `ExpirePendingWork`: client requests, background tasks.
     Expired(u64, u64),
+    /// Rows of frames removed by `PruneFrames`.
+    Pruned(u64),
 }
 
 type Reply<T> = RpcReplyPort<Result<T, StoreError>>;
@@ -505,6 +513,11 @@ async fn write(store: &Store, job: WriteJob) -> Result<WriteOutcome, StoreError>
         WriteJob::ExpirePendingWork { at } => {
             let (requests, tasks) = store.expire_pending_work(at).await?;
             return Ok(WriteOutcome::Expired(requests, tasks));
+        }
+        WriteJob::PruneFrames { before, limit } => {
+            return Ok(WriteOutcome::Pruned(
+                store.prune_frames(before, limit).await?,
+            ));
         }
     }
     Ok(WriteOutcome::Done)

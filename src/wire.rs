@@ -846,6 +846,13 @@ pub enum ServerFrame<'a> {
         message: &'a str,
     },
     Pong,
+    /// Frames `from_event_id..=to_event_id` are no longer stored (`[events] retain`): the
+    /// snapshot before it and the message frames after it stand for them. Not durable.
+    /// *Extension.*
+    Gap {
+        from_event_id: i64,
+        to_event_id: i64,
+    },
     /// SSE only: the server closes the stream (`code` 4008: reconnect with your last event
     /// id; 1001: shutting down). Not durable.
     Closing {
@@ -871,6 +878,7 @@ impl ServerFrame<'_> {
             ServerFrame::Rejected { .. } => "rejected",
             ServerFrame::Pong => "pong",
             ServerFrame::Closing { .. } => "closing",
+            ServerFrame::Gap { .. } => "gap",
         }
     }
 
@@ -889,7 +897,8 @@ impl ServerFrame<'_> {
             | ServerFrame::ToolProgress { .. }
             | ServerFrame::Rejected { .. }
             | ServerFrame::Pong
-            | ServerFrame::Closing { .. } => None,
+            | ServerFrame::Closing { .. }
+            | ServerFrame::Gap { .. } => None,
         }
     }
 }

@@ -7,7 +7,7 @@ pub mod api_keys;
 pub mod attachments;
 pub mod background_tasks;
 pub mod client_requests;
-pub mod conversation_events;
+pub mod conversation_frames;
 pub mod conversations;
 pub mod messages;
 pub mod tenants;

@@ -16,6 +16,9 @@ pub struct Model {
     /// The client's idempotency key of a user message.
     pub client_message_id: Option<String>,
     pub created_at: DateTimeUtc,
+    /// The event id of the message's frame (none for messages stored before frames
+    /// referred to them and never framed).
+    pub event_id: Option<i64>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

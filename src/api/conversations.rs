@@ -28,7 +28,7 @@ use crate::wire::{
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl AppState {
-    fn window(&self, model: &str) -> u64 {
+    pub(super) fn window(&self, model: &str) -> u64 {
         self.settings.model(model).context_window
     }
 

@@ -16,7 +16,9 @@ use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::{SinkExt, StreamExt};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
 use tokio::sync::{broadcast, mpsc};
 
 use super::AppState;
@@ -101,50 +103,169 @@ impl FrameSink for mpsc::Sender<Out> {
     }
 }
 
+/// The conversation a stream follows.
+#[derive(Clone, Copy)]
+struct Followed<'a> {
+    app: &'a AppState,
+    id: &'a str,
+    /// Its model's context window (message frames carry it).
+    window: u64,
+}
+
+/// One stored frame's item: a message's sequence id, a state, or the whole frame.
+#[derive(Deserialize)]
+enum Item<'a> {
+    #[serde(rename = "m")]
+    Message(i64),
+    #[serde(rename = "s", borrow)]
+    State(&'a RawValue),
+    #[serde(rename = "f", borrow)]
+    Whole(&'a RawValue),
+}
+
+/// A state frame made again from its stored state.
+#[derive(Serialize)]
+struct StateFrame<'a> {
+    r#type: &'static str,
+    state: &'a RawValue,
+    event_id: i64,
+}
+
 /// Sends the durable frames in `(after, until]` from the database; returns the last id sent.
+/// Frames that are no longer stored (retention) are announced with a `gap` frame and stood
+/// for by the messages framed in them.
 async fn replay(
-    app: &AppState,
-    id: &str,
+    followed: Followed<'_>,
     mut after: i64,
-    until: Option<i64>,
+    until: i64,
     sink: &mut impl FrameSink,
 ) -> Option<i64> {
-    loop {
-        let events = app.services.store.events_after(id, after, 500).await.ok()?;
-        if events.is_empty() {
-            return Some(after);
+    let store = &followed.app.services.store;
+    while after < until {
+        let before = after;
+        let rows = store.frames_after(followed.id, after, 100).await.ok()?;
+        let first_stored = rows.first().map_or(until + 1, |row| row.first_event_id);
+        if first_stored > after + 1 {
+            after = gap(followed, after, (first_stored - 1).min(until), sink).await?;
+            continue;
         }
-        for event in events {
-            if until.is_some_and(|until| event.event_id > until) {
-                return Some(after);
-            }
-            after = event.event_id;
-            let replayed = Frame::new(event.event_type, Some(event.event_id), event.payload);
-            if !sink.frame(Arc::new(replayed)).await {
+        let mut items = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let parsed: Vec<Item<'_>> = serde_json::from_str(&row.frames).ok()?;
+            items.extend(
+                parsed
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, item)| (row.first_event_id + i as i64, item))
+                    .filter(|(event_id, _)| *event_id > after && *event_id <= until),
+            );
+        }
+        let sequence = items.iter().filter_map(|(_, item)| match item {
+            Item::Message(seq) => Some(*seq),
+            Item::State(_) | Item::Whole(_) => None,
+        });
+        let (low, high) = sequence.fold((i64::MAX, i64::MIN), |(l, h), s| (l.min(s), h.max(s)));
+        let messages = if low <= high {
+            store.messages_between(followed.id, low, high).await.ok()?
+        } else {
+            Vec::new()
+        };
+        for (event_id, item) in items {
+            let frame = match item {
+                Item::Message(seq) => {
+                    let message = messages.iter().find(|m| m.sequence_id == seq)?;
+                    Frame::of(&ServerFrame::Message {
+                        message: wire::message(message, followed.window),
+                        event_id,
+                    })
+                }
+                Item::State(state) => Frame::new(
+                    "state",
+                    Some(event_id),
+                    wire::to_json(&StateFrame {
+                        r#type: "state",
+                        state,
+                        event_id,
+                    })
+                    .into(),
+                ),
+                Item::Whole(frame) => {
+                    let kind = serde_json::from_str::<FrameKind<'_>>(frame.get())
+                        .map_or("system_event", |k| k.kind);
+                    Frame::new(kind, Some(event_id), frame.get().into())
+                }
+            };
+            after = event_id;
+            if !sink.frame(Arc::new(frame)).await {
                 return None;
             }
         }
+        if after == before {
+            break; // nothing stored beyond `after` (or rows that say less than they span)
+        }
     }
+    Some(after)
+}
+
+/// The `type` of a stored frame.
+#[derive(Deserialize)]
+struct FrameKind<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: &'a str,
+}
+
+/// Announces that the frames `(after, to]` are no longer stored, and sends the messages
+/// framed in them; returns `to`.
+async fn gap(
+    followed: Followed<'_>,
+    after: i64,
+    to: i64,
+    sink: &mut impl FrameSink,
+) -> Option<i64> {
+    let gap = Frame::of(&ServerFrame::Gap {
+        from_event_id: after + 1,
+        to_event_id: to,
+    });
+    if !sink.frame(Arc::new(gap)).await {
+        return None;
+    }
+    let messages = followed
+        .app
+        .services
+        .store
+        .messages_framed_between(followed.id, after + 1, to)
+        .await
+        .ok()?;
+    for (event_id, message) in &messages {
+        let frame = Frame::of(&ServerFrame::Message {
+            message: wire::message(message, followed.window),
+            event_id: *event_id,
+        });
+        if !sink.frame(Arc::new(frame)).await {
+            return None;
+        }
+    }
+    Some(to)
 }
 
 /// Subscribes, then sends the snapshot and the replay after `after`. Returns the live
 /// receiver and the last event id sent, or `None` when the client went away.
 async fn open(
-    app: &AppState,
-    id: &str,
+    followed: Followed<'_>,
     after: Option<i64>,
     sink: &mut impl FrameSink,
 ) -> Option<(broadcast::Receiver<Arc<Frame>>, i64)> {
-    let live = app.services.hub.subscribe(id);
+    let app = followed.app;
+    let live = app.services.hub.subscribe(followed.id);
     // Read the conversation after subscribing, so nothing committed in between is missed.
-    let conv = app.current(id).await.ok()??;
+    let conv = app.current(followed.id).await.ok()??;
     let first = snapshot(app, &conv).await.ok()?;
     if !sink.frame(first).await {
         return None;
     }
     let mut last = conv.last_event_id();
     if let Some(after) = after.filter(|a| *a < conv.last_event_id()) {
-        last = replay(app, id, after.max(0), None, sink).await?.max(last);
+        last = replay(followed, after.max(0), last, sink).await?.max(last);
     }
     sink.flush_frames().await.then_some((live, last))
 }
@@ -152,8 +273,7 @@ async fn open(
 /// Forwards one item from the hub: a durable frame at or below `last` is a duplicate from the
 /// seam and dropped; a gap is filled from the database. `Err` carries the close to send.
 async fn forward(
-    app: &AppState,
-    id: &str,
+    followed: Followed<'_>,
     received: Result<Arc<Frame>, broadcast::error::RecvError>,
     last: &mut i64,
     sink: &mut impl FrameSink,
@@ -173,7 +293,7 @@ async fn forward(
             return Ok(());
         }
         if event_id > *last + 1 {
-            replay(app, id, *last, Some(event_id - 1), sink)
+            replay(followed, *last, event_id - 1, sink)
                 .await
                 .ok_or(None)?;
         }
@@ -188,8 +308,7 @@ async fn forward(
 
 /// Forwards `first` and every frame already waiting behind it, then sends them in one write.
 async fn forward_ready(
-    app: &AppState,
-    id: &str,
+    followed: Followed<'_>,
     first: Result<Arc<Frame>, broadcast::error::RecvError>,
     live: &mut broadcast::Receiver<Arc<Frame>>,
     last: &mut i64,
@@ -197,7 +316,7 @@ async fn forward_ready(
 ) -> Result<(), Option<(u16, String)>> {
     let mut received = first;
     loop {
-        forward(app, id, received, last, sink).await?;
+        forward(followed, received, last, sink).await?;
         received = match live.try_recv() {
             Ok(frame) => Ok(frame),
             Err(broadcast::error::TryRecvError::Empty) => break,
@@ -254,7 +373,12 @@ async fn serve_socket(app: AppState, conv: Target, after: Option<i64>, socket: W
     let metrics = app.services.metrics.clone();
     metrics.websocket(true);
     let (mut sink, mut incoming) = socket.split();
-    if let Some((mut live, mut last)) = open(&app, &conv.id, after, &mut sink).await {
+    let followed = Followed {
+        app: &app,
+        id: &conv.id,
+        window: app.window(&conv.fixed.model),
+    };
+    if let Some((mut live, mut last)) = open(followed, after, &mut sink).await {
         // Answers to the client's own frames (rejections, pongs).
         let (reply_tx, mut reply_rx) = mpsc::channel::<Arc<Frame>>(64);
         let limit = app.settings.server.max_ws_frame_bytes;
@@ -262,7 +386,7 @@ async fn serve_socket(app: AppState, conv: Target, after: Option<i64>, socket: W
             tokio::select! {
                 () = app.shutdown.cancelled() => break Some((CLOSE_GOING_AWAY, GOING_AWAY.to_owned())),
                 received = live.recv() => {
-                    if let Err(close) = forward_ready(&app, &conv.id, received, &mut live, &mut last, &mut sink).await {
+                    if let Err(close) = forward_ready(followed, received, &mut live, &mut last, &mut sink).await {
                         break close;
                     }
                 }
@@ -390,7 +514,12 @@ pub async fn sse(
     let (tx, rx) = mpsc::channel::<Out>(64);
     tokio::spawn(async move {
         let mut sink = tx;
-        let Some((mut live, mut last)) = open(&app, &conv.id, after, &mut sink).await else {
+        let followed = Followed {
+            app: &app,
+            id: &conv.id,
+            window: app.window(&conv.fixed.model),
+        };
+        let Some((mut live, mut last)) = open(followed, after, &mut sink).await else {
             app.services.hub.release(&conv.id);
             return;
         };
@@ -399,7 +528,7 @@ pub async fn sse(
                 () = app.shutdown.cancelled() => break Some((CLOSE_GOING_AWAY, GOING_AWAY.to_owned())),
                 () = sink.closed() => break None,
                 received = live.recv() => {
-                    if let Err(close) = forward_ready(&app, &conv.id, received, &mut live, &mut last, &mut sink).await {
+                    if let Err(close) = forward_ready(followed, received, &mut live, &mut last, &mut sink).await {
                         break close;
                     }
                 }

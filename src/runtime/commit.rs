@@ -4,12 +4,12 @@
 
 use std::sync::Arc;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, SubsecRound as _, Utc};
 use uuid::Uuid;
 
 use crate::hub::Frame;
 use crate::model::{
-    ConversationCommit, ConversationRecord, EventRecord, MessageRecord, UsageTotals,
+    ConversationCommit, ConversationRecord, EventRecord, MessageRecord, StoredFrame, UsageTotals,
 };
 use crate::state_machine::{ConvState, Effect, MessageContent, TransitionResult, Usage};
 use crate::wire::{self, DurableFrame, ServerFrame};
@@ -110,6 +110,9 @@ pub fn plan<'a>(
     at: DateTime<Utc>,
     client_message_id: Option<String>,
 ) -> Plan {
+    // As the databases keep it: a message sent live and the same message read back are the
+    // same JSON.
+    let at = at.trunc_subsecs(6);
     let conv = base.into();
     let mut next_seq = conv.next_sequence_id;
     let next_event = conv.next_event_id;
@@ -234,11 +237,30 @@ impl Numbered<'_> {
         let event_id = self.next;
         self.next += 1;
         let frame = frame(event_id);
+        let stored = match &frame {
+            ServerFrame::Message { message, .. } => StoredFrame::Message {
+                sequence_id: message.sequence_id,
+            },
+            ServerFrame::State { state, .. } => StoredFrame::State(wire::to_json(state).into()),
+            ServerFrame::Snapshot { .. }
+            | ServerFrame::Delta { .. }
+            | ServerFrame::Retrying { .. }
+            | ServerFrame::ToolProgress { .. }
+            | ServerFrame::ClientRequest { .. }
+            | ServerFrame::ClientRequestResolved { .. }
+            | ServerFrame::ContextWarning { .. }
+            | ServerFrame::SystemEvent { .. }
+            | ServerFrame::Rejected { .. }
+            | ServerFrame::Pong
+            | ServerFrame::Closing { .. }
+            | ServerFrame::Gap { .. } => StoredFrame::Whole,
+        };
         self.events.push(EventRecord {
             conversation_id: self.conversation_id.to_owned(),
             event_id,
             event_type: frame.kind().to_owned(),
             payload: wire::to_json(&frame).into(),
+            stored,
             dedup_key: None,
             created_at: self.at,
         });
@@ -261,6 +283,7 @@ pub fn plan_frames(
     frames: Vec<DurableFrame>,
     at: DateTime<Utc>,
 ) -> Plan {
+    let at = at.trunc_subsecs(6);
     let mut next_event = conv.next_event_id;
     let mut events = Vec::with_capacity(frames.len());
     for frame in frames {
@@ -270,6 +293,7 @@ pub fn plan_frames(
             event_id: next_event,
             event_type: kind.to_owned(),
             payload: frame.json(next_event).into(),
+            stored: StoredFrame::Whole,
             dedup_key,
             created_at: at,
         });

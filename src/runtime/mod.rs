@@ -19,6 +19,7 @@ mod conversation;
 mod recovery;
 mod registry;
 mod requests;
+mod retention;
 mod subagents;
 mod system_events;
 mod tool_run;
@@ -80,6 +81,11 @@ impl Services {
     /// Once set, no new LLM request or tool run starts.
     pub fn is_shutting_down(&self) -> bool {
         self.shutdown.is_cancelled()
+    }
+
+    /// Completes when the server starts shutting down.
+    pub async fn shutting_down(&self) {
+        self.shutdown.cancelled().await;
     }
 }
 
@@ -195,6 +201,7 @@ impl Runtime {
             shutdown: CancellationToken::new(),
         });
         let report = recover(&services).await?;
+        retention::start(&services);
         Ok((Runtime { services, root }, report))
     }
 

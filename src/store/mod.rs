@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use entity::{
-    api_keys, attachments, background_tasks, client_requests, conversation_events, conversations,
+    api_keys, attachments, background_tasks, client_requests, conversation_frames, conversations,
     messages, tenants,
 };
 use migration::{Migrator, MigratorTrait};
@@ -24,28 +24,110 @@ use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectOptions, ConnectionTrait, Database, DatabaseConnection,
     DbBackend, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, TransactionTrait,
 };
+use serde::Serialize;
 
 pub use error::StoreError;
 pub(crate) use sqlite::Durable;
 
 use crate::model::{
-    BackgroundTask, ClientRequest, ConversationCommit, ConversationRecord, EventRecord,
-    MessageRecord, NewConversation, Page, Tenant, UsageTotals,
+    BackgroundTask, ClientRequest, ConversationCommit, ConversationRecord, FrameRow, MessageRecord,
+    NewConversation, Page, StoredFrame, Tenant, UsageTotals,
 };
 use crate::state_machine::ConvState;
 use crate::wire;
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
-/// A durable frame as read back, its payload as text.
+/// A row of frames as read back, its items as text.
 #[derive(Debug, sea_orm::FromQueryResult)]
-struct EventRow {
-    conversation_id: String,
-    event_id: i64,
-    event_type: String,
-    payload: String,
-    dedup_key: Option<String>,
-    created_at: DateTime<Utc>,
+struct StoredRow {
+    first_event_id: i64,
+    last_event_id: i64,
+    frames: String,
+}
+
+/// A row of `conversation_frames` to write: a commit's frames, in a run that carries at most
+/// one dedup key.
+#[derive(Debug, Serialize)]
+struct NewFrames<'a> {
+    conversation_id: &'a str,
+    last_event_id: i64,
+    first_event_id: i64,
+    /// The items, JSON text.
+    #[serde(serialize_with = "raw_text")]
+    frames: String,
+    dedup_key: Option<&'a str>,
+    /// Milliseconds since the Unix epoch.
+    created_at: i64,
+}
+
+/// JSON text written into a document as the JSON it is.
+fn raw_text<S: serde::Serializer>(
+    text: &str,
+    serializer: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    let raw: &serde_json::value::RawValue =
+        serde_json::from_str(text).map_err(serde::ser::Error::custom)?;
+    raw.serialize(serializer)
+}
+
+/// The rows a commit's frames are stored in: consecutive frames share a row, a second
+/// dedup key starts a new one.
+fn frame_rows(commit: &ConversationCommit) -> Vec<NewFrames<'_>> {
+    let mut rows: Vec<NewFrames<'_>> = Vec::new();
+    for event in &commit.events {
+        let joins = rows.last().is_some_and(|row| {
+            row.last_event_id + 1 == event.event_id
+                && !(row.dedup_key.is_some() && event.dedup_key.is_some())
+        });
+        if !joins {
+            rows.push(NewFrames {
+                conversation_id: &commit.conversation_id,
+                last_event_id: event.event_id,
+                first_event_id: event.event_id,
+                frames: String::from("["),
+                dedup_key: None,
+                created_at: event.created_at.timestamp_millis(),
+            });
+        }
+        let Some(row) = rows.last_mut() else {
+            continue; // just pushed
+        };
+        if joins {
+            row.frames.push(',');
+        }
+        match &event.stored {
+            StoredFrame::Message { sequence_id } => {
+                row.frames.push_str("{\"m\":");
+                row.frames.push_str(&sequence_id.to_string());
+            }
+            StoredFrame::State(state) => {
+                row.frames.push_str("{\"s\":");
+                row.frames.push_str(state);
+            }
+            StoredFrame::Whole => {
+                row.frames.push_str("{\"f\":");
+                row.frames.push_str(&event.payload);
+            }
+        }
+        row.frames.push('}');
+        row.last_event_id = event.event_id;
+        if let Some(key) = &event.dedup_key {
+            row.dedup_key = Some(key);
+        }
+    }
+    for row in &mut rows {
+        row.frames.push(']');
+    }
+    rows
+}
+
+/// The event id of each message's frame in `commit`, by sequence id.
+fn message_event_id(commit: &ConversationCommit, sequence_id: i64) -> Option<i64> {
+    commit.events.iter().find_map(|event| match event.stored {
+        StoredFrame::Message { sequence_id: seq } if seq == sequence_id => Some(event.event_id),
+        StoredFrame::Message { .. } | StoredFrame::State(_) | StoredFrame::Whole => None,
+    })
 }
 
 /// How the store connects.
@@ -383,46 +465,123 @@ impl Store {
             .transpose()
     }
 
-    /// Durable frames with an event id above `after`, ascending, at most `limit`.
-    pub async fn events_after(
+    /// The rows of durable frames with frames after event `after`, ascending, at most
+    /// `limit` rows.
+    pub async fn frames_after(
         &self,
         conversation_id: &str,
         after: i64,
         limit: u64,
-    ) -> Result<Vec<EventRecord>> {
-        use conversation_events::Column;
-        // The payload comes back as the text it was stored as, not parsed: it is sent on as
-        // it is.
-        Ok(conversation_events::Entity::find()
+    ) -> Result<Vec<FrameRow>> {
+        use conversation_frames::Column;
+        // The items come back as the text they were stored as (Postgres keeps them as
+        // `json`, which the driver would not read as text).
+        Ok(conversation_frames::Entity::find()
             .select_only()
-            .columns([
-                Column::ConversationId,
-                Column::EventId,
-                Column::EventType,
-                Column::DedupKey,
-                Column::CreatedAt,
-            ])
+            .columns([Column::FirstEventId, Column::LastEventId])
             .column_as(
-                Expr::col(Column::Payload).cast_as(sea_orm::sea_query::Alias::new("text")),
-                "payload",
+                Expr::col(Column::Frames).cast_as(sea_orm::sea_query::Alias::new("text")),
+                "frames",
             )
             .filter(Column::ConversationId.eq(conversation_id))
-            .filter(Column::EventId.gt(after))
-            .order_by_asc(Column::EventId)
+            .filter(Column::LastEventId.gt(after))
+            .order_by_asc(Column::LastEventId)
             .limit(limit)
-            .into_model::<EventRow>()
+            .into_model::<StoredRow>()
             .all(&self.db)
             .await?
             .into_iter()
-            .map(|row| EventRecord {
-                conversation_id: row.conversation_id,
-                event_id: row.event_id,
-                event_type: row.event_type,
-                payload: row.payload.into(),
-                dedup_key: row.dedup_key,
-                created_at: row.created_at,
+            .map(|row| FrameRow {
+                first_event_id: row.first_event_id,
+                last_event_id: row.last_event_id,
+                frames: row.frames,
             })
             .collect())
+    }
+
+    /// A conversation's messages with sequence ids `from..=to`, ascending.
+    pub async fn messages_between(
+        &self,
+        conversation_id: &str,
+        from: i64,
+        to: i64,
+    ) -> Result<Vec<MessageRecord>> {
+        messages::Entity::find()
+            .filter(messages::Column::ConversationId.eq(conversation_id))
+            .filter(messages::Column::SequenceId.between(from, to))
+            .order_by_asc(messages::Column::SequenceId)
+            .all(&self.db)
+            .await?
+            .into_iter()
+            .map(message)
+            .collect()
+    }
+
+    /// A conversation's messages whose frames have event ids `from..=to`, with those ids,
+    /// ascending: what stands for frames that are no longer stored.
+    pub async fn messages_framed_between(
+        &self,
+        conversation_id: &str,
+        from: i64,
+        to: i64,
+    ) -> Result<Vec<(i64, MessageRecord)>> {
+        let rows = messages::Entity::find()
+            .filter(messages::Column::ConversationId.eq(conversation_id))
+            .filter(messages::Column::EventId.between(from, to))
+            .order_by_asc(messages::Column::SequenceId)
+            .all(&self.db)
+            .await?;
+        rows.into_iter()
+            .map(|row| {
+                let event_id = row.event_id.unwrap_or(0);
+                message(row).map(|record| (event_id, record))
+            })
+            .collect()
+    }
+
+    /// The event id of a conversation's oldest stored frame (`None` when it has none).
+    pub async fn first_stored_event(&self, conversation_id: &str) -> Result<Option<i64>> {
+        use conversation_frames::Column;
+        #[derive(Debug, sea_orm::FromQueryResult)]
+        struct First {
+            first_event_id: i64,
+        }
+        Ok(conversation_frames::Entity::find()
+            .select_only()
+            .column(Column::FirstEventId)
+            .filter(Column::ConversationId.eq(conversation_id))
+            .order_by_asc(Column::LastEventId)
+            .limit(1)
+            .into_model::<First>()
+            .one(&self.db)
+            .await?
+            .map(|row| row.first_event_id))
+    }
+
+    /// Removes up to `limit` rows of frames stored before `before` (milliseconds since the
+    /// Unix epoch), oldest first; how many it removed.
+    pub(crate) async fn prune_frames(&self, before: i64, limit: u64) -> Result<u64> {
+        let sql = "DELETE FROM conversation_frames WHERE (conversation_id, last_event_id) IN \
+                   (SELECT conversation_id, last_event_id FROM conversation_frames \
+                    WHERE created_at < $1 ORDER BY created_at LIMIT $2)";
+        let backend = self.backend();
+        let sql = if backend == DbBackend::Sqlite {
+            sql.replace("$1", "?").replace("$2", "?")
+        } else {
+            sql.to_owned()
+        };
+        let result = self
+            .writer()
+            .execute_raw(sea_orm::Statement::from_sql_and_values(
+                backend,
+                sql,
+                [
+                    sea_orm::Value::from(before),
+                    sea_orm::Value::from(i64::try_from(limit).unwrap_or(i64::MAX)),
+                ],
+            ))
+            .await?;
+        Ok(result.rows_affected())
     }
 
     pub async fn attachment(&self, conversation_id: &str, id: &str) -> Result<Option<Attachment>> {
@@ -975,6 +1134,14 @@ pub(crate) mod testing {
         name: &str,
         conversations: &[&str],
     ) -> (Store, std::path::PathBuf) {
+        let (store, dir) = sqlite_unmigrated(name).await;
+        store.migrate().await.expect("migrations apply");
+        seed(&store, conversations).await;
+        (store, dir)
+    }
+
+    /// An empty SQLite store in a directory of its own (removed first), no migration applied.
+    pub(crate) async fn sqlite_unmigrated(name: &str) -> (Store, std::path::PathBuf) {
         let dir = std::env::temp_dir().join(format!("bedrock-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("a temp dir");
@@ -985,8 +1152,6 @@ pub(crate) mod testing {
         })
         .await
         .expect("the store opens");
-        store.migrate().await.expect("migrations apply");
-        seed(&store, conversations).await;
         (store, dir)
     }
 
@@ -995,6 +1160,15 @@ pub(crate) mod testing {
     /// for [`drop_postgres`]. (Named as the integration tests name theirs, so a run that dies
     /// leaves nothing their clean-up misses.)
     pub(crate) async fn postgres_store(conversations: &[&str]) -> Option<(Store, String)> {
+        let (store, name) = postgres_unmigrated().await?;
+        store.migrate().await.expect("migrations apply");
+        seed(&store, conversations).await;
+        Some((store, name))
+    }
+
+    /// An empty fresh Postgres database, no migration applied, when
+    /// BEDROCK_TEST_DATABASE_URL names a server.
+    pub(crate) async fn postgres_unmigrated() -> Option<(Store, String)> {
         let admin = std::env::var("BEDROCK_TEST_DATABASE_URL")
             .ok()
             .filter(|u| !u.is_empty())?;
@@ -1014,8 +1188,6 @@ pub(crate) mod testing {
         })
         .await
         .expect("the store opens");
-        store.migrate().await.expect("migrations apply");
-        seed(&store, conversations).await;
         Some((store, name))
     }
 
@@ -1080,13 +1252,14 @@ mod tests {
                 client_message_id: None,
                 created_at: at(),
             }],
-            events: vec![EventRecord {
+            events: vec![crate::model::EventRecord {
                 conversation_id: id.into(),
                 event_id: seq,
                 event_type: "message".into(),
                 payload: serde_json::json!({"type": "message", "event_id": seq})
                     .to_string()
                     .into(),
+                stored: StoredFrame::Message { sequence_id: seq },
                 dedup_key: None,
                 created_at: at(),
             }],
@@ -1125,7 +1298,7 @@ mod tests {
                 assert_eq!(row(&store, id).await.next_sequence_id, first, "{id}");
                 assert!(
                     store
-                        .events_after(id, 0, 10)
+                        .frames_after(id, 0, 10)
                         .await
                         .expect("reads")
                         .is_empty()
@@ -1226,5 +1399,151 @@ mod tests {
         assert!(sizes(&[]).is_empty());
         let joined: Vec<usize> = shaped_chunks(&items).flatten().copied().collect();
         assert_eq!(joined, items);
+    }
+
+    /// The compact-frames migration converts frames stored one per row: a message's frame
+    /// becomes a reference to the message (which learns its frame's event id), a state frame
+    /// its state, any other frame stays whole with its dedup key; on both databases.
+    #[tokio::test]
+    async fn stored_frames_are_converted() {
+        let (sqlite, dir) = testing::sqlite_unmigrated("convert").await;
+        frames_are_converted(&sqlite).await;
+        let _ = std::fs::remove_dir_all(&dir);
+        if let Some((store, name)) = testing::postgres_unmigrated().await {
+            frames_are_converted(&store).await;
+            drop_postgres(store, &name).await;
+        }
+    }
+
+    async fn frames_are_converted(store: &Store) {
+        Migrator::up(&store.db, Some(4))
+            .await
+            .expect("the migrations before");
+        store
+            .ensure_tenant(
+                &Tenant {
+                    id: "t".into(),
+                    name: "t".into(),
+                },
+                at(),
+            )
+            .await
+            .expect("a tenant");
+        let backend = store.backend();
+        let run = |sql: &str| {
+            let sql = if backend == DbBackend::Postgres {
+                sql.to_owned()
+            } else {
+                sql.replace("::json", "")
+            };
+            async move {
+                store
+                    .db
+                    .execute_unprepared(&sql)
+                    .await
+                    .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            }
+        };
+        run(
+            "INSERT INTO conversations (id, tenant_id, slug, cwd, model, user_initiated, \
+             require_approval, network, state, state_data, state_updated_at, created_at, \
+             updated_at, archived, input_tokens, output_tokens, context_tokens, \
+             next_sequence_id, next_event_id) VALUES ('c', 't', 'c', '/w', 'm', true, \
+             '[]'::json, false, 'idle', '{\"Idle\":null}'::json, '2026-01-01T00:00:00Z', \
+             '2026-01-01T00:00:00Z', '2026-01-01T00:00:00Z', false, 0, 0, 0, 2, 4)",
+        )
+        .await;
+        run(
+            "INSERT INTO messages (id, conversation_id, sequence_id, message_type, content, \
+             created_at) VALUES ('m1', 'c', 1, 'user', \
+             '{\"text\": \"hi\", \"images\": []}'::json, '2026-01-01T00:00:00Z')",
+        )
+        .await;
+        let frames = [
+            (
+                1,
+                "message",
+                r#"{"type":"message","message":{"id":"m1","sequence_id":1},"event_id":1}"#,
+                "NULL",
+            ),
+            (
+                2,
+                "state",
+                r#"{"type":"state","state":{"kind":"idle"},"event_id":2}"#,
+                "NULL",
+            ),
+            (
+                3,
+                "system_event",
+                r#"{"type":"system_event","event":{"type":"user_request"},"event_id":3}"#,
+                "'user_request:r1'",
+            ),
+        ];
+        for (event_id, kind, payload, dedup) in frames {
+            run(&format!(
+                "INSERT INTO conversation_events (conversation_id, event_id, event_type, \
+                 payload, dedup_key, created_at) VALUES ('c', {event_id}, '{kind}', \
+                 '{payload}'::json, {dedup}, '2026-01-01T00:00:00Z')"
+            ))
+            .await;
+        }
+        store.migrate().await.expect("the compact-frames migration");
+
+        let rows = store.frames_after("c", 0, 10).await.expect("reads");
+        let items: Vec<(i64, i64, serde_json::Value)> = rows
+            .iter()
+            .map(|row| {
+                let items = serde_json::from_str(&row.frames).expect("JSON items");
+                (row.first_event_id, row.last_event_id, items)
+            })
+            .collect();
+        assert_eq!(
+            items,
+            vec![
+                (1, 1, serde_json::json!([{"m": 1}])),
+                (2, 2, serde_json::json!([{"s": {"kind": "idle"}}])),
+                (
+                    3,
+                    3,
+                    serde_json::json!([{"f": {"type": "system_event", "event": {"type": "user_request"}, "event_id": 3}}])
+                ),
+            ]
+        );
+        let framed = store
+            .messages_framed_between("c", 1, 3)
+            .await
+            .expect("reads");
+        assert_eq!(framed.len(), 1);
+        assert_eq!((framed[0].0, framed[0].1.id.as_str()), (1, "m1"));
+        let created = conversation_frames::Entity::find()
+            .all(&store.db)
+            .await
+            .map(|rows| rows.iter().map(|r| r.created_at).collect::<Vec<_>>());
+        // On Postgres the items column is `json`, which the entity does not read: the
+        // timestamps are checked on SQLite.
+        if let Ok(created) = created {
+            assert!(
+                created.iter().all(|ms| *ms == at().timestamp_millis()),
+                "{created:?}"
+            );
+        }
+        // The dedup key came along: the same key again is refused.
+        let again = store
+            .db
+            .execute_unprepared(
+                "INSERT INTO conversation_frames (conversation_id, last_event_id, \
+                 first_event_id, frames, dedup_key, created_at) \
+                 VALUES ('c', 9, 9, '[]', 'user_request:r1', 0)",
+            )
+            .await;
+        let error = again
+            .as_ref()
+            .err()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        assert!(
+            error.to_lowercase().contains("unique") || error.contains("duplicate"),
+            "{again:?}"
+        );
     }
 }

@@ -71,6 +71,7 @@ fn documents(commits: &[Arc<ConversationCommit>]) -> Result<[String; 3]> {
             context_tokens: usage.map(|u| to_i64(u.context_tokens)),
         });
         messages.extend(commit.messages.iter().map(|message| MessageRow {
+            event_id: super::message_event_id(commit, message.sequence_id),
             id: &message.id,
             conversation_id: &message.conversation_id,
             sequence_id: message.sequence_id,
@@ -80,28 +81,13 @@ fn documents(commits: &[Arc<ConversationCommit>]) -> Result<[String; 3]> {
             client_message_id: message.client_message_id.as_deref(),
             created_at: timestamp(message.created_at),
         }));
-        for frame in &commit.events {
-            frames.push(FrameRow {
-                conversation_id: &frame.conversation_id,
-                event_id: frame.event_id,
-                event_type: &frame.event_type,
-                payload: raw_json(&frame.payload)?,
-                dedup_key: frame.dedup_key.as_deref(),
-                created_at: timestamp(frame.created_at),
-            });
-        }
+        frames.extend(super::frame_rows(commit));
     }
     Ok([
         document(&conversations)?,
         document(&messages)?,
         document(&frames)?,
     ])
-}
-
-/// A frame's payload as the JSON it is, embedded in the document without a copy.
-fn raw_json(text: &str) -> Result<&serde_json::value::RawValue> {
-    serde_json::from_str(text)
-        .map_err(|e| StoreError::Other(format!("a frame's payload is not JSON: {e}")))
 }
 
 fn document<T: Serialize>(rows: &[T]) -> Result<String> {
@@ -137,17 +123,8 @@ struct MessageRow<'a> {
     usage_data: Option<serde_json::Value>,
     client_message_id: Option<&'a str>,
     created_at: String,
-}
-
-/// A frame row, as `bedrock_commit` reads it.
-#[derive(Serialize)]
-struct FrameRow<'a> {
-    conversation_id: &'a str,
-    event_id: i64,
-    event_type: &'a str,
-    payload: &'a serde_json::value::RawValue,
-    dedup_key: Option<&'a str>,
-    created_at: String,
+    /// The event id of the message's frame.
+    event_id: Option<i64>,
 }
 
 /// A time as Postgres reads it, to the microsecond it keeps (truncated, as sqlx binds one).

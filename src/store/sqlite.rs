@@ -46,8 +46,8 @@ use sea_orm::{
 use sea_query_sqlx::SqlxValues;
 use tokio::sync::{Mutex, oneshot};
 
-use super::{Result, StoreError, shaped_chunks, to_i64};
-use crate::model::{ConversationCommit, EventRecord, MessageRecord};
+use super::{NewFrames, Result, StoreError, frame_rows, message_event_id, shaped_chunks, to_i64};
+use crate::model::{ConversationCommit, MessageRecord};
 use crate::wire;
 
 /// Statements kept prepared on the writer's connection. A batch's text depends on how many
@@ -300,13 +300,12 @@ fn batch(
     }
     let message_rows: Vec<messages::ActiveModel> = commits
         .iter()
-        .flat_map(|c| c.messages.iter())
-        .map(message_row)
+        .flat_map(|c| c.messages.iter().map(move |m| message_row(c, m)))
         .collect::<Result<_>>()?;
     for chunk in shaped_chunks(&message_rows) {
         append(messages::Entity::insert_many(chunk.to_vec()).build(DbBackend::Sqlite));
     }
-    let frames: Vec<&EventRecord> = commits.iter().flat_map(|c| c.events.iter()).collect();
+    let frames: Vec<NewFrames<'_>> = commits.iter().flat_map(|c| frame_rows(c)).collect();
     for chunk in shaped_chunks(&frames) {
         append(insert_frames(chunk));
     }
@@ -314,23 +313,23 @@ fn batch(
     Ok((sql, values))
 }
 
-/// The statement that inserts durable frames; their payloads go in as the JSON text they are.
-fn insert_frames(frames: &[&EventRecord]) -> Statement {
-    let mut values: Vec<Value> = Vec::with_capacity(frames.len() * 6);
-    for frame in frames {
+/// The statement that inserts rows of frames; their items go in as the JSON text they are.
+fn insert_frames(rows: &[NewFrames<'_>]) -> Statement {
+    let mut values: Vec<Value> = Vec::with_capacity(rows.len() * 6);
+    for row in rows {
         values.extend([
-            Value::from(frame.conversation_id.clone()),
-            Value::from(frame.event_id),
-            Value::from(frame.event_type.clone()),
-            Value::from(frame.payload.as_ref()),
-            Value::String(frame.dedup_key.clone()),
-            Value::from(frame.created_at),
+            Value::from(row.conversation_id),
+            Value::from(row.last_event_id),
+            Value::from(row.first_event_id),
+            Value::from(row.frames.as_str()),
+            Value::String(row.dedup_key.map(str::to_owned)),
+            Value::from(row.created_at),
         ]);
     }
     let sql = format!(
-        "INSERT INTO conversation_events \
-         (conversation_id, event_id, event_type, payload, dedup_key, created_at) VALUES {}",
-        vec!["(?, ?, ?, ?, ?, ?)"; frames.len()].join(", ")
+        "INSERT INTO conversation_frames \
+         (conversation_id, last_event_id, first_event_id, frames, dedup_key, created_at) VALUES {}",
+        vec!["(?, ?, ?, ?, ?, ?)"; rows.len()].join(", ")
     );
     Statement::from_sql_and_values(DbBackend::Sqlite, sql, values)
 }
@@ -386,8 +385,12 @@ fn update_conversations(commits: &[Arc<ConversationCommit>]) -> Result<Statement
     ))
 }
 
-fn message_row(message: &MessageRecord) -> Result<messages::ActiveModel> {
+fn message_row(
+    commit: &ConversationCommit,
+    message: &MessageRecord,
+) -> Result<messages::ActiveModel> {
     Ok(messages::ActiveModel {
+        event_id: Set(message_event_id(commit, message.sequence_id)),
         id: Set(message.id.clone()),
         conversation_id: Set(message.conversation_id.clone()),
         sequence_id: Set(message.sequence_id),

@@ -375,8 +375,15 @@ impl Schemas {
 #[tokio::test]
 async fn responses_and_frames_match_the_openapi_document() {
     let db = TestDb::sqlite();
-    let app =
-        TestApp::spawn_with(&db, &[("BEDROCK_CONVERSATIONS__IDLE_TIMEOUT_MS", "600000")]).await;
+    let app = TestApp::spawn_with(
+        &db,
+        &[
+            ("BEDROCK_CONVERSATIONS__IDLE_TIMEOUT_MS", "600000"),
+            // Frames go after a second: a resume from the start then gets a `gap`.
+            ("BEDROCK_EVENTS__RETAIN", "1s"),
+        ],
+    )
+    .await;
     let schemas = Schemas {
         doc: document(&app).await,
     };
@@ -588,6 +595,25 @@ async fn responses_and_frames_match_the_openapi_document() {
             .await,
     );
     drop(ws);
+    // A resume from before the retained frames: the snapshot, a gap, the messages.
+    let resumed = eventually("the first frames to be removed", WAIT, || async {
+        let mut ws = Ws::connect(&app.ws_url(&id, "&after_event_id=0")).await;
+        let mut frames = vec![ws.frame().await];
+        frames.push(ws.frame().await);
+        if frames[1]["type"] != "gap" {
+            return None;
+        }
+        while let Some(Next::Frame(frame)) = ws.next(std::time::Duration::from_millis(300)).await {
+            frames.push(frame);
+        }
+        Some(frames)
+    })
+    .await;
+    assert!(
+        resumed[2..].iter().any(|f| f["type"] == "message"),
+        "the messages stand for the removed frames: {resumed:?}"
+    );
+    frames.extend(resumed);
     let reader = tokio::spawn(async move { sse.text().await.expect("the stream's text") });
     let mut app = app;
     app.stop().await;

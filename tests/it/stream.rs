@@ -399,3 +399,91 @@ async fn a_slow_client_is_disconnected_and_blocks_nobody() {
     assert!(reason.contains("after_event_id"), "{reason}");
     app.cleanup(db).await;
 }
+
+/// Frames older than `[events] retain` are removed; a client that resumes from before the
+/// window gets the snapshot, a `gap` frame naming the removed event ids, and the messages
+/// framed in them (with their own event ids, as it would have seen them live), then the
+/// frames still kept: never a silent gap. A resume inside the window sees no gap. Over the
+/// WebSocket and SSE alike, on both databases.
+#[tokio::test]
+async fn a_resume_from_before_the_retention_window_gets_the_messages() {
+    for db in TestDb::each().await {
+        let app = TestApp::spawn_with(&db, &[("BEDROCK_EVENTS__RETAIN", "2s")]).await;
+        let id = app.conversation().await;
+        let mut ws = Ws::connect(&app.ws_url(&id, "")).await;
+        ws.frame().await;
+        app.llm.push([Llm::text("first answer")]);
+        app.send(&id, "first").await;
+        let old = durable(&ws.frames_until(|f| is_state(f, "idle")).await);
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        app.llm.push([Llm::text("second answer")]);
+        app.send(&id, "second").await;
+        let kept = durable(&ws.frames_until(|f| is_state(f, "idle")).await);
+        let last_old = old
+            .last()
+            .and_then(|f| f["event_id"].as_i64())
+            .expect("ids");
+        // Until the first turn's frames are gone (retention runs every 500 ms here); the
+        // second turn's stay for two seconds.
+        let resumed = crate::support::eventually("the old frames to go", WAIT, || async {
+            let mut again = Ws::connect(&app.ws_url(&id, "&after_event_id=0")).await;
+            let snapshot = again.frame().await;
+            assert_eq!(snapshot["type"], "snapshot");
+            let first = again.frame().await;
+            if first["type"] != "gap" {
+                return None;
+            }
+            let mut frames = vec![first];
+            while let Some(Next::Frame(frame)) = again.next(Duration::from_millis(300)).await {
+                frames.push(frame);
+            }
+            Some(frames)
+        })
+        .await;
+        let gap = &resumed[0];
+        assert_eq!(gap["from_event_id"], 1, "{gap}");
+        let to = gap["to_event_id"].as_i64().expect("an id");
+        assert!(to >= last_old, "the first turn's frames are gone: {gap}");
+        let old_messages: Vec<Value> = old
+            .iter()
+            .filter(|f| f["type"] == "message")
+            .cloned()
+            .collect();
+        let after_gap: Vec<Value> = resumed[1..].to_vec();
+        let (messages, rest): (Vec<Value>, Vec<Value>) = after_gap
+            .into_iter()
+            .partition(|f| f["event_id"].as_i64().is_some_and(|e| e <= to));
+        assert_eq!(
+            messages, old_messages,
+            "the messages stand for the removed frames"
+        );
+        let kept_after: Vec<Value> = kept
+            .iter()
+            .filter(|f| f["event_id"].as_i64().is_some_and(|e| e > to))
+            .cloned()
+            .collect();
+        assert_eq!(
+            rest, kept_after,
+            "then every frame still kept, as sent live"
+        );
+
+        // SSE from the start: the same.
+        let mut sse = SseReader::open(&app, &id, Some(0)).await;
+        let (_, kind, _) = sse.event().await;
+        assert_eq!(kind, "snapshot");
+        let (_, kind, data) = sse.event().await;
+        assert_eq!((kind.as_str(), &data), ("gap", gap));
+
+        // Inside the window: no gap.
+        let inside = kept_after
+            .first()
+            .and_then(|f| f["event_id"].as_i64())
+            .expect("kept");
+        let mut again = Ws::connect(&app.ws_url(&id, &format!("&after_event_id={inside}"))).await;
+        again.frame().await;
+        let next = again.frame().await;
+        assert_ne!(next["type"], "gap", "{next}");
+        assert_eq!(next["event_id"], inside + 1);
+        app.cleanup(db).await;
+    }
+}

@@ -1,21 +1,24 @@
-//! The durable frames of a conversation, numbered by `event_id` from 1 with no gaps: what a
+//! The durable frames of a conversation, one row per commit: the frames with event ids
+//! `first_event_id..=last_event_id`, as a JSON array of items (`{"m": sequence_id}` for a
+//! message's frame, `{"s": state}` for a state frame, `{"f": frame}` for any other). What a
 //! reconnecting client replays.
 
 use sea_orm::entity::prelude::*;
 
 #[derive(Clone, Debug, PartialEq, DeriveEntityModel)]
-#[sea_orm(table_name = "conversation_events")]
+#[sea_orm(table_name = "conversation_frames")]
 pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
     pub conversation_id: String,
     #[sea_orm(primary_key, auto_increment = false)]
-    pub event_id: i64,
-    pub event_type: String,
-    /// The whole frame, as sent to clients.
-    pub payload: Json,
+    pub last_event_id: i64,
+    pub first_event_id: i64,
+    /// The frames' items, JSON text.
+    pub frames: String,
     /// Makes a client's event idempotent: one frame per key and conversation.
     pub dedup_key: Option<String>,
-    pub created_at: DateTimeUtc,
+    /// Milliseconds since the Unix epoch.
+    pub created_at: i64,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
