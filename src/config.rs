@@ -133,6 +133,8 @@ pub struct LlmSettings {
     pub max_request_bytes: usize,
     pub max_response_bytes: usize,
     pub max_tool_args_bytes: usize,
+    /// The bytes all activated conversations' LLM histories may hold together.
+    pub history_cache_bytes: usize,
 }
 
 /// A model's section: each field overrides `[models.default]` when set.

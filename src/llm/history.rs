@@ -1,11 +1,15 @@
-//! The histories of conversations the gateway is serving, kept between their LLM steps so a
-//! step reads only the messages added since the last one. Messages are append-only and
+//! A conversation's history as the backend gets it, kept between its LLM steps so a step
+//! reads only the messages added since the last one. The conversation actor owns it (a
+//! [`HistoryHandle`] it hands to every request), so it lives exactly as long as the
+//! conversation is activated and goes when it passivates. Messages are append-only and
 //! numbered, so "every message after the last sequence id held" is always the rest. Each is
 //! held in its wire form (request.rs), made once.
+//!
+//! The bytes all histories hold are counted; past `llm.history_cache_bytes` a history is
+//! emptied after its request, and its next request reads it back from the database.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
@@ -22,92 +26,127 @@ pub struct History {
     pub messages: Vec<Wire>,
     /// Where the turn in progress starts in `messages`: after the last user-role message.
     pub turn_from: usize,
+    /// The bytes `messages` holds, as counted in [`Held`].
+    bytes: usize,
+    held: Option<Arc<Held>>,
 }
 
 impl History {
     fn push(&mut self, content: &crate::state_machine::MessageContent) {
-        self.messages.push(wire(content));
+        let piece = wire(content);
+        self.bytes += piece.bytes();
+        self.messages.push(piece);
         if starts_turn(content) {
             self.turn_from = self.messages.len();
         }
     }
+
+    /// Forgets every message (and its bytes); the next request reads them back.
+    fn clear(&mut self) {
+        if let Some(held) = &self.held {
+            held.release(self.bytes);
+        }
+        self.last = 0;
+        self.messages = Vec::new();
+        self.turn_from = 0;
+        self.bytes = 0;
+    }
 }
 
-type Entry = Arc<AsyncMutex<History>>;
-
-#[derive(Debug)]
-pub struct HistoryCache {
-    /// Conversation id -> its history, and when it was last used.
-    entries: Mutex<HashMap<String, (Entry, Instant)>>,
-    /// Conversations kept at most; the least recently used goes first.
-    capacity: usize,
-}
-
-impl HistoryCache {
-    pub fn new(capacity: usize) -> Self {
-        Self {
-            entries: Mutex::new(HashMap::new()),
-            capacity: capacity.max(1),
+impl Drop for History {
+    fn drop(&mut self) {
+        if let Some(held) = &self.held {
+            held.release(self.bytes);
         }
     }
+}
 
-    /// The conversation's whole history through sequence id `through` (its last stored
-    /// message), held until the guard drops (a conversation has one LLM request at a time,
-    /// so this never waits on another). Messages the conversation handed over in `recent`
-    /// (stored commits, in order) are taken from there; the database is read only for what
-    /// they do not cover: a cold cache, or messages stored while no actor was running.
-    pub async fn current(
-        &self,
-        store: &Store,
-        metrics: &Metrics,
-        id: &str,
-        recent: &[Arc<ConversationCommit>],
-        through: i64,
-    ) -> Result<OwnedMutexGuard<History>, StoreError> {
-        let entry = {
-            let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-            match entries.get_mut(id) {
-                Some((entry, used)) => {
-                    *used = Instant::now();
-                    entry.clone()
-                }
-                None => {
-                    if entries.len() >= self.capacity
-                        && let Some(oldest) = entries
-                            .iter()
-                            .min_by_key(|(_, (_, used))| *used)
-                            .map(|(k, _)| k.clone())
-                    {
-                        entries.remove(&oldest);
-                    }
-                    let entry: Entry = Arc::default();
-                    entries.insert(id.to_owned(), (entry.clone(), Instant::now()));
-                    entry
-                }
-            }
-        };
-        let mut history = entry.lock_owned().await;
-        for message in recent.iter().flat_map(|commit| &commit.messages) {
-            if message.sequence_id == history.last + 1 {
-                history.push(&message.content);
-                history.last = message.sequence_id;
-            } else if message.sequence_id > history.last {
-                break; // a gap: the database has what came between
-            }
+/// The bytes every history of the process holds.
+#[derive(Debug)]
+pub struct Held {
+    bytes: AtomicUsize,
+    budget: usize,
+}
+
+impl Held {
+    pub fn new(budget: usize) -> Arc<Held> {
+        Arc::new(Held {
+            bytes: AtomicUsize::new(0),
+            budget,
+        })
+    }
+
+    fn add(&self, bytes: usize) {
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    fn release(&self, bytes: usize) {
+        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    /// The bytes held now.
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
+}
+
+/// A conversation's history, owned by its actor and lent to each of its LLM requests.
+pub type HistoryHandle = Arc<AsyncMutex<History>>;
+
+/// A new, empty history for a conversation.
+pub fn new_history() -> HistoryHandle {
+    Arc::default()
+}
+
+/// The conversation's whole history through sequence id `through` (its last stored
+/// message), held until the guard drops (a conversation has one LLM request at a time, so
+/// this never waits on another). Messages the conversation handed over in `recent` (stored
+/// commits, in order) are taken from there; the database is read only for what they do not
+/// cover: a history that was never filled or was emptied, or messages stored while no
+/// actor was running.
+pub async fn current(
+    handle: &HistoryHandle,
+    held: &Arc<Held>,
+    store: &Store,
+    metrics: &Metrics,
+    id: &str,
+    recent: &[Arc<ConversationCommit>],
+    through: i64,
+) -> Result<OwnedMutexGuard<History>, StoreError> {
+    let mut history = Arc::clone(handle).lock_owned().await;
+    if history.held.is_none() {
+        history.held = Some(Arc::clone(held));
+    }
+    let before = history.bytes;
+    for message in recent.iter().flat_map(|commit| &commit.messages) {
+        if message.sequence_id == history.last + 1 {
+            history.push(&message.content);
+            history.last = message.sequence_id;
+        } else if message.sequence_id > history.last {
+            break; // a gap: the database has what came between
         }
-        if history.last < through {
-            metrics.history_read();
-            let newer = store
-                .messages_after(id, history.last, u64::MAX >> 1)
-                .await?;
-            if let Some(last) = newer.last() {
-                history.last = last.sequence_id;
-            }
-            for record in &newer {
-                history.push(&record.content);
-            }
+    }
+    if history.last < through {
+        metrics.history_read();
+        let newer = store
+            .messages_after(id, history.last, u64::MAX >> 1)
+            .await?;
+        if let Some(last) = newer.last() {
+            history.last = last.sequence_id;
         }
-        Ok(history)
+        for record in &newer {
+            history.push(&record.content);
+        }
+    }
+    held.add(history.bytes - before);
+    Ok(history)
+}
+
+/// Called once a request is done with the history: over the process's budget, it is
+/// emptied (its next request reads it back).
+pub fn settle(history: &mut History, held: &Held) {
+    if held.bytes() > held.budget {
+        history.clear();
     }
 }
 
@@ -173,23 +212,20 @@ mod tests {
     #[tokio::test]
     async fn handed_over_messages_spare_the_database_read() {
         let (store, dir) = sqlite_store("history", &["c"]).await;
-
-        let (cache, metrics) = (HistoryCache::new(4), Metrics::default());
+        let (held, metrics) = (Held::new(usize::MAX), Metrics::default());
+        let (mine, reference) = (new_history(), new_history());
         store_messages(&store, 1, 2).await;
         // Cold: read from the database.
         let first = texts(
-            &cache
-                .current(&store, &metrics, "c", &[], 2)
+            &current(&mine, &held, &store, &metrics, "c", &[], 2)
                 .await
                 .expect("read"),
         );
         assert_eq!(first.len(), 2);
 
         let recent = store_messages(&store, 3, 4).await;
-        let reference = HistoryCache::new(4);
         let from_db = texts(
-            &reference
-                .current(&store, &metrics, "c", &[], 4)
+            &current(&reference, &held, &store, &metrics, "c", &[], 4)
                 .await
                 .expect("read"),
         );
@@ -201,19 +237,63 @@ mod tests {
         store.clone().close().await.expect("closes");
 
         let handed = texts(
-            &cache
-                .current(&store, &metrics, "c", std::slice::from_ref(&recent), 4)
-                .await
-                .expect("no database read needed"),
+            &current(
+                &mine,
+                &held,
+                &store,
+                &metrics,
+                "c",
+                std::slice::from_ref(&recent),
+                4,
+            )
+            .await
+            .expect("no database read needed"),
         );
         assert_eq!(handed, from_db);
         // Message 5 is missing from what was handed over: only the database has it.
         assert!(
-            cache
-                .current(&store, &metrics, "c", &[gap], 6)
+            current(&mine, &held, &store, &metrics, "c", &[gap], 6)
                 .await
                 .is_err()
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Every history's bytes are counted and given back when it goes; past the budget a
+    /// history is emptied after its request, and its next request reads it back whole.
+    #[tokio::test]
+    async fn histories_hold_their_bytes_within_the_budget() {
+        let (store, dir) = sqlite_store("history-budget", &["c"]).await;
+        let metrics = Metrics::default();
+        store_messages(&store, 1, 3).await;
+        let roomy = Held::new(usize::MAX);
+        let history = new_history();
+        let bytes = {
+            let mut guard = current(&history, &roomy, &store, &metrics, "c", &[], 3)
+                .await
+                .expect("read");
+            settle(&mut guard, &roomy);
+            assert_eq!(guard.messages.len(), 3, "kept under the budget");
+            roomy.bytes()
+        };
+        assert!(bytes > 0);
+        drop(history);
+        assert_eq!(roomy.bytes(), 0, "a history that goes gives its bytes back");
+
+        let tight = Held::new(bytes - 1);
+        let history = new_history();
+        let mut guard = current(&history, &tight, &store, &metrics, "c", &[], 3)
+            .await
+            .expect("read");
+        assert_eq!(guard.messages.len(), 3);
+        settle(&mut guard, &tight);
+        assert!(guard.messages.is_empty(), "emptied over the budget");
+        assert_eq!(tight.bytes(), 0);
+        drop(guard);
+        let again = current(&history, &tight, &store, &metrics, "c", &[], 3)
+            .await
+            .expect("read back");
+        assert_eq!(again.messages.len(), 3, "read back whole");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

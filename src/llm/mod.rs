@@ -24,6 +24,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+pub use history::{HistoryHandle, new_history};
 pub use request::{RequestContext, system_prompt};
 pub use stream::Accumulator;
 
@@ -83,6 +84,8 @@ pub struct LlmJob {
     pub recent: Vec<Arc<crate::model::ConversationCommit>>,
     /// The sequence id of the conversation's last stored message.
     pub through: i64,
+    /// The conversation's history, which the conversation keeps between its requests.
+    pub history: HistoryHandle,
 }
 
 impl std::fmt::Debug for LlmJob {
@@ -116,7 +119,8 @@ struct Shared {
     hub: Arc<EventHub>,
     backend: Backend,
     permits: Arc<Semaphore>,
-    histories: history::HistoryCache,
+    /// The bytes every conversation's history holds, against `llm.history_cache_bytes`.
+    held: Arc<history::Held>,
 }
 
 #[derive(Debug)]
@@ -170,6 +174,7 @@ impl Actor for LlmGateway {
         });
         let backend = async_openai::Client::with_config(config).with_http_service(service);
         let permits = Arc::new(Semaphore::new(llm.max_concurrency));
+        let held = history::Held::new(llm.history_cache_bytes);
         Ok(GatewayState {
             shared: Arc::new(Shared {
                 settings: args.settings,
@@ -178,7 +183,7 @@ impl Actor for LlmGateway {
                 hub: args.hub,
                 backend,
                 permits,
-                histories: history::HistoryCache::new(512),
+                held,
             }),
         })
     }
@@ -270,22 +275,22 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + Duration::from_millis(llm.total_timeout_ms);
 
-    let history = shared
-        .histories
-        .current(
-            &shared.store,
-            &shared.metrics,
-            &job.conversation_id,
-            &job.recent,
-            job.through,
+    let mut history = history::current(
+        &job.history,
+        &shared.held,
+        &shared.store,
+        &shared.metrics,
+        &job.conversation_id,
+        &job.recent,
+        job.through,
+    )
+    .await
+    .map_err(|e| {
+        Failure::new(
+            ErrorKind::Network,
+            format!("cannot read the conversation's history: {e}"),
         )
-        .await
-        .map_err(|e| {
-            Failure::new(
-                ErrorKind::Network,
-                format!("cannot read the conversation's history: {e}"),
-            )
-        })?;
+    })?;
     let mut images = HashMap::new();
     for message in &history.messages {
         if let request::Wire::Images(crate::state_machine::MessageContent::User {
@@ -336,12 +341,15 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
     }
 
     let probe = Arc::new(http::Probe::default());
-    PROBE
+    let reply = PROBE
         .scope(
             probe.clone(),
             stream_reply(shared, job, &body, deadline, started, probe),
         )
-        .await
+        .await;
+    drop(body);
+    history::settle(&mut history, &shared.held);
+    reply
 }
 
 /// Sends `request` and accumulates the streamed reply, forwarding text deltas live. The body

@@ -74,6 +74,27 @@ pub enum Wire {
     Images(MessageContent),
 }
 
+impl Wire {
+    /// The bytes the piece holds (a message with images holds its references only).
+    pub fn bytes(&self) -> usize {
+        match self {
+            Wire::Skip => 0,
+            Wire::Json(json) => json.get().len(),
+            Wire::Thought {
+                plain,
+                with_reasoning,
+            } => plain.get().len() + with_reasoning.get().len(),
+            Wire::Images(content) => match content {
+                MessageContent::User { text, images } => text.len() + images.len() * 64,
+                MessageContent::Agent { .. }
+                | MessageContent::Tool(_)
+                | MessageContent::System { .. }
+                | MessageContent::Error { .. } => 0,
+            },
+        }
+    }
+}
+
 /// The wire form of a stored message.
 pub fn wire(content: &MessageContent) -> Wire {
     if matches!(content, MessageContent::User { images, .. } if !images.is_empty()) {

@@ -180,6 +180,8 @@ pub struct ConversationState {
     turn: Option<Turn>,
     /// Commits with messages stored since the last LLM request, handed to the next one.
     unsent: Vec<Arc<crate::model::ConversationCommit>>,
+    /// The history as the LLM gets it, kept between requests while the actor lives.
+    history: crate::llm::HistoryHandle,
     idle_generation: u64,
     idle_timer: bool,
     stopping: bool,
@@ -226,6 +228,7 @@ impl Actor for ConversationActor {
             children: HashMap::new(),
             turn: None,
             unsent: Vec::new(),
+            history: crate::llm::new_history(),
             idle_generation: 0,
             idle_timer: false,
             stopping: false,
@@ -800,6 +803,7 @@ async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, eff
                     .map_or_else(tracing::Span::none, |turn| turn.span.clone()),
                 recent: std::mem::take(&mut state.unsent),
                 through: state.record.next_sequence_id - 1,
+                history: Arc::clone(&state.history),
             });
         }
         Effect::ScheduleRetry { request, delay_ms } => {
