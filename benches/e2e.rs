@@ -15,8 +15,11 @@
 //!     cargo bench --bench e2e            (BENCH_SECONDS=5 by default)
 //!
 //! SQLite by default; with BEDROCK_TEST_DATABASE_URL also Postgres (a fresh database each),
-//! `BENCH_DB=sqlite|postgres` keeps one. `BENCH_MODES=reused,new` and `BENCH_WORKERS=1,50`
-//! choose the rows.
+//! `BENCH_DB=sqlite|postgres` keeps one. `BENCH_MODES=reused,new,scale`, `BENCH_WORKERS=1,50`
+//! and `BENCH_SCALE=1000,5000,10000` (conversations, each with a client, in the scale mode)
+//! choose the rows; `BENCH_RETAIN` gives the server a frame retention window. After each
+//! mode the server stops and the database's growth per turn is printed (SQLite's file with
+//! its log checkpointed, Postgres's `pg_database_size`).
 //!
 //! The one binary plays three parts, by `BEDROCK_E2E_ROLE`: unset, it is the conductor that
 //! starts the other two and the server; `fake-llm` and `load` are the other processes.
@@ -30,7 +33,7 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{BenchDb, percentile, seconds};
-use futures::StreamExt;
+use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -82,6 +85,9 @@ enum Mode {
     Reused,
     /// Each turn creates a conversation, connects, sends, waits, closes.
     New,
+    /// Every conversation (`BENCH_SCALE` of them) is created and connected first, each
+    /// with a client; then all take turns, sent over their WebSockets.
+    Scale,
 }
 
 impl Mode {
@@ -89,6 +95,7 @@ impl Mode {
         match self {
             Mode::Reused => "reused",
             Mode::New => "new",
+            Mode::Scale => "scale",
         }
     }
 
@@ -96,6 +103,7 @@ impl Mode {
         match name {
             "reused" => Some(Mode::Reused),
             "new" => Some(Mode::New),
+            "scale" => Some(Mode::Scale),
             _ => None,
         }
     }
@@ -142,8 +150,8 @@ impl Client {
         Ok(socket)
     }
 
-    /// One turn on a connected conversation: send `text`, wait for the state that ends the
-    /// turn, check the answer.
+    /// One turn on a connected conversation: send `text` over REST, wait for the state that
+    /// ends the turn, check the answer.
     async fn turn(&self, id: &str, socket: &mut Socket, text: &str) -> Result<(), String> {
         let response = self
             .http
@@ -157,31 +165,55 @@ impl Client {
         }
         let sent: Value = response.json().await.map_err(|e| e.to_string())?;
         let message_id = sent["message"]["id"].clone();
-        let expected = format!("done: {text}");
-        let (mut seen_ours, mut answered) = (false, false);
-        loop {
-            let frame = next_frame(socket).await?;
-            match frame["type"].as_str() {
-                Some("message") if frame["message"]["id"] == message_id => seen_ours = true,
-                Some("message")
-                    if seen_ours
-                        && frame["message"]["message_type"] == "agent"
-                        && frame["message"]["content"]["tool_uses"]
-                            .as_array()
-                            .is_some_and(Vec::is_empty) =>
-                {
-                    if frame["message"]["content"]["text"] != expected.as_str() {
-                        return Err(format!("wrong answer: {frame}"));
-                    }
-                    answered = true;
+        answer(socket, text, |message| message["id"] == message_id).await
+    }
+}
+
+/// One turn sent over the conversation's WebSocket (a `user_message` frame).
+async fn turn_over_socket(socket: &mut Socket, text: &str) -> Result<(), String> {
+    let frame = json!({"type": "user_message", "text": text}).to_string();
+    socket
+        .send(Message::Text(frame.into()))
+        .await
+        .map_err(|e| format!("send: {e}"))?;
+    answer(socket, text, |message| {
+        message["message_type"] == "user" && message["content"]["text"] == text
+    })
+    .await
+}
+
+/// Waits on the WebSocket for the state that ends the turn of the user message `ours`
+/// picks out, and checks the answer (`done: <text>`).
+async fn answer(
+    socket: &mut Socket,
+    text: &str,
+    ours: impl Fn(&Value) -> bool,
+) -> Result<(), String> {
+    let expected = format!("done: {text}");
+    let (mut seen_ours, mut answered) = (false, false);
+    loop {
+        let frame = next_frame(socket).await?;
+        match frame["type"].as_str() {
+            Some("message") if !seen_ours && ours(&frame["message"]) => seen_ours = true,
+            Some("message")
+                if seen_ours
+                    && frame["message"]["message_type"] == "agent"
+                    && frame["message"]["content"]["tool_uses"]
+                        .as_array()
+                        .is_some_and(Vec::is_empty) =>
+            {
+                if frame["message"]["content"]["text"] != expected.as_str() {
+                    return Err(format!("wrong answer: {frame}"));
                 }
-                Some("state") if seen_ours => match frame["state"]["kind"].as_str() {
-                    Some("idle") if answered => return Ok(()),
-                    Some("idle" | "error") => return Err(format!("the turn ended: {frame}")),
-                    _ => {}
-                },
-                _ => {}
+                answered = true;
             }
+            Some("state") if seen_ours => match frame["state"]["kind"].as_str() {
+                Some("idle") if answered => return Ok(()),
+                Some("idle" | "error") => return Err(format!("the turn ended: {frame}")),
+                _ => {}
+            },
+            Some("rejected") => return Err(format!("refused: {frame}")),
+            _ => {}
         }
     }
 }
@@ -205,6 +237,24 @@ async fn next_frame(socket: &mut Socket) -> Result<Value, String> {
 struct Tally {
     latencies: Vec<Duration>,
     errors: Vec<String>,
+    /// Turns completed in the whole run, the window's and the others.
+    total: u64,
+}
+
+impl Tally {
+    /// Counts a turn that began at `began` and has just ended with `outcome`.
+    fn count(&mut self, outcome: Result<(), String>, began: Instant, window: Window) {
+        let ended = Instant::now();
+        match outcome {
+            Ok(()) => {
+                self.total += 1;
+                if began >= window.start && ended < window.stop {
+                    self.latencies.push(ended - began);
+                }
+            }
+            Err(e) => self.errors.push(e),
+        }
+    }
 }
 
 /// One worker: turns back to back until `stop`; turns that end inside the window
@@ -248,19 +298,14 @@ async fn worker(
                     let _ = socket.close(None).await;
                     Ok(())
                 }
+                Mode::Scale => Err("scale runs its own workers".to_owned()),
             }
         }
         .await;
-        let ended = Instant::now();
-        let counted = began >= window.start && ended < window.stop;
-        match outcome {
-            Ok(()) if counted => tally.latencies.push(ended - began),
-            Ok(()) => {}
-            Err(e) => {
-                tally.errors.push(e);
-                kept = None;
-            }
+        if outcome.is_err() {
+            kept = None;
         }
+        tally.count(outcome, began, window);
     }
     if let Some((_, mut socket)) = kept {
         let _ = socket.close(None).await;
@@ -295,31 +340,34 @@ fn load() {
             ws_base: base.replacen("http://", "ws://", 1),
             base,
         });
-        let start = Instant::now() + warmup;
-        let window = Window {
-            start,
-            stop: start + measure,
+        let tasks: Vec<tokio::task::JoinHandle<Tally>> = if mode == Mode::Scale {
+            let sockets = connect_all(&client, workers).await;
+            let window = window_after(warmup, measure);
+            sockets
+                .into_iter()
+                .enumerate()
+                .map(|(n, socket)| tokio::spawn(scale_worker(socket, n, window)))
+                .collect()
+        } else {
+            let window = window_after(warmup, measure);
+            (0..workers)
+                .map(|n| {
+                    tokio::spawn(worker(
+                        client.clone(),
+                        mode,
+                        n,
+                        window,
+                        turns_per_conversation,
+                    ))
+                })
+                .collect()
         };
-        let tasks: Vec<_> = (0..workers)
-            .map(|n| {
-                tokio::spawn(worker(
-                    client.clone(),
-                    mode,
-                    n,
-                    window,
-                    turns_per_conversation,
-                ))
-            })
-            .collect();
-        tokio::time::sleep_until(start.into()).await;
-        println!("start");
-        tokio::time::sleep_until(window.stop.into()).await;
-        println!("stop");
         let mut all = Tally::default();
         for task in tasks {
             let tally = task.await.unwrap();
             all.latencies.extend(tally.latencies);
             all.errors.extend(tally.errors);
+            all.total += tally.total;
         }
         all.latencies.sort();
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
@@ -327,6 +375,7 @@ fn load() {
             "{}",
             json!({
                 "turns": all.latencies.len(),
+                "turns_total": all.total,
                 "p50_ms": ms(percentile(&all.latencies, 50.0)),
                 "p99_ms": ms(percentile(&all.latencies, 99.0)),
                 "max_ms": ms(all.latencies.last().copied().unwrap_or_default()),
@@ -335,6 +384,63 @@ fn load() {
             })
         );
     });
+}
+
+/// The measured window after `warmup`; prints `start` and `stop` when it opens and closes
+/// (the conductor reads the server's CPU at both).
+fn window_after(warmup: Duration, measure: Duration) -> Window {
+    let start = Instant::now() + warmup;
+    let window = Window {
+        start,
+        stop: start + measure,
+    };
+    tokio::spawn(async move {
+        tokio::time::sleep_until(window.start.into()).await;
+        println!("start");
+        tokio::time::sleep_until(window.stop.into()).await;
+        println!("stop");
+    });
+    window
+}
+
+/// Creates `n` conversations and connects a client to each, a few at a time; prints
+/// `created` and `connected` when each step is done (the conductor reads the server's RSS).
+async fn connect_all(client: &std::sync::Arc<Client>, n: usize) -> Vec<Socket> {
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(32));
+    let created = futures::future::join_all((0..n).map(|_| {
+        let (client, gate) = (client.clone(), gate.clone());
+        async move {
+            let _permit = gate.acquire().await.unwrap();
+            client.create().await.unwrap()
+        }
+    }))
+    .await;
+    println!("created");
+    let sockets = futures::future::join_all(created.iter().map(|id| {
+        let (client, gate) = (client.clone(), gate.clone());
+        async move {
+            let _permit = gate.acquire().await.unwrap();
+            client.connect(id).await.unwrap()
+        }
+    }))
+    .await;
+    println!("connected");
+    sockets
+}
+
+/// A worker of the scale mode: turns over its WebSocket until the window closes.
+async fn scale_worker(mut socket: Socket, n: usize, window: Window) -> Tally {
+    let mut tally = Tally::default();
+    for k in 0usize.. {
+        let began = Instant::now();
+        if began >= window.stop {
+            break;
+        }
+        let outcome = turn_over_socket(&mut socket, &format!("worker {n} turn {k}")).await;
+        tally.count(outcome, began, window);
+    }
+    let _ = socket.close(None).await;
+    tally
 }
 
 // ---------------------------------------------------------------------------------------
@@ -406,6 +512,11 @@ impl ServerProcess {
             .env("BEDROCK_AUTH", "dev")
             .env("BEDROCK_LISTEN", "127.0.0.1:0")
             .env("BEDROCK_LOG_FORMAT", "json")
+            // Frames' retention window (`BENCH_RETAIN`, e.g. 7d; default: kept forever).
+            .env(
+                "BEDROCK_EVENTS__RETAIN",
+                std::env::var("BENCH_RETAIN").unwrap_or_default(),
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -464,6 +575,13 @@ struct Row {
     rss_mib: f64,
     errors: u64,
     first_error: Value,
+    /// Turns completed in the whole run (window or not).
+    turns_total: u64,
+    /// Scale mode: the server's RSS per conversation created, and per client connected.
+    rss_per_conversation_kb: Option<f64>,
+    rss_per_client_kb: Option<f64>,
+    /// The database's growth over the mode's run, per turn completed in it.
+    bytes_per_turn: Option<f64>,
 }
 
 fn read_line(out: &mut BufReader<ChildStdout>) -> String {
@@ -475,6 +593,7 @@ fn read_line(out: &mut BufReader<ChildStdout>) -> String {
 fn measure(server: &ServerProcess, db: &'static str, mode: Mode, workers: usize) -> Row {
     let measure = seconds();
     let warmup = Duration::from_secs(1);
+    let rss_before = rss(server.pid());
     let mut child = this_binary("load")
         .env("E2E_BASE", &server.base)
         .env("E2E_MODE", mode.name())
@@ -490,15 +609,24 @@ fn measure(server: &ServerProcess, db: &'static str, mode: Mode, workers: usize)
         .unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let load = Owned(child);
-    assert_eq!(read_line(&mut out), "start");
+    let (mut created, mut connected) = (None, None);
+    loop {
+        match read_line(&mut out).as_str() {
+            "created" => created = Some(rss(server.pid())),
+            "connected" => connected = Some(rss(server.pid())),
+            "start" => break,
+            other => panic!("the load generator said {other:?}"),
+        }
+    }
     let (cpu0, t0) = (cpu_time(server.pid()), Instant::now());
     assert_eq!(read_line(&mut out), "stop");
     let (cpu1, t1) = (cpu_time(server.pid()), Instant::now());
-    let rss = rss(server.pid());
+    let rss_now = rss(server.pid());
     let result: Value = serde_json::from_str(&read_line(&mut out)).unwrap();
     drop(load);
     let turns = result["turns"].as_u64().unwrap_or(0);
     let seconds = (t1 - t0).as_secs_f64();
+    let per = |bytes: i64| bytes as f64 / 1024.0 / workers.max(1) as f64;
     Row {
         db,
         mode,
@@ -511,9 +639,55 @@ fn measure(server: &ServerProcess, db: &'static str, mode: Mode, workers: usize)
         cpu_per_turn_ms: ((cpu1.0 + cpu1.1) - (cpu0.0 + cpu0.1)).as_secs_f64() * 1000.0
             / turns.max(1) as f64,
         sys_per_turn_ms: (cpu1.1 - cpu0.1).as_secs_f64() * 1000.0 / turns.max(1) as f64,
-        rss_mib: rss as f64 / (1024.0 * 1024.0),
+        rss_mib: rss_now as f64 / (1024.0 * 1024.0),
         errors: result["errors"].as_u64().unwrap_or(0),
         first_error: result["first_error"].clone(),
+        turns_total: result["turns_total"].as_u64().unwrap_or(0),
+        rss_per_conversation_kb: created.map(|c| per(c as i64 - rss_before as i64)),
+        rss_per_client_kb: created
+            .zip(connected)
+            .map(|(c, k)| per(k as i64 - c as i64)),
+        bytes_per_turn: None,
+    }
+}
+
+/// The bytes a database takes once its log is checkpointed (SQLite: the file, its log
+/// copied back and emptied first; Postgres: `pg_database_size` after a CHECKPOINT).
+fn stored_bytes(db: &BenchDb) -> u64 {
+    if db.label == "sqlite" {
+        runtime().block_on(async {
+            use sea_orm::ConnectionTrait as _;
+            if let Ok(conn) = sea_orm::Database::connect(&db.url).await {
+                let _ = conn
+                    .execute_unprepared("PRAGMA wal_checkpoint(TRUNCATE)")
+                    .await;
+                let _ = conn.close().await;
+            }
+        });
+        let path = db.url.trim_start_matches("sqlite://");
+        let path = path.split('?').next().unwrap_or_default();
+        ["", "-wal"]
+            .iter()
+            .filter_map(|suffix| std::fs::metadata(format!("{path}{suffix}")).ok())
+            .map(|m| m.len())
+            .sum()
+    } else {
+        runtime().block_on(async {
+            use sea_orm::ConnectionTrait as _;
+            let conn = sea_orm::Database::connect(&db.url).await.unwrap();
+            conn.execute_unprepared("CHECKPOINT").await.ok();
+            let row = conn
+                .query_one_raw(sea_orm::Statement::from_string(
+                    sea_orm::DbBackend::Postgres,
+                    "SELECT pg_database_size(current_database())::bigint AS size",
+                ))
+                .await
+                .unwrap()
+                .unwrap();
+            let size: i64 = row.try_get("", "size").unwrap();
+            let _ = conn.close().await;
+            size as u64
+        })
     }
 }
 
@@ -537,7 +711,7 @@ fn list<T>(name: &str, default: &str, parse: impl Fn(&str) -> Option<T>) -> Vec<
 
 fn conduct() {
     bedrock::install_crypto();
-    let modes = list("BENCH_MODES", "reused,new", Mode::parse);
+    let modes = list("BENCH_MODES", "reused,new,scale", Mode::parse);
     let workers = list("BENCH_WORKERS", "1,50", |w| w.parse::<usize>().ok());
     let mut fake = this_binary("fake-llm")
         .stdin(Stdio::piped())
@@ -546,19 +720,53 @@ fn conduct() {
         .unwrap();
     let llm_base = read_line(&mut BufReader::new(fake.stdout.take().unwrap()));
     let _fake = Owned(fake);
-    let dbs = runtime().block_on(BenchDb::all());
+    let scale = list("BENCH_SCALE", "1000,5000,10000", |n| {
+        n.parse::<usize>().ok()
+    });
     let mut rows = Vec::new();
-    for db in dbs {
-        let server = ServerProcess::start(&db, &llm_base);
+    let labels: Vec<&'static str> = runtime()
+        .block_on(BenchDb::all())
+        .into_iter()
+        .map(|db| {
+            let label = db.label;
+            runtime().block_on(db.drop_db());
+            label
+        })
+        .collect();
+    for label in labels {
         for &mode in &modes {
-            for &n in &workers {
+            // A fresh database and server for each mode, so its bytes per turn are its own.
+            let db = runtime()
+                .block_on(BenchDb::all())
+                .into_iter()
+                .find(|db| db.label == label)
+                .unwrap();
+            let server = ServerProcess::start(&db, &llm_base);
+            let empty = stored_bytes(&db);
+            let sizes = if mode == Mode::Scale {
+                &scale
+            } else {
+                &workers
+            };
+            let first = rows.len();
+            for &n in sizes {
                 let row = measure(&server, db.label, mode, n);
                 print_row(&row);
                 rows.push(row);
             }
+            server.stop();
+            let turns: u64 = rows[first..].iter().map(|r| r.turns_total).sum();
+            let bytes = stored_bytes(&db).saturating_sub(empty);
+            println!(
+                "{label} {}: {bytes} bytes stored for {turns} turns: {:.0} bytes a turn",
+                mode.name(),
+                bytes as f64 / turns.max(1) as f64
+            );
+            for row in &mut rows[first..] {
+                row.bytes_per_turn = Some(bytes as f64 / turns.max(1) as f64);
+            }
+            runtime().block_on(db.drop_db());
         }
-        server.stop();
-        runtime().block_on(db.drop_db());
     }
     let json: Vec<Value> = rows
         .iter()
@@ -575,6 +783,9 @@ fn conduct() {
                 "server_cpu_per_turn_ms": r.cpu_per_turn_ms,
                 "server_sys_per_turn_ms": r.sys_per_turn_ms,
                 "server_rss_mib": r.rss_mib,
+                "rss_per_conversation_kb": r.rss_per_conversation_kb,
+                "rss_per_client_kb": r.rss_per_client_kb,
+                "bytes_per_turn": r.bytes_per_turn,
                 "errors": r.errors,
             })
         })
@@ -593,12 +804,16 @@ fn print_row(row: &Row) {
             turns_per_conversation()
         );
         println!(
-            "| db | conversations | workers | turns/s | p50 | p99 | max | server CPU/turn (kernel) | server RSS | errors |"
+            "| db | conversations | workers | turns/s | p50 | p99 | max | server CPU/turn (kernel) | server RSS | RSS per conversation / client | errors |"
         );
-        println!("|---|---|---|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|");
     });
+    let per = match (row.rss_per_conversation_kb, row.rss_per_client_kb) {
+        (Some(conversation), Some(client)) => format!("{conversation:.1} / {client:.1} KB"),
+        _ => "-".to_owned(),
+    };
     println!(
-        "| {} | {} | {} | {:.0} | {:.2} ms | {:.2} ms | {:.2} ms | {:.3} ms ({:.3}) | {:.1} MiB | {} |",
+        "| {} | {} | {} | {:.0} | {:.2} ms | {:.2} ms | {:.2} ms | {:.3} ms ({:.3}) | {:.1} MiB | {per} | {} |",
         row.db,
         row.mode.name(),
         row.workers,

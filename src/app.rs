@@ -30,6 +30,10 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
     .await
     .context("cannot connect to the database (database.url / BEDROCK_DATABASE_URL)")?;
     store.migrate().await.context("the migrations failed")?;
+    store
+        .index_frames_by_age(settings.events.retention().is_some())
+        .await
+        .context("cannot index the stored frames for [events] retain")?;
     Ok(store)
 }
 

@@ -349,10 +349,20 @@ pub fn message(message: &MessageRecord, context_window: u64) -> Message<'_> {
     }
 }
 
-/// A message's `content` object, as stored: what clients get, and for an agent message
-/// what the backend wants back (the field its reasoning came in, the provider's data on
-/// tool calls).
+/// A message's `content` object, as stored: what clients get, less what it says by default
+/// (a tool result's `cancelled: false`), and for an agent message what the backend wants
+/// back (the field its reasoning came in, the provider's data on tool calls).
 pub fn content(content: &MessageContent) -> Value {
+    if let MessageContent::Tool(result) = content
+        && !result.cancelled
+    {
+        return serde_json::json!({
+            "tool_use_id": result.tool_use_id,
+            "name": result.name,
+            "ok": result.ok,
+            "output": result.output,
+        });
+    }
     if let MessageContent::Agent {
         text,
         tool_uses,
@@ -438,16 +448,21 @@ pub fn parse_content(kind: &str, value: &Value) -> Result<MessageContent, String
     })
 }
 
-/// Usage as stored with a message.
+/// Usage as stored with a message: `[input_tokens, output_tokens]`.
 pub fn stored_usage(usage: &core::Usage) -> Value {
-    serde_json::json!({"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens})
+    serde_json::json!([usage.input_tokens, usage.output_tokens])
 }
 
-/// Reads back [`stored_usage`].
+/// Reads back [`stored_usage`] (and the object rows stored before it).
 pub fn parse_stored_usage(value: &Value) -> Option<core::Usage> {
+    let (input, output) = match value {
+        Value::Array(counts) => (counts.first()?, counts.get(1)?),
+        Value::Object(counts) => (counts.get("input_tokens")?, counts.get("output_tokens")?),
+        Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => return None,
+    };
     Some(core::Usage {
-        input_tokens: value.get("input_tokens")?.as_u64()?,
-        output_tokens: value.get("output_tokens")?.as_u64()?,
+        input_tokens: input.as_u64()?,
+        output_tokens: output.as_u64()?,
     })
 }
 

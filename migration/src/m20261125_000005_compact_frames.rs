@@ -5,7 +5,8 @@
 //! frames' event ids run from `first_event_id` to `last_event_id`. `messages.event_id` is the
 //! event id of each message's frame, so messages can stand in for frames that retention
 //! removed. Existing frames are converted (one row each); the old table is dropped. On
-//! Postgres, `bedrock_commit` writes the new rows.
+//! Postgres, `bedrock_commit` writes the new rows. (The index by age that retention needs is
+//! the store's to make, only where retention is configured.)
 
 use sea_orm::DbBackend;
 use sea_orm_migration::prelude::*;
@@ -25,7 +26,6 @@ const SQLITE_UP: &[&str] = &[
     ) WITHOUT ROWID",
     "CREATE UNIQUE INDEX conversation_frames_dedup ON conversation_frames (conversation_id, dedup_key)
         WHERE dedup_key IS NOT NULL",
-    "CREATE INDEX conversation_frames_created ON conversation_frames (created_at)",
     "ALTER TABLE messages ADD COLUMN event_id INTEGER",
     "INSERT INTO conversation_frames
         (conversation_id, last_event_id, first_event_id, frames, dedup_key, created_at)
@@ -66,7 +66,6 @@ const POSTGRES_UP: &[&str] = &[
     )",
     "CREATE UNIQUE INDEX conversation_frames_dedup ON conversation_frames (conversation_id, dedup_key)
         WHERE dedup_key IS NOT NULL",
-    "CREATE INDEX conversation_frames_created ON conversation_frames (created_at)",
     "ALTER TABLE messages ADD COLUMN event_id bigint",
     "INSERT INTO conversation_frames
         (conversation_id, last_event_id, first_event_id, frames, dedup_key, created_at)

@@ -75,6 +75,7 @@ pub struct ToolResult {
     pub ok: bool,
     pub output: String,
     /// True for synthetic results of work that never finished (cancel, restart, shutdown).
+    #[serde(default)]
     pub cancelled: bool,
 }
 

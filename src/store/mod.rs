@@ -242,6 +242,27 @@ impl Store {
         Ok(())
     }
 
+    /// Makes (or drops) the index of stored frames by age, which retention needs to find
+    /// old frames and nothing else uses: every frame stored pays for it, so it exists only
+    /// where frames have a retention window. On Postgres it is built without blocking
+    /// writes.
+    pub async fn index_frames_by_age(&self, on: bool) -> Result<()> {
+        let postgres = self.backend() == DbBackend::Postgres;
+        let sql = match (on, postgres) {
+            (true, false) => {
+                "CREATE INDEX IF NOT EXISTS conversation_frames_created \
+                 ON conversation_frames (created_at)"
+            }
+            (true, true) => {
+                "CREATE INDEX CONCURRENTLY IF NOT EXISTS conversation_frames_created \
+                 ON conversation_frames (created_at)"
+            }
+            (false, _) => "DROP INDEX IF EXISTS conversation_frames_created",
+        };
+        self.db.execute_unprepared(sql).await?;
+        Ok(())
+    }
+
     pub fn backend(&self) -> DbBackend {
         self.db.get_database_backend()
     }
