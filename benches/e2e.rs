@@ -17,7 +17,10 @@
 //! SQLite by default; with BEDROCK_TEST_DATABASE_URL also Postgres (a fresh database each),
 //! `BENCH_DB=sqlite|postgres` keeps one. `BENCH_MODES=reused,new,scale`, `BENCH_WORKERS=1,50`
 //! and `BENCH_SCALE=1000,5000,10000` (conversations, each with a client, in the scale mode)
-//! choose the rows; `BENCH_RETAIN` gives the server a frame retention window. After each
+//! choose the rows. The server gets the bench's own `BEDROCK_*` settings (e.g.
+//! `BEDROCK_EVENTS__RETAIN=7d` for a frame retention window), and runs under
+//! `BENCH_SERVER_WRAP` when set (e.g. `heaptrack -o /tmp/heap`; its CPU and RSS figures are
+//! then the wrapper's). After each
 //! mode the server stops and the database's growth per turn is printed (SQLite's file with
 //! its log checkpointed, Postgres's `pg_database_size`).
 //!
@@ -500,9 +503,25 @@ impl ServerProcess {
         let workspace =
             std::env::temp_dir().join(format!("bedrock-e2e-{}", uuid::Uuid::now_v7().simple()));
         std::fs::create_dir_all(&workspace).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_bedrock"))
+        // `BENCH_SERVER_WRAP`: a command the server runs under (e.g. `heaptrack -o /tmp/h`);
+        // the CPU and RSS figures are then the wrapper's.
+        let wrap = std::env::var("BENCH_SERVER_WRAP").unwrap_or_default();
+        let mut words = wrap.split_whitespace();
+        let mut command = match words.next() {
+            Some(wrapper) => {
+                let mut command = Command::new(wrapper);
+                command.args(words).arg(env!("CARGO_BIN_EXE_bedrock"));
+                command
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_bedrock")),
+        };
+        // Settings given to the bench as BEDROCK_* variables reach the server (those below win).
+        let settings = std::env::vars()
+            .filter(|(name, _)| name.starts_with("BEDROCK_") && name != "BEDROCK_TEST_DATABASE_URL");
+        let mut child = command
             .arg("serve")
             .env_clear()
+            .envs(settings)
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("BEDROCK_DATABASE_URL", &db.url)
             .env("BEDROCK_LLM_BASE_URL", llm_base)
@@ -512,11 +531,6 @@ impl ServerProcess {
             .env("BEDROCK_AUTH", "dev")
             .env("BEDROCK_LISTEN", "127.0.0.1:0")
             .env("BEDROCK_LOG_FORMAT", "json")
-            // Frames' retention window (`BENCH_RETAIN`, e.g. 7d; default: kept forever).
-            .env(
-                "BEDROCK_EVENTS__RETAIN",
-                std::env::var("BENCH_RETAIN").unwrap_or_default(),
-            )
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

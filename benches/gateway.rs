@@ -1,7 +1,10 @@
 //! The LLM gateway's cost per stream chunk (issue 29): reading a chunk into the gateway's
 //! tolerant type and adding it to the reply, next to reading it into async-openai's strict
 //! type (what the gateway did before), for the chunks a turn streams: text deltas,
-//! tool-call fragments, a finish chunk and a usage chunk.
+//! tool-call fragments, a finish chunk and a usage chunk. Then the cost of one LLM step's
+//! request body for a 1,000-message history (issue 30): written from the wire pieces the
+//! conversation's history keeps, next to converting and serialising every message again
+//! (what a step cost when the history was not held).
 //!
 //!     cargo bench --bench gateway
 
@@ -13,6 +16,8 @@ use std::time::{Duration, Instant};
 use async_openai::types::chat::CreateChatCompletionStreamResponse;
 use bedrock::llm::Accumulator;
 use bedrock::llm::chunk::Chunk;
+use bedrock::llm::request::{RequestContext, Wire, body, wire};
+use bedrock::state_machine::{MessageContent, ToolUse};
 
 /// A turn's worth of chunks, as OpenAI streams them.
 fn turn() -> Vec<String> {
@@ -54,6 +59,81 @@ fn per_chunk(chunks: &[String], duration: Duration, mut f: impl FnMut(&[String])
         rounds += 1;
     }
     started.elapsed().as_nanos() as f64 / (rounds * chunks.len() as u64) as f64
+}
+
+/// A history of `turns` one-tool turns (four messages each: the user's, the agent's call,
+/// the tool's result, the agent's answer), a few hundred bytes a message.
+fn history(turns: usize) -> Vec<MessageContent> {
+    let mut messages = Vec::with_capacity(turns * 4);
+    for turn in 0..turns {
+        let call = ToolUse::new(
+            format!("call_{turn:06}"),
+            "read_file",
+            serde_json::json!({"path": format!("src/module_{turn}.rs")}),
+        );
+        messages.push(MessageContent::User {
+            text: format!("Turn {turn}: what does module {turn} do? Look at it and tell me in a few words."),
+            images: Vec::new(),
+        });
+        messages.push(MessageContent::Agent {
+            text: Some("Let me read the file first.".into()),
+            tool_uses: vec![call.clone()],
+            reasoning: None,
+        });
+        messages.push(MessageContent::tool_result(
+            &call,
+            true,
+            "pub fn run(input: &str) -> Result<Output, Error> {\n    let parsed = parse(input)?;\n    Ok(evaluate(parsed))\n}\n".repeat(2),
+            false,
+        ));
+        messages.push(MessageContent::Agent {
+            text: Some(format!("Module {turn} parses its input and evaluates it.")),
+            tool_uses: Vec::new(),
+            reasoning: None,
+        });
+    }
+    messages
+}
+
+/// Microseconds per call of `f`, run until `duration` has passed.
+fn per_call(duration: Duration, mut f: impl FnMut()) -> f64 {
+    let started = Instant::now();
+    let mut rounds = 0u64;
+    while started.elapsed() < duration {
+        f();
+        rounds += 1;
+    }
+    started.elapsed().as_secs_f64() * 1e6 / rounds as f64
+}
+
+/// The request body's cost per step for a 1,000-message history: (µs from kept pieces,
+/// µs converting every message again, body bytes).
+fn history_step(duration: Duration) -> (f64, f64, usize) {
+    let messages = history(250);
+    let ctx = RequestContext {
+        model: "gpt-4o",
+        cwd: "/srv/work",
+        system_prompt: None,
+        is_sub_agent: false,
+        max_output_tokens: 4096,
+        echo_reasoning: true,
+    };
+    let kept: Vec<Wire> = messages.iter().map(wire).collect();
+    let mut buffer = Vec::new();
+    let send = |pieces: &[Wire], buffer: &mut Vec<u8>| {
+        buffer.clear();
+        let made = body(&ctx, pieces, pieces.len(), &[]).unwrap();
+        serde_json::to_writer(&mut *buffer, &made).unwrap();
+        black_box(buffer.len());
+    };
+    send(&kept, &mut buffer);
+    let size = buffer.len();
+    let from_kept = per_call(duration, || send(&kept, &mut buffer));
+    let again = per_call(duration, || {
+        let pieces: Vec<Wire> = messages.iter().map(wire).collect();
+        send(&pieces, &mut buffer);
+    });
+    (from_kept, again, size)
 }
 
 fn main() {
@@ -101,8 +181,16 @@ fn main() {
     println!("| async-openai's CreateChatCompletionStreamResponse (before) | {strict:.0} |");
     println!("| the gateway's tolerant Chunk | {tolerant:.0} |");
     println!("| the tolerant Chunk, assembled into the reply | {assembled:.0} |");
+    let (from_kept, again, size) = history_step(duration);
+    println!();
+    println!("one LLM step's request body, 1,000-message history ({size} bytes)");
+    println!("| made from | µs per step |");
+    println!("|---|---|");
+    println!("| every message converted and serialised again (before) | {again:.0} |");
+    println!("| the pieces the conversation's history keeps | {from_kept:.0} |");
     println!(
         "{}",
-        serde_json::json!({"bench": "gateway", "strict_ns": strict, "tolerant_ns": tolerant, "tolerant_assembled_ns": assembled})
+        serde_json::json!({"bench": "gateway", "strict_ns": strict, "tolerant_ns": tolerant, "tolerant_assembled_ns": assembled,
+            "history_1000_body_bytes": size, "history_1000_step_us": from_kept, "history_1000_reconverted_step_us": again})
     );
 }

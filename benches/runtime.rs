@@ -147,7 +147,7 @@ fn prompt(id: &str) -> String {
 async fn turn(
     bench: &Bench,
     id: &str,
-    frames: &mut tokio::sync::broadcast::Receiver<Arc<bedrock::hub::Frame>>,
+    frames: &mut bedrock::hub::Subscription,
 ) -> Turn {
     let services = &bench.runtime.services;
     let live = services.registry.get_or_start(services, id).await.unwrap();

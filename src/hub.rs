@@ -1,13 +1,17 @@
-//! The event hub: per-conversation broadcast of frames to connected clients.
+//! The event hub: per-conversation fan-out of frames to connected clients.
 //!
-//! Frames are serialised once and shared by every subscriber. A subscriber that falls more
-//! than the channel's capacity behind is told so (`Lagged`) and must reconnect with its last
-//! event_id; a slow client never blocks a publisher.
+//! Frames are serialised once and shared by every subscriber. Each subscriber has its own
+//! bounded queue (a tokio mpsc channel, whose memory grows with what is waiting in it, not
+//! with its bound), so an idle client costs a few hundred bytes here whatever the bound. A
+//! subscriber that falls more than the bound behind is cut off: it gets what was queued,
+//! then [`RecvError::Lagged`], and must reconnect with its last event_id; a slow client never
+//! blocks a publisher.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::broadcast;
+use tokio::sync::mpsc;
 
 use crate::wire::{self, ServerFrame};
 
@@ -41,9 +45,84 @@ impl Frame {
     }
 }
 
+/// Why a subscription yields no more frames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecvError {
+    /// It fell more than the hub's bound behind and was cut off.
+    Lagged,
+    /// The hub dropped it (the conversation's subscribers were all gone).
+    Closed,
+}
+
+/// What [`Subscription::try_recv`] found instead of a frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TryRecvError {
+    /// Nothing is waiting now.
+    Empty,
+    /// As in [`RecvError`].
+    Ended(RecvError),
+}
+
+/// One subscriber's end: the frames published for its conversation since it subscribed.
+#[derive(Debug)]
+pub struct Subscription {
+    frames: mpsc::Receiver<Arc<Frame>>,
+    lagged: Arc<AtomicBool>,
+}
+
+impl Subscription {
+    fn ended(&self) -> RecvError {
+        if self.lagged.load(Ordering::Acquire) {
+            RecvError::Lagged
+        } else {
+            RecvError::Closed
+        }
+    }
+
+    /// The next frame (cancel safe).
+    pub async fn recv(&mut self) -> Result<Arc<Frame>, RecvError> {
+        match self.frames.recv().await {
+            Some(frame) => Ok(frame),
+            None => Err(self.ended()),
+        }
+    }
+
+    /// The next frame if one is waiting.
+    pub fn try_recv(&mut self) -> Result<Arc<Frame>, TryRecvError> {
+        match self.frames.try_recv() {
+            Ok(frame) => Ok(frame),
+            Err(mpsc::error::TryRecvError::Empty) => Err(TryRecvError::Empty),
+            Err(mpsc::error::TryRecvError::Disconnected) => {
+                Err(TryRecvError::Ended(self.ended()))
+            }
+        }
+    }
+}
+
+/// The hub's end of a subscription.
+#[derive(Debug)]
+struct Subscriber {
+    frames: mpsc::Sender<Arc<Frame>>,
+    lagged: Arc<AtomicBool>,
+}
+
+impl Subscriber {
+    /// Queues `frame`; false when the subscriber is gone or has just been cut off for lag.
+    fn offer(&self, frame: &Arc<Frame>) -> bool {
+        match self.frames.try_send(Arc::clone(frame)) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.lagged.store(true, Ordering::Release);
+                false
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct EventHub {
-    channels: Mutex<HashMap<String, broadcast::Sender<Arc<Frame>>>>,
+    channels: Mutex<HashMap<String, Vec<Subscriber>>>,
     capacity: usize,
 }
 
@@ -56,54 +135,63 @@ impl EventHub {
         }
     }
 
-    fn channels(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<String, broadcast::Sender<Arc<Frame>>>> {
+    fn channels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Subscriber>>> {
         // A poisoned lock only means another thread panicked mid-insert; the map is intact.
         self.channels.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Receives every frame published for the conversation from now on.
-    pub fn subscribe(&self, conversation_id: &str) -> broadcast::Receiver<Arc<Frame>> {
+    pub fn subscribe(&self, conversation_id: &str) -> Subscription {
+        let (tx, rx) = mpsc::channel(self.capacity);
+        let lagged = Arc::new(AtomicBool::new(false));
         self.channels()
             .entry(conversation_id.to_owned())
-            .or_insert_with(|| broadcast::channel(self.capacity).0)
-            .subscribe()
+            .or_default()
+            .push(Subscriber {
+                frames: tx,
+                lagged: Arc::clone(&lagged),
+            });
+        Subscription { frames: rx, lagged }
     }
 
-    /// Sends a frame to the conversation's subscribers, if it has any.
+    /// Sends a frame to the conversation's subscribers, if it has any; those gone or cut off
+    /// for lag are dropped.
     pub fn publish(&self, conversation_id: &str, frame: Arc<Frame>) {
         let mut channels = self.channels();
-        if let Some(sender) = channels.get(conversation_id)
-            && sender.send(frame).is_err()
-        {
-            // Nobody listens any more.
-            channels.remove(conversation_id);
+        if let Some(subscribers) = channels.get_mut(conversation_id) {
+            subscribers.retain(|subscriber| subscriber.offer(&frame));
+            if subscribers.is_empty() {
+                channels.remove(conversation_id);
+            }
         }
     }
 
-    /// Drops the conversation's channel once nobody watches it. A stream calls it after its
-    /// receiver is gone, so a conversation that is never active again keeps nothing here.
+    /// Forgets the conversation's subscribers that are gone, and the conversation once none
+    /// is left. A stream calls it after its subscription is dropped, so a conversation that
+    /// is never active again keeps nothing here.
     pub fn release(&self, conversation_id: &str) {
         let mut channels = self.channels();
-        if channels
-            .get(conversation_id)
-            .is_some_and(|sender| sender.receiver_count() == 0)
-        {
-            channels.remove(conversation_id);
+        if let Some(subscribers) = channels.get_mut(conversation_id) {
+            subscribers.retain(|subscriber| !subscriber.frames.is_closed());
+            if subscribers.is_empty() {
+                channels.remove(conversation_id);
+            }
         }
     }
 
-    /// How many conversations have a channel.
+    /// How many conversations have subscribers.
     pub fn channel_count(&self) -> usize {
         self.channels().len()
     }
 
     /// How many clients watch the conversation.
     pub fn subscribers(&self, conversation_id: &str) -> usize {
-        self.channels()
-            .get(conversation_id)
-            .map_or(0, broadcast::Sender::receiver_count)
+        self.channels().get(conversation_id).map_or(0, |subscribers| {
+            subscribers
+                .iter()
+                .filter(|subscriber| !subscriber.frames.is_closed())
+                .count()
+        })
     }
 }
 
@@ -143,9 +231,26 @@ mod tests {
         for n in 1..=5 {
             hub.publish("c", frame(n));
         }
-        assert!(matches!(
+        // It gets what was queued, then is told it lagged.
+        assert_eq!(slow.try_recv().map(|f| f.event_id), Ok(Some(1)));
+        assert_eq!(slow.try_recv().map(|f| f.event_id), Ok(Some(2)));
+        assert_eq!(
             slow.try_recv(),
-            Err(broadcast::error::TryRecvError::Lagged(3))
-        ));
+            Err(TryRecvError::Ended(RecvError::Lagged))
+        );
+        assert_eq!(hub.subscribers("c"), 0);
+        assert_eq!(hub.channel_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_watcher_that_keeps_up_never_lags() {
+        let hub = EventHub::new(2);
+        let mut watcher = hub.subscribe("c");
+        for n in 1..=100 {
+            hub.publish("c", frame(n));
+            assert_eq!(watcher.recv().await.map(|f| f.event_id), Ok(Some(n)));
+        }
+        assert_eq!(watcher.try_recv(), Err(TryRecvError::Empty));
+        assert_eq!(hub.subscribers("c"), 1);
     }
 }

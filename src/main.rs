@@ -12,6 +12,8 @@ use clap::{Parser, Subcommand};
 
 /// The server allocates and frees many small objects across threads (frames, JSON, messages,
 /// requests); mimalloc does that for a fraction of glibc malloc's CPU (docs/benchmarks.md).
+/// The `system-allocator` feature leaves it out, for heap profilers that hook malloc.
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -19,13 +19,13 @@ use futures::{SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use serde_json::value::RawValue;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::mpsc;
 
 use super::AppState;
 use super::auth::Caller;
 use super::conversations::{Outgoing, Target, cancel_conversation, check_client_event, deliver};
 use super::error::{ApiError, ErrorBody, Path, Query};
-use crate::hub::Frame;
+use crate::hub::{Frame, RecvError, Subscription, TryRecvError};
 use crate::model::ConversationRecord;
 use crate::state_machine::ConvState;
 use crate::wire::{self, ClientFrame, ServerFrame, StreamQuery, SystemEvent};
@@ -254,7 +254,7 @@ async fn open(
     followed: Followed<'_>,
     after: Option<i64>,
     sink: &mut impl FrameSink,
-) -> Option<(broadcast::Receiver<Arc<Frame>>, i64)> {
+) -> Option<(Subscription, i64)> {
     let app = followed.app;
     let live = app.services.hub.subscribe(followed.id);
     // Read the conversation after subscribing, so nothing committed in between is missed.
@@ -274,26 +274,27 @@ async fn open(
 /// seam and dropped; a gap is filled from the database. `Err` carries the close to send.
 async fn forward(
     followed: Followed<'_>,
-    received: Result<Arc<Frame>, broadcast::error::RecvError>,
+    received: Result<Arc<Frame>, RecvError>,
     last: &mut i64,
     sink: &mut impl FrameSink,
 ) -> Result<(), Option<(u16, String)>> {
     let frame = match received {
         Ok(frame) => frame,
-        Err(broadcast::error::RecvError::Lagged(_)) => {
+        Err(RecvError::Lagged) => {
             return Err(Some((
                 CLOSE_LAGGED,
                 format!("lagged: reconnect with after_event_id={last}"),
             )));
         }
-        Err(broadcast::error::RecvError::Closed) => return Err(None),
+        Err(RecvError::Closed) => return Err(None),
     };
     if let Some(event_id) = frame.event_id {
         if event_id <= *last {
             return Ok(());
         }
         if event_id > *last + 1 {
-            replay(followed, *last, event_id - 1, sink)
+            // Rare, and its future is large: boxed, so the connection's own stays small.
+            Box::pin(replay(followed, *last, event_id - 1, sink))
                 .await
                 .ok_or(None)?;
         }
@@ -309,8 +310,8 @@ async fn forward(
 /// Forwards `first` and every frame already waiting behind it, then sends them in one write.
 async fn forward_ready(
     followed: Followed<'_>,
-    first: Result<Arc<Frame>, broadcast::error::RecvError>,
-    live: &mut broadcast::Receiver<Arc<Frame>>,
+    first: Result<Arc<Frame>, RecvError>,
+    live: &mut Subscription,
     last: &mut i64,
     sink: &mut impl FrameSink,
 ) -> Result<(), Option<(u16, String)>> {
@@ -319,11 +320,8 @@ async fn forward_ready(
         forward(followed, received, last, sink).await?;
         received = match live.try_recv() {
             Ok(frame) => Ok(frame),
-            Err(broadcast::error::TryRecvError::Empty) => break,
-            Err(broadcast::error::TryRecvError::Lagged(n)) => {
-                Err(broadcast::error::RecvError::Lagged(n))
-            }
-            Err(broadcast::error::TryRecvError::Closed) => Err(broadcast::error::RecvError::Closed),
+            Err(TryRecvError::Empty) => break,
+            Err(TryRecvError::Ended(ended)) => Err(ended),
         };
     }
     if sink.flush_frames().await {
@@ -369,6 +367,9 @@ pub async fn websocket(
         .into_response())
 }
 
+/// A WebSocket's channel of answers to its client's own frames.
+type Replies = (mpsc::Sender<Arc<Frame>>, mpsc::Receiver<Arc<Frame>>);
+
 async fn serve_socket(app: AppState, conv: Target, after: Option<i64>, socket: WebSocket) {
     let metrics = app.services.metrics.clone();
     metrics.websocket(true);
@@ -378,11 +379,20 @@ async fn serve_socket(app: AppState, conv: Target, after: Option<i64>, socket: W
         id: &conv.id,
         window: app.window(&conv.fixed.model),
     };
-    if let Some((mut live, mut last)) = open(followed, after, &mut sink).await {
-        // Answers to the client's own frames (rejections, pongs).
-        let (reply_tx, mut reply_rx) = mpsc::channel::<Arc<Frame>>(64);
+    // Boxed: the snapshot and replay's future is large and needed once, and a connection's
+    // task keeps room for its largest state as long as it lives.
+    if let Some((mut live, mut last)) = Box::pin(open(followed, after, &mut sink)).await {
+        // Answers to the client's own frames (rejections, pongs), made with the first of
+        // them: most clients only listen.
+        let mut replies: Option<Replies> = None;
         let limit = app.settings.server.max_ws_frame_bytes;
         let close = loop {
+            let reply = async {
+                match replies.as_mut() {
+                    Some((_, rx)) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 () = app.shutdown.cancelled() => break Some((CLOSE_GOING_AWAY, GOING_AWAY.to_owned())),
                 received = live.recv() => {
@@ -390,20 +400,22 @@ async fn serve_socket(app: AppState, conv: Target, after: Option<i64>, socket: W
                         break close;
                     }
                 }
-                reply = reply_rx.recv() => {
+                reply = reply => {
                     if let Some(reply) = reply && !(sink.frame(reply).await && sink.flush_frames().await) {
                         break None;
                     }
                 }
                 message = incoming.next() => match message {
                     Some(Ok(Message::Text(text))) => {
+                        let reply_tx = &replies.get_or_insert_with(|| mpsc::channel(64)).0;
                         if text.len() > limit {
                             let _ = reply_tx.try_send(rejected("payload_too_large", &format!("frames are limited to {limit} bytes")));
                             continue;
                         }
-                        client_frame(&app, &conv, text.as_str(), &reply_tx);
+                        client_frame(&app, &conv, text.as_str(), reply_tx);
                     }
                     Some(Ok(Message::Binary(_))) => {
+                        let reply_tx = &replies.get_or_insert_with(|| mpsc::channel(64)).0;
                         let _ = reply_tx.try_send(rejected("invalid_request", "binary frames are not accepted; send JSON text"));
                     }
                     Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
@@ -519,7 +531,7 @@ pub async fn sse(
             id: &conv.id,
             window: app.window(&conv.fixed.model),
         };
-        let Some((mut live, mut last)) = open(followed, after, &mut sink).await else {
+        let Some((mut live, mut last)) = Box::pin(open(followed, after, &mut sink)).await else {
             app.services.hub.release(&conv.id);
             return;
         };

@@ -9,7 +9,7 @@
 pub mod chunk;
 mod history;
 mod http;
-mod request;
+pub mod request;
 mod stream;
 
 use std::collections::HashMap;

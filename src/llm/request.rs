@@ -197,6 +197,7 @@ fn tool_list(tools: &[ToolDefinition]) -> Vec<ChatCompletionTools> {
 }
 
 /// The request's `messages`: the system prompt, then the history.
+#[derive(Debug)]
 struct Messages<'a> {
     system: ChatCompletionRequestMessage,
     history: &'a [Wire],
@@ -240,7 +241,7 @@ impl serde::Serialize for Messages<'_> {
 /// The body of a streaming chat-completions request: the system prompt, the history, the
 /// tools, `stream` with usage in the last chunk, and the output token limit. It borrows the
 /// history and is serialised by whoever sends it.
-#[derive(serde::Serialize)]
+#[derive(Debug, serde::Serialize)]
 pub struct Body<'a> {
     model: &'a str,
     messages: Messages<'a>,
