@@ -349,7 +349,15 @@ fn load() {
             sockets
                 .into_iter()
                 .enumerate()
-                .map(|(n, socket)| tokio::spawn(scale_worker(socket, n, window)))
+                .map(|(n, socket)| {
+                    tokio::spawn(scale_worker(
+                        client.clone(),
+                        socket,
+                        n,
+                        window,
+                        turns_per_conversation,
+                    ))
+                })
                 .collect()
         } else {
             let window = window_after(warmup, measure);
@@ -431,15 +439,38 @@ async fn connect_all(client: &std::sync::Arc<Client>, n: usize) -> Vec<Socket> {
     sockets
 }
 
-/// A worker of the scale mode: turns over its WebSocket until the window closes.
-async fn scale_worker(mut socket: Socket, n: usize, window: Window) -> Tally {
+/// The scale mode's workers start this far apart (2,000 a second), and its warm-up is one
+/// second plus twice this per worker: every worker has started and taken a turn or so.
+const SCALE_STAGGER: Duration = Duration::from_micros(500);
+
+/// A worker of the scale mode: turns over its WebSocket until the window closes, moving to
+/// a new conversation (and client) after `turns_per_conversation` turns like the reused
+/// mode, so the histories are as long at 50 conversations as at 10,000.
+async fn scale_worker(
+    client: std::sync::Arc<Client>,
+    mut socket: Socket,
+    n: usize,
+    window: Window,
+    turns_per_conversation: usize,
+) -> Tally {
     let mut tally = Tally::default();
+    // Started one after another at about the rate the server answers, so the turns of
+    // thousands of workers do not come in waves.
+    tokio::time::sleep(SCALE_STAGGER * n as u32).await;
     for k in 0usize.. {
         let began = Instant::now();
         if began >= window.stop {
             break;
         }
-        let outcome = turn_over_socket(&mut socket, &format!("worker {n} turn {k}")).await;
+        let outcome = async {
+            if k > 0 && turns_per_conversation > 0 && k % turns_per_conversation == 0 {
+                let _ = socket.close(None).await;
+                let id = client.create().await?;
+                socket = client.connect(&id).await?;
+            }
+            turn_over_socket(&mut socket, &format!("worker {n} turn {k}")).await
+        }
+        .await;
         tally.count(outcome, began, window);
     }
     let _ = socket.close(None).await;
@@ -606,7 +637,10 @@ fn read_line(out: &mut BufReader<ChildStdout>) -> String {
 
 fn measure(server: &ServerProcess, db: &'static str, mode: Mode, workers: usize) -> Row {
     let measure = seconds();
-    let warmup = Duration::from_secs(1);
+    let warmup = match mode {
+        Mode::Scale => Duration::from_secs(1) + SCALE_STAGGER * 2 * workers as u32,
+        Mode::Reused | Mode::New => Duration::from_secs(1),
+    };
     let rss_before = rss(server.pid());
     let mut child = this_binary("load")
         .env("E2E_BASE", &server.base)
@@ -748,8 +782,13 @@ fn conduct() {
         })
         .collect();
     for label in labels {
-        for &mode in &modes {
-            // A fresh database and server for each mode, so its bytes per turn are its own.
+        // A fresh database and server for each mode, and for each size of the scale mode, so
+        // its bytes per turn and its memory are its own.
+        let runs = modes.iter().flat_map(|&mode| match mode {
+            Mode::Scale => scale.iter().map(|&n| (mode, vec![n])).collect::<Vec<_>>(),
+            Mode::Reused | Mode::New => vec![(mode, workers.clone())],
+        });
+        for (mode, sizes) in runs {
             let db = runtime()
                 .block_on(BenchDb::all())
                 .into_iter()
@@ -757,13 +796,8 @@ fn conduct() {
                 .unwrap();
             let server = ServerProcess::start(&db, &llm_base);
             let empty = stored_bytes(&db);
-            let sizes = if mode == Mode::Scale {
-                &scale
-            } else {
-                &workers
-            };
             let first = rows.len();
-            for &n in sizes {
+            for n in sizes {
                 let row = measure(&server, db.label, mode, n);
                 print_row(&row);
                 rows.push(row);

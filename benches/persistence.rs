@@ -4,7 +4,7 @@
 //!
 //!     cargo bench --bench persistence
 
-#![allow(clippy::print_stdout, clippy::unwrap_used)]
+#![allow(clippy::print_stdout, clippy::print_stderr, clippy::unwrap_used)]
 
 mod common;
 

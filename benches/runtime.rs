@@ -9,7 +9,7 @@
 //!
 //!     cargo bench --bench runtime            (BENCH_SECONDS=5 by default)
 
-#![allow(clippy::print_stdout, clippy::unwrap_used)]
+#![allow(clippy::print_stdout, clippy::print_stderr, clippy::unwrap_used)]
 
 mod common;
 

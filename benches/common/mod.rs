@@ -113,7 +113,12 @@ impl BenchDb {
         all
     }
 
+    /// Drops the database, unless `BENCH_KEEP_DB` is set (then says where it is).
     pub async fn drop_db(self) {
+        if std::env::var_os("BENCH_KEEP_DB").is_some() {
+            eprintln!("kept the {} database: {}", self.label, self.url);
+            return;
+        }
         if let Some((admin, name)) = &self.admin
             && let Ok(conn) = Database::connect(admin).await
         {

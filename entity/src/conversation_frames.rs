@@ -1,7 +1,8 @@
 //! The durable frames of a conversation, one row per commit: the frames with event ids
 //! `first_event_id..=last_event_id`, as a JSON array of items (`{"m": sequence_id}` for a
 //! message's frame, `{"s": state}` for a state frame, `{"f": frame}` for any other). What a
-//! reconnecting client replays.
+//! reconnecting client replays. A row names its conversation by the conversation's
+//! `internal_key`.
 
 use sea_orm::entity::prelude::*;
 
@@ -9,7 +10,7 @@ use sea_orm::entity::prelude::*;
 #[sea_orm(table_name = "conversation_frames")]
 pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
-    pub conversation_id: String,
+    pub conversation_key: i64,
     #[sea_orm(primary_key, auto_increment = false)]
     pub last_event_id: i64,
     pub first_event_id: i64,

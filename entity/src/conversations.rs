@@ -1,4 +1,8 @@
 //! Conversations (and sub-agents, with `user_initiated = false` and a parent).
+//!
+//! The table also has `internal_key`, an integer the database assigns, by which messages and
+//! rows of frames refer to their conversation (smaller rows and keys than the id). The
+//! application never reads or sets it; the store finds it by id inside its statements.
 
 use sea_orm::entity::prelude::*;
 

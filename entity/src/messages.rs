@@ -1,4 +1,6 @@
-//! The messages of a conversation, numbered by `sequence_id` from 1 with no gaps.
+//! The messages of a conversation, numbered by `sequence_id` from 1 with no gaps. A message
+//! names its conversation by the conversation's `internal_key` (a small integer), and is
+//! keyed by it and its sequence id.
 
 use sea_orm::entity::prelude::*;
 
@@ -6,9 +8,10 @@ use sea_orm::entity::prelude::*;
 #[sea_orm(table_name = "messages")]
 pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
-    pub id: String,
-    pub conversation_id: String,
+    pub conversation_key: i64,
+    #[sea_orm(primary_key, auto_increment = false)]
     pub sequence_id: i64,
+    pub id: String,
     /// `user`, `agent`, `tool`, `system` or `error`.
     pub message_type: String,
     pub content: Json,

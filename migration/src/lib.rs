@@ -7,6 +7,7 @@ mod m20261121_000002_conversation_network;
 mod m20261122_000003_partial_unique_keys;
 mod m20261122_000004_commit_function;
 mod m20261125_000005_compact_frames;
+mod m20261125_000006_conversation_keys;
 
 /// Every migration, in order.
 #[derive(Debug)]
@@ -21,6 +22,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261122_000003_partial_unique_keys::Migration),
             Box::new(m20261122_000004_commit_function::Migration),
             Box::new(m20261125_000005_compact_frames::Migration),
+            Box::new(m20261125_000006_conversation_keys::Migration),
         ]
     }
 }

@@ -122,6 +122,21 @@ fn frame_rows(commit: &ConversationCommit) -> Vec<NewFrames<'_>> {
     rows
 }
 
+/// `column` (a conversation key) names the conversation `id`: messages and rows of frames
+/// refer to their conversation by its `internal_key`, found here by its id.
+fn of_conversation(column: impl sea_orm::sea_query::IntoColumnRef, id: &str) -> Expr {
+    let key = sea_orm::sea_query::Query::select()
+        .column(INTERNAL_KEY)
+        .from(conversations::Entity)
+        .and_where(Expr::col(conversations::Column::Id).eq(id))
+        .to_owned();
+    Expr::col(column).eq(Expr::SubQuery(None, Box::new(key.into())))
+}
+
+/// The conversations' column of the integer key their messages and frames refer to them by
+/// (the database sets it; the application only looks conversations up by id).
+const INTERNAL_KEY: &str = "internal_key";
+
 /// The event id of each message's frame in `commit`, by sequence id.
 fn message_event_id(commit: &ConversationCommit, sequence_id: i64) -> Option<i64> {
     commit.events.iter().find_map(|event| match event.stored {
@@ -439,14 +454,14 @@ impl Store {
         limit: u64,
     ) -> Result<Vec<MessageRecord>> {
         messages::Entity::find()
-            .filter(messages::Column::ConversationId.eq(conversation_id))
+            .filter(of_conversation(messages::Column::ConversationKey, conversation_id))
             .filter(messages::Column::SequenceId.gt(after))
             .order_by_asc(messages::Column::SequenceId)
             .limit(limit)
             .all(&self.db)
             .await?
             .into_iter()
-            .map(message)
+            .map(|row| message(conversation_id, row))
             .collect()
     }
 
@@ -457,13 +472,13 @@ impl Store {
         limit: u64,
     ) -> Result<Vec<MessageRecord>> {
         let mut rows = messages::Entity::find()
-            .filter(messages::Column::ConversationId.eq(conversation_id))
+            .filter(of_conversation(messages::Column::ConversationKey, conversation_id))
             .order_by_desc(messages::Column::SequenceId)
             .limit(limit)
             .all(&self.db)
             .await?;
         rows.reverse();
-        rows.into_iter().map(message).collect()
+        rows.into_iter().map(|row| message(conversation_id, row)).collect()
     }
 
     /// The whole history, ascending (what the LLM is sent).
@@ -478,11 +493,11 @@ impl Store {
         client_message_id: &str,
     ) -> Result<Option<MessageRecord>> {
         messages::Entity::find()
-            .filter(messages::Column::ConversationId.eq(conversation_id))
+            .filter(of_conversation(messages::Column::ConversationKey, conversation_id))
             .filter(messages::Column::ClientMessageId.eq(client_message_id))
             .one(&self.db)
             .await?
-            .map(message)
+            .map(|row| message(conversation_id, row))
             .transpose()
     }
 
@@ -504,7 +519,7 @@ impl Store {
                 Expr::col(Column::Frames).cast_as(sea_orm::sea_query::Alias::new("text")),
                 "frames",
             )
-            .filter(Column::ConversationId.eq(conversation_id))
+            .filter(of_conversation(Column::ConversationKey, conversation_id))
             .filter(Column::LastEventId.gt(after))
             .order_by_asc(Column::LastEventId)
             .limit(limit)
@@ -528,13 +543,13 @@ impl Store {
         to: i64,
     ) -> Result<Vec<MessageRecord>> {
         messages::Entity::find()
-            .filter(messages::Column::ConversationId.eq(conversation_id))
+            .filter(of_conversation(messages::Column::ConversationKey, conversation_id))
             .filter(messages::Column::SequenceId.between(from, to))
             .order_by_asc(messages::Column::SequenceId)
             .all(&self.db)
             .await?
             .into_iter()
-            .map(message)
+            .map(|row| message(conversation_id, row))
             .collect()
     }
 
@@ -547,7 +562,7 @@ impl Store {
         to: i64,
     ) -> Result<Vec<(i64, MessageRecord)>> {
         let rows = messages::Entity::find()
-            .filter(messages::Column::ConversationId.eq(conversation_id))
+            .filter(of_conversation(messages::Column::ConversationKey, conversation_id))
             .filter(messages::Column::EventId.between(from, to))
             .order_by_asc(messages::Column::SequenceId)
             .all(&self.db)
@@ -555,7 +570,7 @@ impl Store {
         rows.into_iter()
             .map(|row| {
                 let event_id = row.event_id.unwrap_or(0);
-                message(row).map(|record| (event_id, record))
+                message(conversation_id, row).map(|record| (event_id, record))
             })
             .collect()
     }
@@ -570,7 +585,7 @@ impl Store {
         Ok(conversation_frames::Entity::find()
             .select_only()
             .column(Column::FirstEventId)
-            .filter(Column::ConversationId.eq(conversation_id))
+            .filter(of_conversation(Column::ConversationKey, conversation_id))
             .order_by_asc(Column::LastEventId)
             .limit(1)
             .into_model::<First>()
@@ -582,8 +597,8 @@ impl Store {
     /// Removes up to `limit` rows of frames stored before `before` (milliseconds since the
     /// Unix epoch), oldest first; how many it removed.
     pub(crate) async fn prune_frames(&self, before: i64, limit: u64) -> Result<u64> {
-        let sql = "DELETE FROM conversation_frames WHERE (conversation_id, last_event_id) IN \
-                   (SELECT conversation_id, last_event_id FROM conversation_frames \
+        let sql = "DELETE FROM conversation_frames WHERE (conversation_key, last_event_id) IN \
+                   (SELECT conversation_key, last_event_id FROM conversation_frames \
                     WHERE created_at < $1 ORDER BY created_at LIMIT $2)";
         let backend = self.backend();
         let sql = if backend == DbBackend::Sqlite {
@@ -669,7 +684,7 @@ impl Store {
 
     pub async fn count_messages(&self, conversation_id: &str) -> Result<u64> {
         Ok(messages::Entity::find()
-            .filter(messages::Column::ConversationId.eq(conversation_id))
+            .filter(of_conversation(messages::Column::ConversationKey, conversation_id))
             .count(&self.db)
             .await?)
     }
@@ -1113,12 +1128,13 @@ fn client_request(row: client_requests::Model) -> ClientRequest {
     }
 }
 
-fn message(row: messages::Model) -> Result<MessageRecord> {
+/// A stored message of the conversation `conversation_id`.
+fn message(conversation_id: &str, row: messages::Model) -> Result<MessageRecord> {
     let content = wire::parse_content(&row.message_type, &row.content)
         .map_err(|e| StoreError::Corrupt(format!("message {}: {e}", row.id)))?;
     Ok(MessageRecord {
         id: row.id,
-        conversation_id: row.conversation_id,
+        conversation_id: conversation_id.to_owned(),
         sequence_id: row.sequence_id,
         content,
         usage: row.usage_data.as_ref().and_then(wire::parse_stored_usage),
@@ -1337,10 +1353,11 @@ mod tests {
         assert!(matches!(stale, Err(StoreError::Conflict(_))), "{stale:?}");
         unchanged(store.clone()).await;
 
-        // c2's message repeats c1's message id: the insert fails after both updates and
-        // their guards passed.
+        // c2's commit holds its message twice: the insert fails on the second (one message
+        // per sequence id) after both updates and their guards passed.
         let mut clash = user_turn("c2", first, first);
-        Arc::get_mut(&mut clash).expect("not shared").messages[0].id = format!("c1-m{first}");
+        let messages = &mut Arc::get_mut(&mut clash).expect("not shared").messages;
+        messages.push(messages[0].clone());
         let duplicate = store
             .commit_batch(&[user_turn("c1", first, first), clash])
             .await;
@@ -1424,7 +1441,9 @@ mod tests {
 
     /// The compact-frames migration converts frames stored one per row: a message's frame
     /// becomes a reference to the message (which learns its frame's event id), a state frame
-    /// its state, any other frame stays whole with its dedup key; on both databases.
+    /// its state, any other frame stays whole with its dedup key; the next one keys messages
+    /// and frames by their conversation's internal key, and they still go with it; on both
+    /// databases.
     #[tokio::test]
     async fn stored_frames_are_converted() {
         let (sqlite, dir) = testing::sqlite_unmigrated("convert").await;
@@ -1552,9 +1571,10 @@ mod tests {
         let again = store
             .db
             .execute_unprepared(
-                "INSERT INTO conversation_frames (conversation_id, last_event_id, \
+                "INSERT INTO conversation_frames (conversation_key, last_event_id, \
                  first_event_id, frames, dedup_key, created_at) \
-                 VALUES ('c', 9, 9, '[]', 'user_request:r1', 0)",
+                 VALUES ((SELECT internal_key FROM conversations WHERE id = 'c'), 9, 9, '[]', \
+                 'user_request:r1', 0)",
             )
             .await;
         let error = again
@@ -1566,5 +1586,18 @@ mod tests {
             error.to_lowercase().contains("unique") || error.contains("duplicate"),
             "{again:?}"
         );
+        // The message and the frames came along keyed by their conversation's key, and go
+        // with it.
+        assert_eq!(store.count_messages("c").await.expect("counts"), 1);
+        run("DELETE FROM conversations WHERE id = 'c'").await;
+        assert_eq!(store.count_messages("c").await.expect("counts"), 0);
+        let left = conversation_frames::Entity::find()
+            .select_only()
+            .column(conversation_frames::Column::LastEventId)
+            .into_tuple::<i64>()
+            .all(&store.db)
+            .await
+            .expect("reads");
+        assert!(left.is_empty(), "{left:?}");
     }
 }

@@ -37,10 +37,10 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use entity::{conversations, messages};
+use entity::conversations;
 use sea_orm::sqlx::{self, Executor, Sqlite, SqliteConnection, pool::PoolConnection};
 use sea_orm::{
-    ActiveValue::Set, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait,
+    ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait,
     QueryTrait, RuntimeErr, Statement, Value, Values,
 };
 use sea_query_sqlx::SqlxValues;
@@ -298,12 +298,12 @@ fn batch(
             [Value::from(i64::try_from(chunk.len()).unwrap_or(i64::MAX))],
         ));
     }
-    let message_rows: Vec<messages::ActiveModel> = commits
+    let message_rows: Vec<(&ConversationCommit, &MessageRecord)> = commits
         .iter()
-        .flat_map(|c| c.messages.iter().map(move |m| message_row(c, m)))
-        .collect::<Result<_>>()?;
+        .flat_map(|c| c.messages.iter().map(move |m| (c.as_ref(), m)))
+        .collect();
     for chunk in shaped_chunks(&message_rows) {
-        append(messages::Entity::insert_many(chunk.to_vec()).build(DbBackend::Sqlite));
+        append(insert_messages(chunk));
     }
     let frames: Vec<NewFrames<'_>> = commits.iter().flat_map(|c| frame_rows(c)).collect();
     for chunk in shaped_chunks(&frames) {
@@ -311,6 +311,33 @@ fn batch(
     }
     sql.push_str(";\nCOMMIT");
     Ok((sql, values))
+}
+
+/// A row's conversation key, found by the conversation's id (the first of its values).
+const KEY_OF: &str = "(SELECT internal_key FROM conversations WHERE id = ?)";
+
+/// The statement that inserts messages, each with its frame's event id.
+fn insert_messages(rows: &[(&ConversationCommit, &MessageRecord)]) -> Statement {
+    let mut values: Vec<Value> = Vec::with_capacity(rows.len() * 9);
+    for (commit, message) in rows {
+        values.extend([
+            Value::from(message.conversation_id.as_str()),
+            Value::from(message.sequence_id),
+            Value::from(message.id.as_str()),
+            Value::from(message.content.message_type().as_str()),
+            Value::Json(Some(Box::new(wire::content(&message.content)))),
+            Value::Json(message.usage.as_ref().map(|u| Box::new(wire::stored_usage(u)))),
+            Value::String(message.client_message_id.clone()),
+            Value::ChronoDateTimeUtc(Some(message.created_at)),
+            Value::BigInt(message_event_id(commit, message.sequence_id)),
+        ]);
+    }
+    let sql = format!(
+        "INSERT INTO messages (conversation_key, sequence_id, id, message_type, content, \
+         usage_data, client_message_id, created_at, event_id) VALUES {}",
+        vec![format!("({KEY_OF}, ?, ?, ?, ?, ?, ?, ?, ?)"); rows.len()].join(", ")
+    );
+    Statement::from_sql_and_values(DbBackend::Sqlite, sql, values)
 }
 
 /// The statement that inserts rows of frames; their items go in as the JSON text they are.
@@ -328,8 +355,8 @@ fn insert_frames(rows: &[NewFrames<'_>]) -> Statement {
     }
     let sql = format!(
         "INSERT INTO conversation_frames \
-         (conversation_id, last_event_id, first_event_id, frames, dedup_key, created_at) VALUES {}",
-        vec!["(?, ?, ?, ?, ?, ?)"; rows.len()].join(", ")
+         (conversation_key, last_event_id, first_event_id, frames, dedup_key, created_at) VALUES {}",
+        vec![format!("({KEY_OF}, ?, ?, ?, ?, ?)"); rows.len()].join(", ")
     );
     Statement::from_sql_and_values(DbBackend::Sqlite, sql, values)
 }
@@ -383,23 +410,6 @@ fn update_conversations(commits: &[Arc<ConversationCommit>]) -> Result<Statement
         sql,
         values,
     ))
-}
-
-fn message_row(
-    commit: &ConversationCommit,
-    message: &MessageRecord,
-) -> Result<messages::ActiveModel> {
-    Ok(messages::ActiveModel {
-        event_id: Set(message_event_id(commit, message.sequence_id)),
-        id: Set(message.id.clone()),
-        conversation_id: Set(message.conversation_id.clone()),
-        sequence_id: Set(message.sequence_id),
-        message_type: Set(message.content.message_type().as_str().to_owned()),
-        content: Set(wire::content(&message.content)),
-        usage_data: Set(message.usage.as_ref().map(wire::stored_usage)),
-        client_message_id: Set(message.client_message_id.clone()),
-        created_at: Set(message.created_at),
-    })
 }
 
 fn store_error(error: sqlx::Error) -> StoreError {
