@@ -343,10 +343,10 @@ fn load() {
             ws_base: base.replacen("http://", "ws://", 1),
             base,
         });
-        let tasks: Vec<tokio::task::JoinHandle<Tally>> = if mode == Mode::Scale {
+        let (tasks, told): (Vec<tokio::task::JoinHandle<Tally>>, _) = if mode == Mode::Scale {
             let sockets = connect_all(&client, workers).await;
-            let window = window_after(warmup, measure);
-            sockets
+            let (window, told) = window_after(warmup, measure);
+            let tasks = sockets
                 .into_iter()
                 .enumerate()
                 .map(|(n, socket)| {
@@ -358,10 +358,11 @@ fn load() {
                         turns_per_conversation,
                     ))
                 })
-                .collect()
+                .collect();
+            (tasks, told)
         } else {
-            let window = window_after(warmup, measure);
-            (0..workers)
+            let (window, told) = window_after(warmup, measure);
+            let tasks = (0..workers)
                 .map(|n| {
                     tokio::spawn(worker(
                         client.clone(),
@@ -371,7 +372,8 @@ fn load() {
                         turns_per_conversation,
                     ))
                 })
-                .collect()
+                .collect();
+            (tasks, told)
         };
         let mut all = Tally::default();
         for task in tasks {
@@ -381,6 +383,8 @@ fn load() {
             all.total += tally.total;
         }
         all.latencies.sort();
+        // `stop` first: the workers may see the window closed before its timer fires.
+        told.await.unwrap();
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         println!(
             "{}",
@@ -398,20 +402,20 @@ fn load() {
 }
 
 /// The measured window after `warmup`; prints `start` and `stop` when it opens and closes
-/// (the conductor reads the server's CPU at both).
-fn window_after(warmup: Duration, measure: Duration) -> Window {
+/// (the conductor reads the server's CPU at both), in the task returned.
+fn window_after(warmup: Duration, measure: Duration) -> (Window, tokio::task::JoinHandle<()>) {
     let start = Instant::now() + warmup;
     let window = Window {
         start,
         stop: start + measure,
     };
-    tokio::spawn(async move {
+    let told = tokio::spawn(async move {
         tokio::time::sleep_until(window.start.into()).await;
         println!("start");
         tokio::time::sleep_until(window.stop.into()).await;
         println!("stop");
     });
-    window
+    (window, told)
 }
 
 /// Creates `n` conversations and connects a client to each, a few at a time; prints
@@ -547,8 +551,9 @@ impl ServerProcess {
             None => Command::new(env!("CARGO_BIN_EXE_bedrock")),
         };
         // Settings given to the bench as BEDROCK_* variables reach the server (those below win).
-        let settings = std::env::vars()
-            .filter(|(name, _)| name.starts_with("BEDROCK_") && name != "BEDROCK_TEST_DATABASE_URL");
+        let settings = std::env::vars().filter(|(name, _)| {
+            name.starts_with("BEDROCK_") && name != "BEDROCK_TEST_DATABASE_URL"
+        });
         let mut child = command
             .arg("serve")
             .env_clear()

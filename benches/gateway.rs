@@ -72,7 +72,9 @@ fn history(turns: usize) -> Vec<MessageContent> {
             serde_json::json!({"path": format!("src/module_{turn}.rs")}),
         );
         messages.push(MessageContent::User {
-            text: format!("Turn {turn}: what does module {turn} do? Look at it and tell me in a few words."),
+            text: format!(
+                "Turn {turn}: what does module {turn} do? Look at it and tell me in a few words."
+            ),
             images: Vec::new(),
         });
         messages.push(MessageContent::Agent {

@@ -144,11 +144,7 @@ fn prompt(id: &str) -> String {
 }
 
 /// Sends a message and follows the frames until the conversation is idle again.
-async fn turn(
-    bench: &Bench,
-    id: &str,
-    frames: &mut bedrock::hub::Subscription,
-) -> Turn {
+async fn turn(bench: &Bench, id: &str, frames: &mut bedrock::hub::Subscription) -> Turn {
     let services = &bench.runtime.services;
     let live = services.registry.get_or_start(services, id).await.unwrap();
     let started = Instant::now();

@@ -92,9 +92,7 @@ impl Subscription {
         match self.frames.try_recv() {
             Ok(frame) => Ok(frame),
             Err(mpsc::error::TryRecvError::Empty) => Err(TryRecvError::Empty),
-            Err(mpsc::error::TryRecvError::Disconnected) => {
-                Err(TryRecvError::Ended(self.ended()))
-            }
+            Err(mpsc::error::TryRecvError::Disconnected) => Err(TryRecvError::Ended(self.ended())),
         }
     }
 }
@@ -186,12 +184,14 @@ impl EventHub {
 
     /// How many clients watch the conversation.
     pub fn subscribers(&self, conversation_id: &str) -> usize {
-        self.channels().get(conversation_id).map_or(0, |subscribers| {
-            subscribers
-                .iter()
-                .filter(|subscriber| !subscriber.frames.is_closed())
-                .count()
-        })
+        self.channels()
+            .get(conversation_id)
+            .map_or(0, |subscribers| {
+                subscribers
+                    .iter()
+                    .filter(|subscriber| !subscriber.frames.is_closed())
+                    .count()
+            })
     }
 }
 
@@ -234,10 +234,7 @@ mod tests {
         // It gets what was queued, then is told it lagged.
         assert_eq!(slow.try_recv().map(|f| f.event_id), Ok(Some(1)));
         assert_eq!(slow.try_recv().map(|f| f.event_id), Ok(Some(2)));
-        assert_eq!(
-            slow.try_recv(),
-            Err(TryRecvError::Ended(RecvError::Lagged))
-        );
+        assert_eq!(slow.try_recv(), Err(TryRecvError::Ended(RecvError::Lagged)));
         assert_eq!(hub.subscribers("c"), 0);
         assert_eq!(hub.channel_count(), 0);
     }

@@ -454,7 +454,10 @@ impl Store {
         limit: u64,
     ) -> Result<Vec<MessageRecord>> {
         messages::Entity::find()
-            .filter(of_conversation(messages::Column::ConversationKey, conversation_id))
+            .filter(of_conversation(
+                messages::Column::ConversationKey,
+                conversation_id,
+            ))
             .filter(messages::Column::SequenceId.gt(after))
             .order_by_asc(messages::Column::SequenceId)
             .limit(limit)
@@ -472,13 +475,18 @@ impl Store {
         limit: u64,
     ) -> Result<Vec<MessageRecord>> {
         let mut rows = messages::Entity::find()
-            .filter(of_conversation(messages::Column::ConversationKey, conversation_id))
+            .filter(of_conversation(
+                messages::Column::ConversationKey,
+                conversation_id,
+            ))
             .order_by_desc(messages::Column::SequenceId)
             .limit(limit)
             .all(&self.db)
             .await?;
         rows.reverse();
-        rows.into_iter().map(|row| message(conversation_id, row)).collect()
+        rows.into_iter()
+            .map(|row| message(conversation_id, row))
+            .collect()
     }
 
     /// The whole history, ascending (what the LLM is sent).
@@ -493,7 +501,10 @@ impl Store {
         client_message_id: &str,
     ) -> Result<Option<MessageRecord>> {
         messages::Entity::find()
-            .filter(of_conversation(messages::Column::ConversationKey, conversation_id))
+            .filter(of_conversation(
+                messages::Column::ConversationKey,
+                conversation_id,
+            ))
             .filter(messages::Column::ClientMessageId.eq(client_message_id))
             .one(&self.db)
             .await?
@@ -543,7 +554,10 @@ impl Store {
         to: i64,
     ) -> Result<Vec<MessageRecord>> {
         messages::Entity::find()
-            .filter(of_conversation(messages::Column::ConversationKey, conversation_id))
+            .filter(of_conversation(
+                messages::Column::ConversationKey,
+                conversation_id,
+            ))
             .filter(messages::Column::SequenceId.between(from, to))
             .order_by_asc(messages::Column::SequenceId)
             .all(&self.db)
@@ -562,7 +576,10 @@ impl Store {
         to: i64,
     ) -> Result<Vec<(i64, MessageRecord)>> {
         let rows = messages::Entity::find()
-            .filter(of_conversation(messages::Column::ConversationKey, conversation_id))
+            .filter(of_conversation(
+                messages::Column::ConversationKey,
+                conversation_id,
+            ))
             .filter(messages::Column::EventId.between(from, to))
             .order_by_asc(messages::Column::SequenceId)
             .all(&self.db)
@@ -684,7 +701,10 @@ impl Store {
 
     pub async fn count_messages(&self, conversation_id: &str) -> Result<u64> {
         Ok(messages::Entity::find()
-            .filter(of_conversation(messages::Column::ConversationKey, conversation_id))
+            .filter(of_conversation(
+                messages::Column::ConversationKey,
+                conversation_id,
+            ))
             .count(&self.db)
             .await?)
     }

@@ -40,8 +40,8 @@ use std::sync::Arc;
 use entity::conversations;
 use sea_orm::sqlx::{self, Executor, Sqlite, SqliteConnection, pool::PoolConnection};
 use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait,
-    QueryTrait, RuntimeErr, Statement, Value, Values,
+    ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryTrait, RuntimeErr,
+    Statement, Value, Values,
 };
 use sea_query_sqlx::SqlxValues;
 use tokio::sync::{Mutex, oneshot};
@@ -326,7 +326,12 @@ fn insert_messages(rows: &[(&ConversationCommit, &MessageRecord)]) -> Statement 
             Value::from(message.id.as_str()),
             Value::from(message.content.message_type().as_str()),
             Value::Json(Some(Box::new(wire::content(&message.content)))),
-            Value::Json(message.usage.as_ref().map(|u| Box::new(wire::stored_usage(u)))),
+            Value::Json(
+                message
+                    .usage
+                    .as_ref()
+                    .map(|u| Box::new(wire::stored_usage(u))),
+            ),
             Value::String(message.client_message_id.clone()),
             Value::ChronoDateTimeUtc(Some(message.created_at)),
             Value::BigInt(message_event_id(commit, message.sequence_id)),
