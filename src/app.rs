@@ -75,8 +75,15 @@ impl Application {
         let workspace_root: PathBuf = root
             .canonicalize()
             .with_context(|| format!("cannot resolve the workspace root {}", root.display()))?;
+        let listener = tokio::net::TcpListener::bind(settings.server.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", settings.server.listen))?;
+        let addr = listener.local_addr()?;
+        // On Postgres every node is a node of a cluster, one node being the smallest.
+        let cluster = (store.backend() == sea_orm::DbBackend::Postgres)
+            .then(|| Arc::new(crate::cluster::Cluster::new(&settings.cluster, addr)));
         let (runtime, recovery) =
-            Runtime::start_with(settings.clone(), store.clone(), metrics).await?;
+            Runtime::start_node(settings.clone(), store.clone(), metrics, cluster).await?;
         if recovery != RecoveryReport::default() {
             tracing::info!(?recovery, "restart recovery");
         }
@@ -85,10 +92,6 @@ impl Application {
         } else {
             None
         };
-        let listener = tokio::net::TcpListener::bind(settings.server.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", settings.server.listen))?;
-        let addr = listener.local_addr()?;
         if let Some(sandbox) = &runtime.services.tool_limits.sandbox {
             sandbox.check_port(addr.port(), "Bedrock's API (server.listen)")?;
             if let Some(port) = database_port(&settings.database_url()) {

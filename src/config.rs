@@ -33,6 +33,22 @@ pub struct Settings {
     pub conversations: ConversationSettings,
     pub events: EventSettings,
     pub sandbox: SandboxSettings,
+    pub cluster: ClusterSettings,
+}
+
+/// Several nodes on one Postgres (docs/operations.md, "Scaling"). SQLite is one node.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSettings {
+    /// This node's id; `""` makes one at start.
+    pub node_id: String,
+    /// The base URL other nodes reach this node's API on; `""` is `http://` and the
+    /// listen address.
+    pub advertise: String,
+    /// How long a node's leases last without a heartbeat, in milliseconds.
+    pub lease_ttl_ms: u64,
+    /// How often a node renews its leases (one statement for all of them).
+    pub heartbeat_ms: u64,
 }
 
 /// Durable frames, kept for clients that reconnect (docs/api.md, "Resuming").
@@ -343,6 +359,8 @@ impl Settings {
                 "conversations.idle_timeout_ms",
                 self.conversations.idle_timeout_ms,
             ),
+            ("cluster.lease_ttl_ms", self.cluster.lease_ttl_ms),
+            ("cluster.heartbeat_ms", self.cluster.heartbeat_ms),
         ];
         for (name, value) in positive {
             if value == 0 {
@@ -367,6 +385,27 @@ impl Settings {
                     )));
                 }
             }
+        }
+        if self.cluster.heartbeat_ms * 2 > self.cluster.lease_ttl_ms {
+            return Err(ConfigError(format!(
+                "cluster.heartbeat_ms ({}) must be at most half of cluster.lease_ttl_ms ({}): \
+                 a lease must outlive a missed heartbeat",
+                self.cluster.heartbeat_ms, self.cluster.lease_ttl_ms
+            )));
+        }
+        let advertise = &self.cluster.advertise;
+        if !(advertise.is_empty()
+            || advertise.starts_with("http://")
+            || advertise.starts_with("https://"))
+        {
+            return Err(ConfigError(format!(
+                "cluster.advertise must be empty or an http:// or https:// URL, got {advertise:?}"
+            )));
+        }
+        if self.cluster.node_id.len() > 128 {
+            return Err(ConfigError(
+                "cluster.node_id must be at most 128 bytes".into(),
+            ));
         }
         if !(0..=19).contains(&self.sandbox.nice) {
             return Err(ConfigError(format!(

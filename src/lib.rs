@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod app;
+pub mod cluster;
 pub mod config;
 pub mod hub;
 pub mod llm;

@@ -55,6 +55,10 @@ pub struct ConversationRecord {
     pub next_event_id: i64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// The epoch of this node's lease on the conversation (Postgres; `None` on SQLite, or
+    /// read without taking the lease). Every commit carries it: the database refuses one
+    /// whose lease has moved on.
+    pub lease: Option<i64>,
 }
 
 impl ConversationRecord {
@@ -127,6 +131,7 @@ impl NewConversation {
             next_event_id: 1,
             created_at: self.created_at,
             updated_at: self.created_at,
+            lease: None,
         }
     }
 }
@@ -230,6 +235,8 @@ pub struct ConversationCommit {
     pub next_sequence_id: i64,
     pub next_event_id: i64,
     pub at: DateTime<Utc>,
+    /// The lease epoch the commit is made under (see [`ConversationRecord::lease`]).
+    pub lease: Option<i64>,
 }
 
 /// One page of a listing.

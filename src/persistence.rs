@@ -95,6 +95,8 @@ pub enum WriteJob {
     /// Restart recovery: expire pending client requests, fail running background tasks.
     ExpirePendingWork {
         at: DateTime<Utc>,
+        /// Only this conversation's (a lease taken over); `None`: every one (a restart).
+        conversation: Option<String>,
     },
     /// Retention: remove up to `limit` rows of frames stored before `before` (milliseconds
     /// since the Unix epoch).
@@ -510,8 +512,10 @@ async fn write(store: &Store, job: WriteJob) -> Result<WriteOutcome, StoreError>
                 .await?;
             return Ok(WriteOutcome::Resolved(finished));
         }
-        WriteJob::ExpirePendingWork { at } => {
-            let (requests, tasks) = store.expire_pending_work(at).await?;
+        WriteJob::ExpirePendingWork { at, conversation } => {
+            let (requests, tasks) = store
+                .expire_pending_work(at, conversation.as_deref())
+                .await?;
             return Ok(WriteOutcome::Expired(requests, tasks));
         }
         WriteJob::PruneFrames { before, limit } => {
@@ -612,6 +616,7 @@ mod tests {
             next_sequence_id,
             next_event_id: expected_event,
             at: at(),
+            lease: None,
         }
     }
 

@@ -777,6 +777,16 @@ pub struct Ready {
     /// ABI or a `warning` (docs/security.md).
     #[schema(value_type = Object)]
     pub sandbox: Value,
+    /// This node of a cluster (Postgres): its id and how many conversations' leases it holds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<NodeInfo>,
+}
+
+/// A node of a cluster, as `/readyz` shows it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct NodeInfo {
+    pub id: String,
+    pub conversations_owned: u64,
 }
 
 // ---------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ mod m20261122_000003_partial_unique_keys;
 mod m20261122_000004_commit_function;
 mod m20261125_000005_compact_frames;
 mod m20261125_000006_conversation_keys;
+mod m20261125_000007_cluster;
 
 /// Every migration, in order.
 #[derive(Debug)]
@@ -23,6 +24,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261122_000004_commit_function::Migration),
             Box::new(m20261125_000005_compact_frames::Migration),
             Box::new(m20261125_000006_conversation_keys::Migration),
+            Box::new(m20261125_000007_cluster::Migration),
         ]
     }
 }

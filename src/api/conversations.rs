@@ -107,6 +107,26 @@ impl AppState {
         Ok(self.services.store.conversation_by_id(id).await?)
     }
 
+    /// On a cluster, refuses (to be carried to its owner) a command for a conversation that
+    /// another live node holds.
+    pub(super) async fn owned_here(&self, id: &str) -> Result<(), ApiError> {
+        let Some(cluster) = &self.services.cluster else {
+            return Ok(());
+        };
+        if self.services.registry.contains(id) {
+            return Ok(());
+        }
+        match self
+            .services
+            .store
+            .live_owner(id, &cluster.node_id, cluster.ttl)
+            .await?
+        {
+            Some(owner) => Err(ApiError::elsewhere(&owner.node, &owner.advertise)),
+            None => Ok(()),
+        }
+    }
+
     pub(super) async fn live(&self, id: &str) -> Result<Live, ApiError> {
         Ok(self
             .services
@@ -591,6 +611,7 @@ async fn set_archived(
     archived: bool,
 ) -> Result<Response, ApiError> {
     let conv = app.find(caller, id).await?;
+    app.owned_here(&conv.id).await?;
     app.services
         .persistence
         .write(WriteJob::SetArchived {
@@ -638,6 +659,7 @@ pub async fn delete(
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let conv = app.find(&caller, &id).await?;
+    app.owned_here(&conv.id).await?;
     // Stop its work and its actors (sub-agents included) before the rows go.
     let mut ids = vec![conv.id.clone()];
     ids.extend(
@@ -692,6 +714,7 @@ pub async fn system_event(
     Body(body): Body<PostEvent>,
 ) -> Result<Response, ApiError> {
     let conv = app.target(&caller, &id).await?;
+    app.owned_here(&conv.id).await?;
     check_client_event(&body.event)?;
     let event_type = body.event.event_type.clone();
     super::stream::post_event(&app, &conv.id, body.event).await?;
@@ -744,6 +767,7 @@ pub async fn respond(
     Body(body): Body<Respond>,
 ) -> Result<Response, ApiError> {
     let conv = app.target(&caller, &id).await?;
+    app.owned_here(&conv.id).await?;
     super::stream::answer_request(&app, &conv.id, &request_id, body.payload).await?;
     Ok(reply(
         StatusCode::OK,
@@ -787,6 +811,7 @@ pub async fn cancel_task(
     Path((id, task_id)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     let conv = app.find(&caller, &id).await?;
+    app.owned_here(&conv.id).await?;
     let find = || async {
         Ok::<_, ApiError>(
             app.services

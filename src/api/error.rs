@@ -23,7 +23,14 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// The base URL of the node that owns the conversation: the request goes there (see
+    /// `api::cluster`); this error is the answer only when it cannot.
+    pub forward: Option<std::sync::Arc<str>>,
 }
+
+/// A response's note that its request belongs to another node (`api::cluster` carries it).
+#[derive(Clone, Debug)]
+pub struct Forward(pub std::sync::Arc<str>);
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
@@ -31,7 +38,17 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            forward: None,
         }
+    }
+
+    /// The conversation is owned by the node at `advertise`.
+    pub fn elsewhere(node: &str, advertise: &str) -> Self {
+        let mut error = Self::unavailable(format!(
+            "the conversation runs on node {node:?}, which did not answer; try again shortly"
+        ));
+        error.forward = Some(advertise.into());
+        error
     }
 
     pub fn invalid(message: impl Into<String>) -> Self {
@@ -74,7 +91,11 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        reply(self.status, &self.body())
+        let mut response = reply(self.status, &self.body());
+        if let Some(to) = self.forward {
+            response.extensions_mut().insert(Forward(to));
+        }
+        response
     }
 }
 
@@ -103,6 +124,7 @@ impl From<StartError> for ApiError {
     fn from(error: StartError) -> Self {
         match error {
             StartError::NotFound => ApiError::not_found("conversation"),
+            StartError::Elsewhere(owner) => ApiError::elsewhere(&owner.node, &owner.advertise),
             StartError::Store(store) => store.into(),
             StartError::Spawn(why) => ApiError::unavailable(why),
         }

@@ -2,6 +2,7 @@
 //! knows the wire format of requests; every error leaves in the contract's shape.
 
 mod auth;
+mod cluster;
 mod conversations;
 mod error;
 mod images;
@@ -98,6 +99,10 @@ pub fn router(state: AppState) -> Router {
     router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            cluster::forward,
+        ))
         .layer(DefaultBodyLimit::max(limit))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(panicked))
         .with_state(state)

@@ -41,21 +41,39 @@ pub async fn readyz(State(app): State<AppState>) -> Response {
             "warning": "sandbox.mode is off: tool processes run unconfined, with the server's view of the filesystem and network",
         }),
     };
-    match app.services.store.ping().await {
+    let ready = match app.services.store.ping().await {
+        Ok(()) => Ok(()),
+        Err(e) => Err(e.to_string()),
+    };
+    let node = match (&app.services.cluster, &ready) {
+        (Some(cluster), Ok(())) => Some(crate::wire::NodeInfo {
+            id: cluster.node_id.clone(),
+            conversations_owned: app
+                .services
+                .store
+                .owned_count(&cluster.node_id)
+                .await
+                .unwrap_or(0),
+        }),
+        _ => None,
+    };
+    match ready {
         Ok(()) => reply(
             StatusCode::OK,
             &Ready {
                 status: "ready",
                 database: "ok".to_owned(),
                 sandbox,
+                node,
             },
         ),
-        Err(e) => reply(
+        Err(database) => reply(
             StatusCode::SERVICE_UNAVAILABLE,
             &Ready {
                 status: "unavailable",
-                database: e.to_string(),
+                database,
                 sandbox,
+                node,
             },
         ),
     }

@@ -185,6 +185,7 @@ mod tests {
             next_sequence_id: to + 1,
             next_event_id: 1,
             at: at(),
+            lease: None,
         });
         store
             .commit_batch(std::slice::from_ref(&commit))

@@ -35,6 +35,7 @@ pub struct Base<'a> {
     pub usage: UsageTotals,
     pub next_sequence_id: i64,
     pub next_event_id: i64,
+    pub lease: Option<i64>,
 }
 
 impl<'a> From<&'a ConversationRecord> for Base<'a> {
@@ -45,6 +46,7 @@ impl<'a> From<&'a ConversationRecord> for Base<'a> {
             usage: conv.usage,
             next_sequence_id: conv.next_sequence_id,
             next_event_id: conv.next_event_id,
+            lease: conv.lease,
         }
     }
 }
@@ -58,6 +60,7 @@ impl<'a> Base<'a> {
             usage: commit.usage.unwrap_or(self.usage),
             next_sequence_id: commit.next_sequence_id,
             next_event_id: commit.next_event_id,
+            lease: commit.lease,
         }
     }
 }
@@ -86,6 +89,7 @@ impl Plan {
                     next_sequence_id: second.next_sequence_id,
                     next_event_id: second.next_event_id,
                     at: second.at,
+                    lease: first.lease,
                 }))
             }
             (first, second) => first.or(second),
@@ -214,6 +218,7 @@ pub fn plan<'a>(
                     next_sequence_id: next_seq,
                     next_event_id: next_event,
                     at,
+                    lease: conv.lease,
                 })
             });
     Plan {
@@ -313,6 +318,7 @@ pub fn plan_frames(
                 next_sequence_id: conv.next_sequence_id,
                 next_event_id: next_event,
                 at,
+                lease: conv.lease,
             })
         }),
         frames,
@@ -362,6 +368,7 @@ mod tests {
             next_event_id: 20,
             created_at: at,
             updated_at: at,
+            lease: None,
         }
     }
 

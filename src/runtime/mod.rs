@@ -61,6 +61,8 @@ pub struct Services {
     pub requests: RequestBroker,
     pub background: BackgroundTasks,
     pub metrics: Arc<Metrics>,
+    /// This node of a cluster (Postgres); `None`: the only node.
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
     root: ActorCell,
     shutdown: CancellationToken,
 }
@@ -137,6 +139,17 @@ impl Runtime {
         store: Store,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<(Runtime, RecoveryReport)> {
+        Self::start_node(settings, store, metrics, None).await
+    }
+
+    /// [`start_with`](Self::start_with) as a node of a cluster: start-up recovery takes only
+    /// conversations nobody live holds.
+    pub async fn start_node(
+        settings: Arc<Settings>,
+        store: Store,
+        metrics: Arc<Metrics>,
+        cluster: Option<Arc<crate::cluster::Cluster>>,
+    ) -> anyhow::Result<(Runtime, RecoveryReport)> {
         crate::install_crypto();
         let (root, _) = Actor::spawn(None, Root, ()).await?;
         let (persistence, _) = Actor::spawn_linked(
@@ -197,10 +210,12 @@ impl Runtime {
             settings,
             store,
             hub,
+            cluster,
             root: root.get_cell(),
             shutdown: CancellationToken::new(),
         });
         let report = recover(&services).await?;
+        crate::cluster::start(&services).await?;
         retention::start(&services);
         Ok((Runtime { services, root }, report))
     }
@@ -219,5 +234,11 @@ impl Runtime {
         let _ = tokio::time::timeout(grace, futures::future::join_all(stops)).await;
         // Let the last commits land before the persistence actor goes.
         self.root.stop_and_wait(None, Some(grace)).await.ok();
+        // The next node to need one of our conversations takes it at once.
+        if let Some(cluster) = &self.services.cluster
+            && let Err(error) = self.services.store.leave(&cluster.node_id).await
+        {
+            tracing::warn!(node = %cluster.node_id, %error, "leases not released; they expire after the TTL");
+        }
     }
 }

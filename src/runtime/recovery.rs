@@ -21,36 +21,60 @@ pub struct RecoveryReport {
     pub failed_tasks: u64,
 }
 
+/// Start-up recovery of a single node (SQLite, or Postgres without a cluster). A cluster node
+/// repairs each conversation as it takes its lease instead (see `registry::claim`), and
+/// touches no conversation another live node holds.
 pub async fn recover(services: &Services) -> Result<RecoveryReport, StoreError> {
     let now = Utc::now();
     let mut report = RecoveryReport::default();
-    for record in services.store.busy_conversations().await? {
-        let ctx = context(services, &record);
-        let Ok(result) = transition(
-            &record.state,
-            &ctx,
-            Event::Interrupted(Interruption::Restart),
-        ) else {
-            continue;
-        };
-        let plan = commit::plan(&record, result, ctx.context_window, now, None);
-        if let Some(commit) = plan.commit {
-            report.synthetic_results += commit
-                .messages
-                .iter()
-                .filter(|m| matches!(m.content, MessageContent::Tool(_)))
-                .count() as u64;
-            services.persistence.commit(commit).await?;
+    if services.cluster.is_some() {
+        return Ok(report);
+    }
+    for mut record in services.store.busy_conversations().await? {
+        if let Some(synthetic) = repair(services, &mut record).await? {
+            report.synthetic_results += synthetic;
             report.conversations += 1;
         }
     }
     if let WriteOutcome::Expired(requests, tasks) = services
         .persistence
-        .write(WriteJob::ExpirePendingWork { at: now })
+        .write(WriteJob::ExpirePendingWork {
+            at: now,
+            conversation: None,
+        })
         .await?
     {
         report.expired_requests = requests;
         report.failed_tasks = tasks;
     }
     Ok(report)
+}
+
+/// Closes a turn that was in flight when its process died (or its node lost the lease): a
+/// synthetic result for every tool call that never finished, the conversation idle. Returns
+/// the number of synthetic results, `None` when the conversation was at rest.
+pub(super) async fn repair(
+    services: &Services,
+    record: &mut crate::model::ConversationRecord,
+) -> Result<Option<u64>, StoreError> {
+    let ctx = context(services, record);
+    let Ok(result) = transition(
+        &record.state,
+        &ctx,
+        Event::Interrupted(Interruption::Restart),
+    ) else {
+        return Ok(None);
+    };
+    let plan = commit::plan(&*record, result, ctx.context_window, Utc::now(), None);
+    let Some(commit) = plan.commit else {
+        return Ok(None);
+    };
+    let synthetic = commit
+        .messages
+        .iter()
+        .filter(|m| matches!(m.content, MessageContent::Tool(_)))
+        .count() as u64;
+    services.persistence.commit(commit.clone()).await?;
+    commit::apply(record, &commit);
+    Ok(Some(synthetic))
 }

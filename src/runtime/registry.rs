@@ -11,7 +11,7 @@ use super::Services;
 use super::cancel::CancelSlot;
 use super::conversation::{ConvMsg, ConversationActor, ConversationArgs};
 use crate::model::ConversationRecord;
-use crate::store::StoreError;
+use crate::store::{Lease, Owner, StoreError};
 
 /// A running conversation: its mailbox, its cancel path, and what never changes of it.
 #[derive(Clone, Debug)]
@@ -61,6 +61,9 @@ impl Live {
 pub enum StartError {
     #[error("no such conversation")]
     NotFound,
+    /// Another live node holds its lease: the command goes there.
+    #[error("the conversation runs on node {}", .0.node)]
+    Elsewhere(Owner),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("the conversation could not start: {0}")]
@@ -109,14 +112,7 @@ impl Registry {
             let slot = self.map().entry(id.to_owned()).or_default().clone();
             let started = slot
                 .get_or_try_init(|| async {
-                    let record = match known.take() {
-                        Some(record) => record,
-                        None => services
-                            .store
-                            .conversation_by_id(id)
-                            .await?
-                            .ok_or(StartError::NotFound)?,
-                    };
+                    let record = claim(services, id, known.take()).await?;
                     let cancel = Arc::new(CancelSlot::default());
                     let fixed = Arc::new(Fixed::from(&record));
                     let args = ConversationArgs {
@@ -146,6 +142,11 @@ impl Registry {
                 }
             }
         }
+    }
+
+    /// Whether a conversation runs or is starting here.
+    pub fn contains(&self, id: &str) -> bool {
+        self.map().contains_key(id)
     }
 
     /// The running actor of a conversation, if it runs.
@@ -201,4 +202,58 @@ impl Registry {
     pub fn is_empty(&self) -> bool {
         self.map().is_empty()
     }
+}
+
+/// A conversation to run here: its row (`known` when just read or written), and on a
+/// cluster its lease, taken first so that nobody else writes for it from then on. A lease
+/// taken from another node (or from this node before a restart) finds the work it left:
+/// a turn in flight is closed as a restart closes it, its pending requests expire and its
+/// background tasks fail.
+pub(super) async fn claim(
+    services: &Services,
+    id: &str,
+    known: Option<ConversationRecord>,
+) -> Result<ConversationRecord, StartError> {
+    let Some(cluster) = &services.cluster else {
+        return match known {
+            Some(record) => Ok(record),
+            None => services
+                .store
+                .conversation_by_id(id)
+                .await?
+                .ok_or(StartError::NotFound),
+        };
+    };
+    let epoch = match services
+        .store
+        .take_lease(id, &cluster.node_id, cluster.ttl)
+        .await?
+    {
+        Lease::Taken { epoch } => epoch,
+        Lease::Elsewhere(owner) => return Err(StartError::Elsewhere(owner)),
+        Lease::Missing => return Err(StartError::NotFound),
+    };
+    let continuing = cluster.took(id, epoch);
+    // A row read before the lease was taken may miss what the last holder wrote; one
+    // nobody held before (epoch 1: just created) cannot.
+    let mut record = match known {
+        Some(record) if epoch == 1 => record,
+        _ => services
+            .store
+            .conversation_by_id(id)
+            .await?
+            .ok_or(StartError::NotFound)?,
+    };
+    record.lease = Some(epoch);
+    if !continuing && epoch > 1 {
+        super::recovery::repair(services, &mut record).await?;
+        services
+            .persistence
+            .write(crate::persistence::WriteJob::ExpirePendingWork {
+                at: chrono::Utc::now(),
+                conversation: Some(id.to_owned()),
+            })
+            .await?;
+    }
+    Ok(record)
 }

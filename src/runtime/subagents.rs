@@ -339,12 +339,9 @@ async fn start_agent(
     services: &Arc<Services>,
     id: &str,
 ) -> Result<Live, String> {
-    let record = services
-        .store
-        .conversation_by_id(id)
+    let record = super::registry::claim(services, id, None)
         .await
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| "its conversation row is missing".to_owned())?;
+        .map_err(|e| e.to_string())?;
     let cancel = Arc::new(CancelSlot::default());
     let fixed = Arc::new(super::registry::Fixed::from(&record));
     let args = ConversationArgs {

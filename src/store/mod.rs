@@ -5,6 +5,7 @@
 //! and Postgres share every code path here but the group commit, which each does in one
 //! round trip of its own (`sqlite.rs`, `postgres.rs`).
 
+mod cluster;
 mod error;
 mod postgres;
 mod sqlite;
@@ -26,6 +27,7 @@ use sea_orm::{
 };
 use serde::Serialize;
 
+pub use cluster::{Lease, Owner};
 pub use error::StoreError;
 pub(crate) use sqlite::Durable;
 
@@ -161,6 +163,8 @@ pub struct Store {
     db: DatabaseConnection,
     /// SQLite: the pool writes go through, with the connection group commits keep.
     writer: Option<sqlite::Writer>,
+    /// Postgres: other nodes are live, so commits wake their streams (`NOTIFY`).
+    peers: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// An image to store.
@@ -243,7 +247,11 @@ impl Store {
         } else {
             None
         };
-        Ok(Store { db, writer })
+        Ok(Store {
+            db,
+            writer,
+            peers: Arc::default(),
+        })
     }
 
     /// The connection writes go through.
@@ -838,7 +846,7 @@ impl Store {
                 writer.write(commits, rows).await
             }
             None if created.is_empty() => {
-                postgres::commit(&self.db, commits).await?;
+                postgres::commit(&self.db, commits, self.has_peers()).await?;
                 Ok(Durable::default())
             }
             // With new conversations, a transaction around their insert and the commit: the
@@ -853,7 +861,7 @@ impl Store {
                     .exec(&transaction)
                     .await?;
                 if !commits.is_empty() {
-                    postgres::commit(&transaction, commits).await?;
+                    postgres::commit(&transaction, commits, self.has_peers()).await?;
                 }
                 transaction.commit().await?;
                 Ok(Durable::default())
@@ -940,24 +948,36 @@ impl Store {
     }
 
     /// Marks every pending client request expired and every running background task failed
-    /// (restart recovery). Returns how many of each.
-    pub(crate) async fn expire_pending_work(&self, at: DateTime<Utc>) -> Result<(u64, u64)> {
-        let requests = client_requests::Entity::update_many()
-            .col_expr(client_requests::Column::Status, Expr::value("expired"))
-            .col_expr(client_requests::Column::ResolvedAt, Expr::value(at))
-            .filter(client_requests::Column::Status.eq("pending"))
-            .exec(self.writer())
-            .await?;
-        let tasks = background_tasks::Entity::update_many()
-            .col_expr(background_tasks::Column::Status, Expr::value("failed"))
-            .col_expr(
-                background_tasks::Column::Output,
-                Expr::value("interrupted by server restart"),
-            )
-            .col_expr(background_tasks::Column::FinishedAt, Expr::value(at))
-            .filter(background_tasks::Column::Status.eq("running"))
-            .exec(self.writer())
-            .await?;
+    /// (restart recovery), of one conversation or of all. Returns how many of each.
+    pub(crate) async fn expire_pending_work(
+        &self,
+        at: DateTime<Utc>,
+        conversation: Option<&str>,
+    ) -> Result<(u64, u64)> {
+        let requests =
+            client_requests::Entity::update_many()
+                .col_expr(client_requests::Column::Status, Expr::value("expired"))
+                .col_expr(client_requests::Column::ResolvedAt, Expr::value(at))
+                .filter(client_requests::Column::Status.eq("pending"))
+                .filter(sea_orm::Condition::all().add_option(
+                    conversation.map(|id| client_requests::Column::ConversationId.eq(id)),
+                ))
+                .exec(self.writer())
+                .await?;
+        let tasks =
+            background_tasks::Entity::update_many()
+                .col_expr(background_tasks::Column::Status, Expr::value("failed"))
+                .col_expr(
+                    background_tasks::Column::Output,
+                    Expr::value("interrupted by server restart"),
+                )
+                .col_expr(background_tasks::Column::FinishedAt, Expr::value(at))
+                .filter(background_tasks::Column::Status.eq("running"))
+                .filter(sea_orm::Condition::all().add_option(
+                    conversation.map(|id| background_tasks::Column::ConversationId.eq(id)),
+                ))
+                .exec(self.writer())
+                .await?;
         Ok((requests.rows_affected, tasks.rows_affected))
     }
 }
@@ -1131,6 +1151,7 @@ fn conversation(row: conversations::Model) -> Result<ConversationRecord> {
         next_event_id: row.next_event_id,
         created_at: row.created_at,
         updated_at: row.updated_at,
+        lease: None,
     })
 }
 
@@ -1326,6 +1347,7 @@ mod tests {
             next_sequence_id: seq + 1,
             next_event_id: seq + 1,
             at: at(),
+            lease: None,
         })
     }
 

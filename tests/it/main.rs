@@ -10,6 +10,7 @@ mod support;
 mod api;
 mod architecture;
 mod backends;
+mod cluster;
 mod contract;
 mod hitl;
 mod persistence;

@@ -67,6 +67,14 @@ impl Reply {
     }
 }
 
+/// A node id that stays the same across restarts of the server on `workspace`.
+pub fn node_id(workspace: &std::path::Path) -> String {
+    let name = workspace
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned());
+    format!("node-{}", name.unwrap_or_default())
+}
+
 fn settings_for(
     db_url: &str,
     llm: &FakeLlm,
@@ -78,6 +86,8 @@ fn settings_for(
         ("BEDROCK_LISTEN".into(), "127.0.0.1:0".into()),
         ("BEDROCK_AUTH".into(), "required".into()),
         ("BEDROCK_SERVER__SHUTDOWN_GRACE_MS".into(), "5000".into()),
+        // The same node after a restart: it takes its own conversations back at once.
+        ("BEDROCK_CLUSTER__NODE_ID".into(), node_id(workspace)),
     ]);
     env.extend(extra.iter().cloned());
     Settings::load_from(None, env).expect("test settings are valid")

@@ -27,6 +27,7 @@ pub fn command(db: &TestDb, llm: &FakeLlm, workspace: &std::path::Path) -> Comma
         .env("BEDROCK_DATA_DIR", format!("{}-data", workspace.display()))
         .env("BEDROCK_AUTH", "dev")
         .env("BEDROCK_LISTEN", "127.0.0.1:0")
+        .env("BEDROCK_CLUSTER__NODE_ID", super::app::node_id(workspace))
         .env("BEDROCK_LOG_FORMAT", "json")
         .env("RUST_LOG", "info");
     cmd

@@ -1,0 +1,322 @@
+//! A cluster (issue "Cluster"): three real `bedrock serve` processes on one fresh Postgres
+//! database and one shared workspace directory. Postgres only: skipped (said so) without
+//! BEDROCK_TEST_DATABASE_URL.
+
+use std::time::Duration;
+
+use bedrock::testkit::{FakeLlm, Reply as Llm};
+use serde_json::{Value, json};
+
+use crate::support::process::{Server, command};
+use crate::support::{TestDb, WAIT, eventually};
+
+/// Leases of two seconds, renewed every half second: failover within seconds.
+const TTL_MS: &str = "2000";
+
+fn node(db: &TestDb, llm: &FakeLlm, workspace: &std::path::Path, id: &str) -> Server {
+    let mut cmd = command(db, llm, workspace);
+    cmd.env("BEDROCK_CLUSTER__NODE_ID", id)
+        .env("BEDROCK_CLUSTER__LEASE_TTL_MS", TTL_MS)
+        .env("BEDROCK_CLUSTER__HEARTBEAT_MS", "500");
+    Server::start_with(cmd)
+}
+
+async fn cluster() -> Option<(TestDb, FakeLlm, std::path::PathBuf, Vec<Server>)> {
+    let Some(db) = TestDb::postgres().await else {
+        #[allow(clippy::print_stderr)]
+        {
+            eprintln!("SKIPPED: cluster tests need Postgres (BEDROCK_TEST_DATABASE_URL)");
+        }
+        return None;
+    };
+    bedrock::install_crypto();
+    let llm = FakeLlm::start().await;
+    let workspace = crate::support::db::temp_dir("cluster-ws");
+    let nodes = ["a", "b", "c"]
+        .iter()
+        .map(|id| node(&db, &llm, &workspace, id))
+        .collect();
+    Some((db, llm, workspace, nodes))
+}
+
+async fn post(server: &Server, path: &str, body: Value) -> (u16, Value) {
+    let answer = reqwest::Client::new()
+        .post(format!("{}/v1{path}", server.base))
+        .json(&body)
+        .send()
+        .await
+        .expect("the node answers");
+    let status = answer.status().as_u16();
+    (status, answer.json().await.unwrap_or(Value::Null))
+}
+
+async fn state(server: &Server, id: &str) -> Value {
+    server
+        .get(&format!("/conversations/{id}"))
+        .await
+        .expect("a JSON answer")["state"]
+        .clone()
+}
+
+async fn idle_on(server: &Server, id: &str) {
+    eventually("the conversation to be idle", WAIT, || async {
+        (state(server, id).await == json!({"kind": "idle"})).then_some(())
+    })
+    .await;
+}
+
+/// A conversation created on A takes a message sent through B (carried to A, its owner),
+/// concurrent sends over the three nodes get exactly one 202, a cancel through C stops the
+/// running tool, and `/readyz` shows each node.
+#[tokio::test]
+async fn any_node_answers_for_any_conversation() {
+    let Some((db, llm, workspace, nodes)) = cluster().await else {
+        return;
+    };
+    let [a, b, c] = &nodes[..] else {
+        unreachable!()
+    };
+    let created = a.conversation().await;
+    let id = created["id"].as_str().expect("an id").to_owned();
+
+    llm.push([Llm::text("hello from the owner")]);
+    let (status, _) = post(
+        b,
+        &format!("/conversations/{id}/messages"),
+        json!({"text": "hi"}),
+    )
+    .await;
+    assert_eq!(status, 202, "a send through a node that does not own it");
+    idle_on(c, &id).await;
+    let messages = c
+        .get(&format!("/conversations/{id}/messages"))
+        .await
+        .expect("messages");
+    let texts: Vec<&str> = messages["messages"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|m| m["content"]["text"].as_str())
+        .collect();
+    assert_eq!(texts, ["hi", "hello from the owner"]);
+    let ready = reqwest::get(format!("{}/readyz", a.base))
+        .await
+        .expect("readyz")
+        .json::<Value>()
+        .await
+        .expect("JSON");
+    assert_eq!(ready["node"]["id"], "a");
+    assert!(
+        ready["node"]["conversations_owned"].as_u64() >= Some(1),
+        "{ready}"
+    );
+
+    // Sixteen sends at once, over all three nodes: exactly one is accepted.
+    let sleep = crate::support::unique_sleep();
+    llm.push([Llm::Tools {
+        text: None,
+        calls: vec![("call_1".into(), "bash".into(), json!({"command": sleep}))],
+    }]);
+    let sends = (0..16).map(|i| {
+        let server = &nodes[i % 3];
+        let path = format!("/conversations/{id}/messages");
+        async move { post(server, &path, json!({"text": format!("send {i}")})).await }
+    });
+    let answers = futures::future::join_all(sends).await;
+    let accepted = answers.iter().filter(|(s, _)| *s == 202).count();
+    let busy = answers
+        .iter()
+        .filter(|(s, body)| *s == 409 && body["error"]["code"] == "agent_busy")
+        .count();
+    assert_eq!((accepted, busy), (1, 15), "{answers:?}");
+    crate::support::wait_running(&sleep).await;
+
+    // Cancel through C, which does not own it.
+    let (status, cancelled) = post(c, &format!("/conversations/{id}/cancel"), json!({})).await;
+    assert_eq!(status, 202, "{cancelled}");
+    assert_eq!(cancelled["state"], json!({"kind": "idle"}));
+    eventually("the tool to be killed", WAIT, || async {
+        (!crate::support::running(&sleep)).then_some(())
+    })
+    .await;
+
+    for server in nodes {
+        server.kill_hard();
+    }
+    crate::support::process::remove_workspace(&workspace);
+    db.drop_db().await;
+}
+
+/// kill -9 of the owner in the middle of a tool: within the lease TTL and two seconds
+/// another node has taken the conversation over, closed the turn with a synthetic result,
+/// and the next turn works through any node.
+#[tokio::test]
+async fn a_dead_owner_is_replaced_within_the_lease() {
+    let Some((db, llm, workspace, mut nodes)) = cluster().await else {
+        return;
+    };
+    let a = nodes.remove(0);
+    let created = a.conversation().await;
+    let id = created["id"].as_str().expect("an id").to_owned();
+    let sleep = crate::support::unique_sleep();
+    llm.push([Llm::Tools {
+        text: None,
+        calls: vec![("call_long".into(), "bash".into(), json!({"command": sleep}))],
+    }]);
+    a.send(&id, "long job").await;
+    crate::support::wait_running(&sleep).await;
+    let killed = std::time::Instant::now();
+    a.kill_hard();
+
+    let b = &nodes[0];
+    idle_on(b, &id).await;
+    let took = killed.elapsed();
+    let ttl = Duration::from_millis(TTL_MS.parse().expect("a number"));
+    // Measured, not a timing test: bounded loosely for a busy machine.
+    assert!(took < ttl + WAIT, "took over after {took:?}");
+    let messages = b
+        .get(&format!("/conversations/{id}/messages"))
+        .await
+        .expect("messages");
+    let results: Vec<&Value> = messages["messages"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter(|m| m["message_type"] == "tool")
+        .map(|m| &m["content"]["output"])
+        .collect();
+    assert_eq!(results, [&json!("interrupted by server restart")]);
+
+    llm.push([Llm::text("still here")]);
+    let c = &nodes[1];
+    let (status, _) = post(
+        c,
+        &format!("/conversations/{id}/messages"),
+        json!({"text": "and now?"}),
+    )
+    .await;
+    assert_eq!(status, 202);
+    idle_on(b, &id).await;
+    let request = eventually("the next request", WAIT, || async {
+        llm.requests().get(1).cloned()
+    })
+    .await;
+    assert_eq!(
+        crate::support::roles(&request),
+        ["system", "user", "assistant", "tool", "user"]
+    );
+    for server in nodes {
+        server.kill_hard();
+    }
+    crate::support::process::remove_workspace(&workspace);
+    db.drop_db().await;
+}
+
+/// Fencing: the owner is paused (SIGSTOP) in the middle of a tool until its lease expires,
+/// another node takes the conversation over and runs a turn, then the first wakes up with
+/// its tool finished: it stores nothing for that conversation (the database refuses its
+/// stale epoch), each tool ran once, and the chain is the new owner's.
+#[tokio::test]
+async fn a_paused_owner_cannot_write_after_losing_its_lease() {
+    let Some((db, llm, workspace, mut nodes)) = cluster().await else {
+        return;
+    };
+    let a = nodes.remove(0);
+    let created = a.conversation().await;
+    let id = created["id"].as_str().expect("an id").to_owned();
+    let cwd = std::path::PathBuf::from(created["cwd"].as_str().expect("a cwd"));
+    llm.push([Llm::Tools {
+        text: None,
+        calls: vec![(
+            "call_a".into(),
+            "bash".into(),
+            json!({"command": "echo a >> ran_a; sleep 2; echo a-done"}),
+        )],
+    }]);
+    a.send(&id, "slow job").await;
+    eventually("A's tool to start", WAIT, || async {
+        cwd.join("ran_a").exists().then_some(())
+    })
+    .await;
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(a.child.id()).expect("a pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+
+    let b = &nodes[0];
+    idle_on(b, &id).await;
+    llm.push([
+        Llm::Tools {
+            text: None,
+            calls: vec![(
+                "call_b".into(),
+                "bash".into(),
+                json!({"command": "echo b >> ran_b"}),
+            )],
+        },
+        Llm::text("done on b"),
+    ]);
+    let (status, _) = post(
+        b,
+        &format!("/conversations/{id}/messages"),
+        json!({"text": "again"}),
+    )
+    .await;
+    assert_eq!(status, 202);
+    eventually("B's turn to end", WAIT, || async {
+        let messages = b.get(&format!("/conversations/{id}/messages")).await?;
+        let last = messages["messages"].as_array()?.last()?.clone();
+        (last["content"]["text"] == "done on b").then_some(())
+    })
+    .await;
+
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+    // A's tool has finished while it slept; give A time to try to store its result.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let messages = b
+        .get(&format!("/conversations/{id}/messages"))
+        .await
+        .expect("messages");
+    let outputs: Vec<Value> = messages["messages"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter(|m| m["message_type"] == "tool")
+        .map(|m| json!([m["content"]["tool_use_id"], m["content"]["output"]]))
+        .collect();
+    assert_eq!(outputs.len(), 2, "{outputs:?}");
+    assert_eq!(
+        outputs[0],
+        json!(["call_a", "interrupted by server restart"]),
+        "A's late result was not stored"
+    );
+    assert_eq!(outputs[1][0], "call_b");
+    assert_eq!(
+        std::fs::read_to_string(cwd.join("ran_a")).expect("A's marker"),
+        "a\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(cwd.join("ran_b")).expect("B's marker"),
+        "b\n"
+    );
+    assert_eq!(state(b, &id).await, json!({"kind": "idle"}));
+    assert_eq!(
+        llm.requests().len(),
+        3,
+        "A sent no LLM request after waking"
+    );
+    let refused = a
+        .logs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .any(|line| line.contains("lease moved"));
+    assert!(
+        refused,
+        "A tried to store its result and the database refused it"
+    );
+    a.kill_hard();
+    for server in nodes {
+        server.kill_hard();
+    }
+    crate::support::process::remove_workspace(&workspace);
+    db.drop_db().await;
+}
