@@ -27,6 +27,11 @@ const POSTGRES_UP: &[&str] = &[
         ADD COLUMN owner_epoch bigint NOT NULL DEFAULT 0",
     "CREATE INDEX conversations_owner_node ON conversations (owner_node)
         WHERE owner_node IS NOT NULL",
+    // What each heartbeat's takeover pass looks for: turns in flight, tasks running.
+    "CREATE INDEX conversations_in_flight ON conversations (id)
+        WHERE state NOT IN ('idle', 'error', 'completed')",
+    "CREATE INDEX background_tasks_running ON background_tasks (conversation_id)
+        WHERE status = 'running'",
     COMMIT_FUNCTION,
 ];
 
