@@ -6,35 +6,35 @@
 //! takes over the conversations it left with work in flight, repairing them as a restart
 //! does. SQLite is one node and has none of this.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::ClusterSettings;
 use crate::runtime::Services;
+use crate::store::Node;
 
 /// This node.
 #[derive(Debug)]
 pub struct Cluster {
     pub node_id: String,
+    /// This process's run of the node (a fresh id at every start): the owner of the leases
+    /// it takes, so that a restarted node finds those of its previous run ended.
+    pub incarnation: String,
     /// The base URL other nodes reach this node's API on.
     pub advertise: String,
     pub ttl: Duration,
     pub heartbeat: Duration,
     /// Carries commands to the nodes that own their conversations.
     pub http: reqwest::Client,
-    /// The epoch of each lease this process took: a lease taken again right after one of
-    /// ours (`epoch - 1`) continues our own work; any other was someone else's, whose
-    /// unfinished work is repaired.
-    held: Mutex<HashMap<String, i64>>,
 }
 
 impl Cluster {
     /// This node as configured; `listen` is the address the API is bound to.
     pub fn new(settings: &ClusterSettings, listen: SocketAddr) -> Cluster {
+        let incarnation = uuid::Uuid::now_v7().to_string();
         let node_id = if settings.node_id.trim().is_empty() {
-            format!("node-{}", uuid::Uuid::now_v7())
+            format!("node-{incarnation}")
         } else {
             settings.node_id.trim().to_owned()
         };
@@ -45,6 +45,7 @@ impl Cluster {
         };
         Cluster {
             node_id,
+            incarnation,
             advertise,
             ttl: Duration::from_millis(settings.lease_ttl_ms),
             heartbeat: Duration::from_millis(settings.heartbeat_ms),
@@ -53,31 +54,16 @@ impl Cluster {
                 .timeout(Duration::from_secs(60))
                 .build()
                 .unwrap_or_default(),
-            held: Mutex::default(),
         }
     }
 
-    /// Records lease `epoch` of conversation `id` as ours; true when the one before it was
-    /// ours too (nobody else held it in between).
-    pub fn took(&self, id: &str, epoch: i64) -> bool {
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        held.insert(id.to_owned(), epoch) == Some(epoch - 1)
-    }
-
-    /// Whether this process took conversation `id`'s lease.
-    pub fn holds(&self, id: &str) -> bool {
-        self.held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains_key(id)
-    }
-
-    /// Forgets a lease (the conversation is gone).
-    pub fn forget(&self, id: &str) {
-        self.held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(id);
+    /// This node, as the store's lease statements name it.
+    pub fn node(&self) -> Node<'_> {
+        Node {
+            id: &self.node_id,
+            incarnation: &self.incarnation,
+            ttl: self.ttl,
+        }
     }
 }
 
@@ -88,12 +74,9 @@ pub async fn start(services: &Arc<Services>) -> crate::store::Result<()> {
     let Some(cluster) = services.cluster.clone() else {
         return Ok(());
     };
-    let store = &services.store;
-    store
-        .register_node(&cluster.node_id, &cluster.advertise)
-        .await?;
-    store
-        .heartbeat(&cluster.node_id, &cluster.advertise, cluster.ttl)
+    services
+        .store
+        .heartbeat(cluster.node(), &cluster.advertise)
         .await?;
     tracing::info!(node = %cluster.node_id, advertise = %cluster.advertise, "joined the cluster");
     take_over(services, &cluster).await;
@@ -108,7 +91,7 @@ pub async fn start(services: &Arc<Services>) -> crate::store::Result<()> {
             }
             match services
                 .store
-                .heartbeat(&cluster.node_id, &cluster.advertise, cluster.ttl)
+                .heartbeat(cluster.node(), &cluster.advertise)
                 .await
             {
                 Ok(_) => take_over(&services, &cluster).await,
@@ -126,7 +109,7 @@ pub async fn start(services: &Arc<Services>) -> crate::store::Result<()> {
 async fn take_over(services: &Arc<Services>, cluster: &Cluster) {
     let orphans = match services
         .store
-        .orphaned_conversations(&cluster.node_id, cluster.ttl, 200)
+        .orphaned_conversations(cluster.node(), 200)
         .await
     {
         Ok(orphans) => orphans,
@@ -136,7 +119,7 @@ async fn take_over(services: &Arc<Services>, cluster: &Cluster) {
         }
     };
     for id in orphans {
-        if services.registry.contains(&id) || cluster.holds(&id) {
+        if services.registry.contains(&id) {
             continue;
         }
         match services.registry.get_or_start(services, &id).await {

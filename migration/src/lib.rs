@@ -10,6 +10,33 @@ mod m20261125_000005_compact_frames;
 mod m20261125_000006_conversation_keys;
 mod m20261125_000007_cluster;
 
+/// Runs a migration's statements for the database at hand, in order, each error naming its
+/// statement. SQLite and Postgres only.
+pub(crate) async fn run_statements(
+    manager: &SchemaManager<'_>,
+    sqlite: &[&str],
+    postgres: &[&str],
+) -> Result<(), DbErr> {
+    let backend = manager.get_database_backend();
+    let statements = if backend == sea_orm::DbBackend::Sqlite {
+        sqlite
+    } else if backend == sea_orm::DbBackend::Postgres {
+        postgres
+    } else {
+        return Err(DbErr::Migration(format!(
+            "Bedrock runs on SQLite or Postgres, not {backend:?}"
+        )));
+    };
+    let connection = manager.get_connection();
+    for statement in statements {
+        connection
+            .execute_unprepared(statement)
+            .await
+            .map_err(|e| DbErr::Migration(format!("{statement}: {e}")))?;
+    }
+    Ok(())
+}
+
 /// Every migration, in order.
 #[derive(Debug)]
 pub struct Migrator;

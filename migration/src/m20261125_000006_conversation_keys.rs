@@ -7,10 +7,9 @@
 //! need no second index either. Existing rows are copied over.
 //!
 //! New conversations get their key from an identity column on Postgres and from a trigger
-//! (the largest key plus one) on SQLite; the application never sets it. `bedrock_commit`
-//! finds each message's and frame row's conversation by its id.
+//! (the largest key plus one) on SQLite; the application never sets it. `bedrock_commit` (made
+//! by m7) finds each message's and frame row's conversation by its id.
 
-use sea_orm::DbBackend;
 use sea_orm_migration::prelude::*;
 
 #[derive(DeriveMigrationName)]
@@ -118,60 +117,7 @@ const POSTGRES_UP: &[&str] = &[
         FOREIGN KEY (conversation_key) REFERENCES conversations (internal_key) ON DELETE CASCADE",
     "CREATE UNIQUE INDEX conversation_frames_dedup ON conversation_frames (conversation_key, dedup_key)
         WHERE dedup_key IS NOT NULL",
-    COMMIT_FUNCTION,
 ];
-
-/// The group commit of a batch (see the store's `postgres` module): the guarded updates of
-/// its conversations, its messages with their frames' event ids, its rows of frames. Rows
-/// name their conversation by id; the inserts find its key.
-const COMMIT_FUNCTION: &str = r#"
-CREATE OR REPLACE FUNCTION bedrock_commit(doc_conversations json, doc_messages json, doc_frames json)
-RETURNS void LANGUAGE plpgsql AS $$
-DECLARE
-    c record;
-BEGIN
-    -- One UPDATE per conversation, by its primary key: a join with the document's rows was
-    -- planned for 100 of them (json_to_recordset's estimate) and scanned the whole table.
-    FOR c IN SELECT * FROM json_to_recordset(doc_conversations) AS v(
-        id text, exp_seq bigint, exp_evt bigint, next_seq bigint, next_evt bigint,
-        updated_at timestamptz, state text, state_data json, state_at timestamptz,
-        input_tokens bigint, output_tokens bigint, context_tokens bigint)
-    LOOP
-        UPDATE conversations SET
-            next_sequence_id = c.next_seq, next_event_id = c.next_evt, updated_at = c.updated_at,
-            state = COALESCE(c.state, conversations.state),
-            state_data = COALESCE(c.state_data, conversations.state_data),
-            state_updated_at = COALESCE(c.state_at, conversations.state_updated_at),
-            input_tokens = COALESCE(c.input_tokens, conversations.input_tokens),
-            output_tokens = COALESCE(c.output_tokens, conversations.output_tokens),
-            context_tokens = COALESCE(c.context_tokens, conversations.context_tokens)
-        WHERE conversations.id = c.id
-            AND conversations.next_sequence_id = c.exp_seq
-            AND conversations.next_event_id = c.exp_evt;
-        IF NOT FOUND THEN
-            RAISE EXCEPTION 'conversation % was deleted or changed by another writer', c.id
-                USING ERRCODE = 'BR409';
-        END IF;
-    END LOOP;
-    -- Every row's conversation was updated above, so each finds its key.
-    INSERT INTO messages (conversation_key, sequence_id, event_id, created_at, id,
-        message_type, content, usage_data, client_message_id)
-    SELECT k.internal_key, m.sequence_id, m.event_id, m.created_at, m.id, m.message_type,
-        m.content, m.usage_data, m.client_message_id
-    FROM json_to_recordset(doc_messages) AS m(
-        id text, conversation_id text, sequence_id bigint, message_type text, content json,
-        usage_data json, client_message_id text, created_at timestamptz, event_id bigint)
-    JOIN conversations k ON k.id = m.conversation_id;
-    INSERT INTO conversation_frames (conversation_key, last_event_id, first_event_id,
-        created_at, frames, dedup_key)
-    SELECT k.internal_key, f.last_event_id, f.first_event_id, f.created_at, f.frames, f.dedup_key
-    FROM json_to_recordset(doc_frames) AS f(
-        conversation_id text, last_event_id bigint, first_event_id bigint, frames json,
-        dedup_key text, created_at bigint)
-    JOIN conversations k ON k.id = f.conversation_id;
-END
-$$
-"#;
 
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
@@ -183,24 +129,7 @@ impl MigrationTrait for Migration {
     }
 
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        let backend = manager.get_database_backend();
-        let statements = if backend == DbBackend::Sqlite {
-            SQLITE_UP
-        } else if backend == DbBackend::Postgres {
-            POSTGRES_UP
-        } else {
-            return Err(DbErr::Migration(format!(
-                "Bedrock runs on SQLite or Postgres, not {backend:?}"
-            )));
-        };
-        let connection = manager.get_connection();
-        for statement in statements {
-            connection
-                .execute_unprepared(statement)
-                .await
-                .map_err(|e| DbErr::Migration(format!("{statement}: {e}")))?;
-        }
-        Ok(())
+        crate::run_statements(manager, SQLITE_UP, POSTGRES_UP).await
     }
 
     async fn down(&self, _manager: &SchemaManager) -> Result<(), DbErr> {

@@ -1,16 +1,18 @@
 //! Several nodes on one Postgres (docs/operations.md, "Scaling"). `nodes` holds each node's
-//! address and heartbeat; a conversation's `owner_node` and `owner_epoch` are its lease. A
-//! lease is live while its node's heartbeat is younger than the TTL, so one statement per
-//! heartbeat renews all of a node's leases. Taking a lease adds one to the epoch, the fencing
-//! token: `bedrock_commit` updates a conversation only while the epoch its commit carries is
-//! still current, in the same guarded `UPDATE` as the counters, so a node that lost a lease
-//! (paused, partitioned, slow) can never write for that conversation again. The function also
-//! wakes the other nodes' live streams (`NOTIFY bedrock_frames`, the conversation's id) when
-//! the commit asks for it; the stored rows stay the truth.
+//! address, heartbeat and incarnation (a fresh id per process start). A conversation's lease
+//! is `lease_owner` (the incarnation holding it) and `lease_epoch`. A lease is live while its
+//! incarnation is its node's current one and the node's heartbeat is younger than the TTL,
+//! so one statement per heartbeat renews all of a node's leases, and a node restarted under
+//! the same id finds the leases of its previous run dead at once. Taking a lease adds one to
+//! the epoch, the fencing token: `bedrock_commit` updates a conversation only while the epoch
+//! its commit carries is still current, in the same guarded `UPDATE` as the counters, so a
+//! node that lost a lease (paused, partitioned, slow) can never write for that conversation
+//! again. The function also wakes the other nodes' live streams (`NOTIFY bedrock_frames`,
+//! the conversation's id) when the commit asks for it; the stored rows stay the truth.
 //!
-//! SQLite is one node: nothing changes there.
+//! This migration makes `bedrock_commit` for the tables of m5 and m6 (which dropped the one
+//! of m4); the three ship together. SQLite is one node: nothing changes there.
 
-use sea_orm::DbBackend;
 use sea_orm_migration::prelude::*;
 
 #[derive(DeriveMigrationName)]
@@ -19,14 +21,15 @@ pub struct Migration;
 const POSTGRES_UP: &[&str] = &[
     "CREATE TABLE nodes (
         id text PRIMARY KEY,
+        incarnation text NOT NULL UNIQUE,
         advertise text NOT NULL,
         started_at timestamptz NOT NULL DEFAULT now(),
         heartbeat_at timestamptz NOT NULL DEFAULT now()
     )",
-    "ALTER TABLE conversations ADD COLUMN owner_node text NULL,
-        ADD COLUMN owner_epoch bigint NOT NULL DEFAULT 0",
-    "CREATE INDEX conversations_owner_node ON conversations (owner_node)
-        WHERE owner_node IS NOT NULL",
+    "ALTER TABLE conversations ADD COLUMN lease_owner text NULL,
+        ADD COLUMN lease_epoch bigint NOT NULL DEFAULT 0",
+    "CREATE INDEX conversations_lease_owner ON conversations (lease_owner)
+        WHERE lease_owner IS NOT NULL",
     // What each heartbeat's takeover pass looks for: turns in flight, tasks running.
     "CREATE INDEX conversations_in_flight ON conversations (id)
         WHERE state NOT IN ('idle', 'error', 'completed')",
@@ -35,8 +38,12 @@ const POSTGRES_UP: &[&str] = &[
     COMMIT_FUNCTION,
 ];
 
-/// The group commit of a batch, as in m6, with each conversation's update also guarded by
-/// its lease's epoch when the commit carries one.
+/// The group commit of a batch (see the store's `postgres` module): the guarded updates of
+/// its conversations (counters, and the lease's epoch when the commit carries one), its
+/// messages with their frames' event ids, its rows of frames. Rows name their conversation
+/// by id; the inserts find its key. One UPDATE per conversation, by its primary key: a join
+/// with the document's rows was planned for 100 of them (json_to_recordset's estimate) and
+/// scanned the whole table.
 const COMMIT_FUNCTION: &str = r#"
 CREATE OR REPLACE FUNCTION bedrock_commit(doc_conversations json, doc_messages json, doc_frames json)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -60,7 +67,7 @@ BEGIN
         WHERE conversations.id = c.id
             AND conversations.next_sequence_id = c.exp_seq
             AND conversations.next_event_id = c.exp_evt
-            AND (c.epoch IS NULL OR conversations.owner_epoch = c.epoch);
+            AND (c.epoch IS NULL OR conversations.lease_epoch = c.epoch);
         IF NOT FOUND THEN
             RAISE EXCEPTION 'conversation % was deleted, changed by another writer, or its lease moved', c.id
                 USING ERRCODE = 'BR409';
@@ -95,17 +102,7 @@ impl MigrationTrait for Migration {
     }
 
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        if manager.get_database_backend() != DbBackend::Postgres {
-            return Ok(());
-        }
-        let connection = manager.get_connection();
-        for statement in POSTGRES_UP {
-            connection
-                .execute_unprepared(statement)
-                .await
-                .map_err(|e| DbErr::Migration(format!("{statement}: {e}")))?;
-        }
-        Ok(())
+        crate::run_statements(manager, &[], POSTGRES_UP).await
     }
 
     async fn down(&self, _manager: &SchemaManager) -> Result<(), DbErr> {

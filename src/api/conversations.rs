@@ -116,12 +116,7 @@ impl AppState {
         if self.services.registry.contains(id) {
             return Ok(());
         }
-        match self
-            .services
-            .store
-            .live_owner(id, &cluster.node_id, cluster.ttl)
-            .await?
-        {
+        match self.services.store.live_owner(id, cluster.node()).await? {
             Some(owner) => Err(ApiError::elsewhere(&owner.node, &owner.advertise)),
             None => Ok(()),
         }

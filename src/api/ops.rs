@@ -51,7 +51,7 @@ pub async fn readyz(State(app): State<AppState>) -> Response {
             conversations_owned: app
                 .services
                 .store
-                .owned_count(&cluster.node_id)
+                .owned_count(cluster.node())
                 .await
                 .unwrap_or(0),
         }),

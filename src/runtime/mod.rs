@@ -236,7 +236,7 @@ impl Runtime {
         self.root.stop_and_wait(None, Some(grace)).await.ok();
         // The next node to need one of our conversations takes it at once.
         if let Some(cluster) = &self.services.cluster
-            && let Err(error) = self.services.store.leave(&cluster.node_id).await
+            && let Err(error) = self.services.store.leave(cluster.node()).await
         {
             tracing::warn!(node = %cluster.node_id, %error, "leases not released; they expire after the TTL");
         }

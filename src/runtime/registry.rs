@@ -205,10 +205,10 @@ impl Registry {
 }
 
 /// A conversation to run here: its row (`known` when just read or written), and on a
-/// cluster its lease, taken first so that nobody else writes for it from then on. A lease
-/// taken from another node (or from this node before a restart) finds the work it left:
-/// a turn in flight is closed as a restart closes it, its pending requests expire and its
-/// background tasks fail.
+/// cluster its lease, taken first so that nobody else writes for it from then on (the row
+/// comes with it, as the lease found it). A lease taken from another holder (another node,
+/// or this one before a restart) finds the work it left: a turn in flight is closed as a
+/// restart closes it, its pending requests expire and its background tasks fail.
 pub(super) async fn claim(
     services: &Services,
     id: &str,
@@ -224,28 +224,14 @@ pub(super) async fn claim(
                 .ok_or(StartError::NotFound),
         };
     };
-    let epoch = match services
-        .store
-        .take_lease(id, &cluster.node_id, cluster.ttl)
-        .await?
-    {
-        Lease::Taken { epoch } => epoch,
+    let (mut record, previous) = match services.store.take_lease(id, cluster.node()).await? {
+        Lease::Taken { record, previous } => (*record, previous),
         Lease::Elsewhere(owner) => return Err(StartError::Elsewhere(owner)),
         Lease::Missing => return Err(StartError::NotFound),
     };
-    let continuing = cluster.took(id, epoch);
-    // A row read before the lease was taken may miss what the last holder wrote; one
-    // nobody held before (epoch 1: just created) cannot.
-    let mut record = match known {
-        Some(record) if epoch == 1 => record,
-        _ => services
-            .store
-            .conversation_by_id(id)
-            .await?
-            .ok_or(StartError::NotFound)?,
-    };
-    record.lease = Some(epoch);
-    if !continuing && epoch > 1 {
+    // Epoch 1: nobody held it before (just created).
+    let inherited = record.lease > Some(1) && previous.as_deref() != Some(&*cluster.incarnation);
+    if inherited {
         super::recovery::repair(services, &mut record).await?;
         services
             .persistence

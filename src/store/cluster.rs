@@ -1,14 +1,18 @@
 //! Postgres: nodes, their heartbeats, and the leases on conversations (migration m7). A lease
-//! is `conversations.owner_node` and `owner_epoch`; it is live while its node's heartbeat is
-//! younger than the TTL, so one heartbeat renews every lease of a node. Each statement here
-//! decides in the database, in one statement: two nodes racing for a lease cannot both win.
+//! is `conversations.lease_owner` (a node's incarnation: one per process start) and
+//! `lease_epoch`; it is live while that incarnation is its node's current one and the node's
+//! heartbeat is younger than the TTL, so one heartbeat renews every lease of a node. Each
+//! statement here decides in the database, in one statement: two nodes racing for a lease
+//! cannot both win.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use sea_orm::{ConnectionTrait, DbBackend, Statement, Value};
+use entity::conversations;
+use sea_orm::{ConnectionTrait, DbBackend, FromQueryResult, Statement, Value};
 
 use super::{Result, Store, StoreError};
+use crate::model::ConversationRecord;
 
 /// Who holds a conversation's lease, when it is not us.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,19 +23,43 @@ pub struct Owner {
 }
 
 /// What taking a lease found.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Lease {
-    /// Ours, with this epoch (the fencing token every commit carries).
-    Taken { epoch: i64 },
+    /// Ours: the conversation as stored, its `lease` the new epoch (the fencing token every
+    /// commit carries), and the incarnation that held it before (`None`: nobody).
+    Taken {
+        record: Box<ConversationRecord>,
+        previous: Option<String>,
+    },
     /// Held by another live node.
     Elsewhere(Owner),
     /// No such conversation.
     Missing,
 }
 
-/// A live heartbeat is younger than this many milliseconds.
-fn ttl_ms(ttl: Duration) -> Value {
-    Value::from(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
+/// A node of the cluster as this process runs it.
+#[derive(Clone, Copy, Debug)]
+pub struct Node<'a> {
+    pub id: &'a str,
+    /// This process's run of the node: the owner of the leases it takes.
+    pub incarnation: &'a str,
+    pub ttl: Duration,
+}
+
+impl Node<'_> {
+    fn ttl_ms(&self) -> Value {
+        Value::from(i64::try_from(self.ttl.as_millis()).unwrap_or(i64::MAX))
+    }
+}
+
+/// True in SQL for a conversation `c` whose lease no live node holds; `$ttl` is the bound
+/// parameter of the TTL in milliseconds.
+fn unheld(ttl: &str) -> String {
+    format!(
+        "(c.lease_owner IS NULL OR NOT EXISTS (SELECT 1 FROM nodes n \
+         WHERE n.incarnation = c.lease_owner \
+             AND n.heartbeat_at > now() - {ttl} * interval '1 millisecond'))"
+    )
 }
 
 impl Store {
@@ -48,38 +76,33 @@ impl Store {
         ))
     }
 
-    /// Registers this node (again, after a restart with the same id) with a fresh heartbeat.
-    pub async fn register_node(&self, id: &str, advertise: &str) -> Result<()> {
+    /// Registers the node (the first time, or as a new incarnation after a restart, which
+    /// ends the leases of the one before) or renews its heartbeat and with it every lease it
+    /// holds; tells how many other nodes are live.
+    pub async fn heartbeat(&self, node: Node<'_>, advertise: &str) -> Result<u64> {
         let statement = self.postgres(
-            "INSERT INTO nodes (id, advertise) VALUES ($1, $2) \
-             ON CONFLICT (id) DO UPDATE SET advertise = EXCLUDED.advertise, \
-                 started_at = now(), heartbeat_at = now()",
-            [Value::from(id), Value::from(advertise)],
-        )?;
-        self.db.execute_raw(statement).await?;
-        Ok(())
-    }
-
-    /// Renews every lease of this node and tells how many other nodes are live. A node whose
-    /// row is gone (removed by an operator) registers again.
-    pub async fn heartbeat(&self, id: &str, advertise: &str, ttl: Duration) -> Result<u64> {
-        let statement = self.postgres(
-            "WITH beat AS (UPDATE nodes SET heartbeat_at = now() WHERE id = $1 RETURNING id) \
-             SELECT (SELECT count(*) FROM beat) AS beat, \
-                    (SELECT count(*) FROM nodes WHERE id <> $1 \
-                        AND heartbeat_at > now() - $2 * interval '1 millisecond') AS peers",
-            [Value::from(id), ttl_ms(ttl)],
+            "WITH beat AS ( \
+                 INSERT INTO nodes (id, incarnation, advertise) VALUES ($1, $2, $3) \
+                 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), \
+                     advertise = EXCLUDED.advertise, incarnation = EXCLUDED.incarnation, \
+                     started_at = CASE WHEN nodes.incarnation = EXCLUDED.incarnation \
+                         THEN nodes.started_at ELSE now() END \
+                 RETURNING id) \
+             SELECT count(*) AS peers FROM nodes WHERE id <> $1 \
+                 AND heartbeat_at > now() - $4 * interval '1 millisecond'",
+            [
+                Value::from(node.id),
+                Value::from(node.incarnation),
+                Value::from(advertise),
+                node.ttl_ms(),
+            ],
         )?;
         let row = self
             .db
             .query_one_raw(statement)
             .await?
             .ok_or_else(|| StoreError::Other("a heartbeat returned no row".into()))?;
-        let beat: i64 = row.try_get("", "beat")?;
         let peers: i64 = row.try_get("", "peers")?;
-        if beat == 0 {
-            self.register_node(id, advertise).await?;
-        }
         let peers = u64::try_from(peers).unwrap_or(0);
         // Commits wake the other nodes' streams only while there are other nodes.
         self.peers.store(peers > 0, Ordering::Relaxed);
@@ -91,14 +114,13 @@ impl Store {
         self.peers.load(Ordering::Relaxed)
     }
 
-    /// Takes the lease of conversation `id` for node `me` when nobody live holds it (or `me`
+    /// Takes the lease of conversation `id` for `node` when nobody live holds it (or `node`
     /// does), adding one to its epoch: whoever held it before can no longer write for it.
-    pub async fn take_lease(&self, id: &str, me: &str, ttl: Duration) -> Result<Lease> {
+    pub async fn take_lease(&self, id: &str, node: Node<'_>) -> Result<Lease> {
         // Released between the two statements: once more.
         for _ in 0..2 {
-            match self.try_take_lease(id, me, ttl).await? {
-                Some(lease) => return Ok(lease),
-                None => continue,
+            if let Some(lease) = self.try_take_lease(id, node).await? {
+                return Ok(lease);
             }
         }
         Ok(Lease::Elsewhere(Owner {
@@ -107,85 +129,86 @@ impl Store {
         }))
     }
 
-    async fn try_take_lease(&self, id: &str, me: &str, ttl: Duration) -> Result<Option<Lease>> {
+    async fn try_take_lease(&self, id: &str, node: Node<'_>) -> Result<Option<Lease>> {
+        // The row is locked first, so `previous` is the holder this update replaces.
+        let sql = format!(
+            "UPDATE conversations c SET lease_owner = $1, lease_epoch = c.lease_epoch + 1 \
+             FROM (SELECT id, lease_owner AS previous FROM conversations \
+                   WHERE id = $2 FOR UPDATE) old \
+             WHERE c.id = old.id AND (c.lease_owner = $1 OR {}) \
+             RETURNING c.*, old.previous",
+            unheld("$3")
+        );
         let statement = self.postgres(
-            "UPDATE conversations c SET owner_node = $1, owner_epoch = c.owner_epoch + 1 \
-             WHERE c.id = $2 AND (c.owner_node IS NULL OR c.owner_node = $1 OR NOT EXISTS ( \
-                 SELECT 1 FROM nodes n WHERE n.id = c.owner_node \
-                     AND n.heartbeat_at > now() - $3 * interval '1 millisecond')) \
-             RETURNING c.owner_epoch",
-            [Value::from(me), Value::from(id), ttl_ms(ttl)],
+            &sql,
+            [
+                Value::from(node.incarnation),
+                Value::from(id),
+                node.ttl_ms(),
+            ],
         )?;
         if let Some(row) = self.db.query_one_raw(statement).await? {
+            let mut record =
+                super::conversation(conversations::Model::from_query_result(&row, "")?)?;
+            record.lease = Some(row.try_get("", "lease_epoch")?);
             return Ok(Some(Lease::Taken {
-                epoch: row.try_get("", "owner_epoch")?,
+                record: Box::new(record),
+                previous: row.try_get("", "previous")?,
             }));
         }
-        Ok(match self.owner(id).await? {
-            None => Some(Lease::Missing),
-            Some(Some(owner)) => Some(Lease::Elsewhere(owner)),
-            Some(None) => None,
-        })
-    }
-
-    /// Who holds conversation `id`'s lease: `None` when there is no such conversation,
-    /// `Some(None)` when nobody does.
-    pub async fn owner(&self, id: &str) -> Result<Option<Option<Owner>>> {
         let statement = self.postgres(
-            "SELECT c.owner_node, n.advertise FROM conversations c \
-             LEFT JOIN nodes n ON n.id = c.owner_node WHERE c.id = $1",
+            "SELECT n.id, n.advertise FROM conversations c \
+             LEFT JOIN nodes n ON n.incarnation = c.lease_owner WHERE c.id = $1",
             [Value::from(id)],
         )?;
         let Some(row) = self.db.query_one_raw(statement).await? else {
-            return Ok(None);
+            return Ok(Some(Lease::Missing));
         };
-        let node: Option<String> = row.try_get("", "owner_node")?;
+        let owner: Option<String> = row.try_get("", "id")?;
         let advertise: Option<String> = row.try_get("", "advertise")?;
-        Ok(Some(node.map(|node| Owner {
-            node,
-            advertise: advertise.unwrap_or_default(),
-        })))
+        Ok(owner.map(|node| {
+            Lease::Elsewhere(Owner {
+                node,
+                advertise: advertise.unwrap_or_default(),
+            })
+        }))
     }
 
-    /// The live owner of conversation `id` when it is another node than `me`.
-    pub async fn live_owner(&self, id: &str, me: &str, ttl: Duration) -> Result<Option<Owner>> {
+    /// The live owner of conversation `id` when it is another node than `node`.
+    pub async fn live_owner(&self, id: &str, node: Node<'_>) -> Result<Option<Owner>> {
         let statement = self.postgres(
-            "SELECT c.owner_node, n.advertise FROM conversations c \
-             JOIN nodes n ON n.id = c.owner_node \
-             WHERE c.id = $1 AND c.owner_node <> $2 \
+            "SELECT n.id, n.advertise FROM conversations c \
+             JOIN nodes n ON n.incarnation = c.lease_owner \
+             WHERE c.id = $1 AND n.id <> $2 \
                  AND n.heartbeat_at > now() - $3 * interval '1 millisecond'",
-            [Value::from(id), Value::from(me), ttl_ms(ttl)],
+            [Value::from(id), Value::from(node.id), node.ttl_ms()],
         )?;
         let Some(row) = self.db.query_one_raw(statement).await? else {
             return Ok(None);
         };
         Ok(Some(Owner {
-            node: row.try_get("", "owner_node")?,
+            node: row.try_get("", "id")?,
             advertise: row.try_get("", "advertise")?,
         }))
     }
 
     /// Conversations with work that nobody live is doing: a turn in flight or a background
-    /// task running, and no live owner (or `me`, after a restart with the same id). At most
-    /// `limit`.
-    pub async fn orphaned_conversations(
-        &self,
-        me: &str,
-        ttl: Duration,
-        limit: u64,
-    ) -> Result<Vec<String>> {
-        let statement = self.postgres(
+    /// task running, and no live lease (a node that died, or this one before a restart). At
+    /// most `limit`.
+    pub async fn orphaned_conversations(&self, node: Node<'_>, limit: u64) -> Result<Vec<String>> {
+        let sql = format!(
             "SELECT c.id FROM conversations c \
              WHERE (c.state NOT IN ('idle', 'error', 'completed') \
                     OR EXISTS (SELECT 1 FROM background_tasks b \
                                WHERE b.conversation_id = c.id AND b.status = 'running')) \
-               AND (c.owner_node IS NULL OR c.owner_node = $1 OR NOT EXISTS ( \
-                    SELECT 1 FROM nodes n WHERE n.id = c.owner_node \
-                        AND n.heartbeat_at > now() - $2 * interval '1 millisecond')) \
-             LIMIT $3",
+               AND {} \
+             LIMIT $2",
+            unheld("$1")
+        );
+        let statement = self.postgres(
+            &sql,
             [
-                Value::from(me),
-                ttl_ms(ttl),
+                node.ttl_ms(),
                 Value::from(i64::try_from(limit).unwrap_or(i64::MAX)),
             ],
         )?;
@@ -197,11 +220,11 @@ impl Store {
             .collect()
     }
 
-    /// How many conversations node `me` holds.
-    pub async fn owned_count(&self, me: &str) -> Result<u64> {
+    /// How many conversations `node` holds.
+    pub async fn owned_count(&self, node: Node<'_>) -> Result<u64> {
         let statement = self.postgres(
-            "SELECT count(*) AS n FROM conversations WHERE owner_node = $1",
-            [Value::from(me)],
+            "SELECT count(*) AS n FROM conversations WHERE lease_owner = $1",
+            [Value::from(node.incarnation)],
         )?;
         let row = self.db.query_one_raw(statement).await?;
         let n: i64 = match row {
@@ -213,13 +236,16 @@ impl Store {
 
     /// A node leaving: its leases go (the next node to need a conversation takes it at once,
     /// without waiting for the TTL), then its row.
-    pub async fn leave(&self, me: &str) -> Result<()> {
+    pub async fn leave(&self, node: Node<'_>) -> Result<()> {
         let release = self.postgres(
-            "UPDATE conversations SET owner_node = NULL WHERE owner_node = $1",
-            [Value::from(me)],
+            "UPDATE conversations SET lease_owner = NULL WHERE lease_owner = $1",
+            [Value::from(node.incarnation)],
         )?;
         self.db.execute_raw(release).await?;
-        let forget = self.postgres("DELETE FROM nodes WHERE id = $1", [Value::from(me)])?;
+        let forget = self.postgres(
+            "DELETE FROM nodes WHERE id = $1 AND incarnation = $2",
+            [Value::from(node.id), Value::from(node.incarnation)],
+        )?;
         self.db.execute_raw(forget).await?;
         Ok(())
     }

@@ -27,7 +27,7 @@ use sea_orm::{
 };
 use serde::Serialize;
 
-pub use cluster::{Lease, Owner};
+pub use cluster::{Lease, Node, Owner};
 pub use error::StoreError;
 pub(crate) use sqlite::Durable;
 
