@@ -21,22 +21,69 @@ fn node(db: &TestDb, llm: &FakeLlm, workspace: &std::path::Path, id: &str) -> Se
     Server::start_with(cmd)
 }
 
-async fn cluster() -> Option<(TestDb, FakeLlm, std::path::PathBuf, Vec<Server>)> {
-    let Some(db) = TestDb::postgres().await else {
-        #[allow(clippy::print_stderr)]
-        {
-            eprintln!("SKIPPED: cluster tests need Postgres (BEDROCK_TEST_DATABASE_URL)");
+/// Three nodes, their database, fake LLM and shared workspace.
+struct Cluster {
+    db: TestDb,
+    llm: FakeLlm,
+    workspace: std::path::PathBuf,
+    nodes: Vec<Server>,
+}
+
+impl Cluster {
+    async fn start() -> Option<Cluster> {
+        let Some(db) = TestDb::postgres().await else {
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!("SKIPPED: cluster tests need Postgres (BEDROCK_TEST_DATABASE_URL)");
+            }
+            return None;
+        };
+        bedrock::install_crypto();
+        let llm = FakeLlm::start().await;
+        let workspace = crate::support::db::temp_dir("cluster-ws");
+        let nodes = ["a", "b", "c"]
+            .iter()
+            .map(|id| node(&db, &llm, &workspace, id))
+            .collect();
+        Some(Cluster {
+            db,
+            llm,
+            workspace,
+            nodes,
+        })
+    }
+
+    /// Kills the nodes still in the cluster and removes what the test made.
+    async fn end(self) {
+        for server in self.nodes {
+            server.kill_hard();
         }
-        return None;
-    };
-    bedrock::install_crypto();
-    let llm = FakeLlm::start().await;
-    let workspace = crate::support::db::temp_dir("cluster-ws");
-    let nodes = ["a", "b", "c"]
+        crate::support::process::remove_workspace(&self.workspace);
+        self.db.drop_db().await;
+    }
+}
+
+/// A new conversation on `server`: its id and its working directory.
+async fn conversation(server: &Server) -> (String, std::path::PathBuf) {
+    let created = server.conversation().await;
+    let id = created["id"].as_str().expect("an id").to_owned();
+    let cwd = std::path::PathBuf::from(created["cwd"].as_str().expect("a cwd"));
+    (id, cwd)
+}
+
+/// The conversation's tool results, as `[tool_use_id, output]`.
+async fn tool_results(server: &Server, id: &str) -> Vec<Value> {
+    let messages = server
+        .get(&format!("/conversations/{id}/messages"))
+        .await
+        .expect("messages");
+    messages["messages"]
+        .as_array()
+        .expect("a list")
         .iter()
-        .map(|id| node(&db, &llm, &workspace, id))
-        .collect();
-    Some((db, llm, workspace, nodes))
+        .filter(|m| m["message_type"] == "tool")
+        .map(|m| json!([m["content"]["tool_use_id"], m["content"]["output"]]))
+        .collect()
 }
 
 async fn post(server: &Server, path: &str, body: Value) -> (u16, Value) {
@@ -70,14 +117,14 @@ async fn idle_on(server: &Server, id: &str) {
 /// running tool, and `/readyz` shows each node.
 #[tokio::test]
 async fn any_node_answers_for_any_conversation() {
-    let Some((db, llm, workspace, nodes)) = cluster().await else {
+    let Some(cluster) = Cluster::start().await else {
         return;
     };
+    let (llm, nodes) = (&cluster.llm, &cluster.nodes);
     let [a, b, c] = &nodes[..] else {
         unreachable!()
     };
-    let created = a.conversation().await;
-    let id = created["id"].as_str().expect("an id").to_owned();
+    let (id, _) = conversation(a).await;
 
     llm.push([Llm::text("hello from the owner")]);
     let (status, _) = post(
@@ -139,12 +186,7 @@ async fn any_node_answers_for_any_conversation() {
         (!crate::support::running(&sleep)).then_some(())
     })
     .await;
-
-    for server in nodes {
-        server.kill_hard();
-    }
-    crate::support::process::remove_workspace(&workspace);
-    db.drop_db().await;
+    cluster.end().await;
 }
 
 /// kill -9 of the owner in the middle of a tool: within the lease TTL and two seconds
@@ -152,12 +194,12 @@ async fn any_node_answers_for_any_conversation() {
 /// and the next turn works through any node.
 #[tokio::test]
 async fn a_dead_owner_is_replaced_within_the_lease() {
-    let Some((db, llm, workspace, mut nodes)) = cluster().await else {
+    let Some(mut cluster) = Cluster::start().await else {
         return;
     };
-    let a = nodes.remove(0);
-    let created = a.conversation().await;
-    let id = created["id"].as_str().expect("an id").to_owned();
+    let a = cluster.nodes.remove(0);
+    let (llm, nodes) = (&cluster.llm, &cluster.nodes);
+    let (id, _) = conversation(&a).await;
     let sleep = crate::support::unique_sleep();
     llm.push([Llm::Tools {
         text: None,
@@ -174,18 +216,10 @@ async fn a_dead_owner_is_replaced_within_the_lease() {
     let ttl = Duration::from_millis(TTL_MS.parse().expect("a number"));
     // Measured, not a timing test: bounded loosely for a busy machine.
     assert!(took < ttl + WAIT, "took over after {took:?}");
-    let messages = b
-        .get(&format!("/conversations/{id}/messages"))
-        .await
-        .expect("messages");
-    let results: Vec<&Value> = messages["messages"]
-        .as_array()
-        .expect("a list")
-        .iter()
-        .filter(|m| m["message_type"] == "tool")
-        .map(|m| &m["content"]["output"])
-        .collect();
-    assert_eq!(results, [&json!("interrupted by server restart")]);
+    assert_eq!(
+        tool_results(b, &id).await,
+        [json!(["call_long", "interrupted by server restart"])]
+    );
 
     llm.push([Llm::text("still here")]);
     let c = &nodes[1];
@@ -205,11 +239,7 @@ async fn a_dead_owner_is_replaced_within_the_lease() {
         crate::support::roles(&request),
         ["system", "user", "assistant", "tool", "user"]
     );
-    for server in nodes {
-        server.kill_hard();
-    }
-    crate::support::process::remove_workspace(&workspace);
-    db.drop_db().await;
+    cluster.end().await;
 }
 
 /// Fencing: the owner is paused (SIGSTOP) in the middle of a tool until its lease expires,
@@ -218,13 +248,12 @@ async fn a_dead_owner_is_replaced_within_the_lease() {
 /// stale epoch), each tool ran once, and the chain is the new owner's.
 #[tokio::test]
 async fn a_paused_owner_cannot_write_after_losing_its_lease() {
-    let Some((db, llm, workspace, mut nodes)) = cluster().await else {
+    let Some(mut cluster) = Cluster::start().await else {
         return;
     };
-    let a = nodes.remove(0);
-    let created = a.conversation().await;
-    let id = created["id"].as_str().expect("an id").to_owned();
-    let cwd = std::path::PathBuf::from(created["cwd"].as_str().expect("a cwd"));
+    let a = cluster.nodes.remove(0);
+    let (llm, nodes) = (&cluster.llm, &cluster.nodes);
+    let (id, cwd) = conversation(&a).await;
     llm.push([Llm::Tools {
         text: None,
         calls: vec![(
@@ -271,17 +300,7 @@ async fn a_paused_owner_cannot_write_after_losing_its_lease() {
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
     // A's tool has finished while it slept; give A time to try to store its result.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let messages = b
-        .get(&format!("/conversations/{id}/messages"))
-        .await
-        .expect("messages");
-    let outputs: Vec<Value> = messages["messages"]
-        .as_array()
-        .expect("a list")
-        .iter()
-        .filter(|m| m["message_type"] == "tool")
-        .map(|m| json!([m["content"]["tool_use_id"], m["content"]["output"]]))
-        .collect();
+    let outputs = tool_results(b, &id).await;
     assert_eq!(outputs.len(), 2, "{outputs:?}");
     assert_eq!(
         outputs[0],
@@ -314,9 +333,5 @@ async fn a_paused_owner_cannot_write_after_losing_its_lease() {
         "A tried to store its result and the database refused it"
     );
     a.kill_hard();
-    for server in nodes {
-        server.kill_hard();
-    }
-    crate::support::process::remove_workspace(&workspace);
-    db.drop_db().await;
+    cluster.end().await;
 }
