@@ -79,7 +79,8 @@ pub async fn start(services: &Arc<Services>) -> crate::store::Result<()> {
         .heartbeat(cluster.node(), &cluster.advertise)
         .await?;
     tracing::info!(node = %cluster.node_id, advertise = %cluster.advertise, "joined the cluster");
-    take_over(services, &cluster).await;
+    // Start-up recovery: also conversations nobody holds (rows from before leases).
+    take_over(services, &cluster, true).await;
     let services = services.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(cluster.heartbeat);
@@ -94,7 +95,12 @@ pub async fn start(services: &Arc<Services>) -> crate::store::Result<()> {
                 .heartbeat(cluster.node(), &cluster.advertise)
                 .await
             {
-                Ok(_) => take_over(&services, &cluster).await,
+                Ok(_) => {
+                    take_over(&services, &cluster, false).await;
+                    if let Err(error) = services.store.clear_dead_nodes(cluster.node()).await {
+                        tracing::warn!(%error, "cannot clear dead nodes");
+                    }
+                }
                 Err(error) => {
                     tracing::warn!(node = %cluster.node_id, %error, "heartbeat failed; leases expire if it goes on")
                 }
@@ -104,29 +110,38 @@ pub async fn start(services: &Arc<Services>) -> crate::store::Result<()> {
     Ok(())
 }
 
-/// Conversations left with work in flight by a node that is gone: take each (its lease, a
-/// repair of its chain, its actor here).
-async fn take_over(services: &Arc<Services>, cluster: &Cluster) {
-    let orphans = match services
-        .store
-        .orphaned_conversations(cluster.node(), 200)
-        .await
-    {
-        Ok(orphans) => orphans,
-        Err(error) => {
-            tracing::warn!(%error, "cannot look for orphaned conversations");
-            return;
-        }
-    };
-    for id in orphans {
-        if services.registry.contains(&id) {
-            continue;
-        }
-        match services.registry.get_or_start(services, &id).await {
-            Ok(_) => tracing::info!(conversation = %id, node = %cluster.node_id, "took over"),
+/// Conversations left with work in flight by a node that is gone (and, `unowned`, by no
+/// node): take each (its lease, a repair of its chain, its actor here), a batch at a time.
+async fn take_over(services: &Arc<Services>, cluster: &Cluster, unowned: bool) {
+    const BATCH: u64 = 200;
+    loop {
+        let orphans = match services
+            .store
+            .orphaned_conversations(cluster.node(), unowned, BATCH)
+            .await
+        {
+            Ok(orphans) => orphans,
             Err(error) => {
-                tracing::debug!(conversation = %id, %error, "not taken over")
+                tracing::warn!(%error, "cannot look for orphaned conversations");
+                return;
             }
+        };
+        let full = orphans.len() as u64 == BATCH;
+        let mut taken = 0;
+        for id in orphans {
+            if services.registry.contains(&id) {
+                continue;
+            }
+            match services.registry.get_or_start(services, &id).await {
+                Ok(_) => {
+                    taken += 1;
+                    tracing::info!(conversation = %id, node = %cluster.node_id, "took over");
+                }
+                Err(error) => tracing::debug!(conversation = %id, %error, "not taken over"),
+            }
+        }
+        if !full || taken == 0 {
+            return;
         }
     }
 }

@@ -1,9 +1,13 @@
-//! Several nodes on one Postgres (docs/operations.md, "Scaling"). `nodes` holds each node's
-//! address, heartbeat and incarnation (a fresh id per process start). A conversation's lease
-//! is `lease_owner` (the incarnation holding it) and `lease_epoch`. A lease is live while its
-//! incarnation is its node's current one and the node's heartbeat is younger than the TTL,
-//! so one statement per heartbeat renews all of a node's leases, and a node restarted under
-//! the same id finds the leases of its previous run dead at once. Taking a lease adds one to
+//! Several nodes on one Postgres (docs/operations.md, "Scaling"). `nodes` has a row per
+//! incarnation of a node (a fresh id per process start) with its address and heartbeat. A
+//! conversation's lease is `lease_owner` (the incarnation holding it) and `lease_epoch`. A
+//! lease is live while its incarnation's heartbeat is younger than the TTL, so one statement
+//! per heartbeat renews all of a node's leases; a node restarted under the same id retires
+//! the incarnation before it, whose leases end at once. A dead incarnation's row stays until
+//! its conversations with work in flight are taken over and the others released: the
+//! takeover pass finds them through it (by `lease_owner`), never by scanning conversations.
+//! No index covers the columns a commit updates (state, counters), so those updates stay
+//! heap-only (HOT). Taking a lease adds one to
 //! the epoch, the fencing token: `bedrock_commit` updates a conversation only while the epoch
 //! its commit carries is still current, in the same guarded `UPDATE` as the counters, so a
 //! node that lost a lease (paused, partitioned, slow) can never write for that conversation
@@ -20,8 +24,8 @@ pub struct Migration;
 
 const POSTGRES_UP: &[&str] = &[
     "CREATE TABLE nodes (
-        id text PRIMARY KEY,
-        incarnation text NOT NULL UNIQUE,
+        incarnation text PRIMARY KEY,
+        id text NOT NULL,
         advertise text NOT NULL,
         started_at timestamptz NOT NULL DEFAULT now(),
         heartbeat_at timestamptz NOT NULL DEFAULT now()
@@ -30,9 +34,7 @@ const POSTGRES_UP: &[&str] = &[
         ADD COLUMN lease_epoch bigint NOT NULL DEFAULT 0",
     "CREATE INDEX conversations_lease_owner ON conversations (lease_owner)
         WHERE lease_owner IS NOT NULL",
-    // What each heartbeat's takeover pass looks for: turns in flight, tasks running.
-    "CREATE INDEX conversations_in_flight ON conversations (id)
-        WHERE state NOT IN ('idle', 'error', 'completed')",
+    // What the takeover pass looks for besides turns in flight: tasks running.
     "CREATE INDEX background_tasks_running ON background_tasks (conversation_id)
         WHERE status = 'running'",
     COMMIT_FUNCTION,

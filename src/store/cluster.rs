@@ -1,9 +1,8 @@
 //! Postgres: nodes, their heartbeats, and the leases on conversations (migration m7). A lease
 //! is `conversations.lease_owner` (a node's incarnation: one per process start) and
-//! `lease_epoch`; it is live while that incarnation is its node's current one and the node's
-//! heartbeat is younger than the TTL, so one heartbeat renews every lease of a node. Each
-//! statement here decides in the database, in one statement: two nodes racing for a lease
-//! cannot both win.
+//! `lease_epoch`; it is live while that incarnation's heartbeat is younger than the TTL, so
+//! one heartbeat renews every lease of a node. Each statement here decides in the database,
+//! in one statement: two nodes racing for a lease cannot both win.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -52,6 +51,11 @@ impl Node<'_> {
     }
 }
 
+/// True in SQL for a conversation `c` with work in flight: a turn, or a background task.
+const WORK: &str = "(c.state NOT IN ('idle', 'error', 'completed') \
+    OR EXISTS (SELECT 1 FROM background_tasks b \
+               WHERE b.conversation_id = c.id AND b.status = 'running'))";
+
 /// True in SQL for a conversation `c` whose lease no live node holds; `$ttl` is the bound
 /// parameter of the TTL in milliseconds.
 fn unheld(ttl: &str) -> String {
@@ -76,18 +80,18 @@ impl Store {
         ))
     }
 
-    /// Registers the node (the first time, or as a new incarnation after a restart, which
-    /// ends the leases of the one before) or renews its heartbeat and with it every lease it
-    /// holds; tells how many other nodes are live.
+    /// Registers this incarnation of the node (retiring any earlier one of the same id, whose
+    /// leases end at once) or renews its heartbeat and with it every lease it holds; tells
+    /// how many other nodes are live.
     pub async fn heartbeat(&self, node: Node<'_>, advertise: &str) -> Result<u64> {
         let statement = self.postgres(
-            "WITH beat AS ( \
-                 INSERT INTO nodes (id, incarnation, advertise) VALUES ($1, $2, $3) \
-                 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), \
-                     advertise = EXCLUDED.advertise, incarnation = EXCLUDED.incarnation, \
-                     started_at = CASE WHEN nodes.incarnation = EXCLUDED.incarnation \
-                         THEN nodes.started_at ELSE now() END \
-                 RETURNING id) \
+            "WITH retired AS ( \
+                 UPDATE nodes SET heartbeat_at = '-infinity' \
+                 WHERE id = $1 AND incarnation <> $2 AND heartbeat_at > '-infinity'), \
+             beat AS ( \
+                 INSERT INTO nodes (incarnation, id, advertise) VALUES ($2, $1, $3) \
+                 ON CONFLICT (incarnation) DO UPDATE \
+                     SET heartbeat_at = now(), advertise = EXCLUDED.advertise) \
              SELECT count(*) AS peers FROM nodes WHERE id <> $1 \
                  AND heartbeat_at > now() - $4 * interval '1 millisecond'",
             [
@@ -192,23 +196,28 @@ impl Store {
         }))
     }
 
-    /// Conversations with work that nobody live is doing: a turn in flight or a background
-    /// task running, and no live lease (a node that died, or this one before a restart). At
-    /// most `limit`.
-    pub async fn orphaned_conversations(&self, node: Node<'_>, limit: u64) -> Result<Vec<String>> {
+    /// Conversations with work that nobody live is doing (a turn in flight or a background
+    /// task running), held by an incarnation that is dead: found through the dead
+    /// incarnations' rows. `unowned` also looks among conversations nobody holds, a scan of
+    /// the table for rows from before leases existed (start-up only). At most `limit`.
+    pub async fn orphaned_conversations(
+        &self,
+        node: Node<'_>,
+        unowned: bool,
+        limit: u64,
+    ) -> Result<Vec<String>> {
         let sql = format!(
-            "SELECT c.id FROM conversations c \
-             WHERE (c.state NOT IN ('idle', 'error', 'completed') \
-                    OR EXISTS (SELECT 1 FROM background_tasks b \
-                               WHERE b.conversation_id = c.id AND b.status = 'running')) \
-               AND {} \
-             LIMIT $2",
-            unheld("$1")
+            "SELECT c.id FROM nodes n JOIN conversations c ON c.lease_owner = n.incarnation \
+             WHERE n.heartbeat_at <= now() - $1 * interval '1 millisecond' AND {WORK} \
+             UNION ALL \
+             SELECT c.id FROM conversations c WHERE $2 AND c.lease_owner IS NULL AND {WORK} \
+             LIMIT $3"
         );
         let statement = self.postgres(
             &sql,
             [
                 node.ttl_ms(),
+                Value::from(unowned),
                 Value::from(i64::try_from(limit).unwrap_or(i64::MAX)),
             ],
         )?;
@@ -218,6 +227,27 @@ impl Store {
             .into_iter()
             .map(|row| Ok(row.try_get("", "id")?))
             .collect()
+    }
+
+    /// Lets go of what dead incarnations still hold with no work in it (their conversations
+    /// at rest), then forgets the incarnations that hold nothing.
+    pub async fn clear_dead_nodes(&self, node: Node<'_>) -> Result<()> {
+        let release = self.postgres(
+            &format!(
+                "UPDATE conversations c SET lease_owner = NULL FROM nodes n \
+                 WHERE c.lease_owner = n.incarnation \
+                     AND n.heartbeat_at <= now() - $1 * interval '1 millisecond' AND NOT {WORK}"
+            ),
+            [node.ttl_ms()],
+        )?;
+        self.db.execute_raw(release).await?;
+        let forget = self.postgres(
+            "DELETE FROM nodes n WHERE n.heartbeat_at <= now() - $1 * interval '1 millisecond' \
+                 AND NOT EXISTS (SELECT 1 FROM conversations c WHERE c.lease_owner = n.incarnation)",
+            [node.ttl_ms()],
+        )?;
+        self.db.execute_raw(forget).await?;
+        Ok(())
     }
 
     /// How many conversations `node` holds.
@@ -234,19 +264,23 @@ impl Store {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
-    /// A node leaving: its leases go (the next node to need a conversation takes it at once,
-    /// without waiting for the TTL), then its row.
+    /// A node leaving: it lets go of its conversations at rest (the next node to need one
+    /// takes it at once) and marks itself dead, so others take over at once whatever it
+    /// could not finish.
     pub async fn leave(&self, node: Node<'_>) -> Result<()> {
         let release = self.postgres(
-            "UPDATE conversations SET lease_owner = NULL WHERE lease_owner = $1",
+            &format!(
+                "UPDATE conversations c SET lease_owner = NULL \
+                 WHERE c.lease_owner = $1 AND NOT {WORK}"
+            ),
             [Value::from(node.incarnation)],
         )?;
         self.db.execute_raw(release).await?;
-        let forget = self.postgres(
-            "DELETE FROM nodes WHERE id = $1 AND incarnation = $2",
-            [Value::from(node.id), Value::from(node.incarnation)],
+        let retire = self.postgres(
+            "UPDATE nodes SET heartbeat_at = '-infinity' WHERE incarnation = $1",
+            [Value::from(node.incarnation)],
         )?;
-        self.db.execute_raw(forget).await?;
+        self.db.execute_raw(retire).await?;
         Ok(())
     }
 }
