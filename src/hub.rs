@@ -15,6 +15,9 @@ use tokio::sync::mpsc;
 
 use crate::wire::{self, ServerFrame};
 
+/// The `kind` of a [`Frame::wake`]; no frame type of the contract is empty.
+const WAKE: &str = "";
+
 /// One frame as sent to clients.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Frame {
@@ -37,6 +40,18 @@ impl Frame {
             ws: json.as_ref().into(),
             json,
         }
+    }
+
+    /// Not a frame for clients but a wake-up from another node: the conversation's durable
+    /// frames up to `until` are stored, and a stream that has not seen them reads them from
+    /// the database (see `cluster::frames`).
+    pub fn wake(until: i64) -> Arc<Frame> {
+        Arc::new(Frame::new(WAKE, Some(until), Arc::from("")))
+    }
+
+    /// Whether this is a [`Frame::wake`].
+    pub fn is_wake(&self) -> bool {
+        self.kind == WAKE
     }
 
     /// A frame as the wire types make it.
@@ -175,6 +190,11 @@ impl EventHub {
                 channels.remove(conversation_id);
             }
         }
+    }
+
+    /// The conversations that have subscribers.
+    pub fn watched(&self) -> Vec<String> {
+        self.channels().keys().cloned().collect()
     }
 
     /// How many conversations have subscribers.

@@ -12,7 +12,8 @@
 //! its commit carries is still current, in the same guarded `UPDATE` as the counters, so a
 //! node that lost a lease (paused, partitioned, slow) can never write for that conversation
 //! again. The function also wakes the other nodes' live streams (`NOTIFY bedrock_frames`,
-//! the conversation's id) when the commit asks for it; the stored rows stay the truth.
+//! `<conversation id> <its last event id>`) when the commit asks for it; the stored rows
+//! stay the truth.
 //!
 //! This migration makes `bedrock_commit` for the tables of m5 and m6 (which dropped the one
 //! of m4); the three ship together. SQLite is one node: nothing changes there.
@@ -75,7 +76,7 @@ BEGIN
                 USING ERRCODE = 'BR409';
         END IF;
         IF c.notify THEN
-            PERFORM pg_notify('bedrock_frames', c.id);
+            PERFORM pg_notify('bedrock_frames', c.id || ' ' || (c.next_evt - 1));
         END IF;
     END LOOP;
     INSERT INTO messages (conversation_key, sequence_id, event_id, created_at, id,

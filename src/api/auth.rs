@@ -101,6 +101,19 @@ impl FromRequestParts<AppState> for Caller {
     }
 }
 
+/// The API key a request carries, unchecked. A WebSocket keeps it to carry its client's
+/// commands to the node that owns the conversation, which checks it again.
+#[derive(Clone, Debug, Default)]
+pub struct Credential(pub Option<String>);
+
+impl FromRequestParts<AppState> for Credential {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &AppState) -> Result<Self, Self::Rejection> {
+        bearer(parts).map(Credential)
+    }
+}
+
 impl AppState {
     fn cached_key(&self, hash: &str) -> Option<Tenant> {
         let cache = self.keys.lock().unwrap_or_else(|e| e.into_inner());

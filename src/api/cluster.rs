@@ -60,7 +60,7 @@ pub async fn forward(State(app): State<AppState>, request: Request, next: Next) 
 }
 
 /// Sends the request to the owner and returns its answer.
-async fn carry(
+pub(super) async fn carry(
     cluster: &crate::cluster::Cluster,
     owner: &str,
     method: Method,

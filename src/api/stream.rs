@@ -12,7 +12,7 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderValue, Method, Uri, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::{SinkExt, StreamExt};
@@ -22,7 +22,7 @@ use serde_json::value::RawValue;
 use tokio::sync::mpsc;
 
 use super::AppState;
-use super::auth::Caller;
+use super::auth::{Caller, Credential};
 use super::conversations::{Outgoing, Target, cancel_conversation, check_client_event, deliver};
 use super::error::{ApiError, ErrorBody, Path, Query};
 use crate::hub::{Frame, RecvError, Subscription, TryRecvError};
@@ -288,6 +288,14 @@ async fn forward(
         }
         Err(RecvError::Closed) => return Err(None),
     };
+    if frame.is_wake() {
+        // Another node committed up to here: send what is stored beyond what was sent.
+        if let Some(until) = frame.event_id.filter(|until| *until > *last) {
+            let sent = Box::pin(replay(followed, *last, until, sink)).await;
+            *last = sent.ok_or(None)?.max(*last);
+        }
+        return Ok(());
+    }
     if let Some(event_id) = frame.event_id {
         if event_id <= *last {
             return Ok(());
@@ -348,6 +356,7 @@ const GOING_AWAY: &str = "the server is shutting down; reconnect with after_even
 pub async fn websocket(
     State(app): State<AppState>,
     caller: Caller,
+    credential: Credential,
     Path(id): Path<String>,
     Query(q): Query<StreamQuery>,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
@@ -363,14 +372,20 @@ pub async fn websocket(
         .read_buffer_size(WS_READ_BUFFER)
         .max_message_size(limit.saturating_mul(4))
         .max_frame_size(limit.saturating_mul(4))
-        .on_upgrade(move |socket| serve_socket(app, conv, q.after_event_id, socket))
+        .on_upgrade(move |socket| serve_socket(app, conv, credential, q.after_event_id, socket))
         .into_response())
 }
 
 /// A WebSocket's channel of answers to its client's own frames.
 type Replies = (mpsc::Sender<Arc<Frame>>, mpsc::Receiver<Arc<Frame>>);
 
-async fn serve_socket(app: AppState, conv: Target, after: Option<i64>, socket: WebSocket) {
+async fn serve_socket(
+    app: AppState,
+    conv: Target,
+    credential: Credential,
+    after: Option<i64>,
+    socket: WebSocket,
+) {
     let metrics = app.services.metrics.clone();
     metrics.websocket(true);
     let (mut sink, mut incoming) = socket.split();
@@ -412,7 +427,7 @@ async fn serve_socket(app: AppState, conv: Target, after: Option<i64>, socket: W
                             let _ = reply_tx.try_send(rejected("payload_too_large", &format!("frames are limited to {limit} bytes")));
                             continue;
                         }
-                        client_frame(&app, &conv, text.as_str(), reply_tx);
+                        client_frame(&app, &conv, &credential, text.as_str(), reply_tx);
                     }
                     Some(Ok(Message::Binary(_))) => {
                         let reply_tx = &replies.get_or_insert_with(|| mpsc::channel(64)).0;
@@ -447,7 +462,13 @@ fn rejected_by(error: &ApiError) -> Arc<Frame> {
 
 /// Handles one client frame; slow work runs in a task, and any refusal comes back as a
 /// `rejected` frame on `replies` while the connection stays open.
-fn client_frame(app: &AppState, conv: &Target, text: &str, replies: &mpsc::Sender<Arc<Frame>>) {
+fn client_frame(
+    app: &AppState,
+    conv: &Target,
+    credential: &Credential,
+    text: &str,
+    replies: &mpsc::Sender<Arc<Frame>>,
+) {
     let parsed: Result<ClientFrame, _> = serde_json::from_str(text);
     let frame = match parsed {
         Ok(frame) => frame,
@@ -462,6 +483,7 @@ fn client_frame(app: &AppState, conv: &Target, text: &str, replies: &mpsc::Sende
         }
     };
     let (app, conv, replies) = (app.clone(), conv.clone(), replies.clone());
+    let (credential, text) = (credential.clone(), text.to_owned());
     tokio::spawn(async move {
         let outcome: Result<Option<Arc<Frame>>, ApiError> = match frame {
             ClientFrame::Ping => Ok(Some(self::frame(&ServerFrame::Pong))),
@@ -491,12 +513,105 @@ fn client_frame(app: &AppState, conv: &Target, text: &str, replies: &mpsc::Sende
         };
         let reply = match outcome {
             Ok(reply) => reply,
+            Err(ApiError {
+                forward: Some(owner),
+                ..
+            }) => carry_command(&app, &owner, &credential, &conv.id, &text).await,
             Err(error) => Some(rejected_by(&error)),
         };
         if let Some(reply) = reply {
             let _ = replies.send(reply).await;
         }
     });
+}
+
+/// A client frame for a conversation another node owns, carried to that node as the REST
+/// request that does the same, with the client's key: `None` when the owner took it, else a
+/// `rejected` frame with the owner's refusal.
+async fn carry_command(
+    app: &AppState,
+    owner: &str,
+    credential: &Credential,
+    id: &str,
+    text: &str,
+) -> Option<Arc<Frame>> {
+    let refused = |message: &str| Some(rejected("unavailable", message));
+    let Some(cluster) = app.services.cluster.as_deref() else {
+        return refused("the conversation runs on another node");
+    };
+    let Ok(Value::Object(mut body)) = serde_json::from_str::<Value>(text) else {
+        return refused("the frame could not be carried to the conversation's node");
+    };
+    let kind = body.remove("type");
+    let request;
+    let segments: &[&str] = match kind.as_ref().and_then(Value::as_str) {
+        Some("user_message") => &["messages"],
+        Some("cancel") => &["cancel"],
+        Some("system_event") => &["events"],
+        Some("respond") => match body.remove("request_id") {
+            Some(Value::String(id)) => {
+                request = id;
+                &["requests", &request]
+            }
+            _ => return refused("a respond frame needs a request_id"),
+        },
+        _ => return refused("this frame is not carried to another node"),
+    };
+    let Some(uri) = route(id, segments) else {
+        return refused("the frame could not be carried to the conversation's node");
+    };
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Some(key) = &credential.0
+        && let Ok(value) = HeaderValue::from_str(&format!("Bearer {key}"))
+    {
+        headers.insert(header::AUTHORIZATION, value);
+    }
+    let body = axum::body::Bytes::from(wire::to_json(&body));
+    let answer = match super::cluster::carry(cluster, owner, Method::POST, &uri, headers, body)
+        .await
+    {
+        Ok(answer) => answer,
+        Err(error) => {
+            tracing::warn!(%owner, %error, "the owner of a conversation did not answer a carried frame");
+            return refused("the conversation's node did not answer; try again shortly");
+        }
+    };
+    if answer.status().is_success() {
+        return None;
+    }
+    let body = axum::body::to_bytes(answer.into_body(), 64 * 1024)
+        .await
+        .unwrap_or_default();
+    let error: Value = serde_json::from_slice(&body).unwrap_or_default();
+    let detail = |field: &str| {
+        error["error"][field]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let (code, message) = (detail("code"), detail("message"));
+    Some(rejected(
+        if code.is_empty() {
+            "unavailable"
+        } else {
+            &code
+        },
+        &message,
+    ))
+}
+
+/// The path of a conversation's REST command, `segments` after its id, each encoded.
+fn route(id: &str, segments: &[&str]) -> Option<Uri> {
+    let mut url = url::Url::parse("http://node/").ok()?;
+    url.path_segments_mut()
+        .ok()?
+        .extend(["v1", "conversations", id])
+        .extend(segments);
+    url.path().parse().ok()
 }
 
 /// The live stream, read-only, as Server-Sent Events: the same frames as the WebSocket, with

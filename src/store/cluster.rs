@@ -51,6 +51,9 @@ impl Node<'_> {
     }
 }
 
+/// The channel commits wake other nodes' streams on (migration m7).
+const FRAMES_CHANNEL: &str = "bedrock_frames";
+
 /// True in SQL for a conversation `c` with work in flight: a turn, or a background task.
 const WORK: &str = "(c.state NOT IN ('idle', 'error', 'completed') \
     OR EXISTS (SELECT 1 FROM background_tasks b \
@@ -67,12 +70,18 @@ fn unheld(ttl: &str) -> String {
 }
 
 impl Store {
-    fn postgres(&self, sql: &str, values: impl IntoIterator<Item = Value>) -> Result<Statement> {
-        if self.backend() != DbBackend::Postgres {
-            return Err(StoreError::Other(
+    fn require_postgres(&self) -> Result<()> {
+        if self.backend() == DbBackend::Postgres {
+            Ok(())
+        } else {
+            Err(StoreError::Other(
                 "a cluster needs Postgres; SQLite is one node".into(),
-            ));
+            ))
         }
+    }
+
+    fn postgres(&self, sql: &str, values: impl IntoIterator<Item = Value>) -> Result<Statement> {
+        self.require_postgres()?;
         Ok(Statement::from_sql_and_values(
             DbBackend::Postgres,
             sql,
@@ -262,6 +271,41 @@ impl Store {
             None => 0,
         };
         Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    /// A connection that hears other nodes' commits (`NOTIFY bedrock_frames`; each
+    /// notification is `<conversation id> <its last event id>`). It reconnects by itself
+    /// when its connection is lost, and says so (`try_recv` gives `None`): notifications
+    /// sent meanwhile are lost, and the listener's owner reads what it missed.
+    pub async fn frames_listener(&self) -> Result<sea_orm::sqlx::postgres::PgListener> {
+        self.require_postgres()?;
+        let unavailable = |e: sea_orm::sqlx::Error| StoreError::Unavailable(e.to_string());
+        let mut listener = sea_orm::sqlx::postgres::PgListener::connect_with(
+            self.db.get_postgres_connection_pool(),
+        )
+        .await
+        .map_err(unavailable)?;
+        listener.listen(FRAMES_CHANNEL).await.map_err(unavailable)?;
+        Ok(listener)
+    }
+
+    /// The last event id of each of the conversations `ids` (those that exist), in one
+    /// statement.
+    pub async fn last_event_ids(&self, ids: &[&str]) -> Result<Vec<(String, i64)>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids = serde_json::to_string(ids)
+            .map_err(|e| StoreError::Other(format!("ids do not serialise: {e}")))?;
+        let statement = self.postgres(
+            "SELECT id, next_event_id - 1 AS last FROM conversations \
+             WHERE id IN (SELECT json_array_elements_text($1::json))",
+            [Value::from(ids)],
+        )?;
+        let rows = self.db.query_all_raw(statement).await?;
+        rows.iter()
+            .map(|row| Ok((row.try_get("", "id")?, row.try_get("", "last")?)))
+            .collect()
     }
 
     /// A node leaving: it lets go of its conversations at rest (the next node to need one

@@ -8,6 +8,7 @@ use bedrock::testkit::{FakeLlm, Reply as Llm};
 use serde_json::{Value, json};
 
 use crate::support::process::{Server, command};
+use crate::support::ws::{Ws, is_state};
 use crate::support::{TestDb, WAIT, eventually};
 
 /// Leases of two seconds, renewed every half second: failover within seconds.
@@ -186,6 +187,126 @@ async fn any_node_answers_for_any_conversation() {
         (!crate::support::running(&sleep)).then_some(())
     })
     .await;
+    cluster.end().await;
+}
+
+fn ws_url(server: &Server, id: &str, query: &str) -> String {
+    let host = server.base.trim_start_matches("http://");
+    format!("ws://{host}/v1/conversations/{id}/ws{query}")
+}
+
+/// The durable frames' event ids run on by one from `after`: no gap, no duplicate.
+fn assert_consecutive(frames: &[Value], after: i64) -> i64 {
+    let ids: Vec<i64> = frames
+        .iter()
+        .filter(|f| f["type"] != "snapshot")
+        .filter_map(|f| f["event_id"].as_i64())
+        .collect();
+    let expected: Vec<i64> = (after + 1..=after + ids.len() as i64).collect();
+    assert_eq!(
+        ids, expected,
+        "event ids in order, no gap or duplicate: {frames:?}"
+    );
+    ids.last().copied().unwrap_or(after)
+}
+
+/// The texts of a stream's message frames.
+fn texts(frames: &[Value]) -> Vec<&str> {
+    frames
+        .iter()
+        .filter(|f| f["type"] == "message")
+        .filter_map(|f| f["message"]["content"]["text"].as_str())
+        .collect()
+}
+
+/// Frames across nodes: a WebSocket on C, which neither created nor runs the conversation,
+/// sees the whole of a turn sent through B (in order, no gap or duplicate); its own
+/// user_message and cancel frames are carried to the owner; a client resuming on B after an
+/// event id gets exactly the rest; a message_id repeated through another node is a repeat.
+#[tokio::test]
+async fn streams_and_commands_work_from_any_node() {
+    let Some(cluster) = Cluster::start().await else {
+        return;
+    };
+    let (llm, nodes) = (&cluster.llm, &cluster.nodes);
+    let [a, b, c] = &nodes[..] else {
+        unreachable!()
+    };
+    let (id, _) = conversation(a).await;
+    // The owner runs it from its first command on.
+    llm.push([Llm::text("first answer")]);
+    a.send(&id, "warm up").await;
+    idle_on(a, &id).await;
+
+    let mut on_c = Ws::connect(&ws_url(c, &id, "")).await;
+    let snapshot = on_c.frame_of("snapshot").await;
+    let start = snapshot["event_id"].as_i64().expect("an event id");
+    llm.push([Llm::text("hello from A")]);
+    let (status, _) = post(
+        b,
+        &format!("/conversations/{id}/messages"),
+        json!({"text": "through B", "message_id": "m-1"}),
+    )
+    .await;
+    assert_eq!(status, 202);
+    let turn = on_c.frames_until(|f| is_state(f, "idle")).await;
+    let after_turn = assert_consecutive(&turn, start);
+    assert_eq!(texts(&turn), ["through B", "hello from A"]);
+
+    // The same message_id through C is the same message, and starts nothing.
+    let (status, again) = post(
+        c,
+        &format!("/conversations/{id}/messages"),
+        json!({"text": "through B", "message_id": "m-1"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["message"]["message_id"], "m-1");
+
+    // C's client sends its own message and cancels the tool it starts, over its socket.
+    let sleep = crate::support::unique_sleep();
+    llm.push([Llm::Tools {
+        text: None,
+        calls: vec![("call_ws".into(), "bash".into(), json!({"command": sleep}))],
+    }]);
+    on_c.send(&json!({"type": "user_message", "text": "from C's socket"}))
+        .await;
+    let started = on_c.frames_until(|f| is_state(f, "tool_executing")).await;
+    crate::support::wait_running(&sleep).await;
+    on_c.send(&json!({"type": "cancel"})).await;
+    let cancelled = on_c.frames_until(|f| is_state(f, "idle")).await;
+    assert!(
+        !cancelled
+            .iter()
+            .chain(&started)
+            .any(|f| f["type"] == "rejected"),
+        "{cancelled:?}"
+    );
+    eventually("the tool to be killed", WAIT, || async {
+        (!crate::support::running(&sleep)).then_some(())
+    })
+    .await;
+    let mut seen = turn.clone();
+    seen.extend(started);
+    seen.extend(cancelled);
+    let last = assert_consecutive(&seen, start);
+    assert_eq!(texts(&seen)[2], "from C's socket");
+    assert_eq!(
+        tool_results(a, &id).await.last(),
+        Some(&json!(["call_ws", "cancelled by user"])),
+    );
+
+    // A client resuming on B after the first turn gets exactly what C saw after it.
+    let mut on_b = Ws::connect(&ws_url(b, &id, &format!("?after_event_id={after_turn}"))).await;
+    let resumed = on_b
+        .frames_until(|f| f["event_id"].as_i64() == Some(last) && f["type"] != "snapshot")
+        .await;
+    let replayed: Vec<&Value> = resumed.iter().filter(|f| f["type"] != "snapshot").collect();
+    let expected: Vec<&Value> = seen
+        .iter()
+        .filter(|f| f["event_id"].as_i64() > Some(after_turn))
+        .collect();
+    assert_eq!(replayed, expected);
     cluster.end().await;
 }
 

@@ -6,6 +6,8 @@
 //! takes over the conversations it left with work in flight, repairing them as a restart
 //! does. SQLite is one node and has none of this.
 
+pub mod frames;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -81,6 +83,7 @@ pub async fn start(services: &Arc<Services>) -> crate::store::Result<()> {
     tracing::info!(node = %cluster.node_id, advertise = %cluster.advertise, "joined the cluster");
     // Start-up recovery: also conversations nobody holds (rows from before leases).
     take_over(services, &cluster, true).await;
+    tokio::spawn(frames::follow(services.clone(), cluster.heartbeat));
     let services = services.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(cluster.heartbeat);
