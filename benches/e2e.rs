@@ -32,11 +32,12 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::live::{Owned, ServerProcess, Socket, answer, cpu_time, next_frame};
 use common::{BenchDb, percentile, seconds};
-use futures::{SinkExt, StreamExt};
+use futures::SinkExt;
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -112,9 +113,6 @@ impl Mode {
     }
 }
 
-type Socket =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
 struct Client {
     http: reqwest::Client,
     base: String,
@@ -183,56 +181,6 @@ async fn turn_over_socket(socket: &mut Socket, text: &str) -> Result<(), String>
         message["message_type"] == "user" && message["content"]["text"] == text
     })
     .await
-}
-
-/// Waits on the WebSocket for the state that ends the turn of the user message `ours`
-/// picks out, and checks the answer (`done: <text>`).
-async fn answer(
-    socket: &mut Socket,
-    text: &str,
-    ours: impl Fn(&Value) -> bool,
-) -> Result<(), String> {
-    let expected = format!("done: {text}");
-    let (mut seen_ours, mut answered) = (false, false);
-    loop {
-        let frame = next_frame(socket).await?;
-        match frame["type"].as_str() {
-            Some("message") if !seen_ours && ours(&frame["message"]) => seen_ours = true,
-            Some("message")
-                if seen_ours
-                    && frame["message"]["message_type"] == "agent"
-                    && frame["message"]["content"]["tool_uses"]
-                        .as_array()
-                        .is_some_and(Vec::is_empty) =>
-            {
-                if frame["message"]["content"]["text"] != expected.as_str() {
-                    return Err(format!("wrong answer: {frame}"));
-                }
-                answered = true;
-            }
-            Some("state") if seen_ours => match frame["state"]["kind"].as_str() {
-                Some("idle") if answered => return Ok(()),
-                Some("idle" | "error") => return Err(format!("the turn ended: {frame}")),
-                _ => {}
-            },
-            Some("rejected") => return Err(format!("refused: {frame}")),
-            _ => {}
-        }
-    }
-}
-
-async fn next_frame(socket: &mut Socket) -> Result<Value, String> {
-    loop {
-        match tokio::time::timeout(Duration::from_secs(60), socket.next()).await {
-            Err(_) => return Err("no frame for 60 s".into()),
-            Ok(None) => return Err("the WebSocket closed".into()),
-            Ok(Some(Err(e))) => return Err(format!("WebSocket: {e}")),
-            Ok(Some(Ok(Message::Text(text)))) => {
-                return serde_json::from_str(&text).map_err(|e| e.to_string());
-            }
-            Ok(Some(Ok(_))) => {}
-        }
-    }
 }
 
 /// What one worker did in the measured window.
@@ -484,36 +432,10 @@ async fn scale_worker(
 // ---------------------------------------------------------------------------------------
 // The conductor.
 
-/// A child process of ours, killed (by its own pid) when dropped.
-struct Owned(Child);
-
-impl Drop for Owned {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn this_binary(role: &str) -> Command {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.env(ROLE, role);
     cmd
-}
-
-/// The process's CPU time so far, user and system (all threads), from /proc.
-fn cpu_time(pid: u32) -> (Duration, Duration) {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // The fields after the command name, which is in parentheses and may hold spaces.
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
-    let per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .unwrap_or(100) as f64;
-    let time =
-        |field: &str| Duration::from_secs_f64(field.parse::<u64>().unwrap() as f64 / per_second);
-    (time(fields[11]), time(fields[12]))
 }
 
 /// The process's resident memory, in bytes.
@@ -525,89 +447,6 @@ fn rss(pid: u32) -> u64 {
         .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .unwrap_or(0)
         * 1024
-}
-
-struct ServerProcess {
-    process: Owned,
-    base: String,
-    workspace: std::path::PathBuf,
-}
-
-impl ServerProcess {
-    fn start(db: &BenchDb, llm_base: &str) -> ServerProcess {
-        let workspace =
-            std::env::temp_dir().join(format!("bedrock-e2e-{}", uuid::Uuid::now_v7().simple()));
-        std::fs::create_dir_all(&workspace).unwrap();
-        // `BENCH_SERVER_WRAP`: a command the server runs under (e.g. `heaptrack -o /tmp/h`);
-        // the CPU and RSS figures are then the wrapper's.
-        let wrap = std::env::var("BENCH_SERVER_WRAP").unwrap_or_default();
-        let mut words = wrap.split_whitespace();
-        let mut command = match words.next() {
-            Some(wrapper) => {
-                let mut command = Command::new(wrapper);
-                command.args(words).arg(env!("CARGO_BIN_EXE_bedrock"));
-                command
-            }
-            None => Command::new(env!("CARGO_BIN_EXE_bedrock")),
-        };
-        // Settings given to the bench as BEDROCK_* variables reach the server (those below win).
-        let settings = std::env::vars().filter(|(name, _)| {
-            name.starts_with("BEDROCK_") && name != "BEDROCK_TEST_DATABASE_URL"
-        });
-        let mut child = command
-            .arg("serve")
-            .env_clear()
-            .envs(settings)
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("BEDROCK_DATABASE_URL", &db.url)
-            .env("BEDROCK_LLM_BASE_URL", llm_base)
-            .env("BEDROCK_LLM_API_KEY", "k")
-            .env("BEDROCK_WORKSPACE_ROOT", workspace.join("ws"))
-            .env("BEDROCK_DATA_DIR", workspace.join("data"))
-            .env("BEDROCK_AUTH", "dev")
-            .env("BEDROCK_LISTEN", "127.0.0.1:0")
-            .env("BEDROCK_LOG_FORMAT", "json")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut told = false;
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if !told
-                    && let Ok(value) = serde_json::from_str::<Value>(&line)
-                    && let Some(addr) = value["fields"]["addr"].as_str()
-                {
-                    let _ = tx.send(addr.to_owned());
-                    told = true;
-                } else if line.contains("\"ERROR\"") {
-                    eprintln!("server: {line}");
-                }
-            }
-        });
-        let addr = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("the server logs its address");
-        ServerProcess {
-            process: Owned(child),
-            base: format!("http://{addr}"),
-            workspace,
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.process.0.id()
-    }
-
-    /// SIGTERM to our own child, then waits for it.
-    fn stop(mut self) {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.pid()).unwrap());
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let _ = self.process.0.wait();
-        let _ = std::fs::remove_dir_all(&self.workspace);
-    }
 }
 
 struct Row {
@@ -799,7 +638,9 @@ fn conduct() {
                 .into_iter()
                 .find(|db| db.label == label)
                 .unwrap();
-            let server = ServerProcess::start(&db, &llm_base);
+            let workspace =
+                std::env::temp_dir().join(format!("bedrock-e2e-{}", uuid::Uuid::now_v7().simple()));
+            let server = ServerProcess::start(&db.url, &llm_base, &workspace, &[]);
             let empty = stored_bytes(&db);
             let first = rows.len();
             for n in sizes {
@@ -808,6 +649,7 @@ fn conduct() {
                 rows.push(row);
             }
             server.stop();
+            let _ = std::fs::remove_dir_all(&workspace);
             let turns: u64 = rows[first..].iter().map(|r| r.turns_total).sum();
             let bytes = stored_bytes(&db).saturating_sub(empty);
             println!(

@@ -133,10 +133,16 @@ impl Subscriber {
     }
 }
 
+/// A durable frame published here, as the tap passes it on: its conversation and itself.
+pub type Tapped = (String, Arc<Frame>);
+
 #[derive(Debug)]
 pub struct EventHub {
     channels: Mutex<HashMap<String, Vec<Subscriber>>>,
     capacity: usize,
+    /// On a cluster: every durable frame published here also goes to the node's announcer,
+    /// which passes it on to the other nodes (see `cluster::frames`).
+    tap: std::sync::OnceLock<mpsc::UnboundedSender<Tapped>>,
 }
 
 impl EventHub {
@@ -145,6 +151,7 @@ impl EventHub {
         Self {
             channels: Mutex::new(HashMap::new()),
             capacity: capacity.max(1),
+            tap: std::sync::OnceLock::new(),
         }
     }
 
@@ -167,9 +174,28 @@ impl EventHub {
         Subscription { frames: rx, lagged }
     }
 
-    /// Sends a frame to the conversation's subscribers, if it has any; those gone or cut off
-    /// for lag are dropped.
+    /// The durable frames published from now on (once per hub; `None` after the first).
+    pub fn tap(&self) -> Option<mpsc::UnboundedReceiver<Tapped>> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.tap.set(tx).ok()?;
+        Some(rx)
+    }
+
+    /// Publishes a frame of a conversation that runs here: to its subscribers, and when
+    /// durable to the tap.
     pub fn publish(&self, conversation_id: &str, frame: Arc<Frame>) {
+        if frame.event_id.is_some()
+            && !frame.is_wake()
+            && let Some(tap) = self.tap.get()
+        {
+            let _ = tap.send((conversation_id.to_owned(), Arc::clone(&frame)));
+        }
+        self.deliver(conversation_id, frame);
+    }
+
+    /// Sends a frame to the conversation's subscribers here, if it has any; those gone or
+    /// cut off for lag are dropped.
+    pub fn deliver(&self, conversation_id: &str, frame: Arc<Frame>) {
         let mut channels = self.channels();
         if let Some(subscribers) = channels.get_mut(conversation_id) {
             subscribers.retain(|subscriber| subscriber.offer(&frame));

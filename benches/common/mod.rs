@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use sea_orm::{ConnectionTrait, Database};
 
+pub mod live;
+
 /// The server's allocator (src/main.rs), so the figures are the server's; it can also
 /// count the bytes Rust code holds (SQLite allocates outside it).
 #[global_allocator]

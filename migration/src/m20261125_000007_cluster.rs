@@ -11,9 +11,8 @@
 //! the epoch, the fencing token: `bedrock_commit` updates a conversation only while the epoch
 //! its commit carries is still current, in the same guarded `UPDATE` as the counters, so a
 //! node that lost a lease (paused, partitioned, slow) can never write for that conversation
-//! again. The function also wakes the other nodes' live streams (`NOTIFY bedrock_frames`,
-//! `<conversation id> <its last event id>`) when the commit asks for it; the stored rows
-//! stay the truth.
+//! again. (Other nodes' live streams are woken after the commit, not in it: see the
+//! cluster's `frames` module.)
 //!
 //! This migration makes `bedrock_commit` for the tables of m5 and m6 (which dropped the one
 //! of m4); the three ship together. SQLite is one node: nothing changes there.
@@ -56,8 +55,7 @@ BEGIN
     FOR c IN SELECT * FROM json_to_recordset(doc_conversations) AS v(
         id text, exp_seq bigint, exp_evt bigint, next_seq bigint, next_evt bigint,
         updated_at timestamptz, state text, state_data json, state_at timestamptz,
-        input_tokens bigint, output_tokens bigint, context_tokens bigint, epoch bigint,
-        notify boolean)
+        input_tokens bigint, output_tokens bigint, context_tokens bigint, epoch bigint)
     LOOP
         UPDATE conversations SET
             next_sequence_id = c.next_seq, next_event_id = c.next_evt, updated_at = c.updated_at,
@@ -74,9 +72,6 @@ BEGIN
         IF NOT FOUND THEN
             RAISE EXCEPTION 'conversation % was deleted, changed by another writer, or its lease moved', c.id
                 USING ERRCODE = 'BR409';
-        END IF;
-        IF c.notify THEN
-            PERFORM pg_notify('bedrock_frames', c.id || ' ' || (c.next_evt - 1));
         END IF;
     END LOOP;
     INSERT INTO messages (conversation_key, sequence_id, event_id, created_at, id,

@@ -1,33 +1,122 @@
 //! Frames across nodes. A conversation's actor publishes its frames into the hub of the node
-//! it runs on; a client streaming it from another node is fed from the database instead.
-//! Every commit made while other nodes are live notifies them (`NOTIFY bedrock_frames` with
-//! the conversation's id and last event id); this node turns each notification for a
-//! conversation it has streams for, and does not run itself, into a wake-up in its hub
-//! ([`Frame::wake`]), and each stream reads the stored frames it has not sent yet (the same
-//! replay as a resume: in order, without gaps or duplicates). The stored rows are the truth
-//! and the notification only a wake-up: one that is lost (the listener's connection dropped)
-//! is made up for by a sweep, which reads the last event id of every conversation streamed
-//! here from another node, once a heartbeat and at once after the listener reconnects.
-//! Deltas (`text_delta`) stay on the owner's node.
+//! it runs on, where its local clients get them; clients streaming it from other nodes get
+//! them through Postgres.
+//!
+//! - Out: while other nodes are live, every durable frame published here is announced
+//!   ([`announce`]): batched per conversation into notifications on `bedrock_frames`, each
+//!   `<node incarnation> <conversation id> <last event id>` and then the frames themselves, one a line
+//!   (`<event id> <type> <JSON text>`), sent after their commits in transactions of their own. A frame too large for a
+//!   notification (8,000 bytes) is announced by its event id alone.
+//! - In: each node listens ([`follow`]). A notification from another node for a
+//!   conversation it has streams for is delivered to them: its frames as they are, or, when it
+//!   carries none, a wake-up ([`Frame::wake`]) on which each stream reads what it has not
+//!   sent yet from the stored frames. Streams drop a frame they already sent and fill a gap
+//!   from the database (the resume replay), so what a client gets is in order, without gap
+//!   or duplicate, whatever notifications were lost or repeated.
+//! - The stored rows are the truth and notifications only carry them faster: one lost (the
+//!   listener's connection dropped) is made up for by a sweep, which reads the last event id
+//!   of every conversation streamed here from another node, once a heartbeat and at once
+//!   after the listener reconnects. Deltas (`text_delta`) stay on the owner's node.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::hub::Frame;
+use crate::hub::{Frame, Tapped};
 use crate::runtime::Services;
+
+/// The most a notification's payload may hold (Postgres refuses 8,000 bytes and more).
+const PAYLOAD_LIMIT: usize = 7_900;
+
+/// How long the announcer gathers frames before it sends them.
+const GATHER: Duration = Duration::from_millis(1);
+
+/// Announces the durable frames published here (from the hub's tap) to the other nodes
+/// until this one shuts down: whatever was published while one transaction of
+/// notifications was sent goes in the next.
+pub async fn announce(services: Arc<Services>, mut tapped: mpsc::UnboundedReceiver<Tapped>) {
+    let Some(origin) = services.cluster.as_ref().map(|c| c.incarnation.clone()) else {
+        return;
+    };
+    let mut batch: HashMap<String, Vec<Arc<Frame>>> = HashMap::new();
+    loop {
+        let first = tokio::select! {
+            () = services.shutting_down() => return,
+            tapped = tapped.recv() => tapped,
+        };
+        let Some((id, frame)) = first else { return };
+        batch.entry(id).or_default().push(frame);
+        // The rest of the commit, and those of other conversations: one notifying
+        // transaction for all, not one a frame.
+        tokio::time::sleep(GATHER).await;
+        while let Ok((id, frame)) = tapped.try_recv() {
+            batch.entry(id).or_default().push(frame);
+        }
+        if !services.store.has_peers() {
+            batch.clear();
+            continue;
+        }
+        let mut payloads = Vec::new();
+        for (id, frames) in batch.drain() {
+            payloads.extend(payloads_of(&origin, &id, &frames));
+        }
+        if let Err(error) = services.store.notify_frames(&payloads).await {
+            // The other nodes' sweep reads what these would have brought.
+            tracing::warn!(%error, "cannot announce frames to the other nodes");
+        }
+    }
+}
+
+/// The notifications from `origin` (this node's incarnation) that carry a conversation's
+/// `frames` (in order).
+fn payloads_of(origin: &str, id: &str, frames: &[Arc<Frame>]) -> Vec<String> {
+    let mut payloads = Vec::new();
+    let mut lines: Vec<String> = Vec::new();
+    let mut size = 0;
+    let mut last = 0;
+    let flush = |payloads: &mut Vec<String>, lines: &mut Vec<String>, last: i64| {
+        if !lines.is_empty() {
+            payloads.push(format!("{origin} {id} {last}\n{}", lines.join("\n")));
+            lines.clear();
+        }
+    };
+    for frame in frames {
+        let Some(event_id) = frame.event_id else {
+            continue;
+        };
+        let line = format!("{event_id} {} {}", frame.kind, frame.json);
+        let header = origin.len() + id.len() + 22;
+        if header + line.len() + 1 > PAYLOAD_LIMIT {
+            // Too large to carry: its event id alone, and the streams read it.
+            flush(&mut payloads, &mut lines, last);
+            size = 0;
+            payloads.push(format!("{origin} {id} {event_id}"));
+            continue;
+        }
+        if header + size + line.len() + 1 > PAYLOAD_LIMIT {
+            flush(&mut payloads, &mut lines, last);
+            size = 0;
+        }
+        size += line.len() + 1;
+        lines.push(line);
+        last = event_id;
+    }
+    flush(&mut payloads, &mut lines, last);
+    payloads
+}
 
 /// What the listener heard.
 enum Heard {
-    /// A commit: the conversation and its last event id.
-    Commit(String, i64),
+    /// A notification's payload.
+    Notified(String),
     /// Its connection was lost (and is made again): notifications may have been missed.
     Lost,
 }
 
-/// Follows other nodes' commits until the node shuts down. `sweep`: how often the last event
-/// ids of the conversations streamed here are read in case a notification was missed.
+/// Follows the other nodes' frames until the node shuts down. `sweep`: how often the last
+/// event ids of the conversations streamed here are read in case a notification was missed.
 pub async fn follow(services: Arc<Services>, sweep: Duration) {
     let (heard_tx, mut heard) = mpsc::channel(1024);
     // The listener runs in a task of its own, which only ever waits on its connection (its
@@ -40,17 +129,60 @@ pub async fn follow(services: Arc<Services>, sweep: Duration) {
             () = services.shutting_down() => break,
             _ = tick.tick() => sweep_streams(&services).await,
             heard = heard.recv() => match heard {
-                Some(Heard::Commit(id, last)) => {
-                    if !services.registry.contains(&id) {
-                        services.hub.publish(&id, Frame::wake(last));
-                    }
-                }
+                Some(Heard::Notified(payload)) => deliver(&services, &payload),
                 Some(Heard::Lost) => sweep_streams(&services).await,
                 None => break,
             },
         }
     }
     listener.abort();
+}
+
+/// Delivers another node's notification to this node's streams of its conversation, if
+/// it has any. (A frame of a conversation that has moved here since is dropped by the
+/// streams as one they have, or taken as what they missed.)
+fn deliver(services: &Services, payload: &str) {
+    let Some((origin, id, last, frames)) = parse(payload) else {
+        tracing::warn!(payload, "a notification that is not one of frames");
+        return;
+    };
+    let ours = services
+        .cluster
+        .as_ref()
+        .is_some_and(|c| c.incarnation == origin);
+    if ours || services.hub.subscribers(id) == 0 {
+        return;
+    }
+    let mut carried = 0;
+    for line in frames {
+        let Some((event_id, kind, json)) = carried_frame(line) else {
+            break;
+        };
+        services.hub.deliver(
+            id,
+            Arc::new(Frame::new(kind, Some(event_id), Arc::from(json))),
+        );
+        carried += 1;
+    }
+    if carried == 0 {
+        services.hub.deliver(id, Frame::wake(last));
+    }
+}
+
+/// A carried frame's line: its event id, type and JSON text.
+fn carried_frame(line: &str) -> Option<(i64, &str, &str)> {
+    let (event_id, rest) = line.split_once(' ')?;
+    let (kind, json) = rest.split_once(' ')?;
+    Some((event_id.parse().ok()?, kind, json))
+}
+
+/// A notification: the node incarnation it comes from, its conversation, last event id,
+/// and the frames it carries.
+fn parse(payload: &str) -> Option<(&str, &str, i64, std::str::Lines<'_>)> {
+    let mut lines = payload.lines();
+    let (origin, rest) = lines.next()?.split_once(' ')?;
+    let (id, last) = rest.rsplit_once(' ')?;
+    Some((origin, id, last.parse().ok()?, lines))
 }
 
 /// Hears `bedrock_frames` and passes on what it hears; reconnects after an error.
@@ -70,16 +202,7 @@ async fn listen(services: Arc<Services>, heard: mpsc::Sender<Heard>, retry: Dura
         }
         loop {
             let next = match listener.try_recv().await {
-                Ok(Some(notification)) => match parse(notification.payload()) {
-                    Some((id, last)) => Heard::Commit(id.to_owned(), last),
-                    None => {
-                        tracing::warn!(
-                            payload = notification.payload(),
-                            "a notification that is not a commit's"
-                        );
-                        continue;
-                    }
-                },
+                Ok(Some(notification)) => Heard::Notified(notification.payload().to_owned()),
                 Ok(None) => Heard::Lost,
                 Err(error) => {
                     tracing::warn!(%error, "lost the listener for other nodes' frames");
@@ -91,12 +214,6 @@ async fn listen(services: Arc<Services>, heard: mpsc::Sender<Heard>, retry: Dura
             }
         }
     }
-}
-
-/// A notification's payload: `<conversation id> <last event id>`.
-fn parse(payload: &str) -> Option<(&str, i64)> {
-    let (id, last) = payload.rsplit_once(' ')?;
-    Some((id, last.parse().ok()?))
 }
 
 /// Wakes every stream here of a conversation another node runs, up to its last stored
@@ -114,7 +231,7 @@ async fn sweep_streams(services: &Services) {
         match services.store.last_event_ids(&ids).await {
             Ok(lasts) => {
                 for (id, last) in lasts {
-                    services.hub.publish(&id, Frame::wake(last));
+                    services.hub.deliver(&id, Frame::wake(last));
                 }
             }
             Err(error) => {
@@ -127,12 +244,47 @@ async fn sweep_streams(services: &Services) {
 
 #[cfg(test)]
 mod tests {
-    use super::parse;
+    use super::*;
+
+    fn frame(event_id: i64, text_len: usize) -> Arc<Frame> {
+        let json = format!(
+            r#"{{"type":"state","state":"{}","event_id":{event_id}}}"#,
+            "x".repeat(text_len)
+        );
+        Arc::new(Frame::new("state", Some(event_id), json.into()))
+    }
 
     #[test]
-    fn payloads_name_a_conversation_and_its_last_event() {
-        assert_eq!(parse("c_01 42"), Some(("c_01", 42)));
-        assert_eq!(parse("c_01"), None);
-        assert_eq!(parse("c_01 x"), None);
+    fn notifications_carry_frames_in_order_within_the_limit() {
+        let frames = [frame(1, 10), frame(2, 5000), frame(3, 5000), frame(4, 9000)];
+        let payloads = payloads_of("n-1", "c_1", &frames);
+        assert_eq!(payloads.len(), 3, "{payloads:?}");
+        assert!(payloads.iter().all(|p| p.len() <= PAYLOAD_LIMIT));
+        let read: Vec<(i64, Vec<i64>)> = payloads
+            .iter()
+            .map(|p| {
+                let (origin, id, last, lines) = parse(p).expect("a notification");
+                assert_eq!((origin, id), ("n-1", "c_1"));
+                let ids = lines
+                    .map(|l| {
+                        let (event_id, kind, json) = carried_frame(l).expect("a frame");
+                        assert_eq!(kind, "state");
+                        assert!(json.ends_with(&format!(r#""event_id":{event_id}}}"#)));
+                        event_id
+                    })
+                    .collect();
+                (last, ids)
+            })
+            .collect();
+        // Two frames fit the first; the third its own; the fourth is too large to carry.
+        assert_eq!(read, [(2, vec![1, 2]), (3, vec![3]), (4, vec![])]);
+    }
+
+    #[test]
+    fn a_bare_notification_names_a_conversation_and_its_last_event() {
+        let (origin, id, last, mut lines) = parse("n-1 c_01 42").expect("parsed");
+        assert_eq!((origin, id, last, lines.next()), ("n-1", "c_01", 42, None));
+        assert!(parse("n-1 c_01").is_none());
+        assert!(parse("n-1 c_01 x").is_none());
     }
 }

@@ -84,6 +84,9 @@ pub async fn start(services: &Arc<Services>) -> crate::store::Result<()> {
     // Start-up recovery: also conversations nobody holds (rows from before leases).
     take_over(services, &cluster, true).await;
     tokio::spawn(frames::follow(services.clone(), cluster.heartbeat));
+    if let Some(tapped) = services.hub.tap() {
+        tokio::spawn(frames::announce(services.clone(), tapped));
+    }
     let services = services.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(cluster.heartbeat);

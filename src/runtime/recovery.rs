@@ -76,5 +76,9 @@ pub(super) async fn repair(
         .count() as u64;
     services.persistence.commit(commit.clone()).await?;
     commit::apply(record, &commit);
+    // Clients may be watching already (a conversation taken over from a dead node).
+    for frame in &plan.frames {
+        services.hub.publish(&record.id, frame.clone());
+    }
     Ok(Some(synthetic))
 }

@@ -51,7 +51,7 @@ impl Node<'_> {
     }
 }
 
-/// The channel commits wake other nodes' streams on (migration m7).
+/// The channel other nodes' streams are woken on.
 const FRAMES_CHANNEL: &str = "bedrock_frames";
 
 /// True in SQL for a conversation `c` with work in flight: a turn, or a background task.
@@ -117,19 +117,52 @@ impl Store {
             .ok_or_else(|| StoreError::Other("a heartbeat returned no row".into()))?;
         let peers: i64 = row.try_get("", "peers")?;
         let peers = u64::try_from(peers).unwrap_or(0);
-        // Commits wake the other nodes' streams only while there are other nodes.
+        // Frames are announced to other nodes only while there are any.
         self.peers.store(peers > 0, Ordering::Relaxed);
         Ok(peers)
     }
 
-    /// Whether commits should wake other nodes' streams.
-    pub(super) fn has_peers(&self) -> bool {
+    /// Whether other nodes were live at the last heartbeat.
+    pub fn has_peers(&self) -> bool {
         self.peers.load(Ordering::Relaxed)
+    }
+
+    /// Sends these notifications to the other nodes' listeners (`NOTIFY bedrock_frames`;
+    /// see the cluster's `frames` module for what they say). In a transaction of its own,
+    /// after the commits whose frames they announce, and without waiting for its commit to
+    /// reach the disk: a NOTIFY holds a lock that every notifying transaction of the
+    /// database takes in turn until its commit is done, so inside the commits it would put
+    /// them all in a single file, each behind the previous one's flush. A notification lost
+    /// in a crash costs nothing: the frames are stored, and the listeners' sweep finds them.
+    pub async fn notify_frames(&self, payloads: &[String]) -> Result<()> {
+        if payloads.is_empty() {
+            return Ok(());
+        }
+        self.require_postgres()?;
+        let document = serde_json::to_string(payloads)
+            .map_err(|e| StoreError::Other(format!("notifications do not serialise: {e}")))?;
+        // One statement, its own transaction: the setting made local to it is still in
+        // force when it commits.
+        self.db
+            .query_one_raw(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                "SELECT set_config('synchronous_commit', 'off', true), \
+                     (SELECT count(pg_notify($1, p)) FROM json_array_elements_text($2::json) p)",
+                [Value::from(FRAMES_CHANNEL), Value::from(document)],
+            ))
+            .await?;
+        Ok(())
     }
 
     /// Takes the lease of conversation `id` for `node` when nobody live holds it (or `node`
     /// does), adding one to its epoch: whoever held it before can no longer write for it.
     pub async fn take_lease(&self, id: &str, node: Node<'_>) -> Result<Lease> {
+        // Held by another live node (every command carried to its owner asks): said by a
+        // plain read. Taking the lease locks the row, which is a write (flushed to the log
+        // at its commit) and waits behind the owner's own commits.
+        if let Some(owner) = self.live_owner(id, node).await? {
+            return Ok(Lease::Elsewhere(owner));
+        }
         // Released between the two statements: once more.
         for _ in 0..2 {
             if let Some(lease) = self.try_take_lease(id, node).await? {

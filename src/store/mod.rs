@@ -163,7 +163,8 @@ pub struct Store {
     db: DatabaseConnection,
     /// SQLite: the pool writes go through, with the connection group commits keep.
     writer: Option<sqlite::Writer>,
-    /// Postgres: other nodes are live, so commits wake their streams (`NOTIFY`).
+    /// Postgres: other nodes are live (as of the last heartbeat), so this node's frames
+    /// are announced to them (see the cluster's `frames` module).
     peers: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -846,7 +847,7 @@ impl Store {
                 writer.write(commits, rows).await
             }
             None if created.is_empty() => {
-                postgres::commit(&self.db, commits, self.has_peers()).await?;
+                postgres::commit(&self.db, commits).await?;
                 Ok(Durable::default())
             }
             // With new conversations, a transaction around their insert and the commit: the
@@ -861,7 +862,7 @@ impl Store {
                     .exec(&transaction)
                     .await?;
                 if !commits.is_empty() {
-                    postgres::commit(&transaction, commits, self.has_peers()).await?;
+                    postgres::commit(&transaction, commits).await?;
                 }
                 transaction.commit().await?;
                 Ok(Durable::default())

@@ -31,9 +31,8 @@ pub(super) const GUARD_FAILED: &str = "BR409";
 pub(super) async fn commit(
     db: &impl ConnectionTrait,
     commits: &[Arc<ConversationCommit>],
-    notify: bool,
 ) -> Result<()> {
-    let [conversations, messages, frames] = documents(commits, notify)?;
+    let [conversations, messages, frames] = documents(commits)?;
     let statement = Statement::from_sql_and_values(
         DbBackend::Postgres,
         COMMIT,
@@ -49,9 +48,8 @@ pub(super) async fn commit(
 
 /// The batch's three documents: its conversations' guarded updates, its messages, its
 /// frames. Each is serialised straight from the commits (the rows borrow from them), not
-/// built as a `serde_json::Value` first, which copied every frame's payload. `notify`: other
-/// nodes are live, and a commit with frames wakes their streams.
-fn documents(commits: &[Arc<ConversationCommit>], notify: bool) -> Result<[String; 3]> {
+/// built as a `serde_json::Value` first, which copied every frame's payload.
+fn documents(commits: &[Arc<ConversationCommit>]) -> Result<[String; 3]> {
     let mut conversations = Vec::with_capacity(commits.len());
     let mut messages = Vec::new();
     let mut frames = Vec::new();
@@ -72,7 +70,6 @@ fn documents(commits: &[Arc<ConversationCommit>], notify: bool) -> Result<[Strin
             output_tokens: usage.map(|u| to_i64(u.output_tokens)),
             context_tokens: usage.map(|u| to_i64(u.context_tokens)),
             epoch: commit.lease,
-            notify: notify && !commit.events.is_empty(),
         });
         messages.extend(commit.messages.iter().map(|message| MessageRow {
             event_id: super::message_event_id(commit, message.sequence_id),
@@ -116,7 +113,6 @@ struct ConversationRow<'a> {
     context_tokens: Option<i64>,
     /// The lease epoch the commit is made under; `null`: unguarded (SQLite-era callers).
     epoch: Option<i64>,
-    notify: bool,
 }
 
 /// A message row, as `bedrock_commit` reads it.

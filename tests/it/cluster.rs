@@ -241,7 +241,9 @@ async fn streams_and_commands_work_from_any_node() {
     let mut on_c = Ws::connect(&ws_url(c, &id, "")).await;
     let snapshot = on_c.frame_of("snapshot").await;
     let start = snapshot["event_id"].as_i64().expect("an event id");
-    llm.push([Llm::text("hello from A")]);
+    // An answer too large for a notification: C reads it from the stored frames.
+    let long = format!("hello from A {}", "x".repeat(10_000));
+    llm.push([Llm::text(&long)]);
     let (status, _) = post(
         b,
         &format!("/conversations/{id}/messages"),
@@ -251,7 +253,7 @@ async fn streams_and_commands_work_from_any_node() {
     assert_eq!(status, 202);
     let turn = on_c.frames_until(|f| is_state(f, "idle")).await;
     let after_turn = assert_consecutive(&turn, start);
-    assert_eq!(texts(&turn), ["through B", "hello from A"]);
+    assert_eq!(texts(&turn), ["through B", long.as_str()]);
 
     // The same message_id through C is the same message, and starts nothing.
     let (status, again) = post(
