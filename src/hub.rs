@@ -143,6 +143,9 @@ pub struct EventHub {
     /// On a cluster: every durable frame published here also goes to the node's announcer,
     /// which passes it on to the other nodes (see `cluster::frames`).
     tap: std::sync::OnceLock<mpsc::UnboundedSender<Tapped>>,
+    /// On a cluster: the conversation of every new subscription, for the node to tell the
+    /// others it has a client for it (see `cluster::frames`).
+    subscribed: std::sync::OnceLock<mpsc::UnboundedSender<String>>,
 }
 
 impl EventHub {
@@ -152,6 +155,7 @@ impl EventHub {
             channels: Mutex::new(HashMap::new()),
             capacity: capacity.max(1),
             tap: std::sync::OnceLock::new(),
+            subscribed: std::sync::OnceLock::new(),
         }
     }
 
@@ -171,7 +175,18 @@ impl EventHub {
                 frames: tx,
                 lagged: Arc::clone(&lagged),
             });
+        if let Some(subscribed) = self.subscribed.get() {
+            let _ = subscribed.send(conversation_id.to_owned());
+        }
         Subscription { frames: rx, lagged }
+    }
+
+    /// The conversations subscribed to from now on, one for each subscription (once per
+    /// hub; `None` after the first).
+    pub fn subscriptions(&self) -> Option<mpsc::UnboundedReceiver<String>> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.subscribed.set(tx).ok()?;
+        Some(rx)
     }
 
     /// The durable frames published from now on (once per hub; `None` after the first).

@@ -2,8 +2,12 @@
 //! it runs on, where its local clients get them; clients streaming it from other nodes get
 //! them through Postgres.
 //!
-//! - Out: while other nodes are live, every durable frame published here is announced
-//!   ([`announce`]): batched per conversation into notifications on `bedrock_frames`, each
+//! - Interest: a node says which conversations it has clients for and does not run, on
+//!   `bedrock_watch` (`<node incarnation> <conversation id>...`): at once when a client
+//!   subscribes, and again every heartbeat; each node keeps what the others said for three
+//!   heartbeats ([`Interest`]).
+//! - Out: while other nodes are live, every durable frame published here of a conversation
+//!   another node has clients for is announced ([`announce`]): batched per conversation into notifications on `bedrock_frames`, each
 //!   `<node incarnation> <conversation id> <last event id>` and then the frames themselves, one a line
 //!   (`<event id> <type> <JSON text>`), sent after their commits in transactions of their own. A frame too large for a
 //!   notification (8,000 bytes) is announced by its event id alone.
@@ -14,18 +18,20 @@
 //!   from the database (the resume replay), so what a client gets is in order, without gap
 //!   or duplicate, whatever notifications were lost or repeated.
 //! - The stored rows are the truth and notifications only carry them faster: one lost (the
-//!   listener's connection dropped) is made up for by a sweep, which reads the last event id
-//!   of every conversation streamed here from another node, once a heartbeat and at once
-//!   after the listener reconnects. Deltas (`text_delta`) stay on the owner's node.
+//!   listener's connection dropped), or never sent (a client's interest not yet heard by a
+//!   conversation's new owner), is made up for by a sweep, which reads the last event id of
+//!   every conversation streamed here from another node, once a heartbeat and at once after
+//!   the listener reconnects. Deltas (`text_delta`) stay on the owner's node.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
 use crate::hub::{Frame, Tapped};
 use crate::runtime::Services;
+use crate::store::{FRAMES_CHANNEL, WATCH_CHANNEL};
 
 /// The most a notification's payload may hold (Postgres refuses 8,000 bytes and more).
 const PAYLOAD_LIMIT: usize = 7_900;
@@ -36,7 +42,11 @@ const GATHER: Duration = Duration::from_millis(1);
 /// Announces the durable frames published here (from the hub's tap) to the other nodes
 /// until this one shuts down: whatever was published while one transaction of
 /// notifications was sent goes in the next.
-pub async fn announce(services: Arc<Services>, mut tapped: mpsc::UnboundedReceiver<Tapped>) {
+pub async fn announce(
+    services: Arc<Services>,
+    interest: Arc<Interest>,
+    mut tapped: mpsc::UnboundedReceiver<Tapped>,
+) {
     let Some(origin) = services.cluster.as_ref().map(|c| c.incarnation.clone()) else {
         return;
     };
@@ -58,11 +68,12 @@ pub async fn announce(services: Arc<Services>, mut tapped: mpsc::UnboundedReceiv
             batch.clear();
             continue;
         }
+        interest.keep_watched(&mut batch);
         let mut payloads = Vec::new();
         for (id, frames) in batch.drain() {
             payloads.extend(payloads_of(&origin, &id, &frames));
         }
-        if let Err(error) = services.store.notify_frames(&payloads).await {
+        if let Err(error) = services.store.notify(FRAMES_CHANNEL, &payloads).await {
             // The other nodes' sweep reads what these would have brought.
             tracing::warn!(%error, "cannot announce frames to the other nodes");
         }
@@ -107,17 +118,100 @@ fn payloads_of(origin: &str, id: &str, frames: &[Arc<Frame>]) -> Vec<String> {
     payloads
 }
 
+/// What the other nodes said they have clients for: conversation, until when.
+#[derive(Debug)]
+pub struct Interest {
+    watched: Mutex<HashMap<String, Instant>>,
+    /// How long a node's word lasts (three heartbeats: it says it again every one).
+    lasts: Duration,
+}
+
+impl Interest {
+    pub fn new(heartbeat: Duration) -> Interest {
+        Interest {
+            watched: Mutex::new(HashMap::new()),
+            lasts: heartbeat * 3,
+        }
+    }
+
+    fn watched(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.watched.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn note<'a>(&self, ids: impl Iterator<Item = &'a str>) {
+        let until = Instant::now() + self.lasts;
+        let mut watched = self.watched();
+        for id in ids {
+            watched.insert(id.to_owned(), until);
+        }
+    }
+
+    /// Keeps in `batch` only conversations another node has clients for.
+    fn keep_watched<T>(&self, batch: &mut HashMap<String, T>) {
+        let now = Instant::now();
+        let watched = self.watched();
+        batch.retain(|id, _| watched.get(id).is_some_and(|until| *until > now));
+    }
+
+    /// Forgets what nobody said again.
+    fn prune(&self) {
+        let now = Instant::now();
+        self.watched().retain(|_, until| *until > now);
+    }
+}
+
+/// The notifications in which node `origin` says it has clients for `ids`.
+fn interest_payloads(origin: &str, ids: &[&str]) -> Vec<String> {
+    let mut payloads = Vec::new();
+    let mut payload = String::new();
+    for id in ids {
+        if !payload.is_empty() && payload.len() + 1 + id.len() > PAYLOAD_LIMIT {
+            payloads.push(std::mem::take(&mut payload));
+        }
+        if payload.is_empty() {
+            payload.push_str(origin);
+        }
+        payload.push(' ');
+        payload.push_str(id);
+    }
+    if !payload.is_empty() {
+        payloads.push(payload);
+    }
+    payloads
+}
+
+/// Tells the other nodes this node has clients for `ids`.
+async fn say_interest(services: &Services, ids: &[&str]) {
+    let Some(cluster) = &services.cluster else {
+        return;
+    };
+    if ids.is_empty() || !services.store.has_peers() {
+        return;
+    }
+    let payloads = interest_payloads(&cluster.incarnation, ids);
+    if let Err(error) = services.store.notify(WATCH_CHANNEL, &payloads).await {
+        tracing::warn!(%error, "cannot tell the other nodes which conversations have clients here");
+    }
+}
+
 /// What the listener heard.
 enum Heard {
-    /// A notification's payload.
+    /// A notification of frames.
     Notified(String),
+    /// A node's word of the conversations it has clients for.
+    Watching(String),
     /// Its connection was lost (and is made again): notifications may have been missed.
     Lost,
 }
 
 /// Follows the other nodes' frames until the node shuts down. `sweep`: how often the last
 /// event ids of the conversations streamed here are read in case a notification was missed.
-pub async fn follow(services: Arc<Services>, sweep: Duration) {
+pub async fn follow(
+    services: Arc<Services>,
+    interest: Arc<Interest>,
+    mut subscribed: mpsc::UnboundedReceiver<String>,
+    sweep: Duration,
+) {
     let (heard_tx, mut heard) = mpsc::channel(1024);
     // The listener runs in a task of its own, which only ever waits on its connection (its
     // receive is not known to be cancel safe, so it is never raced against anything else).
@@ -127,9 +221,25 @@ pub async fn follow(services: Arc<Services>, sweep: Duration) {
     loop {
         tokio::select! {
             () = services.shutting_down() => break,
-            _ = tick.tick() => sweep_streams(&services).await,
+            _ = tick.tick() => {
+                sweep_streams(&services).await;
+                interest.prune();
+            }
+            Some(id) = subscribed.recv() => {
+                if !services.registry.contains(&id) {
+                    say_interest(&services, &[&id]).await;
+                }
+            }
             heard = heard.recv() => match heard {
                 Some(Heard::Notified(payload)) => deliver(&services, &payload),
+                Some(Heard::Watching(payload)) => {
+                    let mut words = payload.split(' ');
+                    let origin = words.next().unwrap_or_default();
+                    let ours = services.cluster.as_ref().is_some_and(|c| c.incarnation == origin);
+                    if !ours {
+                        interest.note(words.filter(|id| !id.is_empty()));
+                    }
+                }
                 Some(Heard::Lost) => sweep_streams(&services).await,
                 None => break,
             },
@@ -202,6 +312,9 @@ async fn listen(services: Arc<Services>, heard: mpsc::Sender<Heard>, retry: Dura
         }
         loop {
             let next = match listener.try_recv().await {
+                Ok(Some(notification)) if notification.channel() == WATCH_CHANNEL => {
+                    Heard::Watching(notification.payload().to_owned())
+                }
                 Ok(Some(notification)) => Heard::Notified(notification.payload().to_owned()),
                 Ok(None) => Heard::Lost,
                 Err(error) => {
@@ -217,7 +330,8 @@ async fn listen(services: Arc<Services>, heard: mpsc::Sender<Heard>, retry: Dura
 }
 
 /// Wakes every stream here of a conversation another node runs, up to its last stored
-/// event; a stream that has it already does nothing.
+/// event (a stream that has it already does nothing), and says again that this node has
+/// clients for them.
 async fn sweep_streams(services: &Services) {
     const CHUNK: usize = 1000;
     let watched: Vec<String> = services
@@ -228,6 +342,7 @@ async fn sweep_streams(services: &Services) {
         .collect();
     for chunk in watched.chunks(CHUNK) {
         let ids: Vec<&str> = chunk.iter().map(String::as_str).collect();
+        say_interest(services, &ids).await;
         match services.store.last_event_ids(&ids).await {
             Ok(lasts) => {
                 for (id, last) in lasts {
@@ -278,6 +393,33 @@ mod tests {
             .collect();
         // Two frames fit the first; the third its own; the fourth is too large to carry.
         assert_eq!(read, [(2, vec![1, 2]), (3, vec![3]), (4, vec![])]);
+    }
+
+    #[test]
+    fn interest_is_said_within_the_limit_and_kept_three_heartbeats() {
+        let ids: Vec<String> = (0..1000).map(|i| format!("conversation-{i:04}")).collect();
+        let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let payloads = interest_payloads("n-1", &refs);
+        assert!(payloads.len() > 1 && payloads.iter().all(|p| p.len() <= PAYLOAD_LIMIT));
+        let said: Vec<&str> = payloads
+            .iter()
+            .flat_map(|p| {
+                let mut words = p.split(' ');
+                assert_eq!(words.next(), Some("n-1"));
+                words
+            })
+            .collect();
+        assert_eq!(said, refs);
+
+        let interest = Interest::new(Duration::from_secs(1));
+        interest.note(["a", "b"].into_iter());
+        let mut batch: HashMap<String, ()> = ["a", "c"].map(|id| (id.to_owned(), ())).into();
+        interest.keep_watched(&mut batch);
+        assert_eq!(batch.keys().collect::<Vec<_>>(), ["a"]);
+        let gone = Interest::new(Duration::ZERO);
+        gone.note(["a"].into_iter());
+        gone.prune();
+        assert!(gone.watched().is_empty());
     }
 
     #[test]

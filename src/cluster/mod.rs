@@ -83,9 +83,15 @@ pub async fn start(services: &Arc<Services>) -> crate::store::Result<()> {
     tracing::info!(node = %cluster.node_id, advertise = %cluster.advertise, "joined the cluster");
     // Start-up recovery: also conversations nobody holds (rows from before leases).
     take_over(services, &cluster, true).await;
-    tokio::spawn(frames::follow(services.clone(), cluster.heartbeat));
-    if let Some(tapped) = services.hub.tap() {
-        tokio::spawn(frames::announce(services.clone(), tapped));
+    let interest = Arc::new(frames::Interest::new(cluster.heartbeat));
+    if let (Some(tapped), Some(subscribed)) = (services.hub.tap(), services.hub.subscriptions()) {
+        tokio::spawn(frames::announce(services.clone(), interest.clone(), tapped));
+        tokio::spawn(frames::follow(
+            services.clone(),
+            interest,
+            subscribed,
+            cluster.heartbeat,
+        ));
     }
     let services = services.clone();
     tokio::spawn(async move {

@@ -51,8 +51,11 @@ impl Node<'_> {
     }
 }
 
-/// The channel other nodes' streams are woken on.
-const FRAMES_CHANNEL: &str = "bedrock_frames";
+/// The channel nodes announce their conversations' frames on.
+pub const FRAMES_CHANNEL: &str = "bedrock_frames";
+
+/// The channel nodes say which conversations they have clients for on.
+pub const WATCH_CHANNEL: &str = "bedrock_watch";
 
 /// True in SQL for a conversation `c` with work in flight: a turn, or a background task.
 const WORK: &str = "(c.state NOT IN ('idle', 'error', 'completed') \
@@ -127,14 +130,15 @@ impl Store {
         self.peers.load(Ordering::Relaxed)
     }
 
-    /// Sends these notifications to the other nodes' listeners (`NOTIFY bedrock_frames`;
-    /// see the cluster's `frames` module for what they say). In a transaction of its own,
+    /// Sends these notifications to the other nodes' listeners on `channel`
+    /// ([`FRAMES_CHANNEL`] or [`WATCH_CHANNEL`]; see the cluster's `frames` module for what
+    /// they say). In a transaction of its own,
     /// after the commits whose frames they announce, and without waiting for its commit to
     /// reach the disk: a NOTIFY holds a lock that every notifying transaction of the
     /// database takes in turn until its commit is done, so inside the commits it would put
     /// them all in a single file, each behind the previous one's flush. A notification lost
     /// in a crash costs nothing: the frames are stored, and the listeners' sweep finds them.
-    pub async fn notify_frames(&self, payloads: &[String]) -> Result<()> {
+    pub async fn notify(&self, channel: &str, payloads: &[String]) -> Result<()> {
         if payloads.is_empty() {
             return Ok(());
         }
@@ -148,7 +152,7 @@ impl Store {
                 DbBackend::Postgres,
                 "SELECT set_config('synchronous_commit', 'off', true), \
                      (SELECT count(pg_notify($1, p)) FROM json_array_elements_text($2::json) p)",
-                [Value::from(FRAMES_CHANNEL), Value::from(document)],
+                [Value::from(channel), Value::from(document)],
             ))
             .await?;
         Ok(())
@@ -318,7 +322,10 @@ impl Store {
         )
         .await
         .map_err(unavailable)?;
-        listener.listen(FRAMES_CHANNEL).await.map_err(unavailable)?;
+        listener
+            .listen_all([FRAMES_CHANNEL, WATCH_CHANNEL])
+            .await
+            .map_err(unavailable)?;
         Ok(listener)
     }
 

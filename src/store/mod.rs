@@ -27,7 +27,7 @@ use sea_orm::{
 };
 use serde::Serialize;
 
-pub use cluster::{Lease, Node, Owner};
+pub use cluster::{FRAMES_CHANNEL, Lease, Node, Owner, WATCH_CHANNEL};
 pub use error::StoreError;
 pub(crate) use sqlite::Durable;
 
