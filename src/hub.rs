@@ -142,7 +142,7 @@ pub struct EventHub {
     capacity: usize,
     /// On a cluster: every durable frame published here also goes to the node's announcer,
     /// which passes it on to the other nodes (see `cluster::frames`).
-    tap: std::sync::OnceLock<mpsc::UnboundedSender<Tapped>>,
+    tap: std::sync::OnceLock<(mpsc::UnboundedSender<Tapped>, Arc<AtomicBool>)>,
     /// On a cluster: the conversation of every new subscription, for the node to tell the
     /// others it has a client for it (see `cluster::frames`).
     subscribed: std::sync::OnceLock<mpsc::UnboundedSender<String>>,
@@ -189,10 +189,11 @@ impl EventHub {
         Some(rx)
     }
 
-    /// The durable frames published from now on (once per hub; `None` after the first).
-    pub fn tap(&self) -> Option<mpsc::UnboundedReceiver<Tapped>> {
+    /// The durable frames published from now on while `open` is true (once per hub;
+    /// `None` after the first).
+    pub fn tap(&self, open: Arc<AtomicBool>) -> Option<mpsc::UnboundedReceiver<Tapped>> {
         let (tx, rx) = mpsc::unbounded_channel();
-        self.tap.set(tx).ok()?;
+        self.tap.set((tx, open)).ok()?;
         Some(rx)
     }
 
@@ -201,7 +202,8 @@ impl EventHub {
     pub fn publish(&self, conversation_id: &str, frame: Arc<Frame>) {
         if frame.event_id.is_some()
             && !frame.is_wake()
-            && let Some(tap) = self.tap.get()
+            && let Some((tap, open)) = self.tap.get()
+            && open.load(Ordering::Relaxed)
         {
             let _ = tap.send((conversation_id.to_owned(), Arc::clone(&frame)));
         }

@@ -84,7 +84,10 @@ pub async fn start(services: &Arc<Services>) -> crate::store::Result<()> {
     // Start-up recovery: also conversations nobody holds (rows from before leases).
     take_over(services, &cluster, true).await;
     let interest = Arc::new(frames::Interest::new(cluster.heartbeat));
-    if let (Some(tapped), Some(subscribed)) = (services.hub.tap(), services.hub.subscriptions()) {
+    if let (Some(tapped), Some(subscribed)) = (
+        services.hub.tap(services.store.peers()),
+        services.hub.subscriptions(),
+    ) {
         tokio::spawn(frames::announce(services.clone(), interest.clone(), tapped));
         tokio::spawn(frames::follow(
             services.clone(),

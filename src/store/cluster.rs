@@ -130,6 +130,11 @@ impl Store {
         self.peers.load(Ordering::Relaxed)
     }
 
+    /// The flag behind [`has_peers`](Self::has_peers), kept up to date by the heartbeats.
+    pub fn peers(&self) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+        self.peers.clone()
+    }
+
     /// Sends these notifications to the other nodes' listeners on `channel`
     /// ([`FRAMES_CHANNEL`] or [`WATCH_CHANNEL`]; see the cluster's `frames` module for what
     /// they say). In a transaction of its own,
