@@ -483,8 +483,21 @@ fn client_frame(
         }
     };
     let (app, conv, replies) = (app.clone(), conv.clone(), replies.clone());
-    let (credential, text) = (credential.clone(), text.to_owned());
+    let credential = credential.clone();
     tokio::spawn(async move {
+        // A command for a conversation another node runs is that node's to carry out.
+        if !matches!(frame, ClientFrame::Ping)
+            && let Err(error) = app.owned_here(&conv.id).await
+        {
+            let reply = match error.forward.as_deref() {
+                Some(owner) => carry_command(&app, owner, &credential, &conv.id, &frame).await,
+                None => Some(rejected_by(&error)),
+            };
+            if let Some(reply) = reply {
+                let _ = replies.send(reply).await;
+            }
+            return;
+        }
         let outcome: Result<Option<Arc<Frame>>, ApiError> = match frame {
             ClientFrame::Ping => Ok(Some(self::frame(&ServerFrame::Pong))),
             ClientFrame::UserMessage {
@@ -513,10 +526,6 @@ fn client_frame(
         };
         let reply = match outcome {
             Ok(reply) => reply,
-            Err(ApiError {
-                forward: Some(owner),
-                ..
-            }) => carry_command(&app, &owner, &credential, &conv.id, &text).await,
             Err(error) => Some(rejected_by(&error)),
         };
         if let Some(reply) = reply {
@@ -533,29 +542,41 @@ async fn carry_command(
     owner: &str,
     credential: &Credential,
     id: &str,
-    text: &str,
+    frame: &ClientFrame,
 ) -> Option<Arc<Frame>> {
     let refused = |message: &str| Some(rejected("unavailable", message));
     let Some(cluster) = app.services.cluster.as_deref() else {
         return refused("the conversation runs on another node");
     };
-    let Ok(Value::Object(mut body)) = serde_json::from_str::<Value>(text) else {
-        return refused("the frame could not be carried to the conversation's node");
-    };
-    let kind = body.remove("type");
-    let request;
-    let segments: &[&str] = match kind.as_ref().and_then(Value::as_str) {
-        Some("user_message") => &["messages"],
-        Some("cancel") => &["cancel"],
-        Some("system_event") => &["events"],
-        Some("respond") => match body.remove("request_id") {
-            Some(Value::String(id)) => {
-                request = id;
-                &["requests", &request]
+    if owner.is_empty() {
+        return refused("the conversation is changing nodes; try again shortly");
+    }
+    let (segments, body): (&[&str], Value) = match frame {
+        ClientFrame::UserMessage {
+            text,
+            images,
+            message_id,
+        } => {
+            let images: Vec<Value> = images
+                .iter()
+                .map(|i| serde_json::json!({"media_type": i.media_type, "data": i.data}))
+                .collect();
+            let mut body = serde_json::json!({"text": text, "images": images});
+            if let Some(message_id) = message_id {
+                body["message_id"] = Value::from(message_id.as_str());
             }
-            _ => return refused("a respond frame needs a request_id"),
-        },
-        _ => return refused("this frame is not carried to another node"),
+            (&["messages"], body)
+        }
+        ClientFrame::Cancel => (&["cancel"], serde_json::json!({})),
+        ClientFrame::SystemEvent { event } => (&["events"], serde_json::json!({"event": event})),
+        ClientFrame::Respond {
+            request_id,
+            payload,
+        } => (
+            &["requests", request_id.as_str()],
+            serde_json::json!({"payload": payload}),
+        ),
+        ClientFrame::Ping => return None,
     };
     let Some(uri) = route(id, segments) else {
         return refused("the frame could not be carried to the conversation's node");

@@ -226,9 +226,14 @@ pub async fn follow(
                 interest.prune();
             }
             Some(id) = subscribed.recv() => {
-                if !services.registry.contains(&id) {
-                    say_interest(&services, &[&id]).await;
+                // Every subscription waiting (a wave of reconnections), in one notification.
+                let mut ids = vec![id];
+                while let Ok(id) = subscribed.try_recv() {
+                    ids.push(id);
                 }
+                ids.retain(|id| !services.registry.contains(id));
+                let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+                say_interest(&services, &ids).await;
             }
             heard = heard.recv() => match heard {
                 Some(Heard::Notified(payload)) => deliver(&services, &payload),

@@ -81,8 +81,7 @@ pub async fn start(services: &Arc<Services>) -> crate::store::Result<()> {
         .heartbeat(cluster.node(), &cluster.advertise)
         .await?;
     tracing::info!(node = %cluster.node_id, advertise = %cluster.advertise, "joined the cluster");
-    // Start-up recovery: also conversations nobody holds (rows from before leases).
-    take_over(services, &cluster, true).await;
+    // Frames across nodes first: the repairs of the start-up takeover are announced too.
     let interest = Arc::new(frames::Interest::new(cluster.heartbeat));
     if let (Some(tapped), Some(subscribed)) = (
         services.hub.tap(services.store.peers()),
@@ -96,6 +95,8 @@ pub async fn start(services: &Arc<Services>) -> crate::store::Result<()> {
             cluster.heartbeat,
         ));
     }
+    // Start-up recovery: also conversations nobody holds (rows from before leases).
+    take_over(services, &cluster, true).await;
     let services = services.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(cluster.heartbeat);

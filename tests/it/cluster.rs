@@ -288,9 +288,21 @@ async fn streams_and_commands_work_from_any_node() {
         (!crate::support::running(&sleep)).then_some(())
     })
     .await;
+    // A system event over C's socket is the owner's to answer.
+    on_c.send(&json!({"type": "system_event",
+        "event": {"type": "user_request", "request_id": "r1", "kind": "usage"}}))
+        .await;
+    let answered = on_c
+        .frames_until(|f| f["type"] == "system_event" && f["event"]["type"] == "user_response")
+        .await;
+    assert!(
+        !answered.iter().any(|f| f["type"] == "rejected"),
+        "{answered:?}"
+    );
     let mut seen = turn.clone();
     seen.extend(started);
     seen.extend(cancelled);
+    seen.extend(answered);
     let last = assert_consecutive(&seen, start);
     assert_eq!(texts(&seen)[2], "from C's socket");
     assert_eq!(
