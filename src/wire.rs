@@ -491,6 +491,7 @@ pub struct CreateConversation {
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// 1 to 200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<u64>,
     /// `next_cursor` of the previous page.
     pub cursor: Option<String>,
@@ -505,6 +506,7 @@ pub struct MessagesQuery {
     /// Messages with a sequence id above this (default 0).
     pub after: Option<i64>,
     /// 1 to 1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u64>,
 }
 
