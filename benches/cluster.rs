@@ -288,19 +288,8 @@ async fn throughput(n: usize, workers: usize, sticky: bool) -> Result<Throughput
 
 /// The transactions committed in the database at `url` so far.
 async fn transactions(url: &str) -> i64 {
-    use sea_orm::ConnectionTrait as _;
-    let conn = sea_orm::Database::connect(url).await.unwrap();
-    let row = conn
-        .query_one_raw(sea_orm::Statement::from_string(
-            sea_orm::DbBackend::Postgres,
-            "SELECT xact_commit AS n FROM pg_stat_database WHERE datname = current_database()",
-        ))
-        .await
-        .unwrap()
-        .unwrap();
-    let n: i64 = row.try_get("", "n").unwrap();
-    let _ = conn.close().await;
-    n
+    let sql = "SELECT xact_commit AS n FROM pg_stat_database WHERE datname = current_database()";
+    common::postgres_number(url, &[], sql).await
 }
 
 // ---------------------------------------------------------------------------------------

@@ -564,22 +564,9 @@ fn stored_bytes(db: &BenchDb) -> u64 {
             .map(|m| m.len())
             .sum()
     } else {
-        runtime().block_on(async {
-            use sea_orm::ConnectionTrait as _;
-            let conn = sea_orm::Database::connect(&db.url).await.unwrap();
-            conn.execute_unprepared("CHECKPOINT").await.ok();
-            let row = conn
-                .query_one_raw(sea_orm::Statement::from_string(
-                    sea_orm::DbBackend::Postgres,
-                    "SELECT pg_database_size(current_database())::bigint AS size",
-                ))
-                .await
-                .unwrap()
-                .unwrap();
-            let size: i64 = row.try_get("", "size").unwrap();
-            let _ = conn.close().await;
-            size as u64
-        })
+        let sql = "SELECT pg_database_size(current_database())::bigint AS n";
+        let size = runtime().block_on(common::postgres_number(&db.url, &["CHECKPOINT"], sql));
+        size as u64
     }
 }
 

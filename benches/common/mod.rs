@@ -134,6 +134,26 @@ impl BenchDb {
     }
 }
 
+/// A number read from the Postgres database at `url` (`sql` selects one bigint `AS n`), after
+/// running the statements of `first`.
+pub async fn postgres_number(url: &str, first: &[&str], sql: &str) -> i64 {
+    let conn = Database::connect(url).await.expect("the database answers");
+    for statement in first {
+        let _ = conn.execute_unprepared(statement).await;
+    }
+    let row = conn
+        .query_one_raw(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::Postgres,
+            sql,
+        ))
+        .await
+        .expect("the statement runs")
+        .expect("a row");
+    let n: i64 = row.try_get("", "n").expect("a number named n");
+    let _ = conn.close().await;
+    n
+}
+
 /// The `p`-th percentile (0..=100) of sorted samples.
 pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {

@@ -98,6 +98,20 @@ async fn post(server: &Server, path: &str, body: Value) -> (u16, Value) {
     (status, answer.json().await.unwrap_or(Value::Null))
 }
 
+/// POSTs a user message (the JSON `body`) to conversation `id` through `server`.
+async fn send_through(server: &Server, id: &str, body: Value) -> (u16, Value) {
+    post(server, &format!("/conversations/{id}/messages"), body).await
+}
+
+/// Waits until conversation `id`, read through `server`, is at rest (idle or error).
+async fn at_rest_on(server: &Server, id: &str) {
+    eventually("the conversation to come to rest", WAIT, || async {
+        let kind = state(server, id).await["kind"].as_str()?.to_owned();
+        matches!(kind.as_str(), "idle" | "error").then_some(())
+    })
+    .await;
+}
+
 async fn state(server: &Server, id: &str) -> Value {
     server
         .get(&format!("/conversations/{id}"))
@@ -128,12 +142,7 @@ async fn any_node_answers_for_any_conversation() {
     let (id, _) = conversation(a).await;
 
     llm.push([Llm::text("hello from the owner")]);
-    let (status, _) = post(
-        b,
-        &format!("/conversations/{id}/messages"),
-        json!({"text": "hi"}),
-    )
-    .await;
+    let (status, _) = send_through(b, &id, json!({"text": "hi"})).await;
     assert_eq!(status, 202, "a send through a node that does not own it");
     idle_on(c, &id).await;
     let messages = c
@@ -161,14 +170,11 @@ async fn any_node_answers_for_any_conversation() {
 
     // Sixteen sends at once, over all three nodes: exactly one is accepted.
     let sleep = crate::support::unique_sleep();
-    llm.push([Llm::Tools {
-        text: None,
-        calls: vec![("call_1".into(), "bash".into(), json!({"command": sleep}))],
-    }]);
+    llm.push([Llm::bash("call_1", &sleep)]);
     let sends = (0..16).map(|i| {
         let server = &nodes[i % 3];
-        let path = format!("/conversations/{id}/messages");
-        async move { post(server, &path, json!({"text": format!("send {i}")})).await }
+        let id = &id;
+        async move { send_through(server, id, json!({"text": format!("send {i}")})).await }
     });
     let answers = futures::future::join_all(sends).await;
     let accepted = answers.iter().filter(|(s, _)| *s == 202).count();
@@ -244,33 +250,21 @@ async fn streams_and_commands_work_from_any_node() {
     // An answer too large for a notification: C reads it from the stored frames.
     let long = format!("hello from A {}", "x".repeat(10_000));
     llm.push([Llm::text(&long)]);
-    let (status, _) = post(
-        b,
-        &format!("/conversations/{id}/messages"),
-        json!({"text": "through B", "message_id": "m-1"}),
-    )
-    .await;
+    let (status, _) = send_through(b, &id, json!({"text": "through B", "message_id": "m-1"})).await;
     assert_eq!(status, 202);
     let turn = on_c.frames_until(|f| is_state(f, "idle")).await;
     let after_turn = assert_consecutive(&turn, start);
     assert_eq!(texts(&turn), ["through B", long.as_str()]);
 
     // The same message_id through C is the same message, and starts nothing.
-    let (status, again) = post(
-        c,
-        &format!("/conversations/{id}/messages"),
-        json!({"text": "through B", "message_id": "m-1"}),
-    )
-    .await;
+    let (status, again) =
+        send_through(c, &id, json!({"text": "through B", "message_id": "m-1"})).await;
     assert_eq!(status, 200, "{again}");
     assert_eq!(again["message"]["message_id"], "m-1");
 
     // C's client sends its own message and cancels the tool it starts, over its socket.
     let sleep = crate::support::unique_sleep();
-    llm.push([Llm::Tools {
-        text: None,
-        calls: vec![("call_ws".into(), "bash".into(), json!({"command": sleep}))],
-    }]);
+    llm.push([Llm::bash("call_ws", &sleep)]);
     on_c.send(&json!({"type": "user_message", "text": "from C's socket"}))
         .await;
     let started = on_c.frames_until(|f| is_state(f, "tool_executing")).await;
@@ -336,10 +330,7 @@ async fn a_dead_owner_is_replaced_within_the_lease() {
     let (llm, nodes) = (&cluster.llm, &cluster.nodes);
     let (id, _) = conversation(&a).await;
     let sleep = crate::support::unique_sleep();
-    llm.push([Llm::Tools {
-        text: None,
-        calls: vec![("call_long".into(), "bash".into(), json!({"command": sleep}))],
-    }]);
+    llm.push([Llm::bash("call_long", &sleep)]);
     a.send(&id, "long job").await;
     crate::support::wait_running(&sleep).await;
     let killed = std::time::Instant::now();
@@ -358,12 +349,7 @@ async fn a_dead_owner_is_replaced_within_the_lease() {
 
     llm.push([Llm::text("still here")]);
     let c = &nodes[1];
-    let (status, _) = post(
-        c,
-        &format!("/conversations/{id}/messages"),
-        json!({"text": "and now?"}),
-    )
-    .await;
+    let (status, _) = send_through(c, &id, json!({"text": "and now?"})).await;
     assert_eq!(status, 202);
     idle_on(b, &id).await;
     let request = eventually("the next request", WAIT, || async {
@@ -389,14 +375,7 @@ async fn a_paused_owner_cannot_write_after_losing_its_lease() {
     let a = cluster.nodes.remove(0);
     let (llm, nodes) = (&cluster.llm, &cluster.nodes);
     let (id, cwd) = conversation(&a).await;
-    llm.push([Llm::Tools {
-        text: None,
-        calls: vec![(
-            "call_a".into(),
-            "bash".into(),
-            json!({"command": "echo a >> ran_a; sleep 2; echo a-done"}),
-        )],
-    }]);
+    llm.push([Llm::bash("call_a", "echo a >> ran_a; sleep 2; echo a-done")]);
     a.send(&id, "slow job").await;
     eventually("A's tool to start", WAIT, || async {
         cwd.join("ran_a").exists().then_some(())
@@ -408,22 +387,10 @@ async fn a_paused_owner_cannot_write_after_losing_its_lease() {
     let b = &nodes[0];
     idle_on(b, &id).await;
     llm.push([
-        Llm::Tools {
-            text: None,
-            calls: vec![(
-                "call_b".into(),
-                "bash".into(),
-                json!({"command": "echo b >> ran_b"}),
-            )],
-        },
+        Llm::bash("call_b", "echo b >> ran_b"),
         Llm::text("done on b"),
     ]);
-    let (status, _) = post(
-        b,
-        &format!("/conversations/{id}/messages"),
-        json!({"text": "again"}),
-    )
-    .await;
+    let (status, _) = send_through(b, &id, json!({"text": "again"})).await;
     assert_eq!(status, 202);
     eventually("B's turn to end", WAIT, || async {
         let messages = b.get(&format!("/conversations/{id}/messages")).await?;
@@ -501,12 +468,7 @@ async fn no_acknowledged_message_is_lost_when_a_node_dies() {
         let server = &cluster.nodes[i % 3];
         let (id, _) = conversation(server).await;
         let text = format!("message {i}");
-        let (status, body) = post(
-            server,
-            &format!("/conversations/{id}/messages"),
-            json!({ "text": text }),
-        )
-        .await;
+        let (status, body) = send_through(server, &id, json!({ "text": text })).await;
         assert_eq!(status, 202, "{body}");
         acked.push((id, text));
     }
@@ -514,11 +476,7 @@ async fn no_acknowledged_message_is_lost_when_a_node_dies() {
     let survivor = &cluster.nodes[0];
     let mut lost = 0;
     for (id, text) in &acked {
-        eventually("the conversation to come to rest", WAIT, || async {
-            let kind = state(survivor, id).await["kind"].as_str()?.to_owned();
-            matches!(kind.as_str(), "idle" | "error").then_some(())
-        })
-        .await;
+        at_rest_on(survivor, id).await;
         if user_texts(survivor, id).await != [text.clone()] {
             lost += 1;
         }
@@ -623,12 +581,7 @@ async fn a_rolling_restart_loses_nothing() {
         for (k, (id, _, _, acked)) in conversations.iter_mut().enumerate() {
             let server = &cluster.nodes[(k + round) % 3];
             let text = format!("round {round}, conversation {k}");
-            let (status, body) = post(
-                server,
-                &format!("/conversations/{id}/messages"),
-                json!({ "text": text }),
-            )
-            .await;
+            let (status, body) = send_through(server, id, json!({ "text": text })).await;
             assert_eq!(status, 202, "{body}");
             acked.push(text);
         }
@@ -646,13 +599,7 @@ async fn a_rolling_restart_loses_nothing() {
         bases.lock().unwrap_or_else(|e| e.into_inner())[round] = back.base.clone();
         cluster.nodes.insert(round, back);
         for (id, ..) in &conversations {
-            eventually("the conversation to come to rest", WAIT, || async {
-                let kind = state(&cluster.nodes[round], id).await["kind"]
-                    .as_str()?
-                    .to_owned();
-                matches!(kind.as_str(), "idle" | "error").then_some(())
-            })
-            .await;
+            at_rest_on(&cluster.nodes[round], id).await;
         }
     }
     let any = &cluster.nodes[0];
