@@ -117,6 +117,7 @@ fn history_step(duration: Duration) -> (f64, f64, usize) {
         cwd: "/srv/work",
         system_prompt: None,
         is_sub_agent: false,
+        only_submit: false,
         max_output_tokens: 4096,
         echo_reasoning: true,
     };

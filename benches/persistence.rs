@@ -15,7 +15,7 @@ use bedrock::metrics::Metrics;
 use bedrock::model::{NewConversation, Tenant};
 use bedrock::persistence::{Persistence, PersistenceActor, WriteJob};
 use bedrock::runtime::{apply_commit, plan_commit};
-use bedrock::state_machine::{ConvContext, Event, TurnId, TurnLimits, transition};
+use bedrock::state_machine::{ConvContext, Event, IfBusy, TurnId, TurnLimits, transition};
 use bedrock::store::{Store, StoreOptions};
 use common::{BenchDb, ms, percentile, seconds};
 use ractor::Actor;
@@ -103,6 +103,7 @@ async fn run(
                         turn: TurnId::new(format!("t{n}")),
                         text: "a user message of a realistic length, about a hundred bytes or so, for the benchmark".into(),
                         images: vec![],
+                        if_busy: IfBusy::Reject,
                     }
                 } else {
                     Event::UserCancel

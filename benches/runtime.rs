@@ -20,6 +20,7 @@ use bedrock::config::Settings;
 use bedrock::model::{NewConversation, Tenant};
 use bedrock::persistence::WriteJob;
 use bedrock::runtime::{ConvMsg, Runtime};
+use bedrock::state_machine::IfBusy;
 use bedrock::store::{Store, StoreOptions};
 use bedrock::testkit::{FakeLlm, Reply};
 use common::{BenchDb, heap_held_by, ms, percentile, rss_bytes, seconds};
@@ -151,7 +152,7 @@ async fn turn(bench: &Bench, id: &str, frames: &mut bedrock::hub::Subscription) 
     let sent = live
         .actor
         .call(
-            |reply| ConvMsg::send(prompt(id), vec![], None, reply),
+            |reply| ConvMsg::send(prompt(id), vec![], None, IfBusy::Reject, reply),
             Some(Duration::from_secs(60)),
         )
         .await
@@ -371,7 +372,7 @@ async fn cancel_latency(bench: &Bench, target: &str, n: usize) -> Vec<Duration> 
         let sent = live
             .actor
             .call(
-                |reply| ConvMsg::send("spin".into(), vec![], None, reply),
+                |reply| ConvMsg::send("spin".into(), vec![], None, IfBusy::Reject, reply),
                 Some(Duration::from_secs(60)),
             )
             .await

@@ -198,7 +198,14 @@ pub struct ToolSettings {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SubAgentSettings {
+    /// A sub-agent's wall time before its grace turn: the default and the most a
+    /// spawn_sub_agents task may ask for (`timeout_ms`).
     pub timeout_ms: u64,
+    /// A sub-agent's LLM steps before its grace turn: the default and the most a task may
+    /// ask for (`max_steps`).
+    pub max_steps: u32,
+    /// How long the grace turn may take before the sub-agent fails.
+    pub grace_ms: u64,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -353,6 +360,9 @@ impl Settings {
             ("llm.max_response_bytes", self.llm.max_response_bytes as u64),
             ("turn.max_llm_steps", u64::from(self.turn.max_llm_steps)),
             ("turn.max_tool_calls", u64::from(self.turn.max_tool_calls)),
+            ("sub_agents.timeout_ms", self.sub_agents.timeout_ms),
+            ("sub_agents.max_steps", u64::from(self.sub_agents.max_steps)),
+            ("sub_agents.grace_ms", self.sub_agents.grace_ms),
             ("tools.bash_timeout_ms", self.tools.bash_timeout_ms),
             ("tools.output_cap_bytes", self.tools.output_cap_bytes as u64),
             (
@@ -479,6 +489,8 @@ impl Settings {
             max_llm_steps: self.turn.max_llm_steps,
             max_tool_calls: self.turn.max_tool_calls,
             max_sub_agents: self.turn.max_sub_agents,
+            sub_agent_max_steps: self.sub_agents.max_steps,
+            sub_agent_timeout_ms: self.sub_agents.timeout_ms,
         }
     }
 

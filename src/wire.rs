@@ -530,6 +530,25 @@ pub struct SendMessage {
     pub message_id: Option<String>,
 }
 
+/// What a message does when a turn is running.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum IfBusy {
+    /// 409 `agent_busy` (the default).
+    #[default]
+    Reject,
+    /// The running turn is cancelled as by `/cancel` and this message accepted, in one step.
+    Interrupt,
+}
+
+/// The query of `POST /v1/conversations/{id}/messages`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SendQuery {
+    /// `reject` (default) or `interrupt`.
+    pub if_busy: Option<IfBusy>,
+}
+
 /// `POST /v1/conversations/{id}/events`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -841,6 +860,17 @@ pub enum ServerFrame<'a> {
         progress: Option<f64>,
         message: &'a str,
     },
+    /// A sub-agent of this conversation changed state or took an LLM step: enough for a
+    /// client to draw the tree live. Not durable (`GET /children` after a reconnect).
+    /// *Extension.*
+    SubAgent {
+        agent_id: &'a str,
+        state: State<'a>,
+        /// LLM steps its turn has taken (the last count once it has ended).
+        steps: u32,
+        /// Its steps before the grace turn.
+        max_steps: u32,
+    },
     ClientRequest {
         request_id: &'a str,
         request_type: &'a RequestType,
@@ -898,6 +928,7 @@ impl ServerFrame<'_> {
             ServerFrame::Delta { .. } => "delta",
             ServerFrame::Retrying { .. } => "retrying",
             ServerFrame::ToolProgress { .. } => "tool_progress",
+            ServerFrame::SubAgent { .. } => "sub_agent",
             ServerFrame::ClientRequest { .. } => "client_request",
             ServerFrame::ClientRequestResolved { .. } => "client_request_resolved",
             ServerFrame::ContextWarning { .. } => "context_warning",
@@ -922,6 +953,7 @@ impl ServerFrame<'_> {
             ServerFrame::Snapshot { .. }
             | ServerFrame::Delta { .. }
             | ServerFrame::ToolProgress { .. }
+            | ServerFrame::SubAgent { .. }
             | ServerFrame::Rejected { .. }
             | ServerFrame::Pong
             | ServerFrame::Closing { .. }
@@ -1034,6 +1066,9 @@ pub enum ClientFrame {
         #[serde(default)]
         images: Vec<ImageIn>,
         message_id: Option<String>,
+        /// `interrupt`: cancel a running turn and start this one, in one step.
+        #[serde(default)]
+        if_busy: IfBusy,
     },
     Cancel,
     Respond {

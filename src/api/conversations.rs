@@ -15,13 +15,13 @@ use super::images;
 use crate::model::{ConversationRecord, MessageRecord, NewConversation};
 use crate::persistence::WriteJob;
 use crate::runtime::{CancelOutcome, ConvMsg, Fixed, Live, SendError};
-use crate::state_machine::ImageRef;
+use crate::state_machine::{IfBusy, ImageRef};
 use crate::store::{NewAttachment, StoreError};
 use crate::tools::resolve_in;
 use crate::wire::{
     self, Answered, Cancelled, Conversation, ConversationList, ConversationPage,
     CreateConversation, ListQuery, MessageList, MessagesQuery, PostEvent, Queued, Respond,
-    SendMessage, Sent, Stopped, SystemEvent, TaskList, TaskReply,
+    SendMessage, SendQuery, Sent, Stopped, SystemEvent, TaskList, TaskReply,
 };
 
 /// How long the API waits for a conversation to take a message or a cancel.
@@ -387,6 +387,7 @@ pub struct Outgoing {
     pub text: String,
     pub images: Vec<(String, String)>,
     pub message_id: Option<String>,
+    pub if_busy: wire::IfBusy,
 }
 
 impl From<SendMessage> for Outgoing {
@@ -400,6 +401,7 @@ impl From<SendMessage> for Outgoing {
                 .map(|i| (i.media_type, i.data))
                 .collect(),
             message_id: body.message_id,
+            if_busy: wire::IfBusy::Reject,
         }
     }
 }
@@ -487,10 +489,18 @@ pub async fn deliver(app: &AppState, conv: &Target, out: Outgoing) -> Result<Del
         let live = app.live(&conv.id).await?;
         let (text, images, client_message_id) =
             (out.text.clone(), refs.clone(), out.message_id.clone());
+        // The turn this sender saw running: of concurrent interrupts, only the first finds
+        // it still running when the conversation takes them one by one.
+        let if_busy = match out.if_busy {
+            wire::IfBusy::Reject => IfBusy::Reject,
+            wire::IfBusy::Interrupt => IfBusy::Interrupt {
+                running: live.cancel.running_turn(),
+            },
+        };
         let answer = live
             .actor
             .call(
-                |reply| ConvMsg::send(text, images, client_message_id, reply),
+                |reply| ConvMsg::send(text, images, client_message_id, if_busy, reply),
                 Some(CALL_TIMEOUT),
             )
             .await;
@@ -511,6 +521,17 @@ pub async fn deliver(app: &AppState, conv: &Target, out: Outgoing) -> Result<Del
                 };
             }
             Ok(ractor::rpc::CallResult::Success(Err(SendError::Rejected(r)))) => {
+                // A concurrent repeat of the same message_id, refused because its twin
+                // started a turn: the twin is the answer.
+                if let Some(key) = &out.message_id
+                    && let Some(original) = app
+                        .services
+                        .store
+                        .message_by_client_id(&conv.id, key)
+                        .await?
+                {
+                    return Ok(Delivered::Repeat(original));
+                }
                 return Err(rejection(r, &conv.id));
             }
             Ok(ractor::rpc::CallResult::Success(Err(e))) => return Err(e.into()),
@@ -530,21 +551,24 @@ pub async fn deliver(app: &AppState, conv: &Target, out: Outgoing) -> Result<Del
 
 /// Sends a user message; it is stored before the reply.
 #[utoipa::path(post, path = "/conversations/{id}/messages", tag = "conversations",
-    params(("id" = String, Path, description = "The conversation's id or slug")),
+    params(("id" = String, Path, description = "The conversation's id or slug"), SendQuery),
     request_body = SendMessage,
     responses(
-        (status = 202, description = "Accepted and stored; the turn starts", body = Sent),
+        (status = 202, description = "Accepted and stored; the turn starts (with `if_busy=interrupt`, after the running turn was cancelled)", body = Sent),
         (status = 200, description = "A repeat of an earlier `message_id`: the original, nothing stored", body = Sent),
-        (status = 409, description = "`agent_busy` (a turn runs; cancel it first), `cancelling`, or `conversation_completed` (a sub-agent that submitted its result)", body = ErrorBody),
+        (status = 409, description = "`agent_busy` (a turn runs; cancel it first, or send with `if_busy=interrupt`; of concurrent interrupting sends all but one get it), `cancelling`, or `conversation_completed` (a sub-agent that submitted its result)", body = ErrorBody),
     ))]
 pub async fn send(
     State(app): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
+    Query(query): Query<SendQuery>,
     Body(body): Body<SendMessage>,
 ) -> Result<Response, ApiError> {
     let conv = app.sending_target(&caller, &id).await?;
-    let (status, message) = match deliver(&app, &conv, body.into()).await? {
+    let mut out = Outgoing::from(body);
+    out.if_busy = query.if_busy.unwrap_or_default();
+    let (status, message) = match deliver(&app, &conv, out).await? {
         Delivered::New(message) => (StatusCode::ACCEPTED, message),
         Delivered::Repeat(message) => (StatusCode::OK, message),
     };

@@ -504,11 +504,13 @@ fn client_frame(
                 text,
                 images,
                 message_id,
+                if_busy,
             } => {
                 let out = Outgoing {
                     text,
                     images: images.into_iter().map(|i| (i.media_type, i.data)).collect(),
                     message_id,
+                    if_busy,
                 };
                 deliver(&app, &conv, out).await.map(|_| None)
             }
@@ -551,12 +553,17 @@ async fn carry_command(
     if owner.is_empty() {
         return refused("the conversation is changing nodes; try again shortly");
     }
+    let mut query = None;
     let (segments, body): (&[&str], Value) = match frame {
         ClientFrame::UserMessage {
             text,
             images,
             message_id,
+            if_busy,
         } => {
+            if *if_busy == wire::IfBusy::Interrupt {
+                query = Some("if_busy=interrupt");
+            }
             let images: Vec<Value> = images
                 .iter()
                 .map(|i| serde_json::json!({"media_type": i.media_type, "data": i.data}))
@@ -578,7 +585,7 @@ async fn carry_command(
         ),
         ClientFrame::Ping => return None,
     };
-    let Some(uri) = route(id, segments) else {
+    let Some(uri) = route(id, segments, query) else {
         return refused("the frame could not be carried to the conversation's node");
     };
     let mut headers = HeaderMap::new();
@@ -626,13 +633,14 @@ async fn carry_command(
 }
 
 /// The path of a conversation's REST command, `segments` after its id, each encoded.
-fn route(id: &str, segments: &[&str]) -> Option<Uri> {
+fn route(id: &str, segments: &[&str], query: Option<&str>) -> Option<Uri> {
     let mut url = url::Url::parse("http://node/").ok()?;
     url.path_segments_mut()
         .ok()?
         .extend(["v1", "conversations", id])
         .extend(segments);
-    url.path().parse().ok()
+    url.set_query(query);
+    url[url::Position::BeforePath..].parse().ok()
 }
 
 /// The live stream, read-only, as Server-Sent Events: the same frames as the WebSocket, with

@@ -75,6 +75,8 @@ pub struct LlmJob {
     pub model: String,
     pub system_prompt: Option<String>,
     pub is_sub_agent: bool,
+    /// A sub-agent's grace turn: submit_result is the only tool offered.
+    pub only_submit: bool,
     pub reply: ReplyTo,
     pub cancel: CancellationToken,
     /// The turn's span, parent of the request's.
@@ -315,6 +317,7 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
         cwd: &job.cwd,
         system_prompt: job.system_prompt.as_deref(),
         is_sub_agent: job.is_sub_agent,
+        only_submit: job.only_submit,
         max_output_tokens: model_settings.max_output_tokens,
         echo_reasoning: model_settings.echo_reasoning,
     };

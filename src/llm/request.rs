@@ -31,6 +31,8 @@ pub struct RequestContext<'a> {
     pub cwd: &'a str,
     pub system_prompt: Option<&'a str>,
     pub is_sub_agent: bool,
+    /// A sub-agent's grace turn: submit_result is the only tool offered.
+    pub only_submit: bool,
     pub max_output_tokens: u32,
     /// Send the turn's reasoning back (`[models] echo_reasoning`).
     pub echo_reasoning: bool,
@@ -167,16 +169,23 @@ fn agent_wire(
 }
 
 /// The JSON of the request's `tools`, made once per kind of agent (the tools an agent gets
-/// depend only on whether it is a sub-agent).
-fn tools_json(is_sub_agent: bool) -> serde_json::Result<&'static RawValue> {
-    static CACHE: [std::sync::OnceLock<Box<RawValue>>; 2] =
-        [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
-    let slot = &CACHE[usize::from(is_sub_agent)];
+/// depend only on whether it is a sub-agent, and whether it is in its grace turn).
+fn tools_json(is_sub_agent: bool, only_submit: bool) -> serde_json::Result<&'static RawValue> {
+    static CACHE: [std::sync::OnceLock<Box<RawValue>>; 3] = [
+        std::sync::OnceLock::new(),
+        std::sync::OnceLock::new(),
+        std::sync::OnceLock::new(),
+    ];
+    let only_submit = is_sub_agent && only_submit;
+    let slot = &CACHE[usize::from(is_sub_agent) + usize::from(only_submit)];
     if let Some(json) = slot.get() {
         return Ok(json);
     }
-    let json =
-        serde_json::value::to_raw_value(&tool_list(&crate::tools::definitions(is_sub_agent)))?;
+    let mut tools = crate::tools::definitions(is_sub_agent);
+    if only_submit {
+        tools.retain(|tool| tool.name == crate::state_machine::SUBMIT_RESULT);
+    }
+    let json = serde_json::value::to_raw_value(&tool_list(&tools))?;
     Ok(slot.get_or_init(|| json))
 }
 
@@ -283,7 +292,7 @@ pub fn body<'a>(
             images,
             reasoning_from: ctx.echo_reasoning.then_some(turn_from),
         },
-        tools: tools_json(ctx.is_sub_agent)?,
+        tools: tools_json(ctx.is_sub_agent, ctx.only_submit)?,
         stream: true,
         stream_options: ChatCompletionStreamOptions {
             include_usage: Some(true),
@@ -478,6 +487,7 @@ mod tests {
             cwd: "/w",
             system_prompt: Some("be brief"),
             is_sub_agent: false,
+            only_submit: false,
             max_output_tokens: 512,
             echo_reasoning: true,
         };
@@ -567,6 +577,7 @@ mod tests {
                 cwd: "/w",
                 system_prompt: None,
                 is_sub_agent: false,
+                only_submit: false,
                 max_output_tokens: 512,
                 echo_reasoning: echo,
             };

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use crate::state_machine::ConvState;
+use crate::state_machine::{ConvState, TurnId};
 
 /// What a cancel stopped, and where the conversation ended up.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,6 +26,8 @@ pub struct CancelOutcome {
 struct Inner {
     pending: Vec<oneshot::Sender<CancelOutcome>>,
     work: Option<CancellationToken>,
+    /// The turn running as of the conversation's last commit.
+    turn: Option<TurnId>,
 }
 
 #[derive(Debug, Default)]
@@ -64,6 +66,19 @@ impl CancelSlot {
         let token = CancellationToken::new();
         self.lock().work = Some(token.clone());
         token
+    }
+
+    /// The turn that runs now, as an interrupting send saw it when it arrived.
+    pub fn running_turn(&self) -> Option<TurnId> {
+        self.lock().turn.clone()
+    }
+
+    /// The actor's side: the turn that runs after its latest commit.
+    pub fn set_running_turn(&self, turn: Option<&TurnId>) {
+        let mut inner = self.lock();
+        if inner.turn.as_ref() != turn {
+            inner.turn = turn.cloned();
+        }
     }
 
     /// Stops the current work, if any.

@@ -251,6 +251,7 @@ impl Numbered<'_> {
             | ServerFrame::Delta { .. }
             | ServerFrame::Retrying { .. }
             | ServerFrame::ToolProgress { .. }
+            | ServerFrame::SubAgent { .. }
             | ServerFrame::ClientRequest { .. }
             | ServerFrame::ClientRequestResolved { .. }
             | ServerFrame::ContextWarning { .. }
@@ -342,7 +343,7 @@ pub fn apply(conv: &mut ConversationRecord, commit: &ConversationCommit) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state_machine::{ConvContext, Event, TurnId, transition};
+    use crate::state_machine::{ConvContext, Event, IfBusy, TurnId, transition};
     use chrono::TimeZone as _;
 
     fn record(state: ConvState) -> ConversationRecord {
@@ -396,6 +397,7 @@ mod tests {
             turn: turn.clone(),
             text: "hi".into(),
             images: Vec::new(),
+            if_busy: IfBusy::Reject,
         };
         let first = transition(&conv.state, &ctx(), event).expect("accepted");
         let first = plan(&conv, first, 0, at, None);

@@ -25,8 +25,8 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use crate::llm::LlmJob;
 use crate::model::{ConversationRecord, MessageRecord};
 use crate::state_machine::{
-    ConvContext, ConvState, Effect, Event, ImageRef, Interruption, InvalidTransition, Rejection,
-    SubAgentOutcome, ToolOutcome, TurnId, transition,
+    ConvContext, ConvState, Effect, Event, IfBusy, ImageRef, Interruption, InvalidTransition,
+    Rejection, SubAgentOutcome, ToolOutcome, TurnId, transition,
 };
 use crate::store::StoreError;
 use crate::wire::DurableFrame;
@@ -50,6 +50,8 @@ pub enum SendError {
 pub struct ParentLink {
     pub supervisor: ActorRef<SupervisorMsg>,
     pub agent_id: String,
+    /// The sub-agent's LLM steps before its grace turn.
+    pub max_steps: u32,
 }
 
 /// A conversation's messages. Payloads are boxed so the enum, and with it every idle
@@ -76,6 +78,7 @@ pub struct SendRequest {
     pub text: String,
     pub images: Vec<ImageRef>,
     pub client_message_id: Option<String>,
+    pub if_busy: IfBusy,
     pub reply: RpcReplyPort<Result<MessageRecord, SendError>>,
 }
 
@@ -106,12 +109,14 @@ impl ConvMsg {
         text: String,
         images: Vec<ImageRef>,
         client_message_id: Option<String>,
+        if_busy: IfBusy,
         reply: RpcReplyPort<Result<MessageRecord, SendError>>,
     ) -> ConvMsg {
         ConvMsg::Send(Box::new(SendRequest {
             text,
             images,
             client_message_id,
+            if_busy,
             reply,
         }))
     }
@@ -178,6 +183,8 @@ pub struct ConversationState {
     children: HashMap<ActorId, Child>,
     /// The turn in progress.
     turn: Option<Turn>,
+    /// A sub-agent's progress as last shown to its parent's clients (state, steps).
+    shown: Option<(&'static str, u32)>,
     /// Commits with messages stored since the last LLM request, handed to the next one.
     unsent: Vec<Arc<crate::model::ConversationCommit>>,
     /// The history as the LLM gets it, kept between requests while the actor lives.
@@ -218,7 +225,12 @@ impl Actor for ConversationActor {
         _myself: ActorRef<Self::Msg>,
         args: ConversationArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let ctx = context(&args.services, &args.record);
+        let mut ctx = context(&args.services, &args.record);
+        if let Some(parent) = &args.parent {
+            ctx.limits.max_llm_steps = parent.max_steps;
+        }
+        args.cancel
+            .set_running_turn(args.record.state.turn().map(|turn| &turn.id));
         Ok(ConversationState {
             record: args.record,
             ctx,
@@ -227,6 +239,7 @@ impl Actor for ConversationActor {
             parent: args.parent,
             children: HashMap::new(),
             turn: None,
+            shown: None,
             unsent: Vec::new(),
             history: crate::llm::new_history(),
             idle_generation: 0,
@@ -310,9 +323,18 @@ async fn handle(
                 text,
                 images,
                 client_message_id,
+                if_busy,
                 reply,
             } = *request;
-            let outcome = Box::pin(send(&myself, state, text, images, client_message_id)).await;
+            let outcome = Box::pin(send(
+                &myself,
+                state,
+                text,
+                images,
+                client_message_id,
+                if_busy,
+            ))
+            .await;
             let _ = reply.send(outcome);
         }
         ConvMsg::Cancel => {}
@@ -455,12 +477,18 @@ async fn send(
     text: String,
     images: Vec<ImageRef>,
     client_message_id: Option<String>,
+    if_busy: IfBusy,
 ) -> Result<MessageRecord, SendError> {
     if starting_blocked(state) {
         return Err(SendError::ShuttingDown);
     }
     let turn = TurnId::new(uuid::Uuid::now_v7().to_string());
-    let event = Event::UserMessage { turn, text, images };
+    let event = Event::UserMessage {
+        turn,
+        text,
+        images,
+        if_busy,
+    };
     let result = transition(&state.record.state, &state.ctx, event).map_err(|e| match e {
         InvalidTransition::Rejected(rejection) => SendError::Rejected(rejection),
         InvalidTransition::Ignored { .. } => SendError::Rejected(Rejection::AgentBusy),
@@ -622,6 +650,9 @@ async fn store_and_dispatch(
             return Err(error);
         }
         commit::apply(&mut state.record, commit);
+        state
+            .cancel
+            .set_running_turn(state.record.state.turn().map(|turn| &turn.id));
         state.ctx.context_tokens = state.record.usage.context_tokens;
         if !commit.messages.is_empty() {
             if state.unsent.len() >= MAX_UNSENT {
@@ -637,6 +668,7 @@ async fn store_and_dispatch(
     for frame in &plan.frames {
         state.services.hub.publish(&state.record.id, frame.clone());
     }
+    show_progress(state);
     let busy = state.record.state.is_busy();
     let metrics = &state.services.metrics;
     if !was_busy && busy {
@@ -782,7 +814,11 @@ async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, eff
                 let _ = myself.cast(ConvMsg::event(Event::Continue { turn }));
             }
         }
-        Effect::RequestLlm { request, model } => {
+        Effect::RequestLlm {
+            request,
+            model,
+            only_submit,
+        } => {
             if starting_blocked {
                 return;
             }
@@ -795,6 +831,7 @@ async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, eff
                 model,
                 system_prompt: state.record.system_prompt.clone(),
                 is_sub_agent: state.ctx.is_sub_agent,
+                only_submit,
                 reply: reply_to(myself),
                 cancel,
                 span: state
@@ -914,6 +951,31 @@ async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, eff
         | Effect::NotifyRetrying { .. }
         | Effect::WarnContext { .. } => {}
     }
+}
+
+/// A sub-agent's state and steps, shown to its parent's clients as a `sub_agent` frame when
+/// they change (not durable: `GET /children` has them after a reconnect).
+fn show_progress(state: &mut ConversationState) {
+    let Some(parent) = &state.record.parent_id else {
+        return;
+    };
+    let kind = state.record.state.kind();
+    let steps = state.record.state.turn().map_or_else(
+        || state.shown.map_or(0, |(_, steps)| steps),
+        |turn| turn.llm_steps,
+    );
+    if state.shown == Some((kind, steps)) {
+        return;
+    }
+    state.shown = Some((kind, steps));
+    let frame = crate::wire::ServerFrame::SubAgent {
+        agent_id: &state.record.id,
+        state: crate::wire::state(&state.record.state),
+        steps,
+        max_steps: state.ctx.limits.max_llm_steps,
+    };
+    let frame = Arc::new(crate::hub::Frame::of(&frame));
+    state.services.hub.publish(parent, frame);
 }
 
 fn report_to_parent(state: &ConversationState, outcome: SubAgentOutcome) {

@@ -2,8 +2,13 @@
 //!
 //! It creates one sub-agent conversation per task (user_initiated = false, with the parent's
 //! id), starts them in parallel under itself, and forwards each outcome to the parent. A
-//! sub-agent that crashes, stops without a result or runs past the time limit becomes a
-//! failure entry; the core aggregates the entries in task order.
+//! sub-agent that crashes or stops without a result becomes a failure entry; the core
+//! aggregates the entries in task order.
+//!
+//! Each sub-agent has its own time limit (its task's `timeout_ms` within the configured
+//! one). When it passes, the sub-agent's core gets `TimeLimit` and starts its grace turn;
+//! when `grace_ms` more pass, `TimeLimit` again ends it as failed. Should the sub-agent not
+//! answer even that (it cannot commit), a last deadline reports it failed from here.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,7 +24,7 @@ use super::conversation::{ConvMsg, ConversationActor, ConversationArgs, ParentLi
 use super::registry::Live;
 use crate::model::{ConversationRecord, NewConversation};
 use crate::persistence::WriteJob;
-use crate::state_machine::{Event, SubAgentOutcome, SubAgentTask, ToolOutcome, TurnId};
+use crate::state_machine::{Event, IfBusy, SubAgentOutcome, SubAgentTask, ToolOutcome, TurnId};
 
 #[derive(Debug)]
 pub struct SubAgentSupervisor;
@@ -49,7 +54,9 @@ pub enum SupervisorMsg {
         agent_id: String,
         outcome: SubAgentOutcome,
     },
-    TimedOut,
+    /// Sub-agent `index`'s time limit (`round` 0), the end of its grace (1), or the last
+    /// deadline (2).
+    Deadline { index: usize, round: u8 },
     /// The parent was cancelled.
     Cancelled,
 }
@@ -58,6 +65,7 @@ struct Agent {
     id: String,
     live: Option<Live>,
     done: bool,
+    timeout_ms: u64,
 }
 
 pub struct SupervisorState {
@@ -146,8 +154,12 @@ impl Actor for SubAgentSupervisor {
                 id: id.clone(),
                 live: None,
                 done: false,
+                timeout_ms: task.timeout_ms,
             };
-            match start_agent(&myself, &services, &id).await {
+            myself.send_after(Duration::from_millis(task.timeout_ms), move || {
+                SupervisorMsg::Deadline { index, round: 0 }
+            });
+            match start_agent(&myself, &services, &id, task.max_steps).await {
                 Ok(live) => {
                     state.by_actor.insert(live.actor.get_id(), index);
                     let reply_to = myself.clone();
@@ -156,7 +168,15 @@ impl Actor for SubAgentSupervisor {
                     tokio::spawn(async move {
                         let sent = actor
                             .call(
-                                |reply| ConvMsg::send(task.prompt, Vec::new(), None, reply),
+                                |reply| {
+                                    ConvMsg::send(
+                                        task.prompt,
+                                        Vec::new(),
+                                        None,
+                                        IfBusy::Reject,
+                                        reply,
+                                    )
+                                },
                                 None,
                             )
                             .await;
@@ -192,10 +212,6 @@ impl Actor for SubAgentSupervisor {
             }
             state.agents.push(agent);
         }
-        myself.send_after(
-            Duration::from_millis(services.settings.sub_agents.timeout_ms),
-            || SupervisorMsg::TimedOut,
-        );
         let cancel = state.args.cancel.clone();
         let me = myself.clone();
         tokio::spawn(async move {
@@ -213,28 +229,7 @@ impl Actor for SubAgentSupervisor {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             SupervisorMsg::Report { agent_id, outcome } => report(state, &agent_id, outcome),
-            SupervisorMsg::TimedOut => {
-                let seconds = state.args.services.settings.sub_agents.timeout_ms / 1000;
-                let pending: Vec<String> = state
-                    .agents
-                    .iter()
-                    .filter(|a| !a.done)
-                    .map(|a| a.id.clone())
-                    .collect();
-                cancel_unfinished(state);
-                for id in pending {
-                    report(
-                        state,
-                        &id,
-                        SubAgentOutcome {
-                            success: false,
-                            result: format!(
-                                "the sub-agent did not submit a result within {seconds} s"
-                            ),
-                        },
-                    );
-                }
-            }
+            SupervisorMsg::Deadline { index, round } => deadline(&myself, state, index, round),
             SupervisorMsg::Cancelled => {
                 // The parent has moved on; it takes no more reports.
                 cancel_unfinished(state);
@@ -304,6 +299,49 @@ impl Actor for SubAgentSupervisor {
     }
 }
 
+/// Sub-agent `index`'s deadlines: its core decides at the first two; the third is for a
+/// sub-agent that did not answer them.
+fn deadline(
+    myself: &ActorRef<SupervisorMsg>,
+    state: &mut SupervisorState,
+    index: usize,
+    round: u8,
+) {
+    let grace = Duration::from_millis(state.args.services.settings.sub_agents.grace_ms);
+    let Some(agent) = state.agents.get(index).filter(|agent| !agent.done) else {
+        return;
+    };
+    let timeout_ms = agent.timeout_ms;
+    if round < 2 {
+        if let Some(live) = &agent.live {
+            let _ = live
+                .actor
+                .cast(ConvMsg::event(Event::TimeLimit { timeout_ms }));
+        }
+        myself.send_after(grace, move || SupervisorMsg::Deadline {
+            index,
+            round: round + 1,
+        });
+        return;
+    }
+    if let Some(live) = &agent.live {
+        drop(live.cancel.request());
+        let _ = live.actor.cast(ConvMsg::Cancel);
+    }
+    let id = agent.id.clone();
+    report(
+        state,
+        &id,
+        SubAgentOutcome {
+            success: false,
+            result: format!(
+                "the sub-agent did not submit a result within its time limit of {} s and its grace",
+                timeout_ms / 1000
+            ),
+        },
+    );
+}
+
 /// Cancels the sub-agents that have not finished, through their cancel path: their running
 /// work stops at once and their turns close with synthetic results.
 fn cancel_unfinished(state: &SupervisorState) {
@@ -338,6 +376,7 @@ async fn start_agent(
     myself: &ActorRef<SupervisorMsg>,
     services: &Arc<Services>,
     id: &str,
+    max_steps: u32,
 ) -> Result<Live, String> {
     let record = super::registry::claim(services, id, None)
         .await
@@ -351,6 +390,7 @@ async fn start_agent(
         parent: Some(ParentLink {
             supervisor: myself.clone(),
             agent_id: id.to_owned(),
+            max_steps,
         }),
     };
     let (actor, _) = Actor::spawn_linked(None, ConversationActor, args, myself.get_cell())

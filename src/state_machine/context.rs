@@ -6,12 +6,17 @@ use std::path::PathBuf;
 /// turn in `Error { error_kind: Limit }` with the message chain still valid.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TurnLimits {
-    /// LLM steps (requests, not counting retries) per user turn.
+    /// LLM steps (requests, not counting retries) per user turn. A sub-agent's is its
+    /// `max_steps`; reaching it starts its grace turn instead of failing.
     pub max_llm_steps: u32,
     /// Tool calls per user turn.
     pub max_tool_calls: u32,
     /// Tasks in one spawn_sub_agents call.
     pub max_sub_agents: u32,
+    /// A sub-agent's LLM steps: the default and the most a task may ask for.
+    pub sub_agent_max_steps: u32,
+    /// A sub-agent's wall time in ms: the default and the most a task may ask for.
+    pub sub_agent_timeout_ms: u64,
 }
 
 impl Default for TurnLimits {
@@ -20,6 +25,8 @@ impl Default for TurnLimits {
             max_llm_steps: 50,
             max_tool_calls: 200,
             max_sub_agents: 8,
+            sub_agent_max_steps: 30,
+            sub_agent_timeout_ms: 600_000,
         }
     }
 }

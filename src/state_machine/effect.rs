@@ -14,6 +14,10 @@ pub struct SubAgentTask {
     pub prompt: String,
     /// `None`: the parent's model.
     pub model: Option<String>,
+    /// LLM steps before the grace turn: the task's `max_steps` within the configured bound.
+    pub max_steps: u32,
+    /// Wall time before the grace turn: the task's `timeout_ms` within the configured bound.
+    pub timeout_ms: u64,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -40,6 +44,8 @@ pub enum Effect {
     RequestLlm {
         request: LlmRequestTag,
         model: String,
+        /// A sub-agent's grace turn: submit_result is the only tool offered.
+        only_submit: bool,
     },
     /// Abort the request (or its pending retry) at once; the gateway answers `LlmAborted`.
     AbortLlm { request: LlmRequestTag },

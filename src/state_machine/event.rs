@@ -76,6 +76,19 @@ impl Interruption {
     }
 }
 
+/// What a user message does when a turn is running.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum IfBusy {
+    /// Refused with `agent_busy` (the seeds' rule).
+    #[default]
+    Reject,
+    /// The running turn is cancelled as by a cancel and the message starts the next turn, in
+    /// one step. `running` is the turn the sender saw running when it sent (`None`: none):
+    /// of concurrent interrupting sends, which all saw the same turn, only the first finds
+    /// it still running; the others are refused with `agent_busy`.
+    Interrupt { running: Option<TurnId> },
+}
+
 /// An input to [`transition`](super::transition).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -84,6 +97,7 @@ pub enum Event {
         turn: TurnId,
         text: String,
         images: Vec<ImageRef>,
+        if_busy: IfBusy,
     },
     /// REQ-BED-005.
     UserCancel,
@@ -126,6 +140,9 @@ pub enum Event {
     },
     /// Work in flight was cut off by a restart or a shutdown.
     Interrupted(Interruption),
+    /// A sub-agent's wall-time limit passed: the first time it starts the grace turn, in
+    /// the grace turn it ends the sub-agent as failed.
+    TimeLimit { timeout_ms: u64 },
 }
 
 impl Event {
@@ -144,6 +161,7 @@ impl Event {
             Event::SubAgentResult { .. } => "sub_agent_result",
             Event::BackgroundResult { .. } => "background_result",
             Event::Interrupted(_) => "interrupted",
+            Event::TimeLimit { .. } => "time_limit",
         }
     }
 }

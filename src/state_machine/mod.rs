@@ -24,14 +24,16 @@ mod tests;
 pub use chain::{ChainError, validate_chain};
 pub use context::{ConvContext, TurnLimits};
 pub use effect::{Effect, SubAgentTask};
-pub use event::{Event, Interruption, LlmFailure, LlmReply, LlmRequestTag, ToolOutcome, Usage};
+pub use event::{
+    Event, IfBusy, Interruption, LlmFailure, LlmReply, LlmRequestTag, ToolOutcome, Usage,
+};
 pub use message::{ImageRef, MessageContent, MessageType, Reasoning, ToolResult};
 pub use state::{
-    BackgroundResult, ConvState, ErrorKind, MAX_LLM_ATTEMPTS, SubAgentOutcome, SubAgentSlot,
-    ToolUse, Turn, TurnId,
+    BackgroundResult, ConvState, ErrorKind, MAX_LLM_ATTEMPTS, SubAgentLimit, SubAgentOutcome,
+    SubAgentSlot, ToolUse, Turn, TurnId,
 };
 pub use transition::{
-    CANCELLED_BY_USER, InvalidTransition, RETRY_AFTER_CAP_MS, RETRY_BASE_DELAY_MS,
+    CANCELLED_BY_USER, GRACE_SKIPPED, InvalidTransition, RETRY_AFTER_CAP_MS, RETRY_BASE_DELAY_MS,
     RETRY_DELAY_CAP_MS, Rejection, SKIPPED_BY_CANCEL, SPAWN_SUB_AGENTS, SUBMIT_REMINDER,
     SUBMIT_RESULT, TransitionResult, retry_delay_ms, transition,
 };

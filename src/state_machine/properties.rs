@@ -8,6 +8,8 @@ use super::*;
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => Just(Op::UserMessage),
+        1 => any::<bool>().prop_map(|stale| Op::Interrupt { stale }),
+        1 => Just(Op::TimeLimit),
         2 => Just(Op::Cancel),
         4 => Just(Op::Continue),
         3 => (any::<bool>(), any::<u16>()).prop_map(|(end_turn, tokens)| Op::LlmText { end_turn, tokens }),
@@ -42,6 +44,9 @@ fn settle(world: &mut World) {
 fn events_for_every_kind(world: &mut World) -> Vec<Event> {
     let ops = [
         Op::UserMessage,
+        Op::Interrupt { stale: false },
+        Op::Interrupt { stale: true },
+        Op::TimeLimit,
         Op::Cancel,
         Op::Continue,
         Op::LlmText {
@@ -87,7 +92,7 @@ proptest! {
 
             // A busy state rejects a user message and stays as it is.
             if world.state.is_busy() {
-                let user = Event::UserMessage { turn: TurnId::new("x"), text: "x".into(), images: vec![] };
+                let user = Event::UserMessage { turn: TurnId::new("x"), text: "x".into(), images: vec![], if_busy: IfBusy::Reject };
                 let got = transition(&world.state, &world.ctx, user);
                 prop_assert!(matches!(got, Err(InvalidTransition::Rejected(_))), "busy state accepted a message: {got:?}");
             }
@@ -146,6 +151,74 @@ proptest! {
     }
 }
 
+/// Whether an event answers work a turn started (and so must never apply to a later turn).
+fn answers_work(event: &Event) -> bool {
+    match event {
+        Event::Continue { .. }
+        | Event::LlmResponse { .. }
+        | Event::LlmError { .. }
+        | Event::LlmAborted { .. }
+        | Event::RetryTimeout { .. }
+        | Event::ToolComplete { .. }
+        | Event::SubAgentsSpawned { .. }
+        | Event::SubAgentResult { .. } => true,
+        Event::UserMessage { .. }
+        | Event::UserCancel
+        | Event::BackgroundResult { .. }
+        | Event::Interrupted(_)
+        | Event::TimeLimit { .. } => false,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Interrupt-and-send at any moment (issue 24): from any state but a completed sub-agent
+    /// it is accepted; it stores exactly one user message; the chain stays valid; the new
+    /// turn is the one waiting for the LLM; and no answer to earlier work applies after it.
+    #[test]
+    fn interrupt_at_any_moment(is_sub_agent in any::<bool>(), ops in proptest::collection::vec(op(), 0..60)) {
+        let mut world = World::new(is_sub_agent);
+        for op in &ops {
+            if let Some(event) = world.event_for(op) {
+                let _ = world.apply(event);
+            }
+        }
+        let earlier = world.delivered.clone();
+        let users = |log: &[MessageContent]| log.iter().filter(|m| matches!(m, MessageContent::User { .. })).count();
+        let before = users(&world.log);
+        let was_completed = world.state == ConvState::Completed;
+        let event = world.event_for(&Op::Interrupt { stale: false }).expect("always an event");
+        let Event::UserMessage { turn: new_turn, .. } = event.clone() else { unreachable!() };
+        let outcome = world.apply(event);
+        if was_completed {
+            prop_assert_eq!(outcome, Err(InvalidTransition::Rejected(Rejection::Completed)));
+            return Ok(());
+        }
+        prop_assert!(outcome.is_ok(), "interrupt refused: {outcome:?}");
+        prop_assert_eq!(users(&world.log), before + 1);
+        prop_assert_eq!(&world.state, &ConvState::AwaitingLlm { turn: Turn::new(new_turn.clone()) });
+        prop_assert_eq!(validate_chain(&world.log, true), Ok(()));
+        // A second interrupt that saw the same (now replaced) turn is busy.
+        let twin = Event::UserMessage {
+            turn: TurnId::new("twin"),
+            text: "twin".into(),
+            images: vec![],
+            if_busy: IfBusy::Interrupt { running: None },
+        };
+        prop_assert_eq!(
+            transition(&world.state, &world.ctx, twin),
+            Err(InvalidTransition::Rejected(Rejection::AgentBusy))
+        );
+        for late in earlier.into_iter().filter(answers_work) {
+            let got = transition(&world.state, &world.ctx, late.clone());
+            prop_assert!(matches!(got, Err(InvalidTransition::Ignored { .. })), "{late:?} applied after the interrupt: {got:?}");
+        }
+        settle(&mut world);
+        prop_assert_eq!(validate_chain(&world.log, false), Ok(()));
+    }
+}
+
 /// The random runs above are not vacuous: with a fixed seed they reach every state, and
 /// every kind of event is applied somewhere.
 #[test]
@@ -159,7 +232,7 @@ fn random_runs_reach_every_state() {
     let strategy = (any::<bool>(), proptest::collection::vec(op(), 1..80));
     let mut states = BTreeSet::new();
     let mut applied = BTreeSet::new();
-    for _ in 0..300 {
+    for _ in 0..600 {
         let (is_sub_agent, ops) = strategy.new_tree(&mut runner).expect("a sample").current();
         let mut world = World::new(is_sub_agent);
         for op in &ops {
@@ -196,6 +269,7 @@ fn random_runs_reach_every_state() {
         "sub_agent_result",
         "background_result",
         "interrupted",
+        "time_limit",
     ];
     assert_eq!(applied, all_events.into_iter().collect());
 }

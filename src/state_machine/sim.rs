@@ -12,6 +12,13 @@ use super::*;
 #[derive(Clone, Debug)]
 pub enum Op {
     UserMessage,
+    /// A user message with `if_busy=interrupt`, sent having seen the running turn (or, when
+    /// `stale`, one that has ended since).
+    Interrupt {
+        stale: bool,
+    },
+    /// A sub-agent's wall time runs out.
+    TimeLimit,
     Cancel,
     Continue,
     LlmText {
@@ -86,6 +93,8 @@ impl World {
                     max_llm_steps: 4,
                     max_tool_calls: 5,
                     max_sub_agents: 3,
+                    sub_agent_max_steps: 4,
+                    sub_agent_timeout_ms: 1000,
                 },
                 context_window: 1000,
                 context_tokens: 0,
@@ -115,7 +124,21 @@ impl World {
                 turn: TurnId::new(self.fresh("turn")),
                 text: "hello".into(),
                 images: vec![],
+                if_busy: IfBusy::Reject,
             },
+            Op::Interrupt { stale } => Event::UserMessage {
+                turn: TurnId::new(self.fresh("turn")),
+                text: "instead".into(),
+                images: vec![],
+                if_busy: IfBusy::Interrupt {
+                    running: if *stale {
+                        Some(TurnId::new("an-earlier-turn"))
+                    } else {
+                        self.state.turn().map(|turn| turn.id.clone())
+                    },
+                },
+            },
+            Op::TimeLimit => Event::TimeLimit { timeout_ms: 1000 },
             Op::Cancel => Event::UserCancel,
             Op::Continue => Event::Continue {
                 turn: self.pending_continue.clone()?,

@@ -90,6 +90,10 @@ pub struct Turn {
     /// A sub-agent that ended its turn without submit_result has been reminded once.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub reminded: bool,
+    /// A sub-agent that reached one of its limits is in its grace turn: one LLM step with
+    /// only submit_result offered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace: Option<SubAgentLimit>,
 }
 
 impl Turn {
@@ -101,7 +105,39 @@ impl Turn {
             tool_calls: 0,
             held: Vec::new(),
             reminded: false,
+            grace: None,
         }
+    }
+}
+
+/// A limit of a sub-agent's work; reaching one starts its grace turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "limit", rename_all = "snake_case")]
+pub enum SubAgentLimit {
+    /// LLM steps of its turn.
+    Steps { max_steps: u32 },
+    /// Wall time since it started.
+    Time { timeout_ms: u64 },
+}
+
+impl std::fmt::Display for SubAgentLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SubAgentLimit::Steps { max_steps: 1 } => f.write_str("limit of 1 LLM step"),
+            SubAgentLimit::Steps { max_steps } => write!(f, "limit of {max_steps} LLM steps"),
+            SubAgentLimit::Time { timeout_ms } => {
+                write!(f, "time limit of {}", seconds(*timeout_ms))
+            }
+        }
+    }
+}
+
+/// `90 s`, `1.5 s`: milliseconds as a person reads them.
+fn seconds(ms: u64) -> String {
+    if ms.is_multiple_of(1000) {
+        format!("{} s", ms / 1000)
+    } else {
+        format!("{:.1} s", ms as f64 / 1000.0)
     }
 }
 

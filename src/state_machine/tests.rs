@@ -18,6 +18,8 @@ fn ctx() -> ConvContext {
             max_llm_steps: 5,
             max_tool_calls: 4,
             max_sub_agents: 3,
+            sub_agent_max_steps: 4,
+            sub_agent_timeout_ms: 60_000,
         },
         context_window: 1000,
         context_tokens: 0,
@@ -107,6 +109,7 @@ fn user_message(text: &str) -> Event {
         turn: tid("t1"),
         text: text.into(),
         images: vec![],
+        if_busy: IfBusy::Reject,
     }
 }
 
@@ -204,6 +207,7 @@ fn matrix_idle_user_message_awaits_llm() {
             turn: tid("t1"),
             text: "hi".into(),
             images: vec![image.clone()],
+            if_busy: IfBusy::Reject,
         },
         ConvState::AwaitingLlm { turn: turn(0, 0) },
         vec![
@@ -226,6 +230,7 @@ fn matrix_awaiting_llm_internal_step_requests_llm() {
         vec![Effect::RequestLlm {
             request: tag(1, 1),
             model: "m".into(),
+            only_submit: false,
         }],
     );
 }
@@ -307,6 +312,7 @@ fn matrix_retry_timeout_sends_the_request_again() {
         vec![Effect::RequestLlm {
             request: tag(1, 2),
             model: "m".into(),
+            only_submit: false,
         }],
     );
 }
@@ -530,10 +536,14 @@ fn matrix_spawn_sub_agents_awaits_the_sub_agents() {
                     SubAgentTask {
                         prompt: "one".into(),
                         model: None,
+                        max_steps: 4,
+                        timeout_ms: 60_000,
                     },
                     SubAgentTask {
                         prompt: "two".into(),
                         model: Some("small".into()),
+                        max_steps: 4,
+                        timeout_ms: 60_000,
                     },
                 ],
             },
@@ -1349,6 +1359,7 @@ fn background_results_in_a_busy_state_are_held_and_sent_with_the_next_request_in
             Effect::RequestLlm {
                 request: tag(2, 1),
                 model: "m".into(),
+                only_submit: false,
             },
         ],
     );
@@ -1481,4 +1492,507 @@ fn chain_validation_catches_every_kind_of_break() {
             tool_use_id: "a".into()
         })
     );
+}
+
+// ---- Conversation control (issue 24): interrupt-and-send ----
+
+fn interrupt(running: Option<&str>) -> Event {
+    Event::UserMessage {
+        turn: tid("t2"),
+        text: "instead".into(),
+        images: vec![],
+        if_busy: IfBusy::Interrupt {
+            running: running.map(tid),
+        },
+    }
+}
+
+/// What every accepted interrupt ends with: the new message and the new turn's first step.
+fn new_turn_effects() -> Vec<Effect> {
+    vec![
+        Effect::PersistMessage(MessageContent::User {
+            text: "instead".into(),
+            images: vec![],
+        }),
+        Effect::Continue { turn: tid("t2") },
+    ]
+}
+
+fn awaiting_t2() -> ConvState {
+    ConvState::AwaitingLlm {
+        turn: Turn::new(tid("t2")),
+    }
+}
+
+#[test]
+fn interrupt_from_awaiting_llm_starts_the_new_turn() {
+    check(
+        ConvState::AwaitingLlm { turn: turn(1, 0) },
+        &ctx(),
+        interrupt(Some("t1")),
+        awaiting_t2(),
+        new_turn_effects(),
+    );
+}
+
+#[test]
+fn interrupt_from_llm_requesting_aborts_it_without_waiting() {
+    let mut effects = vec![Effect::AbortLlm { request: tag(2, 1) }];
+    effects.extend(new_turn_effects());
+    check(
+        requesting(2, 0, 1),
+        &ctx(),
+        interrupt(Some("t1")),
+        awaiting_t2(),
+        effects,
+    );
+}
+
+#[test]
+fn interrupt_from_tool_executing_stops_the_tool_like_a_cancel() {
+    let (running, queued) = (bash("a"), bash("b"));
+    let mut effects = vec![
+        Effect::CancelTool {
+            turn: tid("t1"),
+            tool_use_id: "a".into(),
+        },
+        result(&running, false, CANCELLED_BY_USER, true),
+        result(&queued, false, SKIPPED_BY_CANCEL, true),
+    ];
+    effects.extend(new_turn_effects());
+    check(
+        executing(running.clone(), vec![queued.clone()], 0),
+        &ctx(),
+        interrupt(Some("t1")),
+        awaiting_t2(),
+        effects,
+    );
+}
+
+#[test]
+fn interrupt_from_awaiting_sub_agents_stops_them_like_a_cancel() {
+    let spawn = spawn_tool();
+    let aggregate = json!([
+        {"agent_id": "x", "success": true, "result": "one"},
+        {"agent_id": "y", "success": false, "result": "cancelled by user"},
+    ]);
+    let mut effects = vec![
+        Effect::StopSubAgents {
+            agent_ids: vec!["y".into()],
+        },
+        result(&spawn, false, &aggregate.to_string(), true),
+    ];
+    effects.extend(new_turn_effects());
+    check(
+        awaiting_agents(&spawn, &[("x", Some((true, "one"))), ("y", None)], vec![]),
+        &ctx(),
+        interrupt(Some("t1")),
+        awaiting_t2(),
+        effects,
+    );
+}
+
+#[test]
+fn interrupt_from_cancelling_does_not_wait_for_the_abort() {
+    check(
+        ConvState::Cancelling { turn: turn(1, 0) },
+        &ctx(),
+        interrupt(Some("t1")),
+        awaiting_t2(),
+        new_turn_effects(),
+    );
+}
+
+#[test]
+fn interrupt_stores_what_the_stopped_turn_held_before_the_new_message() {
+    let held = BackgroundResult {
+        task_id: "k".into(),
+        tool_name: "bash".into(),
+        ok: true,
+        output: "done".into(),
+    };
+    let mut busy = turn(1, 0);
+    busy.held.push(held.clone());
+    let mut effects = vec![system(&held.system_text())];
+    effects.extend(new_turn_effects());
+    check(
+        ConvState::AwaitingLlm { turn: busy },
+        &ctx(),
+        interrupt(Some("t1")),
+        awaiting_t2(),
+        effects,
+    );
+}
+
+#[test]
+fn interrupt_when_idle_or_in_error_is_an_ordinary_message() {
+    for state in [
+        ConvState::Idle,
+        ConvState::Error {
+            message: "x".into(),
+            error_kind: ErrorKind::Network,
+        },
+    ] {
+        // Whatever turn the sender saw has ended by now.
+        check(
+            state.clone(),
+            &ctx(),
+            interrupt(Some("t1")),
+            awaiting_t2(),
+            new_turn_effects(),
+        );
+        check(
+            state,
+            &ctx(),
+            interrupt(None),
+            awaiting_t2(),
+            new_turn_effects(),
+        );
+    }
+}
+
+#[test]
+fn interrupt_of_a_turn_the_sender_did_not_see_is_busy() {
+    // Concurrent interrupting sends all saw t0 running; the first replaced it with t1.
+    for state in [
+        ConvState::AwaitingLlm { turn: turn(0, 0) },
+        requesting(1, 0, 1),
+        executing(bash("a"), vec![], 0),
+        ConvState::Cancelling { turn: turn(1, 0) },
+    ] {
+        check_rejected(state.clone(), interrupt(Some("t0")), Rejection::AgentBusy);
+        check_rejected(state, interrupt(None), Rejection::AgentBusy);
+    }
+}
+
+#[test]
+fn interrupt_of_a_completed_sub_agent_is_refused() {
+    check_rejected(ConvState::Completed, interrupt(None), Rejection::Completed);
+}
+
+#[test]
+fn late_answers_of_an_interrupted_turn_are_ignored() {
+    let interrupted = transition(&requesting(2, 0, 1), &ctx(), interrupt(Some("t1")))
+        .expect("accepted")
+        .new_state;
+    check_ignored(
+        interrupted.clone(),
+        &ctx(),
+        Event::LlmAborted { request: tag(2, 1) },
+    );
+    check_ignored(
+        interrupted.clone(),
+        &ctx(),
+        Event::LlmResponse {
+            request: tag(2, 1),
+            reply: reply(Some("late"), vec![], true),
+        },
+    );
+    check_ignored(interrupted, &ctx(), complete("a", true, "late"));
+}
+
+// ---- Sub-agent limits and the grace turn (issue 24) ----
+
+fn submit_tool(id: &str) -> ToolUse {
+    ToolUse {
+        id: id.into(),
+        name: SUBMIT_RESULT.into(),
+        input: json!({"result": "partial", "success": false}),
+        extra: None,
+    }
+}
+
+fn grace_turn(steps: u32, limit: SubAgentLimit) -> Turn {
+    Turn {
+        grace: Some(limit),
+        ..turn(steps, 0)
+    }
+}
+
+fn notice(limit: SubAgentLimit) -> Effect {
+    system(&format!(
+        "[[SYSTEM: you have reached your {limit}. Call submit_result now with what you have \
+         (success false if the task is not done); no other tool is available.]]"
+    ))
+}
+
+const STEPS: SubAgentLimit = SubAgentLimit::Steps { max_steps: 5 };
+const TIME: SubAgentLimit = SubAgentLimit::Time { timeout_ms: 90_000 };
+
+#[test]
+fn a_sub_agent_at_its_step_limit_gets_a_grace_step_with_only_submit_result() {
+    check(
+        ConvState::AwaitingLlm { turn: turn(5, 2) },
+        &sub_ctx(),
+        Event::Continue { turn: tid("t1") },
+        ConvState::LlmRequesting {
+            turn: Turn {
+                tool_calls: 2,
+                ..grace_turn(6, STEPS)
+            },
+            attempt: 1,
+        },
+        vec![
+            notice(STEPS),
+            Effect::RequestLlm {
+                request: tag(6, 1),
+                model: "m".into(),
+                only_submit: true,
+            },
+        ],
+    );
+}
+
+#[test]
+fn a_user_turn_at_its_step_limit_still_fails() {
+    let got = transition(
+        &ConvState::AwaitingLlm { turn: turn(5, 0) },
+        &ctx(),
+        Event::Continue { turn: tid("t1") },
+    )
+    .expect("valid");
+    assert!(matches!(
+        got.new_state,
+        ConvState::Error {
+            error_kind: ErrorKind::Limit,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_retry_in_the_grace_turn_still_offers_only_submit_result() {
+    let state = ConvState::LlmRequesting {
+        turn: grace_turn(6, STEPS),
+        attempt: 2,
+    };
+    check(
+        state.clone(),
+        &sub_ctx(),
+        Event::RetryTimeout { request: tag(6, 2) },
+        state,
+        vec![Effect::RequestLlm {
+            request: tag(6, 2),
+            model: "m".into(),
+            only_submit: true,
+        }],
+    );
+}
+
+#[test]
+fn submit_result_in_the_grace_turn_completes_and_nothing_else_runs() {
+    let (other, submit) = (bash("x"), submit_tool("r"));
+    check(
+        ConvState::LlmRequesting {
+            turn: grace_turn(6, STEPS),
+            attempt: 1,
+        },
+        &sub_ctx(),
+        Event::LlmResponse {
+            request: tag(6, 1),
+            reply: reply(None, vec![other.clone(), submit.clone()], true),
+        },
+        ConvState::Completed,
+        vec![
+            recorded(),
+            agent(None, vec![other.clone(), submit.clone()]),
+            result(&other, false, GRACE_SKIPPED, true),
+            result(&submit, true, "result submitted", false),
+            Effect::ReportToParent {
+                outcome: SubAgentOutcome {
+                    success: false,
+                    result: "partial".into(),
+                },
+            },
+        ],
+    );
+}
+
+#[test]
+fn no_submit_in_the_grace_turn_fails_saying_which_limit() {
+    let other = bash("x");
+    let message = "The sub-agent reached its limit of 5 LLM steps and did not call \
+                   submit_result in its grace turn.";
+    check(
+        ConvState::LlmRequesting {
+            turn: grace_turn(6, STEPS),
+            attempt: 1,
+        },
+        &sub_ctx(),
+        Event::LlmResponse {
+            request: tag(6, 1),
+            reply: reply(Some("more work"), vec![other.clone()], true),
+        },
+        ConvState::Error {
+            message: message.into(),
+            error_kind: ErrorKind::Limit,
+        },
+        vec![
+            recorded(),
+            agent(Some("more work"), vec![other.clone()]),
+            result(&other, false, GRACE_SKIPPED, true),
+            error_message(message),
+            Effect::ReportToParent {
+                outcome: SubAgentOutcome {
+                    success: false,
+                    result: message.into(),
+                },
+            },
+        ],
+    );
+}
+
+#[test]
+fn a_sub_agent_past_its_time_stops_its_tool_and_gets_its_grace_turn() {
+    let running = bash("a");
+    let output = "stopped: the sub-agent reached its time limit";
+    check(
+        executing(running.clone(), vec![], 0),
+        &sub_ctx(),
+        Event::TimeLimit { timeout_ms: 90_000 },
+        ConvState::AwaitingLlm {
+            turn: Turn {
+                tool_calls: 1,
+                ..grace_turn(1, TIME)
+            },
+        },
+        vec![
+            Effect::CancelTool {
+                turn: tid("t1"),
+                tool_use_id: "a".into(),
+            },
+            result(&running, false, output, true),
+            notice(TIME),
+            continue_t1(),
+        ],
+    );
+}
+
+#[test]
+fn a_sub_agent_past_its_time_aborts_its_llm_request_for_the_grace_step() {
+    check(
+        requesting(2, 0, 1),
+        &sub_ctx(),
+        Event::TimeLimit { timeout_ms: 90_000 },
+        ConvState::AwaitingLlm {
+            turn: grace_turn(2, TIME),
+        },
+        vec![
+            Effect::AbortLlm { request: tag(2, 1) },
+            notice(TIME),
+            continue_t1(),
+        ],
+    );
+}
+
+#[test]
+fn the_time_limit_in_the_grace_turn_fails_the_sub_agent() {
+    let message = "The sub-agent reached its time limit of 90 s and did not call \
+                   submit_result in its grace turn.";
+    check(
+        ConvState::LlmRequesting {
+            turn: grace_turn(3, TIME),
+            attempt: 1,
+        },
+        &sub_ctx(),
+        Event::TimeLimit { timeout_ms: 90_000 },
+        ConvState::Error {
+            message: message.into(),
+            error_kind: ErrorKind::Limit,
+        },
+        vec![
+            Effect::AbortLlm { request: tag(3, 1) },
+            error_message(message),
+            Effect::ReportToParent {
+                outcome: SubAgentOutcome {
+                    success: false,
+                    result: message.into(),
+                },
+            },
+        ],
+    );
+}
+
+#[test]
+fn the_time_limit_is_ignored_where_nothing_of_a_sub_agent_runs() {
+    let event = Event::TimeLimit { timeout_ms: 1 };
+    check_ignored(requesting(1, 0, 1), &ctx(), event.clone());
+    for state in [
+        ConvState::Idle,
+        ConvState::Completed,
+        ConvState::Cancelling { turn: turn(1, 0) },
+        ConvState::Error {
+            message: "x".into(),
+            error_kind: ErrorKind::Unknown,
+        },
+    ] {
+        check_ignored(state, &sub_ctx(), event.clone());
+    }
+}
+
+#[test]
+fn spawn_tasks_may_lower_their_limits_but_not_raise_them() {
+    let spawn = ToolUse {
+        id: "s".into(),
+        name: SPAWN_SUB_AGENTS.into(),
+        input: json!({"tasks": [
+            {"prompt": "a", "max_steps": 2, "timeout_ms": 500},
+            {"prompt": "b", "max_steps": 400, "timeout_ms": 9_000_000},
+            {"prompt": "c"},
+        ]}),
+        extra: None,
+    };
+    let got = transition(
+        &requesting(1, 0, 1),
+        &ctx(),
+        Event::LlmResponse {
+            request: tag(1, 1),
+            reply: reply(None, vec![spawn], true),
+        },
+    )
+    .expect("valid");
+    let tasks = got
+        .effects
+        .iter()
+        .find_map(|effect| {
+            if let Effect::SpawnSubAgents { tasks, .. } = effect {
+                Some(tasks.clone())
+            } else {
+                None
+            }
+        })
+        .expect("the sub-agents are spawned");
+    let limits: Vec<(u32, u64)> = tasks.iter().map(|t| (t.max_steps, t.timeout_ms)).collect();
+    assert_eq!(limits, vec![(2, 500), (4, 60_000), (4, 60_000)]);
+}
+
+#[test]
+fn spawn_tasks_with_bad_limits_are_refused_as_a_tool_result() {
+    for bad in [json!(0), json!(-3), json!("ten"), json!(1.5)] {
+        let spawn = ToolUse {
+            id: "s".into(),
+            name: SPAWN_SUB_AGENTS.into(),
+            input: json!({"tasks": [{"prompt": "a", "max_steps": bad}]}),
+            extra: None,
+        };
+        let got = transition(
+            &requesting(1, 0, 1),
+            &ctx(),
+            Event::LlmResponse {
+                request: tag(1, 1),
+                reply: reply(None, vec![spawn.clone()], true),
+            },
+        )
+        .expect("valid");
+        assert!(
+            got.effects.contains(&result(
+                &spawn,
+                false,
+                "invalid input: tasks[0].max_steps must be a positive integer",
+                false
+            )),
+            "{bad}: {:?}",
+            got.effects
+        );
+    }
 }

@@ -4,13 +4,15 @@
 
 use serde_json::{Value, json};
 
-use super::context::ConvContext;
+use super::context::{ConvContext, TurnLimits};
 use super::effect::{Effect, SubAgentTask};
-use super::event::{Event, Interruption, LlmFailure, LlmReply, LlmRequestTag, ToolOutcome, Usage};
+use super::event::{
+    Event, IfBusy, Interruption, LlmFailure, LlmReply, LlmRequestTag, ToolOutcome, Usage,
+};
 use super::message::{ImageRef, MessageContent};
 use super::state::{
-    BackgroundResult, ConvState, ErrorKind, MAX_LLM_ATTEMPTS, SubAgentOutcome, SubAgentSlot,
-    ToolUse, Turn, TurnId,
+    BackgroundResult, ConvState, ErrorKind, MAX_LLM_ATTEMPTS, SubAgentLimit, SubAgentOutcome,
+    SubAgentSlot, ToolUse, Turn, TurnId,
 };
 
 /// Name of the tool that fans work out to sub-agents (user conversations only).
@@ -24,6 +26,11 @@ pub const CANCELLED_BY_USER: &str = "cancelled by user";
 pub const SKIPPED_BY_CANCEL: &str = "skipped due to cancellation";
 /// The system message that reminds a sub-agent to call submit_result.
 pub const SUBMIT_REMINDER: &str = "[[SYSTEM: you are a sub-agent: your task ends only when you call the submit_result tool with your result. Call it now.]]";
+
+/// Output of the synthetic results for tool calls a sub-agent made in its grace turn, where
+/// only submit_result runs.
+pub const GRACE_SKIPPED: &str =
+    "not run: in its grace turn a sub-agent may only call submit_result";
 
 /// The first backoff delay; each retry doubles it, up to [`RETRY_DELAY_CAP_MS`].
 pub const RETRY_BASE_DELAY_MS: u64 = 1_000;
@@ -45,7 +52,9 @@ pub struct TransitionResult {
 /// Why a user message is refused; the API maps each to a 409.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Rejection {
-    #[error("agent is busy: the current turn is still running; cancel it to send a new message")]
+    #[error(
+        "agent is busy: the current turn is still running; cancel it, or send with if_busy=interrupt"
+    )]
     AgentBusy,
     #[error("cancellation in progress: wait for the conversation to become idle")]
     Cancelling,
@@ -89,7 +98,12 @@ pub fn transition(
         reason,
     };
     match event {
-        Event::UserMessage { turn, text, images } => user_message(state, turn, text, images),
+        Event::UserMessage {
+            turn,
+            text,
+            images,
+            if_busy,
+        } => user_message(state, turn, text, images, if_busy),
         Event::UserCancel => Ok(cancel(state)),
         Event::Continue { turn } => continue_turn(state, ctx, &turn)
             .ok_or_else(|| ignored("no LLM step of that turn is due")),
@@ -122,6 +136,8 @@ pub fn transition(
         Event::Interrupted(why) => {
             interrupted(state, why).ok_or_else(|| ignored("nothing in flight"))
         }
+        Event::TimeLimit { timeout_ms } => time_limit(state, ctx, timeout_ms)
+            .ok_or_else(|| ignored("no sub-agent turn is running")),
     }
 }
 
@@ -160,61 +176,69 @@ fn user_message(
     turn: TurnId,
     text: String,
     images: Vec<ImageRef>,
+    if_busy: IfBusy,
 ) -> Result<TransitionResult, InvalidTransition> {
-    match state {
-        ConvState::Idle | ConvState::Error { .. } => {
-            let mut fx = Effects::default();
-            fx.persist(MessageContent::User { text, images });
-            fx.push(Effect::Continue { turn: turn.clone() });
-            Ok(fx.into_result(ConvState::AwaitingLlm {
-                turn: Turn::new(turn),
-            }))
+    let mut fx = Effects::default();
+    match (state, if_busy) {
+        (ConvState::Idle | ConvState::Error { .. }, _) => {}
+        (ConvState::Completed, _) => return Err(Rejection::Completed.into()),
+        (ConvState::Cancelling { .. }, IfBusy::Reject) => {
+            return Err(Rejection::Cancelling.into());
         }
-        ConvState::Cancelling { .. } => Err(Rejection::Cancelling.into()),
-        ConvState::Completed => Err(Rejection::Completed.into()),
-        ConvState::AwaitingLlm { .. }
-        | ConvState::LlmRequesting { .. }
-        | ConvState::ToolExecuting { .. }
-        | ConvState::AwaitingSubAgents { .. } => Err(Rejection::AgentBusy.into()),
+        (
+            ConvState::AwaitingLlm { .. }
+            | ConvState::LlmRequesting { .. }
+            | ConvState::ToolExecuting { .. }
+            | ConvState::AwaitingSubAgents { .. },
+            IfBusy::Reject,
+        ) => return Err(Rejection::AgentBusy.into()),
+        (busy, IfBusy::Interrupt { running }) => {
+            // Only the turn the sender saw is interrupted: a later one started by another
+            // send is not the sender's to cut off.
+            if busy.turn().map(|turn| &turn.id) != running.as_ref() {
+                return Err(Rejection::AgentBusy.into());
+            }
+            // Exactly what a cancel does, without waiting for an aborted request's answer:
+            // its tag is not the new turn's, so it is ignored when it comes.
+            if let Some(stopped) = stop_turn(&mut fx, busy, CANCELLED_BY_USER, SKIPPED_BY_CANCEL) {
+                fx.flush_held(stopped.held);
+            }
+        }
     }
+    fx.persist(MessageContent::User { text, images });
+    fx.push(Effect::Continue { turn: turn.clone() });
+    Ok(fx.into_result(ConvState::AwaitingLlm {
+        turn: Turn::new(turn),
+    }))
 }
 
-/// REQ-BED-005: cancel is accepted in every state and never fails.
-fn cancel(state: &ConvState) -> TransitionResult {
-    let mut fx = Effects::default();
-    let new_state = match state.clone() {
-        ConvState::Idle | ConvState::Error { .. } => ConvState::Idle,
-        ConvState::Completed => ConvState::Completed,
-        ConvState::Cancelling { turn } => ConvState::Cancelling { turn },
-        ConvState::AwaitingLlm { turn } => {
-            fx.flush_held(turn.held);
-            ConvState::Idle
-        }
+/// Stops the work of a busy state the way a cancel does: the LLM request is aborted, the
+/// running tool stopped and answered with `current`, the queued tools with `skipped`, the
+/// sub-agents stopped and the spawn answered with their aggregate. Returns the stopped turn
+/// (its held results not yet stored); `None` when nothing was running.
+fn stop_turn(fx: &mut Effects, state: &ConvState, current: &str, skipped: &str) -> Option<Turn> {
+    Some(match state.clone() {
+        ConvState::Idle | ConvState::Error { .. } | ConvState::Completed => return None,
+        ConvState::AwaitingLlm { turn } | ConvState::Cancelling { turn } => turn,
         ConvState::LlmRequesting { turn, attempt } => {
             fx.push(Effect::AbortLlm {
                 request: request_tag(&turn, attempt),
             });
-            ConvState::Cancelling { turn }
+            turn
         }
         ConvState::ToolExecuting {
             turn,
-            current,
+            current: tool,
             remaining,
             ..
         } => {
             fx.push(Effect::CancelTool {
                 turn: turn.id.clone(),
-                tool_use_id: current.id.clone(),
+                tool_use_id: tool.id.clone(),
             });
-            fx.persist(MessageContent::tool_result(
-                &current,
-                false,
-                CANCELLED_BY_USER,
-                true,
-            ));
-            skip_tools(&mut fx, &remaining, SKIPPED_BY_CANCEL);
-            fx.flush_held(turn.held);
-            ConvState::Idle
+            fx.persist(MessageContent::tool_result(&tool, false, current, true));
+            skip_tools(fx, &remaining, skipped);
+            turn
         }
         ConvState::AwaitingSubAgents {
             turn,
@@ -232,11 +256,33 @@ fn cancel(state: &ConvState) -> TransitionResult {
             fx.persist(MessageContent::tool_result(
                 &spawn,
                 false,
-                aggregate(&agents, CANCELLED_BY_USER),
+                aggregate(&agents, current),
                 true,
             ));
-            skip_tools(&mut fx, &remaining, SKIPPED_BY_CANCEL);
-            fx.flush_held(turn.held);
+            skip_tools(fx, &remaining, skipped);
+            turn
+        }
+    })
+}
+
+/// REQ-BED-005: cancel is accepted in every state and never fails.
+fn cancel(state: &ConvState) -> TransitionResult {
+    let mut fx = Effects::default();
+    let new_state = match state {
+        ConvState::Idle | ConvState::Error { .. } => ConvState::Idle,
+        ConvState::Completed => ConvState::Completed,
+        // Waits for the gateway to confirm the abort (`LlmAborted`).
+        ConvState::Cancelling { .. } => state.clone(),
+        ConvState::LlmRequesting { turn, .. } => {
+            stop_turn(&mut fx, state, CANCELLED_BY_USER, SKIPPED_BY_CANCEL);
+            ConvState::Cancelling { turn: turn.clone() }
+        }
+        ConvState::AwaitingLlm { .. }
+        | ConvState::ToolExecuting { .. }
+        | ConvState::AwaitingSubAgents { .. } => {
+            if let Some(turn) = stop_turn(&mut fx, state, CANCELLED_BY_USER, SKIPPED_BY_CANCEL) {
+                fx.flush_held(turn.held);
+            }
             ConvState::Idle
         }
     };
@@ -271,20 +317,33 @@ fn continue_turn(state: &ConvState, ctx: &ConvContext, id: &TurnId) -> Option<Tr
     }
     let mut turn = turn.clone();
     let mut fx = Effects::default();
-    if turn.llm_steps >= ctx.limits.max_llm_steps {
-        let message = format!(
-            "The turn was stopped: it reached the limit of {} LLM steps per turn.",
-            ctx.limits.max_llm_steps
-        );
-        return Some(fail_turn(fx, ctx, turn, message, ErrorKind::Limit));
+    // The grace turn's one step may go past the limit that started it.
+    if turn.llm_steps >= ctx.limits.max_llm_steps && turn.grace.is_none() {
+        let max_steps = ctx.limits.max_llm_steps;
+        if ctx.is_sub_agent {
+            let limit = SubAgentLimit::Steps { max_steps };
+            turn.grace = Some(limit);
+            fx.persist(grace_notice(limit));
+        } else {
+            let message = format!(
+                "The turn was stopped: it reached the limit of {max_steps} LLM steps per turn."
+            );
+            return Some(fail_turn(fx, ctx, turn, message, ErrorKind::Limit));
+        }
     }
     turn.llm_steps += 1;
     fx.flush_held(std::mem::take(&mut turn.held));
-    fx.push(Effect::RequestLlm {
-        request: request_tag(&turn, 1),
-        model: ctx.model_id.clone(),
-    });
+    fx.push(request_llm(ctx, &turn, 1));
     Some(fx.into_result(ConvState::LlmRequesting { turn, attempt: 1 }))
+}
+
+/// The LLM request of the turn's current step.
+fn request_llm(ctx: &ConvContext, turn: &Turn, attempt: u32) -> Effect {
+    Effect::RequestLlm {
+        request: request_tag(turn, attempt),
+        model: ctx.model_id.clone(),
+        only_submit: turn.grace.is_some(),
+    }
 }
 
 fn retry_timeout(
@@ -301,10 +360,7 @@ fn retry_timeout(
     let mut turn = turn.clone();
     let mut fx = Effects::default();
     fx.flush_held(std::mem::take(&mut turn.held));
-    fx.push(Effect::RequestLlm {
-        request: request.clone(),
-        model: ctx.model_id.clone(),
-    });
+    fx.push(request_llm(ctx, &turn, *attempt));
     Some(fx.into_result(ConvState::LlmRequesting {
         turn,
         attempt: *attempt,
@@ -345,6 +401,9 @@ fn llm_response(
         tool_uses: tool_uses.clone(),
         reasoning,
     });
+    if let Some(limit) = turn.grace {
+        return Some(grace_answer(fx, ctx, turn, limit, &tool_uses));
+    }
 
     let mut tools = tool_uses.into_iter();
     let Some(first) = tools.next() else {
@@ -606,55 +665,42 @@ fn background_result(
 fn interrupted(state: &ConvState, why: Interruption) -> Option<TransitionResult> {
     let output = why.tool_output();
     let mut fx = Effects::default();
-    match state.clone() {
-        ConvState::Idle | ConvState::Error { .. } | ConvState::Completed => return None,
-        ConvState::AwaitingLlm { turn } | ConvState::Cancelling { turn } => {
-            fx.flush_held(turn.held);
-        }
-        ConvState::LlmRequesting { turn, attempt } => {
-            fx.push(Effect::AbortLlm {
-                request: request_tag(&turn, attempt),
-            });
-            fx.flush_held(turn.held);
-        }
-        ConvState::ToolExecuting {
-            turn,
-            current,
-            remaining,
-            ..
-        } => {
-            fx.push(Effect::CancelTool {
-                turn: turn.id.clone(),
-                tool_use_id: current.id.clone(),
-            });
-            fx.persist(MessageContent::tool_result(&current, false, output, true));
-            skip_tools(&mut fx, &remaining, output);
-            fx.flush_held(turn.held);
-        }
-        ConvState::AwaitingSubAgents {
-            turn,
-            spawn,
-            agents,
-            remaining,
-            ..
-        } => {
-            let pending = state
-                .pending_agent_ids()
-                .into_iter()
-                .map(str::to_owned)
-                .collect();
-            fx.push(Effect::StopSubAgents { agent_ids: pending });
-            fx.persist(MessageContent::tool_result(
-                &spawn,
-                false,
-                aggregate(&agents, output),
-                true,
-            ));
-            skip_tools(&mut fx, &remaining, output);
-            fx.flush_held(turn.held);
-        }
-    }
+    let turn = stop_turn(&mut fx, state, output, output)?;
+    fx.flush_held(turn.held);
     Some(fx.into_result(ConvState::Idle))
+}
+
+/// A sub-agent's wall time ran out: the first time its work is stopped and its grace turn
+/// starts; in the grace turn the sub-agent fails.
+fn time_limit(state: &ConvState, ctx: &ConvContext, timeout_ms: u64) -> Option<TransitionResult> {
+    if !ctx.is_sub_agent || matches!(state, ConvState::Cancelling { .. }) {
+        return None;
+    }
+    let limit = SubAgentLimit::Time { timeout_ms };
+    let output = "stopped: the sub-agent reached its time limit";
+    let mut fx = Effects::default();
+    let mut turn = stop_turn(&mut fx, state, output, output)?;
+    if let Some(reached) = turn.grace {
+        let message = grace_failure(reached);
+        return Some(fail_turn(fx, ctx, turn, message, ErrorKind::Limit));
+    }
+    turn.grace = Some(limit);
+    fx.persist(grace_notice(limit));
+    Some(continue_with_llm(fx, turn))
+}
+
+/// The system message that starts a grace turn.
+fn grace_notice(limit: SubAgentLimit) -> MessageContent {
+    MessageContent::System {
+        text: format!(
+            "[[SYSTEM: you have reached your {limit}. Call submit_result now with what you \
+             have (success false if the task is not done); no other tool is available.]]"
+        ),
+    }
+}
+
+fn grace_failure(limit: SubAgentLimit) -> String {
+    format!("The sub-agent reached its {limit} and did not call submit_result in its grace turn.")
 }
 
 /// The tag of the current step's LLM request at `attempt`.
@@ -734,6 +780,50 @@ fn fail_turn(
     })
 }
 
+/// The LLM's answer in a sub-agent's grace turn: a valid submit_result ends it as usual;
+/// every other call is answered without running; without one the sub-agent fails.
+fn grace_answer(
+    mut fx: Effects,
+    ctx: &ConvContext,
+    turn: Turn,
+    limit: SubAgentLimit,
+    tool_uses: &[ToolUse],
+) -> TransitionResult {
+    let submitted = tool_uses.iter().find_map(|tool| {
+        (tool.name == SUBMIT_RESULT)
+            .then(|| {
+                parse_submit(&tool.input)
+                    .ok()
+                    .map(|outcome| (tool, outcome))
+            })
+            .flatten()
+    });
+    for tool in tool_uses {
+        match &submitted {
+            Some((submit, _)) if submit.id == tool.id => fx.persist(MessageContent::tool_result(
+                tool,
+                true,
+                "result submitted",
+                false,
+            )),
+            _ => fx.persist(MessageContent::tool_result(
+                tool,
+                false,
+                GRACE_SKIPPED,
+                true,
+            )),
+        }
+    }
+    match submitted {
+        Some((_, outcome)) => {
+            fx.flush_held(turn.held);
+            fx.push(Effect::ReportToParent { outcome });
+            fx.into_result(ConvState::Completed)
+        }
+        None => fail_turn(fx, ctx, turn, grace_failure(limit), ErrorKind::Limit),
+    }
+}
+
 fn sub_agent_ended_without_submit(
     mut fx: Effects,
     ctx: &ConvContext,
@@ -784,7 +874,7 @@ fn start_tool(
         SPAWN_SUB_AGENTS if ctx.is_sub_agent => {
             "sub-agents cannot spawn sub-agents; do the work yourself".to_owned()
         }
-        SPAWN_SUB_AGENTS => match parse_spawn(&tool.input, ctx.limits.max_sub_agents) {
+        SPAWN_SUB_AGENTS => match parse_spawn(&tool.input, &ctx.limits) {
             Ok(tasks) => {
                 fx.push(Effect::SpawnSubAgents {
                     turn: turn.id.clone(),
@@ -862,7 +952,8 @@ fn parse_submit(input: &Value) -> Result<SubAgentOutcome, String> {
     })
 }
 
-fn parse_spawn(input: &Value, max: u32) -> Result<Vec<SubAgentTask>, String> {
+fn parse_spawn(input: &Value, limits: &TurnLimits) -> Result<Vec<SubAgentTask>, String> {
+    let max = limits.max_sub_agents;
     let tasks = input
         .get("tasks")
         .and_then(Value::as_array)
@@ -892,9 +983,36 @@ fn parse_spawn(input: &Value, max: u32) -> Result<Vec<SubAgentTask>, String> {
                 Some(Value::String(model)) => Some(model.clone()),
                 Some(_) => return Err(format!("invalid input: tasks[{i}].model must be a string")),
             };
+            // Bounded by the configuration: a task may ask for less, never for more.
+            let max_steps = match task.get("max_steps") {
+                None | Some(Value::Null) => limits.sub_agent_max_steps,
+                Some(value) => match value.as_u64().filter(|&n| n > 0) {
+                    Some(n) => u32::try_from(n).map_or(limits.sub_agent_max_steps, |n| {
+                        n.min(limits.sub_agent_max_steps)
+                    }),
+                    None => {
+                        return Err(format!(
+                            "invalid input: tasks[{i}].max_steps must be a positive integer"
+                        ));
+                    }
+                },
+            };
+            let timeout_ms = match task.get("timeout_ms") {
+                None | Some(Value::Null) => limits.sub_agent_timeout_ms,
+                Some(value) => match value.as_u64().filter(|&n| n > 0) {
+                    Some(n) => n.min(limits.sub_agent_timeout_ms),
+                    None => {
+                        return Err(format!(
+                            "invalid input: tasks[{i}].timeout_ms must be a positive integer"
+                        ));
+                    }
+                },
+            };
             Ok(SubAgentTask {
                 prompt: prompt.to_owned(),
                 model,
+                max_steps,
+                timeout_ms,
             })
         })
         .collect()

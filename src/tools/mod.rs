@@ -171,6 +171,8 @@ pub fn definitions(is_sub_agent: bool) -> Vec<ToolDefinition> {
                             "properties": {
                                 "prompt": {"type": "string"},
                                 "model": {"type": "string"},
+                                "max_steps": {"type": "integer", "minimum": 1, "description": "LLM steps the sub-agent may take before it must submit (at most the server's limit, which is also the default)."},
+                                "timeout_ms": {"type": "integer", "minimum": 1, "description": "Wall time before it must submit (at most the server's limit, which is also the default)."},
                             },
                             "required": ["prompt"],
                         },

@@ -12,6 +12,7 @@ mod architecture;
 mod backends;
 mod cluster;
 mod contract;
+mod control;
 mod hitl;
 mod persistence;
 mod runtime;

@@ -482,7 +482,14 @@ async fn cancel_while_awaiting_sub_agents_stops_them() {
 #[tokio::test]
 async fn sub_agent_timeout_is_a_failure_entry() {
     let db = TestDb::sqlite();
-    let rt = TestRuntime::start(&db, &[("BEDROCK_SUB_AGENTS__TIMEOUT_MS", "1500")]).await;
+    let rt = TestRuntime::start(
+        &db,
+        &[
+            ("BEDROCK_SUB_AGENTS__TIMEOUT_MS", "1500"),
+            ("BEDROCK_SUB_AGENTS__GRACE_MS", "1000"),
+        ],
+    )
+    .await;
     let conv = rt.create_conversation().await;
     rt.llm.route(
         "parent",
@@ -492,7 +499,8 @@ async fn sub_agent_timeout_is_a_failure_entry() {
         "quick",
         [Reply::tool("s", "submit_result", json!({"result": "fast"}))],
     );
-    rt.llm.route("forever", [Reply::Stall]);
+    // It stalls in its turn and again in its grace turn.
+    rt.llm.route("forever", [Reply::Stall, Reply::Stall]);
     rt.send(&conv, "parent").await.expect("accepted");
     rt.wait_idle(&conv).await;
     let history = rt.messages(&conv).await;
@@ -510,11 +518,11 @@ async fn sub_agent_timeout_is_a_failure_entry() {
         entries[1]["result"]
             .as_str()
             .unwrap_or_default()
-            .contains("did not submit a result within 1 s"),
+            .contains("time limit of 1.5 s and did not call submit_result in its grace turn"),
         "{entries}"
     );
-    eventually("the stalled request to be dropped", WAIT, || async {
-        (rt.llm.hangups() == 1).then_some(())
+    eventually("the stalled requests to be dropped", WAIT, || async {
+        (rt.llm.hangups() == 2).then_some(())
     })
     .await;
     // The sub-agent that ran out of time is closed, not left busy.
@@ -527,7 +535,11 @@ async fn sub_agent_timeout_is_a_failure_entry() {
             !s.is_busy()
         })
         .await;
-    assert!(matches!(slow.state, ConvState::Idle), "{:?}", slow.state);
+    assert!(
+        matches!(slow.state, ConvState::Error { .. }),
+        "{:?}",
+        slow.state
+    );
     rt.assert_chain_valid(&slow_id).await;
     rt.stop().await;
     db.drop_db().await;

@@ -8,7 +8,9 @@ use bedrock::config::Settings;
 use bedrock::model::{ConversationRecord, MessageRecord, NewConversation};
 use bedrock::persistence::WriteJob;
 use bedrock::runtime::{Runtime, SendError};
-use bedrock::state_machine::{ConvState, ErrorKind, ImageRef, MessageContent, validate_chain};
+use bedrock::state_machine::{
+    ConvState, ErrorKind, IfBusy, ImageRef, MessageContent, validate_chain,
+};
 use bedrock::store::{Store, StoreOptions};
 use bedrock::testkit::FakeLlm;
 
@@ -151,7 +153,7 @@ impl TestRuntime {
         match live
             .actor
             .call(
-                |reply| bedrock::runtime::ConvMsg::send(text, images, None, reply),
+                |reply| bedrock::runtime::ConvMsg::send(text, images, None, IfBusy::Reject, reply),
                 Some(Duration::from_secs(20)),
             )
             .await
