@@ -132,6 +132,8 @@ pub struct DataSettings {
 #[serde(deny_unknown_fields)]
 pub struct WorkspaceSettings {
     pub root: PathBuf,
+    /// The most bytes of files a fork copies from its source's workspace (413 beyond).
+    pub fork_max_bytes: u64,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]

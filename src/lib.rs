@@ -18,6 +18,7 @@ pub mod telemetry;
 pub mod testkit;
 pub mod tools;
 pub mod wire;
+pub mod workspace;
 
 /// Installs ring as the process's TLS crypto provider (reqwest and sqlx share rustls). Safe to
 /// call more than once.

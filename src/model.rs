@@ -59,6 +59,15 @@ pub struct ConversationRecord {
     /// read without taking the lease). Every commit carries it: the database refuses one
     /// whose lease has moved on.
     pub lease: Option<i64>,
+    /// Where a fork came from.
+    pub forked_from: Option<ForkPoint>,
+}
+
+/// A fork's source and the last of its messages the fork copied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForkPoint {
+    pub conversation_id: String,
+    pub sequence_id: i64,
 }
 
 impl ConversationRecord {
@@ -132,6 +141,7 @@ impl NewConversation {
             created_at: self.created_at,
             updated_at: self.created_at,
             lease: None,
+            forked_from: None,
         }
     }
 }

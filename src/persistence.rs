@@ -75,6 +75,13 @@ pub enum WriteJob {
     DeleteConversation {
         id: String,
     },
+    /// A new conversation with a copy of another's messages up to a point; one message id
+    /// per copied message.
+    Fork {
+        new: NewConversation,
+        from: crate::model::ForkPoint,
+        message_ids: Vec<String>,
+    },
     InsertAttachments(Vec<NewAttachment>),
     CreateClientRequest(crate::model::ClientRequest),
     /// Resolve a pending request; `Resolved(false)` when it was no longer pending.
@@ -486,6 +493,11 @@ async fn write(store: &Store, job: WriteJob) -> Result<WriteOutcome, StoreError>
         WriteJob::CreateConversation(new) => store.insert_conversation(&new).await?,
         WriteJob::SetArchived { id, archived, at } => store.set_archived(&id, archived, at).await?,
         WriteJob::DeleteConversation { id } => store.delete_conversation(&id).await?,
+        WriteJob::Fork {
+            new,
+            from,
+            message_ids,
+        } => store.insert_fork(&new, &from, &message_ids).await?,
         WriteJob::InsertAttachments(new) => store.insert_attachments(&new).await?,
         WriteJob::CreateClientRequest(request) => store.insert_client_request(&request).await?,
         WriteJob::ResolveClientRequest {

@@ -176,13 +176,33 @@ pub struct Conversation<'a> {
     pub network: bool,
     pub archived: bool,
     pub state: State<'a>,
+    /// What the turn in progress has used so far; absent at rest. *Extension.*
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub turn: Option<TurnProgress>,
     pub usage: Usage,
+    /// A fork's source and the last of its messages the fork copied; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<ForkedFrom<'a>>,
     #[serde(serialize_with = "rfc3339")]
     #[schema(value_type = String, format = DateTime)]
     pub created_at: DateTime<Utc>,
     #[serde(serialize_with = "rfc3339")]
     #[schema(value_type = String, format = DateTime)]
     pub updated_at: DateTime<Utc>,
+}
+
+/// The turn in progress of a conversation (a sub-agent's steps, for a client's tree).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+pub struct TurnProgress {
+    pub llm_steps: u32,
+    pub tool_calls: u32,
+}
+
+/// Where a fork came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ForkedFrom<'a> {
+    pub conversation_id: &'a str,
+    pub sequence_id: i64,
 }
 
 /// The contract's `Conversation` object.
@@ -199,6 +219,14 @@ pub fn conversation(conv: &ConversationRecord, context_window: u64) -> Conversat
         network: conv.network,
         archived: conv.archived,
         state: state(&conv.state),
+        turn: conv.state.turn().map(|turn| TurnProgress {
+            llm_steps: turn.llm_steps,
+            tool_calls: turn.tool_calls,
+        }),
+        forked_from: conv.forked_from.as_ref().map(|from| ForkedFrom {
+            conversation_id: &from.conversation_id,
+            sequence_id: from.sequence_id,
+        }),
         usage: Usage {
             input_tokens: conv.usage.input_tokens,
             output_tokens: conv.usage.output_tokens,
@@ -468,6 +496,28 @@ pub fn parse_stored_usage(value: &Value) -> Option<core::Usage> {
 
 // ---------------------------------------------------------------------------------------
 // Request bodies and queries.
+
+/// `POST /v1/conversations/{id}/fork`.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkConversation {
+    /// The last message copied (default: the last one stored where no tool call is open;
+    /// 0: none).
+    #[schema(minimum = 0)]
+    pub at_sequence_id: Option<i64>,
+    /// `copy` (default): the fork works in a copy of the source's workspace; `share`: in
+    /// the same directory.
+    pub cwd: Option<ForkCwd>,
+}
+
+/// A fork's working directory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ForkCwd {
+    #[default]
+    Copy,
+    Share,
+}
 
 /// `POST /v1/conversations`.
 #[derive(Debug, Default, Deserialize, ToSchema)]

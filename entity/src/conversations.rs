@@ -38,6 +38,9 @@ pub struct Model {
     pub next_sequence_id: i64,
     /// The event id the next durable frame gets.
     pub next_event_id: i64,
+    /// The conversation this one was forked from, and the last message it copied.
+    pub forked_from_id: Option<String>,
+    pub forked_from_sequence: Option<i64>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

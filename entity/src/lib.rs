@@ -4,6 +4,7 @@
 //! records of src/model.rs.
 
 pub mod api_keys;
+pub mod attachment_shares;
 pub mod attachments;
 pub mod background_tasks;
 pub mod client_requests;

@@ -9,6 +9,7 @@ mod m20261122_000004_commit_function;
 mod m20261125_000005_compact_frames;
 mod m20261125_000006_conversation_keys;
 mod m20261125_000007_cluster;
+mod m20261125_000008_forks;
 
 /// Runs a migration's statements for the database at hand, in order, each error naming its
 /// statement. SQLite and Postgres only.
@@ -52,6 +53,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261125_000005_compact_frames::Migration),
             Box::new(m20261125_000006_conversation_keys::Migration),
             Box::new(m20261125_000007_cluster::Migration),
+            Box::new(m20261125_000008_forks::Migration),
         ]
     }
 }

@@ -138,7 +138,7 @@ pub fn rejection(rejection: Rejection, conversation_id: &str) -> ApiError {
             StatusCode::CONFLICT,
             "agent_busy",
             format!(
-                "the agent is busy with the current turn; cancel it with POST /v1/conversations/{conversation_id}/cancel to send a new message"
+                "the agent is busy with the current turn; cancel it with POST /v1/conversations/{conversation_id}/cancel to send a new message, or send it with ?if_busy=interrupt"
             ),
         ),
         Rejection::Cancelling => ApiError::new(

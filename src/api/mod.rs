@@ -5,6 +5,7 @@ mod auth;
 mod cluster;
 mod conversations;
 mod error;
+mod fork;
 mod images;
 mod openapi;
 mod ops;
@@ -117,6 +118,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(c::get, c::delete))
         .routes(routes!(c::messages, c::send))
         .routes(routes!(c::children))
+        .routes(routes!(fork::fork))
         .routes(routes!(c::cancel))
         .routes(routes!(c::archive))
         .routes(routes!(c::unarchive))

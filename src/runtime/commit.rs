@@ -370,6 +370,7 @@ mod tests {
             created_at: at,
             updated_at: at,
             lease: None,
+            forked_from: None,
         }
     }
 

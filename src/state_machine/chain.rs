@@ -66,3 +66,18 @@ pub fn validate_chain<'a>(
         Some(_) | None => Ok(()),
     }
 }
+
+/// Whether a history may be cut after its first `n` messages, as a fork does: the prefix is
+/// a valid chain with no tool_use left unanswered (`n` = 0, the empty history, always is).
+pub fn is_fork_point(messages: &[MessageContent], n: usize) -> bool {
+    n <= messages.len() && validate_chain(&messages[..n], false).is_ok()
+}
+
+/// The longest prefix of `messages` at which it may be cut (see [`is_fork_point`]): a
+/// stored history with a turn in progress ends before that turn's open tool calls.
+pub fn last_fork_point(messages: &[MessageContent]) -> usize {
+    (0..=messages.len())
+        .rev()
+        .find(|&n| is_fork_point(messages, n))
+        .unwrap_or(0)
+}

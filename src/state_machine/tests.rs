@@ -1996,3 +1996,36 @@ fn spawn_tasks_with_bad_limits_are_refused_as_a_tool_result() {
         );
     }
 }
+
+// ---- Fork points (issue 24) ----
+
+#[test]
+fn a_history_may_be_forked_only_where_no_tool_call_is_open() {
+    let (a, b) = (bash("a"), bash("b"));
+    let history = vec![
+        MessageContent::User {
+            text: "go".into(),
+            images: vec![],
+        },
+        MessageContent::Agent {
+            text: None,
+            tool_uses: vec![a.clone(), b.clone()],
+            reasoning: None,
+        },
+        MessageContent::tool_result(&a, true, "ok", false),
+        MessageContent::tool_result(&b, true, "ok", false),
+        MessageContent::Agent {
+            text: Some("done".into()),
+            tool_uses: vec![],
+            reasoning: None,
+        },
+    ];
+    let points: Vec<bool> = (0..=history.len())
+        .map(|n| is_fork_point(&history, n))
+        .collect();
+    assert_eq!(points, [true, true, false, false, true, true]);
+    assert!(!is_fork_point(&history, 6), "past the end");
+    assert_eq!(last_fork_point(&history), 5);
+    // A turn in progress: the fork ends before its open calls.
+    assert_eq!(last_fork_point(&history[..3]), 1);
+}

@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use entity::{
-    api_keys, attachments, background_tasks, client_requests, conversation_frames, conversations,
-    messages, tenants,
+    api_keys, attachment_shares, attachments, background_tasks, client_requests,
+    conversation_frames, conversations, messages, tenants,
 };
 use migration::{Migrator, MigratorTrait};
 use sea_orm::sea_query::{Expr, ExprTrait};
@@ -32,8 +32,8 @@ pub use error::StoreError;
 pub(crate) use sqlite::Durable;
 
 use crate::model::{
-    BackgroundTask, ClientRequest, ConversationCommit, ConversationRecord, FrameRow, MessageRecord,
-    NewConversation, Page, StoredFrame, Tenant, UsageTotals,
+    BackgroundTask, ClientRequest, ConversationCommit, ConversationRecord, ForkPoint, FrameRow,
+    MessageRecord, NewConversation, Page, StoredFrame, Tenant, UsageTotals,
 };
 use crate::state_machine::ConvState;
 use crate::wire;
@@ -646,16 +646,27 @@ impl Store {
         Ok(result.rows_affected())
     }
 
+    /// An attachment the conversation owns, or one shared with it (a fork's copied images).
     pub async fn attachment(&self, conversation_id: &str, id: &str) -> Result<Option<Attachment>> {
-        Ok(attachments::Entity::find_by_id(id.to_owned())
-            .filter(attachments::Column::ConversationId.eq(conversation_id))
+        let Some(row) = attachments::Entity::find_by_id(id.to_owned())
             .one(&self.db)
             .await?
-            .map(|row| Attachment {
-                id: row.id,
-                media_type: row.media_type,
-                data: row.data,
-            }))
+        else {
+            return Ok(None);
+        };
+        if row.conversation_id != conversation_id
+            && attachment_shares::Entity::find_by_id((id.to_owned(), conversation_id.to_owned()))
+                .one(&self.db)
+                .await?
+                .is_none()
+        {
+            return Ok(None);
+        }
+        Ok(Some(Attachment {
+            id: row.id,
+            media_type: row.media_type,
+            data: row.data,
+        }))
     }
 
     /// A conversation's client request.
@@ -791,14 +802,146 @@ impl Store {
     }
 
     /// Deletes a conversation with its messages, events, attachments, requests, tasks and
-    /// sub-agents (foreign keys cascade).
+    /// sub-agents (foreign keys cascade). An attachment shared with a fork is handed to one
+    /// of the conversations it is shared with instead.
     pub(crate) async fn delete_conversation(&self, id: &str) -> Result<()> {
+        let txn = self.writer().begin().await?;
+        let owned: Vec<String> = attachments::Entity::find()
+            .select_only()
+            .column(attachments::Column::Id)
+            .filter(attachments::Column::ConversationId.eq(id))
+            .into_tuple()
+            .all(&txn)
+            .await?;
+        if !owned.is_empty() {
+            let shares = attachment_shares::Entity::find()
+                .filter(attachment_shares::Column::AttachmentId.is_in(owned))
+                .filter(attachment_shares::Column::ConversationId.ne(id))
+                .order_by_asc(attachment_shares::Column::ConversationId)
+                .all(&txn)
+                .await?;
+            let mut handed = std::collections::HashSet::new();
+            for share in shares {
+                if !handed.insert(share.attachment_id.clone()) {
+                    continue;
+                }
+                attachments::Entity::update_many()
+                    .col_expr(
+                        attachments::Column::ConversationId,
+                        Expr::value(share.conversation_id.clone()),
+                    )
+                    .filter(attachments::Column::Id.eq(share.attachment_id.clone()))
+                    .exec(&txn)
+                    .await?;
+                attachment_shares::Entity::delete_by_id((
+                    share.attachment_id,
+                    share.conversation_id,
+                ))
+                .exec(&txn)
+                .await?;
+            }
+        }
         let result = conversations::Entity::delete_by_id(id.to_owned())
-            .exec(self.writer())
+            .exec(&txn)
             .await?;
         if result.rows_affected == 0 {
             return Err(StoreError::NotFound);
         }
+        txn.commit().await?;
+        Ok(())
+    }
+
+    /// Creates `new` as a fork of `from`: its history is a copy of the source's messages
+    /// 1..=`from.sequence_id` (with ids of their own and no client keys), and every image
+    /// they show is shared with it, not copied. One transaction.
+    pub(crate) async fn insert_fork(
+        &self,
+        new: &NewConversation,
+        from: &ForkPoint,
+        message_ids: &[String],
+    ) -> Result<()> {
+        let txn = self.writer().begin().await?;
+        let mut row = conversation_row(new)?;
+        row.forked_from_id = Set(Some(from.conversation_id.clone()));
+        row.forked_from_sequence = Set(Some(from.sequence_id));
+        row.next_sequence_id = Set(from.sequence_id + 1);
+        conversations::Entity::insert(row).exec(&txn).await?;
+        let key: Option<i64> = conversations::Entity::find()
+            .select_only()
+            .column_as(Expr::col(INTERNAL_KEY), "key")
+            .filter(conversations::Column::Id.eq(&new.id))
+            .into_tuple()
+            .one(&txn)
+            .await?;
+        let key = key.ok_or_else(|| StoreError::Other("the fork has no key".into()))?;
+        let rows = messages::Entity::find()
+            .filter(of_conversation(
+                messages::Column::ConversationKey,
+                &from.conversation_id,
+            ))
+            .filter(messages::Column::SequenceId.lte(from.sequence_id))
+            .order_by_asc(messages::Column::SequenceId)
+            .all(&txn)
+            .await?;
+        if rows.len() != message_ids.len() {
+            return Err(StoreError::Conflict(format!(
+                "the source has {} messages up to {}, {} expected",
+                rows.len(),
+                from.sequence_id,
+                message_ids.len()
+            )));
+        }
+        let mut images = Vec::new();
+        let copies: Vec<messages::ActiveModel> = rows
+            .into_iter()
+            .zip(message_ids)
+            .map(|(row, id)| {
+                if row.message_type == "user"
+                    && let Ok(crate::state_machine::MessageContent::User { images: shown, .. }) =
+                        wire::parse_content(&row.message_type, &row.content)
+                {
+                    images.extend(shown.into_iter().map(|image| image.id));
+                }
+                messages::ActiveModel {
+                    conversation_key: Set(key),
+                    sequence_id: Set(row.sequence_id),
+                    id: Set(id.clone()),
+                    message_type: Set(row.message_type),
+                    content: Set(row.content),
+                    usage_data: Set(row.usage_data),
+                    client_message_id: Set(None),
+                    created_at: Set(row.created_at),
+                    event_id: Set(None),
+                }
+            })
+            .collect();
+        // Well under every database's limit of bound values per statement.
+        for chunk in copies.chunks(500) {
+            messages::Entity::insert_many(chunk.to_vec())
+                .exec(&txn)
+                .await?;
+        }
+        images.sort();
+        images.dedup();
+        let existing: Vec<String> = attachments::Entity::find()
+            .select_only()
+            .column(attachments::Column::Id)
+            .filter(attachments::Column::Id.is_in(images))
+            .filter(attachments::Column::TenantId.eq(&new.tenant_id))
+            .into_tuple()
+            .all(&txn)
+            .await?;
+        for chunk in existing.chunks(500) {
+            attachment_shares::Entity::insert_many(chunk.iter().map(|attachment_id| {
+                attachment_shares::ActiveModel {
+                    attachment_id: Set(attachment_id.clone()),
+                    conversation_id: Set(new.id.clone()),
+                }
+            }))
+            .exec(&txn)
+            .await?;
+        }
+        txn.commit().await?;
         Ok(())
     }
 
@@ -1113,6 +1256,8 @@ fn conversation_row(new: &NewConversation) -> Result<conversations::ActiveModel>
         context_tokens: Set(0),
         next_sequence_id: Set(1),
         next_event_id: Set(1),
+        forked_from_id: Set(None),
+        forked_from_sequence: Set(None),
     })
 }
 
@@ -1153,6 +1298,12 @@ fn conversation(row: conversations::Model) -> Result<ConversationRecord> {
         created_at: row.created_at,
         updated_at: row.updated_at,
         lease: None,
+        forked_from: row.forked_from_id.zip(row.forked_from_sequence).map(
+            |(conversation_id, sequence_id)| ForkPoint {
+                conversation_id,
+                sequence_id,
+            },
+        ),
     })
 }
 

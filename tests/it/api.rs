@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use crate::support::{TestApp, TestDb, WAIT, eventually, request_messages};
 
-fn png_base64(width: u32, height: u32) -> String {
+pub(crate) fn png_base64(width: u32, height: u32) -> String {
     let image = image::RgbImage::from_pixel(width, height, image::Rgb([10, 200, 10]));
     let mut out = Vec::new();
     image::DynamicImage::ImageRgb8(image)

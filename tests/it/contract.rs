@@ -435,8 +435,21 @@ async fn responses_and_frames_match_the_openapi_document() {
             "ask_user",
             json!({"question": "Colour?", "kind": "select", "options": ["red", "blue"]}),
         ),
+        Llm::tool(
+            "call_spawn",
+            "spawn_sub_agents",
+            json!({"tasks": [{"prompt": "a sub task", "max_steps": 3}]}),
+        ),
         Llm::text("all done"),
     ]);
+    app.llm.route(
+        "a sub task",
+        [Llm::tool(
+            "call_submit",
+            "submit_result",
+            json!({"result": "done"}),
+        )],
+    );
     ws.send(&json!({"type": "ping"})).await;
     ws.send_text("not json").await;
     ws.send(&json!({"type": "user_message", "text": "start"}))
@@ -523,6 +536,20 @@ async fn responses_and_frames_match_the_openapi_document() {
         None,
         200
     );
+    call!(
+        "POST",
+        "/v1/conversations/{id}/fork",
+        format!("/v1/conversations/{id}/fork"),
+        Some(json!({"cwd": "share"})),
+        201
+    );
+    call!(
+        "POST",
+        "/v1/conversations/{id}/fork",
+        format!("/v1/conversations/{id}/fork"),
+        Some(json!({"at_sequence_id": 2})),
+        409
+    );
     let task = call!(
         "GET",
         "/v1/conversations/{id}/tasks",
@@ -544,7 +571,7 @@ async fn responses_and_frames_match_the_openapi_document() {
     call!(
         "POST",
         "/v1/conversations/{id}/messages",
-        format!("/v1/conversations/{id}/messages"),
+        format!("/v1/conversations/{id}/messages?if_busy=interrupt"),
         Some(json!({"text": "again", "message_id": "m-1"})),
         202
     );

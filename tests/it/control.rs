@@ -366,3 +366,229 @@ async fn sub_agents_past_their_time_limit_get_a_grace_turn() {
     rt.stop().await;
     db.drop_db().await;
 }
+
+/// A finished turn with a tool call (user, agent + tool_use, tool, agent: 4 messages).
+async fn turn_with_a_tool(app: &TestApp, id: &str, text: &str) {
+    app.llm.push([
+        Llm::bash("call_echo", "echo hello > notes.txt"),
+        Llm::text("wrote it"),
+    ]);
+    app.send(id, text).await;
+    app.wait_kind(id, "idle").await;
+}
+
+/// A fork copies the history up to its point and the workspace; its first turn sends the
+/// LLM exactly the forked history; lists and JSON show where it came from.
+#[tokio::test]
+async fn fork_copies_history_and_workspace() {
+    for db in TestDb::each().await {
+        let app = TestApp::spawn(&db).await;
+        let source = app.conversation().await;
+        turn_with_a_tool(&app, &source, "first").await;
+        app.llm.push([Llm::text("second answer")]);
+        app.send(&source, "second").await;
+        app.wait_kind(&source, "idle").await;
+        let source_second = app.llm.requests().last().cloned().expect("a request");
+        // Fork after the first turn, sharing the directory: the fork's first request is
+        // the source's second one, message for message (system prompt included).
+        let shared = app
+            .post(
+                &format!("/v1/conversations/{source}/fork"),
+                json!({"at_sequence_id": 4, "cwd": "share"}),
+            )
+            .await
+            .expect(201);
+        assert_eq!(
+            shared["forked_from"],
+            json!({"conversation_id": source, "sequence_id": 4})
+        );
+        assert_eq!(shared["user_initiated"], true);
+        assert_eq!(shared["state"]["kind"], "idle");
+        assert_eq!(
+            shared["cwd"],
+            app.get(&format!("/v1/conversations/{source}"))
+                .await
+                .expect(200)["cwd"]
+        );
+        let fork = shared["id"].as_str().expect("an id").to_owned();
+        let copied = app.messages(&fork).await;
+        let original = app.messages(&source).await;
+        assert_eq!(kinds(&copied), ["user", "agent", "tool", "agent"]);
+        for (copy, from) in copied.iter().zip(&original) {
+            assert_eq!(copy["content"], from["content"]);
+            assert_eq!(copy["sequence_id"], from["sequence_id"]);
+            assert_ne!(copy["id"], from["id"], "copies have ids of their own");
+        }
+        app.llm.push([Llm::text("another second answer")]);
+        app.send(&fork, "second").await;
+        app.wait_kind(&fork, "idle").await;
+        let fork_first = app.llm.requests().last().cloned().expect("a request");
+        assert_eq!(
+            request_messages(&fork_first),
+            request_messages(&source_second),
+            "the fork's first request is the forked history and its new message"
+        );
+        // The source is untouched.
+        assert_eq!(app.messages(&source).await.len(), 6);
+        // The default: the whole stored history, and a copy of the workspace.
+        let copy = app
+            .post(&format!("/v1/conversations/{source}/fork"), json!({}))
+            .await
+            .expect(201);
+        assert_eq!(copy["forked_from"]["sequence_id"], 6);
+        let copy_id = copy["id"].as_str().expect("an id").to_owned();
+        let (from_dir, copy_dir) = (app.cwd(&source).await, app.cwd(&copy_id).await);
+        assert_ne!(from_dir, copy_dir);
+        assert_eq!(
+            std::fs::read_to_string(copy_dir.join("notes.txt")).expect("the copied file"),
+            "hello\n"
+        );
+        std::fs::write(copy_dir.join("notes.txt"), "changed").expect("a write");
+        assert_eq!(
+            std::fs::read_to_string(from_dir.join("notes.txt")).expect("the source's file"),
+            "hello\n"
+        );
+        // Listed with its origin; forks are user conversations.
+        let listed = app.get("/v1/conversations").await.expect(200);
+        let entry = listed["conversations"]
+            .as_array()
+            .expect("a list")
+            .iter()
+            .find(|c| c["id"] == copy_id.as_str())
+            .cloned()
+            .expect("the fork is listed");
+        assert_eq!(entry["forked_from"]["conversation_id"], source.as_str());
+        app.cleanup(db).await;
+    }
+}
+
+/// Only where the chain is valid; a point past the end, another tenant's conversation and
+/// a workspace over the limit are refused in the contract's shape.
+#[tokio::test]
+async fn fork_refuses_bad_points_other_tenants_and_large_workspaces() {
+    let db = TestDb::sqlite();
+    let app = TestApp::spawn_with(&db, &[("BEDROCK_WORKSPACE__FORK_MAX_BYTES", "1000")]).await;
+    let source = app.conversation().await;
+    turn_with_a_tool(&app, &source, "first").await;
+    let path = format!("/v1/conversations/{source}/fork");
+    // Message 2 asks for a tool whose result is message 3.
+    let message = app
+        .post(&path, json!({"at_sequence_id": 2}))
+        .await
+        .expect_error(409, "invalid_fork_point");
+    assert!(message.contains("open tool call"), "{message}");
+    app.post(&path, json!({"at_sequence_id": 5}))
+        .await
+        .expect_error(400, "invalid_request");
+    app.post(&path, json!({"at_sequence_id": -1}))
+        .await
+        .expect_error(400, "invalid_request");
+    app.post(&path, json!({"cwd": "borrow"}))
+        .await
+        .expect_error(400, "invalid_request");
+    // Tenant b does not see tenant a's conversation.
+    app.request(
+        reqwest::Method::POST,
+        &path,
+        Some(&app.key_b),
+        Some(json!({})),
+    )
+    .await
+    .expect_error(404, "not_found");
+    // An empty fork is a fork too.
+    let empty = app
+        .post(&path, json!({"at_sequence_id": 0, "cwd": "share"}))
+        .await
+        .expect(201);
+    assert_eq!(
+        app.messages(empty["id"].as_str().unwrap_or_default())
+            .await
+            .len(),
+        0
+    );
+    // Too much to copy: 413, and sharing still works.
+    std::fs::write(app.cwd(&source).await.join("big.bin"), vec![7u8; 4096]).expect("a file");
+    let message = app
+        .post(&path, json!({}))
+        .await
+        .expect_error(413, "payload_too_large");
+    assert!(message.contains("fork_max_bytes"), "{message}");
+    app.post(&path, json!({"cwd": "share"})).await.expect(201);
+    app.cleanup(db).await;
+}
+
+/// A busy source is forked as stored: the running turn's open call is left out and the
+/// fork is idle; the source's turn goes on.
+#[tokio::test]
+async fn fork_of_a_busy_conversation_takes_what_is_stored() {
+    let db = TestDb::sqlite();
+    let app = TestApp::spawn(&db).await;
+    let source = app.conversation().await;
+    let sleep = unique_sleep();
+    app.llm
+        .push([Llm::bash("call_sleep", &sleep), Llm::text("slept")]);
+    app.send(&source, "sleep").await;
+    wait_running(&sleep).await;
+    let fork = app
+        .post(
+            &format!("/v1/conversations/{source}/fork"),
+            json!({"cwd": "share"}),
+        )
+        .await
+        .expect(201);
+    assert_eq!(
+        fork["forked_from"]["sequence_id"], 1,
+        "before the open call"
+    );
+    assert_eq!(fork["state"]["kind"], "idle");
+    let fork_id = fork["id"].as_str().expect("an id").to_owned();
+    assert_eq!(kinds(&app.messages(&fork_id).await), ["user"]);
+    assert_eq!(app.state(&source).await["kind"], "tool_executing");
+    app.post(&format!("/v1/conversations/{source}/cancel"), json!({}))
+        .await
+        .expect(202);
+    app.cleanup(db).await;
+}
+
+/// A fork shows the source's images without copying them, and keeps them when the source
+/// is deleted.
+#[tokio::test]
+async fn forks_share_images_and_keep_them() {
+    for db in TestDb::each().await {
+        let app = TestApp::spawn(&db).await;
+        let source = app.conversation().await;
+        app.llm.push([Llm::text("a green square")]);
+        app.post(
+            &format!("/v1/conversations/{source}/messages"),
+            json!({"text": "what is it?", "images": [{"media_type": "image/png", "data": crate::api::png_base64(8, 8)}]}),
+        )
+        .await
+        .expect(202);
+        app.wait_kind(&source, "idle").await;
+        let fork = app
+            .post(
+                &format!("/v1/conversations/{source}/fork"),
+                json!({"cwd": "share"}),
+            )
+            .await
+            .expect(201);
+        let fork_id = fork["id"].as_str().expect("an id").to_owned();
+        app.request(
+            reqwest::Method::DELETE,
+            &format!("/v1/conversations/{source}"),
+            Some(&app.key_a),
+            None,
+        )
+        .await
+        .expect(204);
+        app.llm.push([Llm::text("still green")]);
+        app.send(&fork_id, "and now?").await;
+        app.wait_kind(&fork_id, "idle").await;
+        let request = app.llm.requests().last().cloned().expect("a request");
+        assert!(
+            request.to_string().contains("data:image/png;base64,"),
+            "the fork's request still carries the image"
+        );
+        app.cleanup(db).await;
+    }
+}

@@ -1,0 +1,157 @@
+//! `POST /v1/conversations/{id}/fork`: a new conversation from another's history.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use chrono::{SubsecRound as _, Utc};
+
+use super::AppState;
+use super::auth::Caller;
+use super::error::{ApiError, Body, ErrorBody, Path, reply};
+use crate::model::{ForkPoint, NewConversation};
+use crate::persistence::WriteJob;
+use crate::state_machine::{MessageContent, is_fork_point, last_fork_point};
+use crate::wire::{Conversation, ForkConversation, ForkCwd};
+use crate::workspace::{CopyError, copy_tree};
+
+/// Forks a conversation: a new user-initiated conversation whose history is a copy of the
+/// source's messages up to a point where no tool call is open. A busy source may be forked:
+/// what is stored is copied, the running turn is not continued.
+#[utoipa::path(post, path = "/conversations/{id}/fork", tag = "conversations",
+    params(("id" = String, Path, description = "The source conversation's id or slug")),
+    request_body = ForkConversation,
+    responses(
+        (status = 201, description = "The fork, with `forked_from`", body = Conversation),
+        (status = 400, description = "`invalid_request`: `at_sequence_id` is not a stored message", body = ErrorBody),
+        (status = 409, description = "`invalid_fork_point`: a tool call is open at `at_sequence_id`", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`: the workspace is larger than `workspace.fork_max_bytes`", body = ErrorBody),
+    ))]
+pub async fn fork(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    Body(body): Body<ForkConversation>,
+) -> Result<Response, ApiError> {
+    let source = app.find(&caller, &id).await?;
+    // What is stored now; a running turn's later messages are not part of the fork.
+    let stored = app
+        .services
+        .store
+        .messages_between(&source.id, 1, i64::MAX)
+        .await?;
+    let history: Vec<MessageContent> = stored.iter().map(|m| m.content.clone()).collect();
+    let at = match body.at_sequence_id {
+        None => last_fork_point(&history),
+        Some(n) => {
+            let n = usize::try_from(n)
+                .ok()
+                .filter(|&n| n <= history.len())
+                .ok_or_else(|| {
+                    ApiError::invalid(format!(
+                        "at_sequence_id must be between 0 and {} (the last stored message)",
+                        history.len()
+                    ))
+                })?;
+            if !is_fork_point(&history, n) {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "invalid_fork_point",
+                    format!(
+                        "message {n} is inside an open tool call (its results follow it); fork at {} or after the results",
+                        last_fork_point(&history[..n])
+                    ),
+                ));
+            }
+            n
+        }
+    };
+    let new_id = uuid::Uuid::now_v7().to_string();
+    let cwd = match body.cwd.unwrap_or_default() {
+        ForkCwd::Share => source.cwd.clone(),
+        ForkCwd::Copy => copy_workspace(&app, &caller, &source.cwd, &new_id).await?,
+    };
+    let new = NewConversation {
+        id: new_id.clone(),
+        tenant_id: caller.0.id.clone(),
+        slug: format!("conv-{}", &new_id[new_id.len() - 12..]),
+        cwd: cwd.clone(),
+        model: source.model.clone(),
+        system_prompt: source.system_prompt.clone(),
+        parent_id: None,
+        user_initiated: true,
+        require_approval: source.require_approval.clone(),
+        network: source.network,
+        created_at: Utc::now().trunc_subsecs(6),
+    };
+    let from = ForkPoint {
+        conversation_id: source.id.clone(),
+        sequence_id: i64::try_from(at).unwrap_or(i64::MAX),
+    };
+    let mut record = new.record();
+    record.next_sequence_id = from.sequence_id + 1;
+    record.forked_from = Some(from.clone());
+    let written = app
+        .services
+        .persistence
+        .write(WriteJob::Fork {
+            new,
+            from,
+            message_ids: (0..at).map(|_| uuid::Uuid::now_v7().to_string()).collect(),
+        })
+        .await;
+    if let Err(error) = written {
+        if cwd != source.cwd {
+            let _ = tokio::fs::remove_dir_all(&cwd).await;
+        }
+        return Err(error.into());
+    }
+    let created = reply(StatusCode::CREATED, &app.conversation_json(&record));
+    if let Err(e) = app
+        .services
+        .registry
+        .start_from(&app.services, record)
+        .await
+    {
+        tracing::warn!(error = %e, "a fork's actor did not start; it starts on first use");
+    }
+    Ok(created)
+}
+
+/// Copies the source's workspace to the fork's own directory under the tenant's root.
+async fn copy_workspace(
+    app: &AppState,
+    caller: &Caller,
+    source: &str,
+    new_id: &str,
+) -> Result<String, ApiError> {
+    let target = app.workspace_root.join(&caller.0.id).join(new_id);
+    let (from, to) = (std::path::PathBuf::from(source), target.clone());
+    let limit = app.settings.workspace.fork_max_bytes;
+    let sandbox = app.services.tool_limits.sandbox.clone();
+    let copied = tokio::task::spawn_blocking(move || {
+        copy_tree(&from, &to, limit)?;
+        // The tool user owns its copy, as it owns a new conversation's cwd.
+        if let Some(sandbox) = sandbox {
+            sandbox.adopt(&to).map_err(|source| CopyError::Io {
+                path: to.clone(),
+                source,
+            })?;
+        }
+        to.canonicalize()
+            .map_err(|source| CopyError::Io { path: to, source })
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("the workspace copy failed: {e}")))?;
+    match copied {
+        Ok(real) => Ok(real.display().to_string()),
+        Err(error @ CopyError::TooLarge { .. }) => Err(ApiError::too_large(format!(
+            "{error} (workspace.fork_max_bytes); fork with cwd \"share\" to work in the same directory"
+        ))),
+        Err(error) => {
+            let _ = tokio::fs::remove_dir_all(&target).await;
+            Err(ApiError::internal(format!(
+                "the workspace could not be copied: {error}"
+            )))
+        }
+    }
+}
