@@ -3,6 +3,8 @@
 //!   zero-latency fake LLM, one tool call per turn, durable persistence;
 //! - cancel latency (cancel call to the stored Idle frame) with a CPU-bound tool running and
 //!   1,000 other conversations active;
+//! - interrupt-and-send latency (the interrupting send to the new turn's LLM request) with a
+//!   tool running;
 //! - how many conversations run concurrently, with a fake LLM of 200 ms, before the overhead
 //!   doubles;
 //! - memory per idle activated conversation.
@@ -401,6 +403,79 @@ async fn cancel_latency(bench: &Bench, target: &str, n: usize) -> Vec<Duration> 
     latencies
 }
 
+/// Interrupts measured: as many as cancels.
+const INTERRUPTS: usize = CANCELS;
+
+/// Runs a turn whose tool sleeps, `n` times in a row, each interrupted by the next message
+/// (`if_busy=interrupt`); the time from the interrupting send to the arrival of the new
+/// turn's first LLM request at the fake LLM, sorted.
+async fn interrupt_latency(bench: &Bench, n: usize) -> Vec<Duration> {
+    let services = &bench.runtime.services;
+    let target = bench.conversations(1).await.remove(0);
+    // Every request of the conversation (routed by its first message) asks for a sleep.
+    let key = "sleep, to be interrupted";
+    bench.llm.route(
+        key,
+        std::iter::repeat_n(Reply::bash("sleeper", "sleep 600"), n + 10),
+    );
+    let live = services
+        .registry
+        .get_or_start(services, &target)
+        .await
+        .unwrap();
+    let mut frames = services.hub.subscribe(&target);
+    bench.llm.record_arrivals();
+    let mut latencies = Vec::with_capacity(n);
+    for i in 0..=n {
+        let (text, if_busy) = if i == 0 {
+            (key.to_owned(), IfBusy::Reject)
+        } else {
+            let running = live.cancel.running_turn();
+            (format!("instead {i}"), IfBusy::Interrupt { running })
+        };
+        let _ = bench.llm.take_arrivals();
+        let started = Instant::now();
+        let sent = live
+            .actor
+            .call(
+                |reply| ConvMsg::send(text, vec![], None, if_busy, reply),
+                Some(Duration::from_secs(60)),
+            )
+            .await
+            .unwrap();
+        assert!(
+            matches!(sent, ractor::rpc::CallResult::Success(Ok(_))),
+            "{sent:?}"
+        );
+        let arrived = loop {
+            if let Some(at) = bench
+                .llm
+                .take_arrivals()
+                .remove(key)
+                .and_then(|at| at.first().copied())
+            {
+                break at;
+            }
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        };
+        if i > 0 {
+            latencies.push(arrived.saturating_duration_since(started));
+        }
+        loop {
+            let frame = frames.recv().await.unwrap();
+            if frame.kind == "state" && frame.json.contains("tool_executing") {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await; // let the tool start
+    }
+    let answer = live.cancel.request();
+    let _ = live.actor.cast(ConvMsg::Cancel);
+    answer.await.unwrap();
+    latencies.sort();
+    latencies
+}
+
 #[tokio::main]
 async fn main() {
     bedrock::install_crypto();
@@ -556,6 +631,12 @@ async fn main() {
             "cancel latency, as above while 50 conversations run turns back to back: p50 {} p99 {}",
             ms(percentile(&loaded, 50.0)),
             ms(percentile(&loaded, 99.0))
+        );
+        let interrupts = interrupt_latency(&bench, INTERRUPTS).await;
+        println!(
+            "interrupt-and-send latency (the interrupting send to the new turn's LLM request, a sleeping tool running): p50 {} p99 {}",
+            ms(percentile(&interrupts, 50.0)),
+            ms(percentile(&interrupts, 99.0))
         );
         if only == "cancel" {
             finish(bench, db).await;

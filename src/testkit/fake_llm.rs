@@ -110,6 +110,8 @@ struct Inner {
     requests: Vec<Value>,
     /// When on, how long the fake took over each request, by the request's first user text.
     times: Option<HashMap<String, Vec<Duration>>>,
+    /// When on, when each request arrived, by the request's first user text.
+    arrivals: Option<HashMap<String, Vec<std::time::Instant>>>,
     latency: Duration,
     usage: (u64, u64),
 }
@@ -201,6 +203,21 @@ impl FakeLlm {
     pub fn take_request_times(&self) -> HashMap<String, Vec<Duration>> {
         self.inner()
             .times
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// Starts (over) noting when requests arrive (see [`FakeLlm::take_arrivals`]).
+    pub fn record_arrivals(&self) {
+        self.inner().arrivals = Some(HashMap::new());
+    }
+
+    /// When requests arrived since [`FakeLlm::record_arrivals`] or the last take, by the
+    /// text of their first user message; noting goes on.
+    pub fn take_arrivals(&self) -> HashMap<String, Vec<std::time::Instant>> {
+        self.inner()
+            .arrivals
             .as_mut()
             .map(std::mem::take)
             .unwrap_or_default()
@@ -457,6 +474,12 @@ async fn complete(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
             inner
                 .requests
                 .push(serde_json::from_slice(&body).unwrap_or(Value::Null));
+        }
+        if let Some(arrivals) = &mut inner.arrivals {
+            arrivals
+                .entry(keys.first_user.clone())
+                .or_default()
+                .push(started);
         }
         let routed = inner
             .routes
