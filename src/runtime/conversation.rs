@@ -591,11 +591,17 @@ async fn store_and_dispatch(
     client_message_id: Option<String>,
     how: Commit,
 ) -> Result<(Option<Arc<crate::model::ConversationCommit>>, Vec<Effect>), StoreError> {
-    let was_busy = state.record.state.is_busy();
     let kind_before = state.record.state.kind();
     // A turn's span opens before the transition that starts it, so all of it is one trace.
-    let starts_turn = !was_busy && result.new_state.is_busy();
+    // An interrupting message starts a turn while another runs: that one ends here.
+    let turn_before = state.record.state.turn().map(|turn| turn.id.clone());
+    let starts_turn = result
+        .new_state
+        .turn()
+        .is_some_and(|turn| Some(&turn.id) != turn_before.as_ref());
+    let mut replaced = None;
     if starts_turn {
+        replaced = state.turn.take();
         let span = tracing::info_span!(
             parent: None,
             "conversation.turn",
@@ -645,7 +651,7 @@ async fn store_and_dispatch(
         );
         if let Err(error) = commit_with_retry(state, commit, how).instrument(span).await {
             if starts_turn {
-                state.turn = None; // the turn did not start
+                state.turn = replaced; // the turn did not start
             }
             return Err(error);
         }
@@ -671,13 +677,13 @@ async fn store_and_dispatch(
     show_progress(state);
     let busy = state.record.state.is_busy();
     let metrics = &state.services.metrics;
-    if !was_busy && busy {
+    if let Some(turn) = replaced {
+        finish_turn(metrics, turn, "interrupted");
+    }
+    if starts_turn {
         metrics.turn_started();
     } else if !busy && let Some(turn) = state.turn.take() {
-        let outcome = state.record.state.kind();
-        metrics.turn_finished(outcome, turn.started.elapsed().as_secs_f64());
-        turn.span.record("outcome", outcome);
-        tracing::info!(parent: &turn.span, outcome, "turn finished");
+        finish_turn(metrics, turn, state.record.state.kind());
     }
     if kind_before != state.record.state.kind() {
         metrics.conversation_state(Some(kind_before), Some(state.record.state.kind()));
@@ -693,6 +699,13 @@ async fn store_and_dispatch(
         dispatch(myself, state, effect.clone()).await;
     }
     Ok((plan.commit, plan.dispatch))
+}
+
+/// Records a turn's end: its outcome on its span and in the metrics.
+fn finish_turn(metrics: &crate::metrics::Metrics, turn: Turn, outcome: &'static str) {
+    metrics.turn_finished(outcome, turn.started.elapsed().as_secs_f64());
+    turn.span.record("outcome", outcome);
+    tracing::info!(parent: &turn.span, outcome, "turn finished");
 }
 
 /// Plans the `Continue` a transition asks for together with that transition, so the turn's

@@ -297,12 +297,43 @@ async fn streams_and_commands_work_from_any_node() {
     seen.extend(started);
     seen.extend(cancelled);
     seen.extend(answered);
-    let last = assert_consecutive(&seen, start);
+    assert_consecutive(&seen, start);
     assert_eq!(texts(&seen)[2], "from C's socket");
     assert_eq!(
         tool_results(a, &id).await.last(),
         Some(&json!(["call_ws", "cancelled by user"])),
     );
+    // An interrupting message over C's socket is carried to the owner with its policy.
+    let sleep = crate::support::unique_sleep();
+    llm.push([Llm::bash("call_long_ws", &sleep), Llm::text("redirected")]);
+    on_c.send(&json!({"type": "user_message", "text": "a long one"}))
+        .await;
+    let long = on_c.frames_until(|f| is_state(f, "tool_executing")).await;
+    crate::support::wait_running(&sleep).await;
+    on_c.send(&json!({"type": "user_message", "text": "instead", "if_busy": "interrupt"}))
+        .await;
+    let redirected = on_c
+        .frames_until(|f| f["type"] == "message" && f["message"]["content"]["text"] == "redirected")
+        .await;
+    assert!(
+        !long
+            .iter()
+            .chain(&redirected)
+            .any(|f| f["type"] == "rejected"),
+        "{redirected:?}"
+    );
+    assert_eq!(
+        tool_results(a, &id).await.last(),
+        Some(&json!(["call_long_ws", "cancelled by user"])),
+    );
+    eventually("the interrupted tool to be killed", WAIT, || async {
+        (!crate::support::running(&sleep)).then_some(())
+    })
+    .await;
+    seen.extend(long);
+    seen.extend(redirected);
+    seen.extend(on_c.frames_until(|f| is_state(f, "idle")).await);
+    let last = assert_consecutive(&seen, start);
 
     // A client resuming on B after the first turn gets exactly what C saw after it.
     let mut on_b = Ws::connect(&ws_url(b, &id, &format!("?after_event_id={after_turn}"))).await;

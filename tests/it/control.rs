@@ -69,6 +69,43 @@ async fn interrupt_and_send_replaces_a_running_turn() {
         )
         .await
         .expect_error(400, "invalid_request");
+        // Concurrent interrupts over REST: each is accepted or `agent_busy`, at least one is
+        // accepted, and exactly the accepted ones are stored.
+        let again = unique_sleep();
+        app.llm.fallback(Llm::bash("call_again", &again));
+        app.send(&id, "sleep again").await;
+        wait_running(&again).await;
+        let before = app.messages(&id).await.len();
+        let sends = (0..4).map(|n| {
+            app.request(
+                reqwest::Method::POST,
+                &path,
+                Some(&app.key_a),
+                Some(json!({ "text": format!("instead {n}") })),
+            )
+        });
+        let replies = futures::future::join_all(sends).await;
+        let accepted = replies.iter().filter(|r| r.status == 202).count();
+        for reply in &replies {
+            assert!(
+                reply.status == 202
+                    || (reply.status == 409 && reply.body["error"]["code"] == "agent_busy"),
+                "{reply:?}"
+            );
+        }
+        assert!(accepted >= 1);
+        app.post(&format!("/v1/conversations/{id}/cancel"), json!({}))
+            .await
+            .expect(202);
+        app.wait_kind(&id, "idle").await;
+        let after = app.messages(&id).await;
+        let users = |messages: &[Value]| {
+            messages
+                .iter()
+                .filter(|m| m["message_type"] == "user")
+                .count()
+        };
+        assert_eq!(users(&after), users(&after[..before]) + accepted);
         app.cleanup(db).await;
     }
 }
