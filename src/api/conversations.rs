@@ -15,7 +15,7 @@ use super::images;
 use crate::model::{ConversationRecord, MessageRecord, NewConversation};
 use crate::persistence::WriteJob;
 use crate::runtime::{CancelOutcome, ConvMsg, Fixed, Live, SendError};
-use crate::state_machine::{IfBusy, ImageRef};
+use crate::state_machine::{IfBusy, ImageRef, TurnId};
 use crate::store::{NewAttachment, StoreError};
 use crate::tools::resolve_in;
 use crate::wire::{
@@ -388,6 +388,24 @@ pub struct Outgoing {
     pub images: Vec<(String, String)>,
     pub message_id: Option<String>,
     pub if_busy: wire::IfBusy,
+    /// The turn that ran when the request arrived, when it was read then (`None`: read it
+    /// when the message is handed over).
+    pub arrived_during: Option<Option<TurnId>>,
+}
+
+impl Outgoing {
+    /// With `if_busy`, and the turn running now (as the request arrives) when `id` runs.
+    pub fn arriving(mut self, app: &AppState, id: &str, if_busy: wire::IfBusy) -> Outgoing {
+        self.if_busy = if_busy;
+        if if_busy == wire::IfBusy::Interrupt {
+            self.arrived_during = app
+                .services
+                .registry
+                .get(id)
+                .map(|live| live.cancel.running_turn());
+        }
+        self
+    }
 }
 
 impl From<SendMessage> for Outgoing {
@@ -402,6 +420,7 @@ impl From<SendMessage> for Outgoing {
                 .collect(),
             message_id: body.message_id,
             if_busy: wire::IfBusy::Reject,
+            arrived_during: None,
         }
     }
 }
@@ -489,12 +508,16 @@ pub async fn deliver(app: &AppState, conv: &Target, out: Outgoing) -> Result<Del
         let live = app.live(&conv.id).await?;
         let (text, images, client_message_id) =
             (out.text.clone(), refs.clone(), out.message_id.clone());
-        // The turn this sender saw running: of concurrent interrupts, only the first finds
-        // it still running when the conversation takes them one by one.
+        // The turn that ran when the request arrived: of interrupts that arrived during the
+        // same turn, only the first finds it still running when the conversation takes them
+        // one by one.
         let if_busy = match out.if_busy {
             wire::IfBusy::Reject => IfBusy::Reject,
             wire::IfBusy::Interrupt => IfBusy::Interrupt {
-                running: live.cancel.running_turn(),
+                running: out
+                    .arrived_during
+                    .clone()
+                    .unwrap_or_else(|| live.cancel.running_turn()),
             },
         };
         let answer = live
@@ -565,9 +588,8 @@ pub async fn send(
     Query(query): Query<SendQuery>,
     Body(body): Body<SendMessage>,
 ) -> Result<Response, ApiError> {
+    let out = Outgoing::from(body).arriving(&app, &id, query.if_busy.unwrap_or_default());
     let conv = app.sending_target(&caller, &id).await?;
-    let mut out = Outgoing::from(body);
-    out.if_busy = query.if_busy.unwrap_or_default();
     let (status, message) = match deliver(&app, &conv, out).await? {
         Delivered::New(message) => (StatusCode::ACCEPTED, message),
         Delivered::Repeat(message) => (StatusCode::OK, message),

@@ -10,7 +10,9 @@ use super::auth::Caller;
 use super::error::{ApiError, Body, ErrorBody, Path, reply};
 use crate::model::{ForkPoint, NewConversation};
 use crate::persistence::WriteJob;
+use crate::sandbox::Network;
 use crate::state_machine::{MessageContent, is_fork_point, last_fork_point};
+use crate::store::StoreError;
 use crate::wire::{Conversation, ForkConversation, ForkCwd};
 use crate::workspace::{CopyError, copy_tree};
 
@@ -24,6 +26,7 @@ use crate::workspace::{CopyError, copy_tree};
         (status = 201, description = "The fork, with `forked_from`", body = Conversation),
         (status = 400, description = "`invalid_request`: `at_sequence_id` is not a stored message", body = ErrorBody),
         (status = 409, description = "`invalid_fork_point`: a tool call is open at `at_sequence_id`", body = ErrorBody),
+        (status = 409, description = "`workspace_missing`: the source's workspace directory is gone (`cwd: \"copy\"`)", body = ErrorBody),
         (status = 413, description = "`payload_too_large`: the workspace is larger than `workspace.fork_max_bytes`", body = ErrorBody),
     ))]
 pub async fn fork(
@@ -65,10 +68,32 @@ pub async fn fork(
             n
         }
     };
+    // The copy and the write run to the end even if the client goes away meanwhile: no
+    // copied directory is left without its conversation.
+    let mode = body.cwd.unwrap_or_default();
+    tokio::spawn(async move { create(app, caller, source, at, mode).await })
+        .await
+        .map_err(|e| ApiError::internal(format!("the fork failed: {e}")))?
+}
+
+/// Makes the fork of `source` at message `at`: its workspace, its row and copied history,
+/// and its actor.
+async fn create(
+    app: AppState,
+    caller: Caller,
+    source: crate::model::ConversationRecord,
+    at: usize,
+    mode: ForkCwd,
+) -> Result<Response, ApiError> {
     let new_id = uuid::Uuid::now_v7().to_string();
-    let cwd = match body.cwd.unwrap_or_default() {
+    let cwd = match mode {
         ForkCwd::Share => source.cwd.clone(),
         ForkCwd::Copy => copy_workspace(&app, &caller, &source.cwd, &new_id).await?,
+    };
+    // Settled again as at creation: the operator may have taken the tenant's network away.
+    let network = match &app.services.tool_limits.sandbox {
+        Some(sandbox) => sandbox.network_for(&caller.0, source.network) == Network::On,
+        None => true,
     };
     let new = NewConversation {
         id: new_id.clone(),
@@ -80,7 +105,7 @@ pub async fn fork(
         parent_id: None,
         user_initiated: true,
         require_approval: source.require_approval.clone(),
-        network: source.network,
+        network,
         created_at: Utc::now().trunc_subsecs(6),
     };
     let from = ForkPoint {
@@ -103,7 +128,14 @@ pub async fn fork(
         if cwd != source.cwd {
             let _ = tokio::fs::remove_dir_all(&cwd).await;
         }
-        return Err(error.into());
+        return Err(match error {
+            // The source was deleted meanwhile.
+            StoreError::NotFound => ApiError::not_found("conversation"),
+            other @ (StoreError::Unavailable(_)
+            | StoreError::Conflict(_)
+            | StoreError::Corrupt(_)
+            | StoreError::Other(_)) => other.into(),
+        });
     }
     let created = reply(StatusCode::CREATED, &app.conversation_json(&record));
     if let Err(e) = app
@@ -147,11 +179,16 @@ async fn copy_workspace(
         Err(error @ CopyError::TooLarge { .. }) => Err(ApiError::too_large(format!(
             "{error} (workspace.fork_max_bytes); fork with cwd \"share\" to work in the same directory"
         ))),
-        Err(error) => {
-            let _ = tokio::fs::remove_dir_all(&target).await;
-            Err(ApiError::internal(format!(
-                "the workspace could not be copied: {error}"
-            )))
-        }
+        Err(error @ CopyError::TooManyEntries) => Err(ApiError::too_large(format!(
+            "{error}; fork with cwd \"share\" to work in the same directory"
+        ))),
+        Err(error @ CopyError::SourceMissing(_)) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "workspace_missing",
+            format!("{error}: there is nothing to copy; fork with cwd \"share\""),
+        )),
+        Err(error) => Err(ApiError::internal(format!(
+            "the workspace could not be copied: {error}"
+        ))),
     }
 }

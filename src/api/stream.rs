@@ -510,8 +510,10 @@ fn client_frame(
                     text,
                     images: images.into_iter().map(|i| (i.media_type, i.data)).collect(),
                     message_id,
-                    if_busy,
-                };
+                    if_busy: wire::IfBusy::Reject,
+                    arrived_during: None,
+                }
+                .arriving(&app, &conv.id, if_busy);
                 deliver(&app, &conv, out).await.map(|_| None)
             }
             ClientFrame::Cancel => cancel_conversation(&app, &conv.id).await.map(|_| None),

@@ -192,7 +192,8 @@ pub fn plan<'a>(
             | Effect::CancelTool { .. }
             | Effect::SpawnSubAgents { .. }
             | Effect::StopSubAgents { .. }
-            | Effect::ReportToParent { .. }) => dispatch.push(other),
+            | Effect::ReportToParent { .. }
+            | Effect::GraceTurnStarted) => dispatch.push(other),
         }
     }
     let state_changed = result.new_state != *conv.state;

@@ -959,6 +959,13 @@ async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, eff
             }
         }
         Effect::ReportToParent { outcome } => report_to_parent(state, outcome),
+        Effect::GraceTurnStarted => {
+            if let Some(parent) = &state.parent {
+                let _ = parent.supervisor.cast(SupervisorMsg::GraceStarted {
+                    agent_id: parent.agent_id.clone(),
+                });
+            }
+        }
         Effect::PersistMessage(_)
         | Effect::RecordUsage { .. }
         | Effect::NotifyRetrying { .. }

@@ -54,11 +54,23 @@ pub enum SupervisorMsg {
         agent_id: String,
         outcome: SubAgentOutcome,
     },
-    /// Sub-agent `index`'s time limit (`round` 0), the end of its grace (1), or the last
-    /// deadline (2).
-    Deadline { index: usize, round: u8 },
+    /// A deadline of sub-agent `index`.
+    Deadline { index: usize, kind: Deadline },
+    /// A sub-agent's grace turn began (at its step or its time limit).
+    GraceStarted { agent_id: String },
     /// The parent was cancelled.
     Cancelled,
+}
+
+/// The deadlines of a sub-agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deadline {
+    /// Its time limit: its grace turn starts.
+    Limit,
+    /// The end of its grace turn: it fails.
+    GraceOver,
+    /// It did not answer the others: it is reported failed from here.
+    LastResort,
 }
 
 struct Agent {
@@ -66,6 +78,7 @@ struct Agent {
     live: Option<Live>,
     done: bool,
     timeout_ms: u64,
+    in_grace: bool,
 }
 
 pub struct SupervisorState {
@@ -155,10 +168,18 @@ impl Actor for SubAgentSupervisor {
                 live: None,
                 done: false,
                 timeout_ms: task.timeout_ms,
+                in_grace: false,
             };
-            myself.send_after(Duration::from_millis(task.timeout_ms), move || {
-                SupervisorMsg::Deadline { index, round: 0 }
-            });
+            let grace_ms = services.settings.sub_agents.grace_ms;
+            let last = task.timeout_ms.saturating_add(grace_ms.saturating_mul(2));
+            for (after, kind) in [
+                (task.timeout_ms, Deadline::Limit),
+                (last, Deadline::LastResort),
+            ] {
+                myself.send_after(Duration::from_millis(after), move || {
+                    SupervisorMsg::Deadline { index, kind }
+                });
+            }
             match start_agent(&myself, &services, &id, task.max_steps).await {
                 Ok(live) => {
                     state.by_actor.insert(live.actor.get_id(), index);
@@ -229,7 +250,23 @@ impl Actor for SubAgentSupervisor {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             SupervisorMsg::Report { agent_id, outcome } => report(state, &agent_id, outcome),
-            SupervisorMsg::Deadline { index, round } => deadline(&myself, state, index, round),
+            SupervisorMsg::Deadline { index, kind } => deadline(state, index, kind),
+            SupervisorMsg::GraceStarted { agent_id } => {
+                let grace = state.args.services.settings.sub_agents.grace_ms;
+                if let Some(index) = state
+                    .agents
+                    .iter()
+                    .position(|a| a.id == agent_id && !a.done && !a.in_grace)
+                {
+                    state.agents[index].in_grace = true;
+                    myself.send_after(Duration::from_millis(grace), move || {
+                        SupervisorMsg::Deadline {
+                            index,
+                            kind: Deadline::GraceOver,
+                        }
+                    });
+                }
+            }
             SupervisorMsg::Cancelled => {
                 // The parent has moved on; it takes no more reports.
                 cancel_unfinished(state);
@@ -299,29 +336,24 @@ impl Actor for SubAgentSupervisor {
     }
 }
 
-/// Sub-agent `index`'s deadlines: its core decides at the first two; the third is for a
-/// sub-agent that did not answer them.
-fn deadline(
-    myself: &ActorRef<SupervisorMsg>,
-    state: &mut SupervisorState,
-    index: usize,
-    round: u8,
-) {
-    let grace = Duration::from_millis(state.args.services.settings.sub_agents.grace_ms);
+/// A deadline of sub-agent `index`: at its time limit (unless its grace turn runs already)
+/// and at the end of its grace turn its core decides; at the last one, this supervisor.
+fn deadline(state: &mut SupervisorState, index: usize, kind: Deadline) {
     let Some(agent) = state.agents.get(index).filter(|agent| !agent.done) else {
         return;
     };
     let timeout_ms = agent.timeout_ms;
-    if round < 2 {
-        if let Some(live) = &agent.live {
+    let tell = match kind {
+        Deadline::Limit => !agent.in_grace,
+        Deadline::GraceOver => true,
+        Deadline::LastResort => false,
+    };
+    if kind != Deadline::LastResort {
+        if tell && let Some(live) = &agent.live {
             let _ = live
                 .actor
                 .cast(ConvMsg::event(Event::TimeLimit { timeout_ms }));
         }
-        myself.send_after(grace, move || SupervisorMsg::Deadline {
-            index,
-            round: round + 1,
-        });
         return;
     }
     if let Some(live) = &agent.live {

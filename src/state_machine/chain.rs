@@ -67,17 +67,44 @@ pub fn validate_chain<'a>(
     }
 }
 
-/// Whether a history may be cut after its first `n` messages, as a fork does: the prefix is
-/// a valid chain with no tool_use left unanswered (`n` = 0, the empty history, always is).
-pub fn is_fork_point(messages: &[MessageContent], n: usize) -> bool {
-    n <= messages.len() && validate_chain(&messages[..n], false).is_ok()
+/// The lengths at which `messages` may be cut, as a fork does, ascending: the prefixes of
+/// these lengths are valid chains with no tool_use left unanswered (0, the empty history,
+/// always is). One pass; a broken chain has no point after its break.
+pub fn fork_points(messages: &[MessageContent]) -> Vec<usize> {
+    let mut points = vec![0];
+    let mut open: std::collections::VecDeque<&str> = Default::default();
+    for (index, message) in messages.iter().enumerate() {
+        match message {
+            MessageContent::Tool(result) => match open.pop_front() {
+                Some(expected) if expected == result.tool_use_id => {}
+                Some(_) | None => break,
+            },
+            other @ (MessageContent::User { .. }
+            | MessageContent::Agent { .. }
+            | MessageContent::System { .. }
+            | MessageContent::Error { .. }) => {
+                if !open.is_empty() {
+                    break;
+                }
+                if let MessageContent::Agent { tool_uses, .. } = other {
+                    open.extend(tool_uses.iter().map(|tool| tool.id.as_str()));
+                }
+            }
+        }
+        if open.is_empty() {
+            points.push(index + 1);
+        }
+    }
+    points
 }
 
-/// The longest prefix of `messages` at which it may be cut (see [`is_fork_point`]): a
-/// stored history with a turn in progress ends before that turn's open tool calls.
+/// Whether a history may be cut after its first `n` messages (see [`fork_points`]).
+pub fn is_fork_point(messages: &[MessageContent], n: usize) -> bool {
+    fork_points(messages).contains(&n)
+}
+
+/// The longest prefix of `messages` at which it may be cut (see [`fork_points`]): a stored
+/// history with a turn in progress ends before that turn's open tool calls.
 pub fn last_fork_point(messages: &[MessageContent]) -> usize {
-    (0..=messages.len())
-        .rev()
-        .find(|&n| is_fork_point(messages, n))
-        .unwrap_or(0)
+    fork_points(messages).last().copied().unwrap_or(0)
 }

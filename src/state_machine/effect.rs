@@ -68,6 +68,9 @@ pub enum Effect {
     StopSubAgents { agent_ids: Vec<String> },
     /// A sub-agent hands its outcome to its parent.
     ReportToParent { outcome: SubAgentOutcome },
+    /// A sub-agent's grace turn began: the runtime bounds it by `[sub_agents] grace_ms` and
+    /// then delivers `TimeLimit`, which fails it.
+    GraceTurnStarted,
 }
 
 impl Effect {
@@ -87,7 +90,8 @@ impl Effect {
             | Effect::CancelTool { .. }
             | Effect::SpawnSubAgents { .. }
             | Effect::StopSubAgents { .. }
-            | Effect::ReportToParent { .. } => false,
+            | Effect::ReportToParent { .. }
+            | Effect::GraceTurnStarted => false,
         }
     }
 }

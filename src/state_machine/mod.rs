@@ -21,7 +21,7 @@ mod sim;
 #[cfg(test)]
 mod tests;
 
-pub use chain::{ChainError, is_fork_point, last_fork_point, validate_chain};
+pub use chain::{ChainError, fork_points, is_fork_point, last_fork_point, validate_chain};
 pub use context::{ConvContext, TurnLimits};
 pub use effect::{Effect, SubAgentTask};
 pub use event::{

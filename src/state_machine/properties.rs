@@ -173,8 +173,8 @@ fn answers_work(event: &Event) -> bool {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
-    /// Interrupt-and-send at any moment (issue 24): from any state but a completed sub-agent
-    /// it is accepted; it stores exactly one user message; the chain stays valid; the new
+    /// Interrupt-and-send at any moment (issue 24): from any state but a completed or a
+    /// working sub-agent it is accepted; it stores exactly one user message; the chain stays valid; the new
     /// turn is the one waiting for the LLM; and no answer to earlier work applies after it.
     #[test]
     fn interrupt_at_any_moment(is_sub_agent in any::<bool>(), ops in proptest::collection::vec(op(), 0..60)) {
@@ -188,11 +188,16 @@ proptest! {
         let users = |log: &[MessageContent]| log.iter().filter(|m| matches!(m, MessageContent::User { .. })).count();
         let before = users(&world.log);
         let was_completed = world.state == ConvState::Completed;
+        let working_sub_agent = is_sub_agent && world.state.is_busy();
         let event = world.event_for(&Op::Interrupt { stale: false }).expect("always an event");
         let Event::UserMessage { turn: new_turn, .. } = event.clone() else { unreachable!() };
         let outcome = world.apply(event);
         if was_completed {
             prop_assert_eq!(outcome, Err(InvalidTransition::Rejected(Rejection::Completed)));
+            return Ok(());
+        }
+        if working_sub_agent {
+            prop_assert_eq!(outcome, Err(InvalidTransition::Rejected(Rejection::AgentBusy)));
             return Ok(());
         }
         prop_assert!(outcome.is_ok(), "interrupt refused: {outcome:?}");
@@ -272,4 +277,24 @@ fn random_runs_reach_every_state() {
         "time_limit",
     ];
     assert_eq!(applied, all_events.into_iter().collect());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// The fork points of every history the core stores are exactly the prefixes that are
+    /// valid chains with nothing open (issue 24).
+    #[test]
+    fn fork_points_are_the_closed_valid_prefixes(is_sub_agent in any::<bool>(), ops in proptest::collection::vec(op(), 0..60)) {
+        let mut world = World::new(is_sub_agent);
+        for op in &ops {
+            if let Some(event) = world.event_for(op) {
+                let _ = world.apply(event);
+            }
+        }
+        let expected: Vec<usize> = (0..=world.log.len())
+            .filter(|&n| validate_chain(&world.log[..n], false).is_ok())
+            .collect();
+        prop_assert_eq!(fork_points(&world.log), expected);
+    }
 }

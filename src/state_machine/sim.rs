@@ -279,7 +279,8 @@ impl World {
             Effect::RecordUsage { usage } => self.ctx.context_tokens = usage.context_tokens(),
             Effect::NotifyRetrying { .. }
             | Effect::WarnContext { .. }
-            | Effect::ReportToParent { .. } => {}
+            | Effect::ReportToParent { .. }
+            | Effect::GraceTurnStarted => {}
             Effect::Continue { turn } => self.pending_continue = Some(turn.clone()),
             Effect::RequestLlm { request, .. } => {
                 self.retry = None;

@@ -1666,6 +1666,13 @@ fn interrupt_of_a_turn_the_sender_did_not_see_is_busy() {
 }
 
 #[test]
+fn a_working_sub_agent_is_not_interrupted() {
+    // Its one turn is its task under its limits; a new turn would start them over.
+    let got = transition(&requesting(3, 0, 1), &sub_ctx(), interrupt(Some("t1")));
+    assert_eq!(got, Err(InvalidTransition::Rejected(Rejection::AgentBusy)));
+}
+
+#[test]
 fn interrupt_of_a_completed_sub_agent_is_refused() {
     check_rejected(ConvState::Completed, interrupt(None), Rejection::Completed);
 }
@@ -1734,6 +1741,7 @@ fn a_sub_agent_at_its_step_limit_gets_a_grace_step_with_only_submit_result() {
         },
         vec![
             notice(STEPS),
+            Effect::GraceTurnStarted,
             Effect::RequestLlm {
                 request: tag(6, 1),
                 model: "m".into(),
@@ -1863,6 +1871,7 @@ fn a_sub_agent_past_its_time_stops_its_tool_and_gets_its_grace_turn() {
             },
             result(&running, false, output, true),
             notice(TIME),
+            Effect::GraceTurnStarted,
             continue_t1(),
         ],
     );
@@ -1880,6 +1889,7 @@ fn a_sub_agent_past_its_time_aborts_its_llm_request_for_the_grace_step() {
         vec![
             Effect::AbortLlm { request: tag(2, 1) },
             notice(TIME),
+            Effect::GraceTurnStarted,
             continue_t1(),
         ],
     );

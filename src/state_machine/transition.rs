@@ -103,7 +103,7 @@ pub fn transition(
             text,
             images,
             if_busy,
-        } => user_message(state, turn, text, images, if_busy),
+        } => user_message(state, ctx, turn, text, images, if_busy),
         Event::UserCancel => Ok(cancel(state)),
         Event::Continue { turn } => continue_turn(state, ctx, &turn)
             .ok_or_else(|| ignored("no LLM step of that turn is due")),
@@ -173,6 +173,7 @@ impl Effects {
 
 fn user_message(
     state: &ConvState,
+    ctx: &ConvContext,
     turn: TurnId,
     text: String,
     images: Vec<ImageRef>,
@@ -194,8 +195,9 @@ fn user_message(
         ) => return Err(Rejection::AgentBusy.into()),
         (busy, IfBusy::Interrupt { running }) => {
             // Only the turn the sender saw is interrupted: a later one started by another
-            // send is not the sender's to cut off.
-            if busy.turn().map(|turn| &turn.id) != running.as_ref() {
+            // send is not the sender's to cut off. A sub-agent's one turn is its task,
+            // bounded by its limits: a new turn would start them over.
+            if ctx.is_sub_agent || busy.turn().map(|turn| &turn.id) != running.as_ref() {
                 return Err(Rejection::AgentBusy.into());
             }
             // Exactly what a cancel does, without waiting for an aborted request's answer:
@@ -324,6 +326,7 @@ fn continue_turn(state: &ConvState, ctx: &ConvContext, id: &TurnId) -> Option<Tr
             let limit = SubAgentLimit::Steps { max_steps };
             turn.grace = Some(limit);
             fx.persist(grace_notice(limit));
+            fx.push(Effect::GraceTurnStarted);
         } else {
             let message = format!(
                 "The turn was stopped: it reached the limit of {max_steps} LLM steps per turn."
@@ -686,6 +689,7 @@ fn time_limit(state: &ConvState, ctx: &ConvContext, timeout_ms: u64) -> Option<T
     }
     turn.grace = Some(limit);
     fx.persist(grace_notice(limit));
+    fx.push(Effect::GraceTurnStarted);
     Some(continue_with_llm(fx, turn))
 }
 

@@ -861,6 +861,13 @@ impl Store {
         message_ids: &[String],
     ) -> Result<()> {
         let txn = self.writer().begin().await?;
+        if conversations::Entity::find_by_id(from.conversation_id.clone())
+            .one(&txn)
+            .await?
+            .is_none()
+        {
+            return Err(StoreError::NotFound);
+        }
         let mut row = conversation_row(new)?;
         row.forked_from_id = Set(Some(from.conversation_id.clone()));
         row.forked_from_sequence = Set(Some(from.sequence_id));

@@ -351,6 +351,7 @@ async fn sub_agents_past_their_time_limit_get_a_grace_turn() {
             spawn_with(json!([
                 {"prompt": "sleeper", "timeout_ms": 800},
                 {"prompt": "staller", "timeout_ms": 800},
+                {"prompt": "slowpoke", "max_steps": 1},
             ])),
             Llm::text("noted"),
         ],
@@ -358,6 +359,9 @@ async fn sub_agents_past_their_time_limit_get_a_grace_turn() {
     rt.llm
         .route("sleeper", [Llm::bash("z", &sleep), submit("woke up early")]);
     rt.llm.route("staller", [Llm::Stall, Llm::Stall]);
+    // Its grace turn, begun at its step limit, is bounded by grace_ms too.
+    rt.llm
+        .route("slowpoke", [Llm::bash("p", "echo one"), Llm::Stall]);
     rt.send(&conv, "parent").await.expect("accepted");
     rt.wait_idle(&conv).await;
     assert!(!running(&sleep), "the stopped tool's process is gone");
@@ -390,6 +394,12 @@ async fn sub_agents_past_their_time_limit_get_a_grace_turn() {
         })
         .expect("the stopped tool's result");
     assert!(stopped.cancelled && stopped.output.contains("time limit"));
+    assert_eq!(entries[2]["success"], false);
+    let why = entries[2]["result"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("limit of 1 LLM step") && why.contains("grace turn"),
+        "{why}"
+    );
     let staller = entries[1]["agent_id"].as_str().unwrap_or_default();
     let record = rt.record(staller).await;
     assert!(
@@ -503,7 +513,12 @@ async fn fork_copies_history_and_workspace() {
 /// a workspace over the limit are refused in the contract's shape.
 #[tokio::test]
 async fn fork_refuses_bad_points_other_tenants_and_large_workspaces() {
-    let db = TestDb::sqlite();
+    for db in TestDb::each().await {
+        fork_refusals(db).await;
+    }
+}
+
+async fn fork_refusals(db: TestDb) {
     let app = TestApp::spawn_with(&db, &[("BEDROCK_WORKSPACE__FORK_MAX_BYTES", "1000")]).await;
     let source = app.conversation().await;
     turn_with_a_tool(&app, &source, "first").await;
@@ -551,6 +566,11 @@ async fn fork_refuses_bad_points_other_tenants_and_large_workspaces() {
         .expect_error(413, "payload_too_large");
     assert!(message.contains("fork_max_bytes"), "{message}");
     app.post(&path, json!({"cwd": "share"})).await.expect(201);
+    // A source whose directory is gone has nothing to copy.
+    std::fs::remove_dir_all(app.cwd(&source).await).expect("removed");
+    app.post(&path, json!({}))
+        .await
+        .expect_error(409, "workspace_missing");
     app.cleanup(db).await;
 }
 
