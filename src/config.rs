@@ -317,6 +317,23 @@ impl Settings {
             }
             figment = figment.merge(Toml::file_exact(file));
         }
+        Self::layered(figment, env)
+    }
+
+    /// [`load_from`](Self::load_from) with the file's text given (the fuzz target `config`).
+    pub fn load_from_toml(
+        toml: &str,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Settings, ConfigError> {
+        let figment = Figment::from(Toml::string(DEFAULT_TOML)).merge(Toml::string(toml));
+        Self::layered(figment, env)
+    }
+
+    /// The default and file layers, then the environment's, validated.
+    fn layered(
+        mut figment: Figment,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Settings, ConfigError> {
         let env: Vec<(String, String)> = env.into_iter().collect();
         // OPENAI_API_KEY is read too, below BEDROCK_LLM_API_KEY.
         if let Some((_, key)) = env.iter().find(|(name, _)| name == "OPENAI_API_KEY") {

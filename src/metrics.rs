@@ -36,6 +36,7 @@ pub struct Metrics {
     conversations_active: UpDownCounter<i64>,
     conversations_running: Gauge<i64>,
     db_pool_connections: Gauge<u64>,
+    tasks_alive: Gauge<u64>,
 }
 
 impl Default for Metrics {
@@ -124,6 +125,10 @@ fn build(meter: &Meter, registry: prometheus::Registry, provider: SdkMeterProvid
         conversations_running: meter
             .i64_gauge("bedrock.conversations_running")
             .with_description("Conversations with a running actor")
+            .build(),
+        tasks_alive: meter
+            .u64_gauge("bedrock.runtime_tasks_alive")
+            .with_description("Tasks alive in the async runtime (a leak shows as growth)")
             .build(),
         db_pool_connections: meter
             .u64_gauge("bedrock.db_pool_connections")
@@ -240,6 +245,11 @@ impl Metrics {
         self.conversations_running
             .record(i64::try_from(running).unwrap_or(i64::MAX), &[]);
         self.db_pool_connections.record(u64::from(pool), &[]);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let alive = runtime.metrics().num_alive_tasks();
+            self.tasks_alive
+                .record(u64::try_from(alive).unwrap_or(u64::MAX), &[]);
+        }
     }
 
     /// The Prometheus text exposition.

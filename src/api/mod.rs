@@ -28,7 +28,13 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 pub use auth::{hash_key, key_prefix, new_key};
+/// The check of a client's system event (the fuzz target `request_bodies`).
+#[doc(hidden)]
+pub use conversations::check_client_event;
 pub use error::ApiError;
+/// Image validation and resizing of user messages (the fuzz target `image`).
+#[doc(hidden)]
+pub use images::{Prepared, prepare as prepare_image};
 
 use crate::config::{AuthMode, Settings};
 use crate::model::Tenant;

@@ -148,7 +148,7 @@ fn one_event(
 /// in a `data:` line, and event-stream parsers drop fields they do not know), across chunk
 /// boundaries, keeping only lines that may be one.
 #[derive(Debug, Default)]
-struct ErrorLines {
+pub struct ErrorLines {
     line: Vec<u8>,
     /// The current line is not an `error:` field: skip to its end.
     skipping: bool,
@@ -159,7 +159,7 @@ impl ErrorLines {
     const MAX: usize = 64 * 1024;
 
     /// Feeds bytes of the stream; each complete `error:` field's value goes to `found`.
-    fn feed(&mut self, mut bytes: &[u8], mut found: impl FnMut(&[u8])) {
+    pub fn feed(&mut self, mut bytes: &[u8], mut found: impl FnMut(&[u8])) {
         while !bytes.is_empty() {
             let end = memchr::memchr(b'\n', bytes);
             let part = &bytes[..end.unwrap_or(bytes.len())];

@@ -25,8 +25,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 pub use history::{HistoryHandle, new_history};
+pub use http::ErrorLines;
 pub use request::{RequestContext, system_prompt};
-pub use stream::Accumulator;
+pub use stream::{Accumulator, stream_error};
 
 use crate::config::Settings;
 use crate::hub::{EventHub, Frame};

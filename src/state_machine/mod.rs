@@ -16,8 +16,10 @@ mod transition;
 
 #[cfg(test)]
 mod properties;
-#[cfg(test)]
-mod sim;
+/// The model of the runtime the properties (and the fuzz target `transition`) drive.
+#[cfg(any(test, feature = "sim"))]
+#[doc(hidden)]
+pub mod sim;
 #[cfg(test)]
 mod tests;
 

@@ -26,19 +26,8 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// Brings the world to rest the way a user would: cancel, then the gateway's abort answer.
 fn settle(world: &mut World) {
-    let _ = world.apply(Event::UserCancel);
-    if let ConvState::Cancelling { turn } = &world.state {
-        let request = LlmRequestTag {
-            turn: turn.id.clone(),
-            step: turn.llm_steps,
-            attempt: 1,
-        };
-        world
-            .apply(Event::LlmAborted { request })
-            .expect("the abort answer ends cancelling");
-    }
+    world.settle();
 }
 
 fn events_for_every_kind(world: &mut World) -> Vec<Event> {

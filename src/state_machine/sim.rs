@@ -251,6 +251,20 @@ impl World {
         ToolUse::new(id, name, input)
     }
 
+    /// Brings the world to rest the way a user would: cancel, then the gateway's abort
+    /// answer.
+    pub fn settle(&mut self) {
+        let _ = self.apply(Event::UserCancel);
+        if let ConvState::Cancelling { turn } = &self.state {
+            let request = LlmRequestTag {
+                turn: turn.id.clone(),
+                step: turn.llm_steps,
+                attempt: 1,
+            };
+            let _ = self.apply(Event::LlmAborted { request });
+        }
+    }
+
     /// Applies `event`; on success carries out the effects. Returns the transition's outcome.
     pub fn apply(&mut self, event: Event) -> Result<TransitionResult, InvalidTransition> {
         let outcome = transition(&self.state, &self.ctx, event.clone());

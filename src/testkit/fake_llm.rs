@@ -105,6 +105,12 @@ struct Inner {
     fallback: Option<Reply>,
     /// With no script: answer a tool result with text, anything else with this tool call.
     auto_tool: Option<(String, Value)>,
+    /// With no script: do what the last user message says (see `follow_instructions`).
+    instructed: bool,
+    /// Per mille of requests answered with an HTTP 500, and with a stall.
+    faults: (u64, u64),
+    /// Requests seen, for picking the faulty ones.
+    seen: u64,
     /// Whether request bodies are kept (benchmarks turn it off).
     forget: bool,
     requests: Vec<Value>,
@@ -182,6 +188,19 @@ impl FakeLlm {
     /// a call of `tool` with `args`.
     pub fn auto_tool_turns(&self, tool: &str, args: Value) {
         self.inner().auto_tool = Some((tool.to_owned(), args));
+    }
+
+    /// Turns follow their user message (soak benchmarks): `call <tool> <JSON args>` asks for
+    /// that tool call, anything else is answered `done: <text>`; a tool result is answered
+    /// with text. A sub-agent (its request offers submit_result) submits at once.
+    pub fn follow_instructions(&self) {
+        self.inner().instructed = true;
+    }
+
+    /// Answers `errors` per mille of the requests after this with an HTTP 500 and `stalls`
+    /// per mille with a stream that never ends, spread evenly.
+    pub fn faults(&self, errors: u64, stalls: u64) {
+        self.inner().faults = (errors.min(1000), stalls.min(1000));
     }
 
     /// Stops keeping request bodies (long benchmarks).
@@ -494,8 +513,24 @@ async fn complete(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
                 Reply::tool(&id, tool, args.clone())
             }
         });
-        let reply = routed
+        inner.seen += 1;
+        // Spread evenly: a fixed odd multiplier walks every residue mod 1000.
+        let dice = inner.seen.wrapping_mul(617) % 1000;
+        let (errors, stalls) = inner.faults;
+        let fault = if dice < errors {
+            Some(Reply::status(500, "a fault of the fake"))
+        } else if dice < errors + stalls {
+            Some(Reply::Stall)
+        } else {
+            None
+        };
+        let instructed = inner
+            .instructed
+            .then(|| instructed_reply(&body, &keys, inner.seen));
+        let reply = fault
+            .or(routed)
             .or_else(|| inner.script.pop_front())
+            .or(instructed)
             .or(auto)
             .or_else(|| inner.fallback.clone())
             .unwrap_or_else(|| Reply::text("ok"));
@@ -515,6 +550,24 @@ async fn complete(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
             .push(started.elapsed());
     }
     response
+}
+
+/// What `follow_instructions` answers.
+fn instructed_reply(body: &[u8], keys: &Keys, n: u64) -> Reply {
+    let id = format!("call_{n}");
+    if memchr::memmem::find(body, b"\"name\":\"submit_result\"").is_some() {
+        return Reply::tool(&id, "submit_result", json!({"result": "sub-task done"}));
+    }
+    if keys.last_is_tool {
+        return Reply::text("done");
+    }
+    if let Some(call) = keys.last_user.strip_prefix("call ")
+        && let Some((tool, args)) = call.split_once(' ')
+        && let Ok(args) = serde_json::from_str::<Value>(args)
+    {
+        return Reply::tool(&id, tool, args);
+    }
+    Reply::text(&format!("done: {}", keys.last_user))
 }
 
 async fn reply_with(reply: Reply, prompt: u64, completion: u64, shared: Arc<Shared>) -> Response {

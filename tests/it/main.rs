@@ -10,6 +10,7 @@ mod support;
 mod api;
 mod architecture;
 mod backends;
+mod chaos;
 mod cluster;
 mod contract;
 mod control;
