@@ -526,11 +526,14 @@ pub struct CreateConversation {
     /// Relative to `<workspace root>/<tenant id>`, or absolute inside it. Default: a
     /// directory of its own.
     pub cwd: Option<String>,
+    #[schema(min_length = 1, max_length = 200, pattern = "\\S")]
     pub model: Option<String>,
     pub system_prompt: Option<String>,
     /// 1 to 64 characters of a-z, 0-9, `-` and `_`; unique per tenant.
+    #[schema(pattern = "^[a-z0-9_-]{1,64}$")]
     pub slug: Option<String>,
     /// Tools that ask the client (a `confirm` request) before each run. *Extension.*
+    #[schema(max_items = 32)]
     pub require_approval: Option<Vec<String>>,
     /// Network access for the tool processes, where the operator allows it. *Extension.*
     pub network: Option<bool>,
@@ -603,7 +606,38 @@ pub struct SendQuery {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PostEvent {
+    #[schema(value_type = ClientEvent)]
     pub event: SystemEvent,
+}
+
+/// A system event a client may post: `type` plus the fields of that type (kept and passed
+/// on). The schema of `PostEvent.event`; the server's own types are refused.
+#[derive(Debug, ToSchema)]
+#[allow(dead_code)]
+pub struct ClientEvent {
+    #[schema(rename = "type")]
+    event_type: ClientEventType,
+}
+
+/// The system event types a client may post.
+#[derive(Debug, ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum ClientEventType {
+    UserRequest,
+    UserResponse,
+    ApprovalResponse,
+}
+
+/// An SSE event of `GET /v1/conversations/{id}/stream`: `event` is the frame's type, `id`
+/// its event id (durable frames), `data` its JSON (a `ServerFrame`).
+#[derive(Debug, ToSchema)]
+#[allow(dead_code)]
+pub struct SseEvent {
+    event: String,
+    id: Option<String>,
+    /// A `ServerFrame` as JSON.
+    data: String,
 }
 
 /// `POST /v1/conversations/{id}/requests/{request_id}`.

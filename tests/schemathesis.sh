@@ -61,8 +61,17 @@ curl -fs -X POST "http://127.0.0.1:$port/v1/conversations" \
 
 cd "$work"   # st writes its cache (.schemathesis/) in the current directory
 status=0
+# Left out, on purpose:
+# - GET /v1/conversations/{id}/ws: a WebSocket handshake, which OpenAPI cannot describe; a
+#   plain GET gets 400 (tests/it/stream.rs covers the socket, and its refusals).
+# - the positive_data_acceptance check: the API refuses some schema-valid input after
+#   reading it (a cwd outside the workspace, a tool name over 64 characters, an answer
+#   of the wrong kind for its request), with 400 in the contract's shape; the contract
+#   (docs/api.md) fixes those statuses. Every other check runs, the 5xx one first.
 st run "http://127.0.0.1:$port/openapi.json" \
     --checks all \
+    --exclude-checks positive_data_acceptance \
+    --exclude-path-regex '/ws$' \
     --max-examples "$examples" \
     --header "Authorization: Bearer $key" \
     --request-timeout 30 \

@@ -24,8 +24,7 @@ use crate::workspace::{CopyError, copy_tree};
     request_body = ForkConversation,
     responses(
         (status = 201, description = "The fork, with `forked_from`", body = Conversation),
-        (status = 400, description = "`invalid_request`: `at_sequence_id` is not a stored message", body = ErrorBody),
-        (status = 409, description = "`invalid_fork_point`: a tool call is open at `at_sequence_id`", body = ErrorBody),
+        (status = 409, description = "`invalid_fork_point`: a tool call is open at `at_sequence_id`, or there is no such message", body = ErrorBody),
         (status = 409, description = "`workspace_missing`: the source's workspace directory is gone (`cwd: \"copy\"`)", body = ErrorBody),
         (status = 413, description = "`payload_too_large`: the workspace is larger than `workspace.fork_max_bytes`", body = ErrorBody),
     ))]
@@ -46,15 +45,19 @@ pub async fn fork(
     let at = match body.at_sequence_id {
         None => last_fork_point(&history),
         Some(n) => {
-            let n = usize::try_from(n)
-                .ok()
-                .filter(|&n| n <= history.len())
-                .ok_or_else(|| {
-                    ApiError::invalid(format!(
-                        "at_sequence_id must be between 0 and {} (the last stored message)",
+            let n = usize::try_from(n).map_err(|_| {
+                ApiError::invalid("at_sequence_id must be 0 or a message's sequence id")
+            })?;
+            if n > history.len() {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "invalid_fork_point",
+                    format!(
+                        "there is no message {n}: the conversation has {} (fork at 0 to {0})",
                         history.len()
-                    ))
-                })?;
+                    ),
+                ));
+            }
             if !is_fork_point(&history, n) {
                 return Err(ApiError::new(
                     StatusCode::CONFLICT,

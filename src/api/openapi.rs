@@ -73,8 +73,37 @@ pub fn finish(mut document: OpenApi) -> OpenApi {
                 .build(),
         ),
     );
+    // What the derive cannot say: a message needs text (not blank) or an image.
+    if let Some(schema) = components.schemas.get_mut("SendMessage") {
+        use utoipa::openapi::schema::{
+            AllOfBuilder, AnyOfBuilder, ArrayBuilder, ObjectBuilder, Schema, Type,
+        };
+        let text = ObjectBuilder::new().property(
+            "text",
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some("\\S")),
+        );
+        let images = ObjectBuilder::new()
+            .property(
+                "images",
+                ArrayBuilder::new()
+                    .items(Ref::from_schema_name("ImageIn"))
+                    .min_items(Some(1)),
+            )
+            .required("images");
+        let either = AnyOfBuilder::new().item(text).item(images);
+        let whole = AllOfBuilder::new().item(schema.clone()).item(either);
+        *schema = RefOr::T(Schema::AllOf(whole.build()));
+    }
     for (path, item) in document.paths.paths.iter_mut() {
         let v1 = path.starts_with("/v1/");
+        // Their bodies may be left out: every field has a default.
+        if (path == "/v1/conversations" || path == "/v1/conversations/{id}/fork")
+            && let Some(RefOr::T(body)) = item.post.as_mut().and_then(|op| op.request_body.as_mut())
+        {
+            body.required = Some(utoipa::openapi::Required::False);
+        }
         for operation in operations(item) {
             if !v1 {
                 continue;

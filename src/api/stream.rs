@@ -653,7 +653,7 @@ fn route(id: &str, segments: &[&str], query: Option<&str>) -> Option<Uri> {
         StreamQuery,
         ("Last-Event-ID" = Option<i64>, Header, description = "Resume after this event id (wins over after_event_id)"),
     ),
-    responses((status = 200, description = "An event stream of ServerFrame", content_type = "text/event-stream", body = ServerFrame)))]
+    responses((status = 200, description = "An event stream: each event's `data` is a ServerFrame as JSON", content_type = "text/event-stream", body = wire::SseEvent)))]
 pub async fn sse(
     State(app): State<AppState>,
     caller: Caller,

@@ -198,7 +198,7 @@ impl Accumulator {
                 ));
             }
         }
-        let mut tool_uses = Vec::with_capacity(self.calls.len());
+        let mut tool_uses: Vec<ToolUse> = Vec::with_capacity(self.calls.len());
         for (n, call) in self.calls.into_iter().enumerate() {
             if call.name.is_empty() {
                 return Err(Failure::new(
@@ -216,8 +216,22 @@ impl Accumulator {
                 // them with a message the model can act on.
                 serde_json::from_str(&call.arguments).unwrap_or(Value::String(call.arguments))
             };
+            // Every call needs an id of its own: its result is matched to it by id, and a
+            // late result must never be taken for another call's (found by fuzzing: a
+            // backend that sends one id twice). A missing, empty or repeated id is made.
+            let taken = |id: &str| tool_uses.iter().any(|tool| tool.id == id);
+            let id = match call.id.filter(|id| !id.is_empty() && !taken(id)) {
+                Some(id) => id,
+                None => {
+                    let mut id = format!("{}_{n}", self.id_prefix);
+                    while taken(&id) {
+                        id.push('_');
+                    }
+                    id
+                }
+            };
             tool_uses.push(ToolUse {
-                id: call.id.unwrap_or_else(|| format!("{}_{n}", self.id_prefix)),
+                id,
                 name: call.name,
                 input,
                 extra: call.extra,
@@ -373,6 +387,22 @@ mod tests {
 
     /// A case: what it is, the payloads, the calls they make.
     type Case = (&'static str, Vec<Value>, Vec<(String, String, Value)>);
+
+    /// Found by fuzzing: a backend that gives two calls one id (or an empty one) must not
+    /// make two tool_uses that share an id; the repeat gets an id of its own.
+    #[test]
+    fn repeated_or_empty_call_ids_are_made_unique() {
+        let reply = assemble(&[
+            calls(json!([{"index": 0, "id": "call_2", "function": {"name": "bash", "arguments": "{}"}}])),
+            calls(json!([{"index": 1, "id": "call_2", "function": {"name": "think", "arguments": "{}"}}])),
+            calls(json!([{"index": 2, "id": "", "function": {"name": "think", "arguments": "{}"}}])),
+            calls(json!([{"index": 3, "id": "call_gen_1", "function": {"name": "think", "arguments": "{}"}}])),
+            finish("tool_calls"),
+        ])
+        .expect("a reply");
+        let ids: Vec<&str> = reply.tool_uses.iter().map(|t| t.id.as_str()).collect();
+        assert_eq!(ids, ["call_2", "call_gen_1", "call_gen_2", "call_gen_3"]);
+    }
 
     /// The assembly rules, one case each: the fragments as a server sends them, and the calls
     /// they make.

@@ -531,11 +531,15 @@ async fn fork_refusals(db: TestDb) {
     assert!(message.contains("open tool call"), "{message}");
     app.post(&path, json!({"at_sequence_id": 5}))
         .await
-        .expect_error(400, "invalid_request");
+        .expect_error(409, "invalid_fork_point");
     app.post(&path, json!({"at_sequence_id": -1}))
         .await
         .expect_error(400, "invalid_request");
     app.post(&path, json!({"cwd": "borrow"}))
+        .await
+        .expect_error(400, "invalid_request");
+    // Found by schemathesis: serde reads a struct from an array of its fields.
+    app.post(&path, json!([null, null]))
         .await
         .expect_error(400, "invalid_request");
     // Tenant b does not see tenant a's conversation.
