@@ -296,6 +296,17 @@ const NAMED_VARIABLES: [(&str, &str); 8] = [
     ("MODEL", "llm.model"),
 ];
 
+/// A variable's value, parsed leniently like figment's Env provider: "7" is a number,
+/// "true" a bool, "[a, b]" a list. Except a value with both a backslash and a non-ASCII
+/// character, which is taken as it is: figment 0.10's unescaping indexes the text by
+/// characters as if by bytes and panics on it (found by the `config` fuzz target).
+fn env_value(value: &str) -> figment::value::Value {
+    if value.contains('\\') && !value.is_ascii() {
+        return figment::value::Value::from(value.to_owned());
+    }
+    value.parse().unwrap_or_else(|never| match never {})
+}
+
 impl Settings {
     /// Loads the layers from the process environment.
     pub fn load(file: Option<&Path>) -> Result<Settings, ConfigError> {
@@ -349,8 +360,7 @@ impl Settings {
                 // Other BEDROCK_* variables (e.g. BEDROCK_TEST_DATABASE_URL) are not settings.
                 None => continue,
             };
-            // Parsed leniently like figment's Env provider: "7" is a number, "true" a bool.
-            let value: figment::value::Value = value.parse().unwrap_or_else(|never| match never {});
+            let value = env_value(value);
             figment = figment.merge((key, value));
         }
         let settings: Settings = figment.extract().map_err(|e| ConfigError(describe(&e)))?;
@@ -576,6 +586,18 @@ fn describe(error: &figment::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by fuzzing: a variable with a backslash after a non-ASCII character crashed
+    /// the loader inside figment; it is now taken as it is.
+    #[test]
+    fn a_variable_with_escapes_and_non_ascii_text_loads() {
+        let env = [(
+            "BEDROCK_LLM__MODEL".to_owned(),
+            "\"caf\u{e9}\\t\"".to_owned(),
+        )];
+        let settings = Settings::load_from(None, env).expect("it loads");
+        assert_eq!(settings.llm.model, "\"caf\u{e9}\\t\"");
+    }
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs
