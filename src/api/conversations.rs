@@ -469,6 +469,13 @@ pub async fn deliver(app: &AppState, conv: &Target, out: Outgoing) -> Result<Del
     if !out.images.is_empty() {
         let max_px = app.settings.model(&conv.fixed.model).max_image_px;
         let raw = out.images;
+        // At most a few images are decoded at once, whatever the number of clients: each
+        // may take 128 MB and a core for a while.
+        static DECODING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(4);
+        let _permit = DECODING
+            .acquire()
+            .await
+            .map_err(|e| ApiError::internal(format!("image processing failed: {e}")))?;
         let prepared = tokio::task::spawn_blocking(move || {
             raw.iter()
                 .enumerate()

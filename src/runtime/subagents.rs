@@ -83,6 +83,10 @@ struct Agent {
 
 pub struct SupervisorState {
     args: SupervisorArgs,
+    /// Its timers and the task that waits for the parent's cancel: ended when it stops, so
+    /// a finished spawn leaves no task behind for the length of its deadlines (found by
+    /// the soak: live tasks grew by thousands a minute).
+    timers: Vec<tokio::task::AbortHandle>,
     agents: Vec<Agent>,
     by_actor: HashMap<ActorId, usize>,
 }
@@ -107,6 +111,7 @@ impl Actor for SubAgentSupervisor {
     ) -> Result<Self::State, ActorProcessingErr> {
         Ok(SupervisorState {
             args,
+            timers: Vec::new(),
             agents: Vec::new(),
             by_actor: HashMap::new(),
         })
@@ -176,9 +181,10 @@ impl Actor for SubAgentSupervisor {
                 (task.timeout_ms, Deadline::Limit),
                 (last, Deadline::LastResort),
             ] {
-                myself.send_after(Duration::from_millis(after), move || {
+                let timer = myself.send_after(Duration::from_millis(after), move || {
                     SupervisorMsg::Deadline { index, kind }
                 });
+                state.timers.push(timer.abort_handle());
             }
             match start_agent(&myself, &services, &id, task.max_steps).await {
                 Ok(live) => {
@@ -235,10 +241,11 @@ impl Actor for SubAgentSupervisor {
         }
         let cancel = state.args.cancel.clone();
         let me = myself.clone();
-        tokio::spawn(async move {
+        let waiting = tokio::spawn(async move {
             cancel.cancelled().await;
             let _ = me.cast(SupervisorMsg::Cancelled);
         });
+        state.timers.push(waiting.abort_handle());
         Ok(())
     }
 
@@ -259,12 +266,13 @@ impl Actor for SubAgentSupervisor {
                     .position(|a| a.id == agent_id && !a.done && !a.in_grace)
                 {
                     state.agents[index].in_grace = true;
-                    myself.send_after(Duration::from_millis(grace), move || {
+                    let timer = myself.send_after(Duration::from_millis(grace), move || {
                         SupervisorMsg::Deadline {
                             index,
                             kind: Deadline::GraceOver,
                         }
                     });
+                    state.timers.push(timer.abort_handle());
                 }
             }
             SupervisorMsg::Cancelled => {
@@ -324,6 +332,9 @@ impl Actor for SubAgentSupervisor {
         myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        for timer in state.timers.drain(..) {
+            timer.abort();
+        }
         // ractor kills a stopping actor's children after this returns. Sub-agents must not
         // die mid-turn (their rows would stay busy): unlink them, so that the unfinished ones
         // complete their cancel, and every one rests and idles out like any conversation.
