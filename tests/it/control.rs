@@ -9,7 +9,8 @@ use serde_json::{Value, json};
 use crate::support::rt::TestRuntime;
 use crate::support::ws::{Ws, is_state};
 use crate::support::{
-    TestApp, TestDb, WAIT, eventually, request_messages, running, unique_sleep, wait_running,
+    TestApp, TestDb, WAIT, eventually, request_messages, running, tool_names, unique_sleep,
+    wait_running,
 };
 
 fn kinds(messages: &[Value]) -> Vec<String> {
@@ -224,18 +225,6 @@ fn submit(result: &str) -> Llm {
     Llm::tool("call_submit", "submit_result", json!({"result": result}))
 }
 
-fn tool_names(request: &Value) -> Vec<String> {
-    request["tools"]
-        .as_array()
-        .map(|tools| {
-            tools
-                .iter()
-                .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// The spawn call's aggregated result in the parent's history.
 fn spawn_entries(messages: &[Value]) -> Value {
     let output = messages
@@ -365,14 +354,7 @@ async fn sub_agents_past_their_time_limit_get_a_grace_turn() {
     rt.send(&conv, "parent").await.expect("accepted");
     rt.wait_idle(&conv).await;
     assert!(!running(&sleep), "the stopped tool's process is gone");
-    let history = rt.messages(&conv).await;
-    let spawn = history
-        .iter()
-        .find_map(|m| match &m.content {
-            MessageContent::Tool(r) if r.tool_use_id == "call_spawn" => Some(r.output.clone()),
-            _ => None,
-        })
-        .expect("the spawn result");
+    let spawn = rt.tool_output(&conv, "call_spawn").await;
     let entries: Value = serde_json::from_str(&spawn).expect("JSON");
     assert_eq!(entries[0]["success"], true, "{entries}");
     assert_eq!(entries[0]["result"], "woke up early");

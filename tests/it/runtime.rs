@@ -8,7 +8,8 @@ use bedrock::testkit::Reply;
 use serde_json::{Value, json};
 
 use crate::support::{
-    TestDb, TestRuntime, WAIT, eventually, request_messages, roles, running, unique_sleep,
+    TestDb, TestRuntime, WAIT, eventually, request_messages, roles, running, tool_names,
+    unique_sleep,
 };
 
 fn tool_messages(request: &Value) -> Vec<(String, String)> {
@@ -292,18 +293,6 @@ fn spawn_reply(tasks: &[&str]) -> Reply {
     )
 }
 
-fn tool_names(request: &Value) -> Vec<String> {
-    request["tools"]
-        .as_array()
-        .map(|tools| {
-            tools
-                .iter()
-                .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// REQ-BED-008/009: sub-agents run in parallel as non-user-initiated children, each must
 /// submit_result; a failing one and one that never submits become failure entries, and the
 /// aggregate reaches the parent in task order.
@@ -503,14 +492,7 @@ async fn sub_agent_timeout_is_a_failure_entry() {
     rt.llm.route("forever", [Reply::Stall, Reply::Stall]);
     rt.send(&conv, "parent").await.expect("accepted");
     rt.wait_idle(&conv).await;
-    let history = rt.messages(&conv).await;
-    let spawn = history
-        .iter()
-        .find_map(|m| match &m.content {
-            MessageContent::Tool(r) if r.tool_use_id == "call_spawn" => Some(r.output.clone()),
-            _ => None,
-        })
-        .expect("the spawn result");
+    let spawn = rt.tool_output(&conv, "call_spawn").await;
     let entries: Value = serde_json::from_str(&spawn).expect("JSON");
     assert_eq!(entries[0]["success"], true);
     assert_eq!(entries[1]["success"], false);

@@ -39,6 +39,19 @@ pub fn request_messages(request: &serde_json::Value) -> &[serde_json::Value] {
     request["messages"].as_array().map_or(&[], Vec::as_slice)
 }
 
+/// The names of the tools a recorded request offers.
+pub fn tool_names(request: &serde_json::Value) -> Vec<String> {
+    request["tools"]
+        .as_array()
+        .map(|tools| {
+            tools
+                .iter()
+                .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The roles of a recorded request's messages, in order.
 pub fn roles(request: &serde_json::Value) -> Vec<&str> {
     request_messages(request)

@@ -224,6 +224,18 @@ impl TestRuntime {
         self.store.history(id).await.expect("the history reads")
     }
 
+    /// The output of the stored result of tool call `tool_use_id` in conversation `id`.
+    pub async fn tool_output(&self, id: &str, tool_use_id: &str) -> String {
+        self.messages(id)
+            .await
+            .into_iter()
+            .find_map(|m| match m.content {
+                MessageContent::Tool(r) if r.tool_use_id == tool_use_id => Some(r.output),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no result of {tool_use_id} in {id}"))
+    }
+
     /// The history is a valid chain for an LLM: every tool_use answered once, in order.
     pub async fn assert_chain_valid(&self, id: &str) {
         let history = self.messages(id).await;
