@@ -1,10 +1,13 @@
 //! The scripted OpenAI-compatible fake LLM as a process, for tools that drive a real
-//! server from outside (tests/schemathesis.sh). It answers every request: a tool result
-//! with text, anything else with a `think` tool call, so turns end after one tool.
+//! server from outside. By default (tests/schemathesis.sh) it answers every request: a tool
+//! result with text, anything else with a `think` tool call, so turns end after one tool.
+//! With `--follow` (the console's browser tests, tests/console) turns do what their user
+//! message says: `call <tool> <JSON args>`, `slowly <text>`, or anything else for a short
+//! answer (`FakeLlm::follow_instructions`).
 //! Prints its base URL (for BEDROCK_LLM_BASE_URL) on the first line, then serves until
 //! killed.
 //!
-//!     cargo run --example fake_llm
+//!     cargo run --example fake_llm [-- --follow]
 
 #![allow(clippy::print_stdout)]
 
@@ -14,7 +17,11 @@ use std::io::Write as _;
 async fn main() {
     let llm = bedrock::testkit::FakeLlm::start().await;
     llm.forget_requests();
-    llm.auto_tool_turns("think", serde_json::json!({"thoughts": "one tool call"}));
+    if std::env::args().any(|a| a == "--follow") {
+        llm.follow_instructions();
+    } else {
+        llm.auto_tool_turns("think", serde_json::json!({"thoughts": "one tool call"}));
+    }
     println!("{}", llm.base_url);
     let _ = std::io::stdout().flush();
     std::future::pending::<()>().await;

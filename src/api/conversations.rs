@@ -4,8 +4,8 @@ use crate::sandbox::Network;
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::Response;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse as _, Response};
 use chrono::{SubsecRound as _, Utc};
 
 use super::AppState;
@@ -363,6 +363,46 @@ pub async fn children(
             conversations: children.iter().map(|c| app.conversation_json(c)).collect(),
         },
     ))
+}
+
+/// An image of a user message, as stored (resized when it was sent): what a client shows
+/// as a thumbnail. Found through the conversation, so another tenant's is 404 too; a fork
+/// finds the images it shares with its source. *Extension.*
+#[utoipa::path(get, path = "/conversations/{id}/images/{image_id}", tag = "conversations",
+    params(
+        ("id" = String, Path, description = "The conversation's id or slug"),
+        ("image_id" = String, Path, description = "The image's id, from a user message's `images`"),
+    ),
+    responses(
+        (status = 200, description = "The image's bytes, with its media type",
+            content(("image/png"), ("image/jpeg"), ("image/gif"), ("image/webp"))),
+        (status = 404, description = "No such conversation or image", body = ErrorBody),
+    ))]
+pub async fn image(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path((id, image_id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let conv = app.find(&caller, &id).await?;
+    let image = app
+        .services
+        .store
+        .attachment(&conv.id, &image_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("image"))?;
+    let media_type = HeaderValue::from_str(&image.media_type)
+        .unwrap_or(HeaderValue::from_static("application/octet-stream"));
+    Ok((
+        [
+            (header::CONTENT_TYPE, media_type),
+            (
+                header::CACHE_CONTROL,
+                HeaderValue::from_static("private, max-age=86400, immutable"),
+            ),
+        ],
+        image.data,
+    )
+        .into_response())
 }
 
 /// A conversation a message goes to: its id and what never changes of it.

@@ -3,6 +3,7 @@
 
 mod auth;
 mod cluster;
+mod console;
 mod conversations;
 mod error;
 mod fork;
@@ -104,6 +105,9 @@ pub fn router(state: AppState) -> Router {
     let limit = state.settings.server.max_body_bytes;
     let (router, _) = routes().split_for_parts();
     router
+        // The web console (not part of the API, so not in the OpenAPI document).
+        .route("/", axum::routing::get(console::index))
+        .route("/console/{*file}", axum::routing::get(console::asset))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
@@ -124,6 +128,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(c::get, c::delete))
         .routes(routes!(c::messages, c::send))
         .routes(routes!(c::children))
+        .routes(routes!(c::image))
         .routes(routes!(fork::fork))
         .routes(routes!(c::cancel))
         .routes(routes!(c::archive))

@@ -47,6 +47,9 @@ pub enum Reply {
     StallAfterFirstChunk,
     /// A content chunk, then the connection closes without finish_reason or [DONE].
     Truncated,
+    /// Text a word per chunk with `pause` before each: a slow model, so that a client sees
+    /// the deltas arrive one by one.
+    Paced { text: String, pause: Duration },
     /// A body of `size` bytes of content, streamed in chunks.
     Huge { size: usize },
     /// These bytes, as they are, with this content type: a recorded response of a real
@@ -190,8 +193,9 @@ impl FakeLlm {
         self.inner().auto_tool = Some((tool.to_owned(), args));
     }
 
-    /// Turns follow their user message (soak benchmarks): `call <tool> <JSON args>` asks for
-    /// that tool call, anything else is answered `done: <text>`; a tool result is answered
+    /// Turns follow their user message (soak benchmarks, the console's browser tests):
+    /// `call <tool> <JSON args>` asks for that tool call, `slowly <text>` streams the text a
+    /// word every 250 ms, anything else is answered `done: <text>`; a tool result is answered
     /// with text. A sub-agent (its request offers submit_result) submits at once.
     pub fn follow_instructions(&self) {
         self.inner().instructed = true;
@@ -345,15 +349,30 @@ impl Drop for HangupGuard {
 }
 
 fn stream_response(chunks: Vec<Bytes>, then_stall: bool, shared: Arc<Shared>) -> Response {
+    stream_paced(chunks, then_stall, Duration::ZERO, shared)
+}
+
+/// The chunks with `pause` before each one after the first.
+fn stream_paced(
+    chunks: Vec<Bytes>,
+    then_stall: bool,
+    pause: Duration,
+    shared: Arc<Shared>,
+) -> Response {
     let guard = HangupGuard {
         shared,
         finished: false,
     };
     let body = futures::stream::unfold(
-        (chunks.into_iter(), guard, then_stall),
-        |(mut it, mut guard, stall)| async move {
+        (chunks.into_iter().enumerate(), guard, then_stall),
+        move |(mut it, mut guard, stall)| async move {
             match it.next() {
-                Some(bytes) => Some((Ok::<_, std::io::Error>(bytes), (it, guard, stall))),
+                Some((i, bytes)) => {
+                    if i > 0 && !pause.is_zero() {
+                        tokio::time::sleep(pause).await;
+                    }
+                    Some((Ok::<_, std::io::Error>(bytes), (it, guard, stall)))
+                }
                 None if stall => {
                     futures::future::pending::<()>().await;
                     None
@@ -567,6 +586,12 @@ fn instructed_reply(body: &[u8], keys: &Keys, n: u64) -> Reply {
     {
         return Reply::tool(&id, tool, args);
     }
+    if let Some(text) = keys.last_user.strip_prefix("slowly ") {
+        return Reply::Paced {
+            text: text.to_owned(),
+            pause: Duration::from_millis(250),
+        };
+    }
     Reply::text(&format!("done: {}", keys.last_user))
 }
 
@@ -650,6 +675,15 @@ async fn reply_with(reply: Reply, prompt: u64, completion: u64, shared: Arc<Shar
             true,
             shared,
         ),
+        Reply::Paced { text, pause } => {
+            let mut chunks = vec![role];
+            chunks.extend(
+                text.split_inclusive(' ')
+                    .map(|word| chunk(json!({"content": word}), None)),
+            );
+            finish(&mut chunks, "stop", prompt, completion);
+            stream_paced(chunks, false, pause, shared)
+        }
         Reply::Truncated => stream_response(
             vec![role, chunk(json!({"content": "cut"}), None)],
             false,

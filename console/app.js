@@ -1,0 +1,900 @@
+// Bedrock console: one page over the public API (docs/api.md), nothing else. No framework
+// and no build step: the DOM is built with el() below, text always as text (textContent),
+// and agent Markdown through marked then DOMPurify. The WebSocket carries the live frames
+// and the client frames; REST does everything else.
+'use strict';
+
+const $ = (id) => document.getElementById(id);
+
+// ---------------------------------------------------------------------------------------
+// State
+
+const S = {
+  key: sessionStorage.getItem('bedrock.key') || '',
+  dev: false,
+  list: { items: [], cursor: null, archived: false },
+  conv: null,          // the open conversation (Conversation JSON)
+  ws: null,
+  wsFor: null,         // the conversation id the socket belongs to
+  lastEventId: 0,      // the newest durable frame seen of the open conversation
+  messages: new Map(), // sequence_id -> Message
+  requests: new Map(), // request_id -> {request_id, request_type, tool_use_id, expires}
+  approvals: new Map(), // request_id -> approval_request event
+  retrying: null,      // the last retrying frame of the running turn
+  tree: [],            // root conversation and its sub-agents
+  tasks: new Map(),    // task_id -> Task
+  progress: new Map(), // task_id -> {progress, message}
+  pending: [],         // images to send: {media_type, data, url}
+  reconnect: { attempt: 0, timer: null },
+  unsent: null,        // text of the last send over the socket, until its message arrives
+};
+
+const BUSY = new Set(['awaiting_llm', 'llm_requesting', 'tool_executing', 'awaiting_sub_agents', 'cancelling']);
+
+// ---------------------------------------------------------------------------------------
+// DOM helpers
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === 'class') node.className = v;
+    else if (k === 'text') node.textContent = v;
+    else if (k.startsWith('on')) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v === true ? '' : v);
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return node;
+}
+
+function markdown(text) {
+  const div = el('div', { class: 'md' });
+  if (window.marked && window.DOMPurify) {
+    div.innerHTML = DOMPurify.sanitize(marked.parse(text, { gfm: true, breaks: true }));
+    for (const a of div.querySelectorAll('a')) {
+      a.setAttribute('target', '_blank');
+      a.setAttribute('rel', 'noopener noreferrer');
+    }
+  } else {
+    div.textContent = text;
+  }
+  return div;
+}
+
+let toastTimer = null;
+function toast(message) {
+  const t = $('toast');
+  t.textContent = message;
+  t.hidden = false;
+  clearTimeout(toastTimer);
+  toastTimer = setTimeout(() => { t.hidden = true; }, 8000);
+}
+
+function banner(message) {
+  const b = $('banner');
+  b.textContent = message || '';
+  b.hidden = !message;
+}
+
+function uuid() {
+  if (crypto.randomUUID) return crypto.randomUUID();
+  const b = crypto.getRandomValues(new Uint8Array(16));
+  b[6] = (b[6] & 0x0f) | 0x40; b[8] = (b[8] & 0x3f) | 0x80;
+  const h = [...b].map((x) => x.toString(16).padStart(2, '0')).join('');
+  return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
+}
+
+// ---------------------------------------------------------------------------------------
+// REST
+
+class ApiError extends Error {
+  constructor(status, code, message) { super(message); this.status = status; this.code = code; }
+}
+
+const UNAUTHORIZED = 'The server refused the API key (401 unauthorized). Check the key, or create one with `bedrock tenant create NAME`.';
+
+async function api(method, path, body) {
+  const headers = {};
+  if (S.key) headers.Authorization = `Bearer ${S.key}`;
+  if (body !== undefined) headers['Content-Type'] = 'application/json';
+  let r;
+  try {
+    r = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  } catch (e) {
+    throw new ApiError(0, 'unreachable', 'The server cannot be reached.');
+  }
+  if (r.status === 204) return null;
+  const data = await r.json().catch(() => null);
+  if (!r.ok) {
+    const code = data?.error?.code || `http_${r.status}`;
+    const message = data?.error?.message || r.statusText;
+    if (r.status === 401) signOut(S.key ? UNAUTHORIZED : '');
+    throw new ApiError(r.status, code, message);
+  }
+  return data;
+}
+
+function failed(e) {
+  if (e.status === 401) return;
+  toast(e.code && e.code !== 'unreachable' ? `${e.message} (${e.code})` : e.message);
+}
+
+const enc = encodeURIComponent;
+const convPath = (id, rest = '') => `/v1/conversations/${enc(id)}${rest}`;
+
+// ---------------------------------------------------------------------------------------
+// Sign-in
+
+async function start() {
+  wire();
+  // Without a key: a 200 means dev mode (the server acts as tenant `default`).
+  try {
+    await api('GET', '/v1/conversations?limit=1');
+    S.dev = !S.key;
+    showApp();
+  } catch (e) {
+    if (e.status !== 401) showSignIn(e.message);
+  }
+}
+
+function showSignIn(message) {
+  $('app').hidden = true;
+  $('signout').hidden = true;
+  $('mode').textContent = '';
+  $('signin').hidden = false;
+  $('signin-error').textContent = message || '';
+  $('api-key').focus();
+}
+
+function showApp() {
+  $('signin').hidden = true;
+  $('app').hidden = false;
+  $('signout').hidden = S.dev;
+  $('mode').textContent = S.dev ? 'dev mode: no key needed on this loopback server' : '';
+  loadList(true);
+  route();
+}
+
+function signOut(message) {
+  sessionStorage.removeItem('bedrock.key');
+  S.key = '';
+  closeSocket();
+  S.conv = null;
+  showSignIn(message);
+}
+
+async function signIn(ev) {
+  ev.preventDefault();
+  const key = $('api-key').value.trim();
+  if (!key) return;
+  S.key = key;
+  try {
+    await api('GET', '/v1/conversations?limit=1');
+  } catch (e) {
+    if (e.status !== 401) { $('signin-error').textContent = e.message; }
+    S.key = '';
+    return;
+  }
+  sessionStorage.setItem('bedrock.key', key);
+  $('api-key').value = '';
+  S.dev = false;
+  showApp();
+}
+
+// ---------------------------------------------------------------------------------------
+// Conversation list
+
+function title(c) { return c.slug || c.id; }
+
+function stateLabel(state, retrying) {
+  switch (state.kind) {
+    case 'llm_requesting':
+      if (retrying) return `retrying: attempt ${retrying.attempt}, in ${(retrying.delay_ms / 1000).toFixed(1)} s (${retrying.error_kind})`;
+      return state.attempt > 1 ? `llm_requesting (attempt ${state.attempt})` : 'llm_requesting';
+    case 'tool_executing': {
+      const n = (state.remaining_tool_ids || []).length;
+      return `tool_executing${n ? ` (+${n} queued)` : ''}`;
+    }
+    case 'awaiting_sub_agents':
+      return `awaiting_sub_agents (${state.completed} done, ${(state.pending_ids || []).length} running)`;
+    case 'error': return `error: ${state.error_kind}`;
+    default: return state.kind;
+  }
+}
+
+function badge(state, retrying) {
+  const b = el('span', { class: 'badge', text: stateLabel(state, retrying) });
+  setBadgeClass(b, state, retrying);
+  return b;
+}
+
+function setBadgeClass(b, state, retrying) {
+  b.className = 'badge';
+  if (retrying && state.kind === 'llm_requesting') b.classList.add('retrying');
+  else if (state.kind === 'cancelling') b.classList.add('cancelling');
+  else if (BUSY.has(state.kind)) b.classList.add('busy');
+  else if (state.kind === 'error') b.classList.add('error');
+  else if (state.kind === 'completed') b.classList.add('completed');
+  b.dataset.kind = state.kind;
+}
+
+async function loadList(reset) {
+  const L = S.list;
+  if (reset) { L.items = []; L.cursor = null; }
+  const q = new URLSearchParams({ limit: '20', archived: String(L.archived) });
+  if (L.cursor) q.set('cursor', L.cursor);
+  try {
+    const page = await api('GET', `/v1/conversations?${q}`);
+    L.items.push(...page.conversations);
+    L.cursor = page.next_cursor || null;
+  } catch (e) { failed(e); }
+  renderList();
+}
+
+function renderList() {
+  const ul = $('conversations');
+  ul.replaceChildren(...S.list.items.map((c) => {
+    const current = S.conv && S.conv.id === c.id;
+    return el('li', { class: current ? 'current' : null, 'data-id': c.id },
+      el('button', { type: 'button', class: 'open', title: c.id, onclick: () => open(c.id), 'aria-current': current ? 'page' : null },
+        el('span', { class: 'name' }, title(c)), badge(c.state)),
+      c.archived
+        ? el('button', { type: 'button', class: 'small', onclick: () => archive(c, false), 'aria-label': `Unarchive ${title(c)}` }, 'Unarchive')
+        : el('button', { type: 'button', class: 'small', onclick: () => archive(c, true), 'aria-label': `Archive ${title(c)}` }, 'Archive'),
+      el('button', { type: 'button', class: 'small danger', onclick: () => remove(c), 'aria-label': `Delete ${title(c)}` }, 'Delete'));
+  }));
+  if (!S.list.items.length) ul.append(el('li', { class: 'muted small' }, S.list.archived ? 'No archived conversations.' : 'No conversations yet.'));
+  $('more').hidden = !S.list.cursor;
+}
+
+async function create(ev) {
+  ev.preventDefault();
+  const body = {};
+  for (const [field, id] of [['cwd', 'new-cwd'], ['model', 'new-model'], ['system_prompt', 'new-system']]) {
+    const v = $(id).value.trim();
+    if (v) body[field] = v;
+  }
+  $('create-error').textContent = '';
+  try {
+    const c = await api('POST', '/v1/conversations', body);
+    $('create-form').reset();
+    $('create').open = false;
+    if (S.list.archived) { S.list.archived = false; $('show-archived').checked = false; }
+    await loadList(true);
+    open(c.id);
+  } catch (e) {
+    if (e.status !== 401) $('create-error').textContent = `${e.message} (${e.code})`;
+  }
+}
+
+async function archive(c, yes) {
+  try {
+    await api('POST', convPath(c.id, yes ? '/archive' : '/unarchive'));
+    await loadList(true);
+  } catch (e) { failed(e); }
+}
+
+async function remove(c) {
+  if (!confirm(`Delete ${title(c)} with its messages and sub-agents? This cannot be undone.`)) return;
+  try {
+    await api('DELETE', convPath(c.id));
+    if (S.conv && S.conv.id === c.id) { location.hash = ''; }
+    await loadList(true);
+  } catch (e) { failed(e); }
+}
+
+// ---------------------------------------------------------------------------------------
+// Opening a conversation (the URL's hash is #/c/<id>, so a reload reopens it)
+
+function open(id) {
+  const hash = `#/c/${enc(id)}`;
+  if (location.hash !== hash) location.hash = hash; else route();
+}
+
+function route() {
+  const m = location.hash.match(/^#\/c\/(.+)$/);
+  if (!m) { closeConversation(); return; }
+  const id = decodeURIComponent(m[1]);
+  if (S.conv && S.conv.id === id && S.ws) return;
+  openConversation(id);
+}
+
+function closeConversation() {
+  closeSocket();
+  S.conv = null;
+  $('chat').hidden = true;
+  $('empty').hidden = false;
+  renderList();
+}
+
+async function openConversation(id) {
+  closeSocket();
+  S.conv = null;
+  S.lastEventId = 0;
+  S.messages.clear();
+  S.requests.clear();
+  S.approvals.clear();
+  S.tasks.clear();
+  S.progress.clear();
+  S.retrying = null;
+  S.tree = [];
+  $('messages').replaceChildren();
+  $('requests').replaceChildren();
+  setStreaming('');
+  try {
+    S.conv = await api('GET', convPath(id));
+  } catch (e) {
+    failed(e);
+    if (e.status === 404) location.hash = '';
+    return;
+  }
+  $('empty').hidden = true;
+  $('chat').hidden = false;
+  renderHead();
+  renderList();
+  connect();
+  loadTree();
+  loadTasks();
+  $('text').focus();
+}
+
+function renderHead() {
+  const c = S.conv;
+  $('chat-title').textContent = title(c);
+  $('chat-title').title = c.id;
+  $('chat-cwd').textContent = `${c.cwd} · ${c.model}`;
+  const parent = $('chat-parent');
+  parent.hidden = !c.parent_id;
+  if (c.parent_id) parent.href = `#/c/${enc(c.parent_id)}`;
+  renderState();
+  renderContext(c.usage);
+  // A sub-agent is driven by its parent: no composer.
+  $('composer').hidden = !c.user_initiated;
+}
+
+function renderState() {
+  const state = S.conv.state;
+  const b = $('state');
+  b.textContent = stateLabel(state, S.retrying);
+  setBadgeClass(b, state, S.retrying);
+  $('cancel').disabled = !(BUSY.has(state.kind) && state.kind !== 'cancelling');
+  const item = S.list.items.find((c) => c.id === S.conv.id);
+  if (item) { item.state = state; renderList(); }
+}
+
+function renderContext(usage) {
+  if (!usage || !usage.context_window) return;
+  const ratio = Math.min(1, usage.context_tokens / usage.context_window);
+  const meter = $('context');
+  $('context-fill').style.width = `${(ratio * 100).toFixed(1)}%`;
+  $('context-text').textContent = `${usage.context_tokens.toLocaleString()} / ${usage.context_window.toLocaleString()} tokens`;
+  meter.classList.toggle('warn', ratio >= 0.8 && ratio < 0.95);
+  meter.classList.toggle('danger', ratio >= 0.95);
+  meter.setAttribute('role', 'meter');
+  meter.setAttribute('aria-label', 'Context window used');
+  meter.setAttribute('aria-valuemin', '0');
+  meter.setAttribute('aria-valuemax', String(usage.context_window));
+  meter.setAttribute('aria-valuenow', String(usage.context_tokens));
+}
+
+// ---------------------------------------------------------------------------------------
+// The live stream
+
+function closeSocket() {
+  clearTimeout(S.reconnect.timer);
+  S.reconnect.timer = null;
+  if (S.ws) {
+    S.ws.onclose = null;
+    S.ws.close(1000);
+    S.ws = null;
+  }
+  S.wsFor = null;
+}
+
+function connect() {
+  const id = S.conv.id;
+  const q = new URLSearchParams();
+  if (S.lastEventId) q.set('after_event_id', String(S.lastEventId));
+  if (S.key) q.set('access_token', S.key);
+  const proto = location.protocol === 'https:' ? 'wss' : 'ws';
+  const ws = new WebSocket(`${proto}://${location.host}${convPath(id, '/ws')}?${q}`);
+  S.ws = ws;
+  S.wsFor = id;
+  ws.onmessage = (ev) => {
+    let frame;
+    try { frame = JSON.parse(ev.data); } catch { return; }
+    if (S.wsFor === id) onFrame(frame);
+  };
+  ws.onclose = () => { if (S.ws === ws) lost(id); };
+}
+
+// A dropped connection (a restart, a network blip): reconnect after a back-off, asking for
+// the frames after the last one seen. REST tells apart a gone conversation or key.
+function lost(id) {
+  S.ws = null;
+  setStreaming('');
+  const attempt = ++S.reconnect.attempt;
+  const delay = Math.min(5000, 250 * 2 ** Math.min(attempt, 5));
+  banner(`Connection lost: reconnecting (attempt ${attempt})…`);
+  S.reconnect.timer = setTimeout(async () => {
+    if (!S.conv || S.conv.id !== id) return;
+    try {
+      await api('GET', convPath(id));
+    } catch (e) {
+      if (e.status === 404) { banner(''); toast('This conversation no longer exists.'); location.hash = ''; return; }
+      if (e.status === 401) { banner(''); return; }
+      lost(id);
+      return;
+    }
+    connect();
+  }, delay);
+}
+
+function onFrame(f) {
+  if (f.event_id && f.type !== 'snapshot') {
+    if (f.event_id <= S.lastEventId) return; // already seen (a replay's overlap)
+    S.lastEventId = f.event_id;
+  }
+  switch (f.type) {
+    case 'snapshot': return onSnapshot(f);
+    case 'state':
+      S.conv.state = f.state;
+      if (f.state.kind !== 'llm_requesting') S.retrying = null;
+      if (!BUSY.has(f.state.kind)) setStreaming('');
+      renderState();
+      if (f.state.kind === 'awaiting_sub_agents' || f.state.kind === 'idle') loadTree();
+      return;
+    case 'message': return onMessage(f.message);
+    case 'delta': if (f.text) setStreaming(($('streaming').textContent || '') + f.text); return;
+    case 'retrying': S.retrying = f; renderState(); return;
+    case 'tool_progress': return onProgress(f);
+    case 'sub_agent': return onSubAgent(f);
+    case 'client_request':
+      addRequest({ request_id: f.request_id, request_type: f.request_type, tool_use_id: f.tool_use_id, expires: Date.now() + f.timeout_ms });
+      return;
+    case 'client_request_resolved': return removeRequest(f.request_id);
+    case 'context_warning': return renderContext({ context_tokens: f.context_tokens, context_window: f.context_window });
+    case 'system_event': return onSystemEvent(f.event);
+    case 'rejected': return onRejected(f);
+    case 'gap': return fillGap();
+    default: return undefined;
+  }
+}
+
+function onSnapshot(f) {
+  S.reconnect.attempt = 0;
+  banner('');
+  const resumed = S.messages.size > 0;
+  const newest = resumed ? Math.max(...S.messages.keys()) : 0;
+  S.conv = f.conversation;
+  renderHead();
+  // Pending requests are the snapshot's: any other was answered while away.
+  const live = new Set(f.pending_requests.map((r) => r.request_id));
+  for (const id of [...S.requests.keys()]) if (!live.has(id)) removeRequest(id);
+  for (const r of f.pending_requests) {
+    addRequest({ request_id: r.request_id, request_type: r.request_type, tool_use_id: r.tool_use_id, expires: Date.parse(r.expires_at) });
+  }
+  for (const m of f.messages) onMessage(m);
+  // Messages between what was shown and the snapshot's window come from REST.
+  if (resumed && f.messages.length && f.messages[0].sequence_id > newest + 1) fillGap();
+  if (!S.lastEventId) S.lastEventId = f.event_id;
+  if (!resumed) $('older').hidden = !(f.messages.length && f.messages[0].sequence_id > 1);
+  scrollDown();
+}
+
+async function fillGap() {
+  const id = S.conv.id;
+  let after = S.messages.size ? Math.max(...S.messages.keys()) : 0;
+  try {
+    for (;;) {
+      const page = await api('GET', `${convPath(id, '/messages')}?after=${after}&limit=200`);
+      if (!S.conv || S.conv.id !== id) return;
+      for (const m of page.messages) onMessage(m);
+      if (page.messages.length < 200) break;
+      after = page.messages[page.messages.length - 1].sequence_id;
+    }
+  } catch (e) { failed(e); }
+}
+
+async function loadOlder() {
+  const first = Math.min(...S.messages.keys());
+  const after = Math.max(0, first - 51);
+  try {
+    const page = await api('GET', `${convPath(S.conv.id, '/messages')}?after=${after}&limit=${first - 1 - after}`);
+    for (const m of page.messages) onMessage(m);
+    $('older').hidden = after === 0;
+  } catch (e) { failed(e); }
+}
+
+function scrollDown() {
+  const wrap = document.querySelector('.timeline-wrap');
+  wrap.scrollTop = wrap.scrollHeight;
+}
+
+function setStreaming(text) {
+  const s = $('streaming');
+  s.textContent = text;
+  s.hidden = !text;
+  if (text) scrollDown();
+}
+
+// ---------------------------------------------------------------------------------------
+// Messages
+
+function onMessage(m) {
+  if (m.usage) renderContext(m.usage);
+  if (S.messages.has(m.sequence_id)) return; // shown already: no duplicates
+  S.messages.set(m.sequence_id, m);
+  if (m.message_type === 'agent') setStreaming('');
+  if (m.message_type === 'user' && S.unsent !== null) S.unsent = null;
+  const node = renderMessage(m);
+  // In sequence order, wherever it lands (a gap filled late, older pages).
+  const list = $('messages');
+  const after = [...list.children].find((li) => Number(li.dataset.seq) > m.sequence_id);
+  list.insertBefore(node, after || null);
+  if (m.message_type === 'tool') attachResult(m);
+  else if (m.message_type === 'agent') for (const t of m.content.tool_uses || []) {
+    const result = [...S.messages.values()].find((x) => x.message_type === 'tool' && x.content.tool_use_id === t.id);
+    if (result) attachResult(result);
+  }
+  if (m.message_type === 'tool') loadTasksSoon();
+  if (!after) scrollDown();
+}
+
+function renderMessage(m) {
+  const c = m.content || {};
+  const meta = el('div', { class: 'meta' }, `#${m.sequence_id} ${m.message_type} · ${new Date(m.created_at).toLocaleTimeString()}`);
+  const li = el('li', { class: `msg ${m.message_type}`, 'data-seq': m.sequence_id, 'data-type': m.message_type }, meta);
+  switch (m.message_type) {
+    case 'user': {
+      li.append(el('div', { class: 'text' }, c.text || ''));
+      if (c.images && c.images.length) {
+        const thumbs = el('div', { class: 'thumbs' });
+        for (const img of c.images) thumbs.append(thumbnail(m.conversation_id, img));
+        li.append(thumbs);
+      }
+      break;
+    }
+    case 'agent':
+      if (c.text) li.append(markdown(c.text));
+      for (const t of c.tool_uses || []) {
+        li.append(el('div', { class: 'tool-call', 'data-tool-use-id': t.id },
+          el('div', {}, el('span', { class: 'tool-name' }, t.name), el('span', { class: 'status muted' }, 'running…')),
+          el('details', {}, el('summary', {}, 'input'), el('pre', {}, JSON.stringify(t.input, null, 2))),
+          el('div', { class: 'result' })));
+      }
+      break;
+    case 'tool':
+      li.hidden = true; // shown inside its call; see attachResult
+      li.append(el('div', {}, `${c.name}: ${c.ok ? 'ok' : 'failed'}`), el('pre', {}, c.output));
+      break;
+    default:
+      li.append(el('div', { class: 'text' }, c.text || ''));
+  }
+  return li;
+}
+
+function attachResult(m) {
+  const c = m.content;
+  const call = document.querySelector(`.tool-call[data-tool-use-id="${CSS.escape(c.tool_use_id)}"]`);
+  if (!call) {
+    const li = document.querySelector(`#messages li[data-seq="${m.sequence_id}"]`);
+    if (li) li.hidden = false; // its call is not loaded: show it on its own
+    return;
+  }
+  const status = call.querySelector('.status');
+  const kind = c.cancelled ? 'cancelled' : c.ok ? 'ok' : 'failed';
+  status.className = `status ${kind}`;
+  status.textContent = kind;
+  const lines = (c.output || '').split('\n').length;
+  call.querySelector('.result').replaceChildren(
+    el('details', { open: !c.ok || lines <= 6 ? true : null },
+      el('summary', {}, `output (${lines} line${lines === 1 ? '' : 's'})`),
+      el('pre', { class: 'output' }, c.output || '')));
+}
+
+function thumbnail(convId, img) {
+  const node = el('img', { alt: `attached image (${img.media_type})`, 'data-image-id': img.id });
+  const headers = S.key ? { Authorization: `Bearer ${S.key}` } : {};
+  fetch(`${convPath(convId, '/images/')}${enc(img.id)}`, { headers })
+    .then((r) => (r.ok ? r.blob() : null))
+    .then((blob) => { if (blob) node.src = URL.createObjectURL(blob); })
+    .catch(() => {});
+  return node;
+}
+
+function onSystemEvent(event) {
+  if (event.type === 'approval_request' && event.request_id) {
+    S.approvals.set(event.request_id, event);
+    const card = document.querySelector(`.request[data-request-id="${CSS.escape(event.request_id)}"]`);
+    if (card) renderRequestCard(S.requests.get(event.request_id), card);
+    return;
+  }
+  if (event.type === 'system_notice' || event.type === 'system_error') {
+    const text = event.message || event.text || JSON.stringify(event);
+    $('messages').append(el('li', { class: `msg ${event.type === 'system_error' ? 'error' : 'system'}`, 'data-seq': Number.MAX_SAFE_INTEGER }, text));
+  }
+}
+
+function onRejected(f) {
+  toast(`${f.message} (${f.code})`);
+  if (S.unsent !== null && !$('text').value) $('text').value = S.unsent;
+  S.unsent = null;
+}
+
+// ---------------------------------------------------------------------------------------
+// Sending
+
+async function send(ev) {
+  if (ev) ev.preventDefault();
+  if (!S.conv) return;
+  const text = $('text').value;
+  if (!text.trim() && !S.pending.length) return;
+  const body = { text, message_id: uuid() };
+  if (S.pending.length) body.images = S.pending.map(({ media_type, data }) => ({ media_type, data }));
+  $('text').value = '';
+  clearAttachments();
+  if (S.ws && S.ws.readyState === WebSocket.OPEN) {
+    S.unsent = text;
+    S.ws.send(JSON.stringify({ type: 'user_message', ...body }));
+    return;
+  }
+  try {
+    const r = await api('POST', convPath(S.conv.id, '/messages'), body);
+    onMessage(r.message);
+  } catch (e) {
+    failed(e);
+    if (!$('text').value) $('text').value = text;
+  }
+}
+
+async function cancel() {
+  if (!S.conv) return;
+  $('cancel').disabled = true;
+  if (S.ws && S.ws.readyState === WebSocket.OPEN) { S.ws.send(JSON.stringify({ type: 'cancel' })); return; }
+  try { await api('POST', convPath(S.conv.id, '/cancel')); } catch (e) { failed(e); }
+}
+
+const MEDIA = ['image/png', 'image/jpeg', 'image/gif', 'image/webp'];
+
+function addFiles(files) {
+  for (const file of files) {
+    if (!MEDIA.includes(file.type)) { toast(`${file.name || 'That file'} is not a PNG, JPEG, GIF or WebP image.`); continue; }
+    const reader = new FileReader();
+    reader.onload = () => {
+      const data = String(reader.result).split(',', 2)[1] || '';
+      S.pending.push({ media_type: file.type, data, url: URL.createObjectURL(file) });
+      renderAttachments();
+    };
+    reader.readAsDataURL(file);
+  }
+}
+
+function renderAttachments() {
+  $('attachments').replaceChildren(...S.pending.map((p, i) => el('div', { class: 'att' },
+    el('img', { src: p.url, alt: `image to send ${i + 1}` }),
+    el('button', { type: 'button', 'aria-label': `Remove image ${i + 1}`, onclick: () => { URL.revokeObjectURL(p.url); S.pending.splice(i, 1); renderAttachments(); } }, '×'))));
+}
+
+function clearAttachments() {
+  for (const p of S.pending) URL.revokeObjectURL(p.url);
+  S.pending = [];
+  renderAttachments();
+}
+
+// ---------------------------------------------------------------------------------------
+// Requests from the server (questions and approvals)
+
+function addRequest(r) {
+  if (S.requests.has(r.request_id)) return;
+  S.requests.set(r.request_id, r);
+  const card = el('form', { class: 'request', 'data-request-id': r.request_id });
+  renderRequestCard(r, card);
+  $('requests').append(card);
+  const first = card.querySelector('input, textarea, button');
+  if (first && !$('text').value) first.focus();
+}
+
+function removeRequest(id) {
+  S.requests.delete(id);
+  S.approvals.delete(id);
+  const card = document.querySelector(`.request[data-request-id="${CSS.escape(id)}"]`);
+  if (card) card.remove();
+}
+
+function renderRequestCard(r, card) {
+  const [kind, spec] = Object.entries(r.request_type)[0] || ['custom', {}];
+  const approval = S.approvals.get(r.request_id);
+  const heading = approval ? `Approve ${approval.tool_name}?` : kind === 'custom' ? `Request: ${spec.type_name}` : 'The agent asks';
+  const countdown = el('span', { class: 'countdown', 'data-expires': r.expires });
+  const parts = [el('h3', {}, countdown, heading)];
+  const answer = (payload) => respond(r.request_id, payload);
+  const labelId = `rq-${r.request_id}`;
+  if (approval) {
+    parts.push(el('pre', {}, JSON.stringify(approval.input, null, 2)));
+  } else if (spec.message) {
+    parts.push(el('div', { class: 'message', id: labelId }, spec.message));
+  }
+  const actions = el('div', { class: 'actions' });
+  card.onsubmit = (ev) => ev.preventDefault();
+  switch (kind) {
+    case 'confirm':
+      actions.append(
+        el('button', { type: 'button', onclick: () => answer({ confirmed: true }) }, approval ? 'Allow' : 'Yes'),
+        el('button', { type: 'button', onclick: () => answer({ confirmed: false }) }, approval ? 'Deny' : 'No'));
+      break;
+    case 'prompt': {
+      const input = el('input', { type: 'text', 'aria-labelledby': labelId, placeholder: spec.placeholder || '', value: spec.default || '' });
+      parts.push(input);
+      card.onsubmit = (ev) => { ev.preventDefault(); answer({ text: input.value }); };
+      actions.append(el('button', { type: 'submit' }, 'Answer'));
+      break;
+    }
+    case 'select': {
+      const type = spec.multi_select ? 'checkbox' : 'radio';
+      const set = el('fieldset', { 'aria-labelledby': labelId },
+        (spec.options || []).map((o, i) => el('label', {},
+          el('input', { type, name: `opt-${r.request_id}`, value: o.value, checked: !spec.multi_select && i === 0 }),
+          el('span', {}, o.label || o.value, o.description ? el('span', { class: 'muted small' }, ` — ${o.description}`) : null))));
+      parts.push(set);
+      card.onsubmit = (ev) => {
+        ev.preventDefault();
+        answer({ selected: [...set.querySelectorAll('input:checked')].map((i) => i.value) });
+      };
+      actions.append(el('button', { type: 'submit' }, 'Choose'));
+      break;
+    }
+    default: {
+      parts.push(el('details', {}, el('summary', {}, 'schema'), el('pre', {}, JSON.stringify(spec.schema, null, 2))));
+      const input = el('textarea', { rows: 4, 'aria-label': 'Answer as JSON' }, '{}');
+      parts.push(input);
+      card.onsubmit = (ev) => {
+        ev.preventDefault();
+        let value;
+        try { value = JSON.parse(input.value); } catch { toast('The answer is not valid JSON.'); return; }
+        answer({ custom: value });
+      };
+      actions.append(el('button', { type: 'submit' }, 'Send'));
+    }
+  }
+  actions.append(el('button', { type: 'button', class: 'danger', onclick: () => answer({ cancelled: true }) }, 'Dismiss'));
+  parts.push(actions);
+  card.replaceChildren(...parts);
+  tick();
+}
+
+async function respond(requestId, payload) {
+  if (S.ws && S.ws.readyState === WebSocket.OPEN) {
+    S.ws.send(JSON.stringify({ type: 'respond', request_id: requestId, payload }));
+    return; // the card goes when client_request_resolved arrives
+  }
+  try {
+    await api('POST', convPath(S.conv.id, `/requests/${enc(requestId)}`), { payload });
+    removeRequest(requestId);
+  } catch (e) {
+    failed(e);
+    if (e.status === 404 || e.status === 409) removeRequest(requestId);
+  }
+}
+
+function tick() {
+  for (const c of document.querySelectorAll('.countdown')) {
+    const left = Math.max(0, Math.round((Number(c.dataset.expires) - Date.now()) / 1000));
+    c.textContent = left > 0 ? `${left} s left` : 'expired';
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Sub-agents and background tasks
+
+async function loadTree() {
+  if (!S.conv) return;
+  const id = S.conv.id;
+  try {
+    const root = S.conv.parent_id ? await api('GET', convPath(S.conv.parent_id)) : S.conv;
+    const children = (await api('GET', convPath(root.id, '/children'))).conversations;
+    if (!S.conv || S.conv.id !== id) return;
+    S.tree = [root, ...children];
+  } catch (e) { if (e.status !== 404) failed(e); return; }
+  renderTree();
+}
+
+function renderTree() {
+  const [root, ...children] = S.tree;
+  const ul = $('tree');
+  $('tree-empty').hidden = children.length > 0;
+  if (!root || !children.length) { ul.replaceChildren(); return; }
+  const link = (c) => el('a', { href: `#/c/${enc(c.id)}`, 'aria-current': S.conv && c.id === S.conv.id ? 'page' : null, 'data-id': c.id }, title(c));
+  ul.replaceChildren(el('li', {}, link(root), ' ', badge(root.state),
+    el('ul', {}, children.map((c) => el('li', { 'data-agent-id': c.id }, link(c), ' ', badge(c.state))))));
+}
+
+function onSubAgent(f) {
+  const child = S.tree.find((c) => c.id === f.agent_id);
+  if (!child) { loadTree(); return; }
+  child.state = f.state;
+  renderTree();
+}
+
+let tasksTimer = null;
+function loadTasksSoon() {
+  clearTimeout(tasksTimer);
+  tasksTimer = setTimeout(loadTasks, 200);
+}
+
+async function loadTasks() {
+  if (!S.conv) return;
+  const id = S.conv.id;
+  try {
+    const list = await api('GET', convPath(id, '/tasks'));
+    if (!S.conv || S.conv.id !== id) return;
+    S.tasks = new Map(list.tasks.map((t) => [t.task_id, t]));
+  } catch (e) { if (e.status !== 404) failed(e); return; }
+  renderTasks();
+}
+
+function onProgress(f) {
+  if (f.task_id) {
+    S.progress.set(f.task_id, { progress: f.progress, message: f.message, stage: f.stage });
+    if (!S.tasks.has(f.task_id)) { loadTasksSoon(); return; }
+    if (f.stage === 'completed' || f.stage === 'failed' || f.stage === 'cancelled') loadTasksSoon();
+    renderTasks();
+    return;
+  }
+  // A foreground tool's progress: shown on its call.
+  const call = document.querySelector(`.tool-call[data-tool-use-id="${CSS.escape(f.tool_use_id)}"] .status`);
+  if (call && call.textContent.startsWith('running')) call.textContent = `running: ${f.message || f.stage}${f.progress != null ? ` (${Math.round(f.progress * 100)}%)` : ''}`;
+}
+
+function renderTasks() {
+  const tasks = [...S.tasks.values()];
+  $('tasks-empty').hidden = tasks.length > 0;
+  $('tasks').replaceChildren(...tasks.map((t) => {
+    const p = S.progress.get(t.task_id);
+    const running = t.status === 'running';
+    return el('li', { 'data-task-id': t.task_id },
+      el('div', {}, el('span', { class: 'badge' }, t.status), t.exit_code != null ? el('span', { class: 'muted small' }, ` exit ${t.exit_code}`) : null),
+      el('div', { class: 'cmd' }, t.command),
+      running && p && p.progress != null ? el('progress', { max: 1, value: p.progress }) : null,
+      running && p && p.message ? el('div', { class: 'muted small mono' }, p.message) : null,
+      running ? el('button', { type: 'button', class: 'small danger', onclick: () => cancelTask(t), 'aria-label': `Cancel task ${t.command}` }, 'Cancel task') : null);
+  }));
+}
+
+async function cancelTask(t) {
+  try {
+    const r = await api('POST', convPath(S.conv.id, `/tasks/${enc(t.task_id)}/cancel`));
+    S.tasks.set(t.task_id, r.task);
+    renderTasks();
+  } catch (e) { failed(e); }
+}
+
+// ---------------------------------------------------------------------------------------
+// Wiring
+
+function wire() {
+  $('signin-form').addEventListener('submit', signIn);
+  $('signout').addEventListener('click', () => signOut(''));
+  $('create-form').addEventListener('submit', create);
+  $('show-archived').addEventListener('change', (e) => { S.list.archived = e.target.checked; loadList(true); });
+  $('refresh').addEventListener('click', () => loadList(true));
+  $('more').addEventListener('click', () => loadList(false));
+  $('older').addEventListener('click', loadOlder);
+  $('composer').addEventListener('submit', send);
+  $('cancel').addEventListener('click', cancel);
+  $('text').addEventListener('keydown', (e) => {
+    if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) { e.preventDefault(); send(); }
+  });
+  $('text').addEventListener('paste', (e) => {
+    const files = [...(e.clipboardData?.files || [])].filter((f) => f.type.startsWith('image/'));
+    if (files.length) { e.preventDefault(); addFiles(files); }
+  });
+  $('file').addEventListener('change', (e) => { addFiles([...e.target.files]); e.target.value = ''; });
+  window.addEventListener('hashchange', route);
+  setInterval(tick, 1000);
+}
+
+document.addEventListener('DOMContentLoaded', start);
