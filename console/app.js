@@ -240,7 +240,7 @@ function renderList() {
     const current = S.conv && S.conv.id === c.id;
     return el('li', { class: current ? 'current' : null, 'data-id': c.id },
       el('button', { type: 'button', class: 'open', title: c.id, onclick: () => open(c.id), 'aria-current': current ? 'page' : null },
-        el('span', { class: 'name' }, title(c)), badge(c.state)),
+        el('span', { class: 'name' }, title(c)), el('span', { class: `badge ${c.state.kind}`, title: stateLabel(c.state) }, c.state.kind)),
       c.archived
         ? el('button', { type: 'button', class: 'small', onclick: () => archive(c, false), 'aria-label': `Unarchive ${title(c)}` }, 'Unarchive')
         : el('button', { type: 'button', class: 'small', onclick: () => archive(c, true), 'aria-label': `Archive ${title(c)}` }, 'Archive'),
@@ -253,7 +253,7 @@ function renderList() {
 async function create(ev) {
   ev.preventDefault();
   const body = {};
-  for (const [field, id] of [['cwd', 'new-cwd'], ['model', 'new-model'], ['system_prompt', 'new-system']]) {
+  for (const [field, id] of [['slug', 'new-slug'], ['cwd', 'new-cwd'], ['model', 'new-model'], ['system_prompt', 'new-system']]) {
     const v = $(id).value.trim();
     if (v) body[field] = v;
   }
@@ -363,6 +363,7 @@ function renderState() {
   $('cancel').disabled = !(BUSY.has(state.kind) && state.kind !== 'cancelling');
   const item = S.list.items.find((c) => c.id === S.conv.id);
   if (item) { item.state = state; renderList(); }
+  if (S.tree.length) renderTree();
 }
 
 function renderContext(usage) {
@@ -589,7 +590,7 @@ function attachResult(m) {
   const kind = c.cancelled ? 'cancelled' : c.ok ? 'ok' : 'failed';
   status.className = `status ${kind}`;
   status.textContent = kind;
-  const lines = (c.output || '').split('\n').length;
+  const lines = (c.output || '').replace(/\n$/, '').split('\n').length;
   call.querySelector('.result').replaceChildren(
     el('details', { open: !c.ok || lines <= 6 ? true : null },
       el('summary', {}, `output (${lines} line${lines === 1 ? '' : 's'})`),
@@ -807,9 +808,11 @@ function renderTree() {
   const ul = $('tree');
   $('tree-empty').hidden = children.length > 0;
   if (!root || !children.length) { ul.replaceChildren(); return; }
+  // The open conversation's state is the live one.
+  const live = (c) => (S.conv && c.id === S.conv.id ? S.conv.state : c.state);
   const link = (c) => el('a', { href: `#/c/${enc(c.id)}`, 'aria-current': S.conv && c.id === S.conv.id ? 'page' : null, 'data-id': c.id }, title(c));
-  ul.replaceChildren(el('li', {}, link(root), ' ', badge(root.state),
-    el('ul', {}, children.map((c) => el('li', { 'data-agent-id': c.id }, link(c), ' ', badge(c.state))))));
+  ul.replaceChildren(el('li', {}, link(root), ' ', badge(live(root)),
+    el('ul', {}, children.map((c) => el('li', { 'data-agent-id': c.id }, link(c), ' ', badge(live(c)))))));
 }
 
 function onSubAgent(f) {

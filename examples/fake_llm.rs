@@ -2,7 +2,7 @@
 //! server from outside. By default (tests/schemathesis.sh) it answers every request: a tool
 //! result with text, anything else with a `think` tool call, so turns end after one tool.
 //! With `--follow` (the console's browser tests, tests/console) turns do what their user
-//! message says: `call <tool> <JSON args>`, `slowly <text>`, or anything else for a short
+//! message says: `call <tool> <JSON args>`, `slowly <text>`, `flaky <text>`, or anything else for a short
 //! answer (`FakeLlm::follow_instructions`).
 //! Prints its base URL (for BEDROCK_LLM_BASE_URL) on the first line, then serves until
 //! killed.

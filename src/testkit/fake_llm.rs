@@ -110,6 +110,8 @@ struct Inner {
     auto_tool: Option<(String, Value)>,
     /// With no script: do what the last user message says (see `follow_instructions`).
     instructed: bool,
+    /// The `flaky` messages already refused once.
+    flaky: std::collections::HashSet<String>,
     /// Per mille of requests answered with an HTTP 500, and with a stall.
     faults: (u64, u64),
     /// Requests seen, for picking the faulty ones.
@@ -195,8 +197,9 @@ impl FakeLlm {
 
     /// Turns follow their user message (soak benchmarks, the console's browser tests):
     /// `call <tool> <JSON args>` asks for that tool call, `slowly <text>` streams the text a
-    /// word every 250 ms, anything else is answered `done: <text>`; a tool result is answered
-    /// with text. A sub-agent (its request offers submit_result) submits at once.
+    /// word every 250 ms, `flaky <text>` is refused once with a 429 (Retry-After: 2) and then
+    /// answered, anything else is answered `done: <text>`; a tool result is answered with
+    /// text. A sub-agent (its request offers submit_result) submits at once.
     pub fn follow_instructions(&self) {
         self.inner().instructed = true;
     }
@@ -543,9 +546,22 @@ async fn complete(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
         } else {
             None
         };
-        let instructed = inner
-            .instructed
-            .then(|| instructed_reply(&body, &keys, inner.seen));
+        let seen = inner.seen;
+        let instructed = if !inner.instructed {
+            None
+        } else if keys.last_user.starts_with("flaky ")
+            && !keys.last_is_tool
+            && inner.flaky.insert(keys.last_user.clone())
+        {
+            // The first request of a `flaky` message is rate-limited, the retry answered.
+            Some(Reply::Status {
+                status: 429,
+                message: "slow down (a flaky message of the fake)".to_owned(),
+                retry_after_secs: Some(2),
+            })
+        } else {
+            Some(instructed_reply(&body, &keys, seen))
+        };
         let reply = fault
             .or(routed)
             .or_else(|| inner.script.pop_front())

@@ -20,7 +20,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import sync_playwright
+from playwright.sync_api import expect, sync_playwright
+
+# Generous waits: CI is a busy 2-core machine, and a wait ends as soon as its condition holds.
+expect.set_options(timeout=20_000)
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = Path(os.environ.get("CONSOLE_SCREENSHOTS", ROOT / "target" / "console-screenshots"))
@@ -197,7 +200,7 @@ def sign_in(page, server):
 
 def create_conversation(page, **fields):
     page.get_by_text("New conversation").click()
-    labels = {"cwd": "Working directory", "model": "Model", "system_prompt": "System prompt"}
+    labels = {"slug": "Name", "cwd": "Working directory", "model": "Model", "system_prompt": "System prompt"}
     for field, value in fields.items():
         page.get_by_label(labels[field]).fill(value)
     page.get_by_role("button", name="Create", exact=True).click()

@@ -56,9 +56,11 @@ def test_a_bad_key_is_refused_with_a_clear_message_then_sign_in_works(page, serv
 
 def test_create_list_archive_delete(page, server):
     sign_in(page, server)
-    conv = create_conversation(page, cwd="console-create", system_prompt="Be brief.")
+    conv = create_conversation(page, slug="console-create", cwd="console-create", system_prompt="Be brief.")
     status, body = http("GET", f"{server.url}/v1/conversations/{conv}", server.key)
     assert status == 200 and body["cwd"].endswith("console-create") and body["system_prompt"] == "Be brief."
+    assert body["slug"] == "console-create"
+    expect(page.locator("#chat-title")).to_have_text("console-create")
     item = page.locator(f"#conversations li[data-id='{conv}']")
     expect(item).to_be_visible()
     expect(item).to_have_class(re.compile("current"))
@@ -107,6 +109,16 @@ def test_a_tool_using_turn_and_streamed_deltas(page, server):
     box.press("Enter")
     user = page.locator("#messages > li[data-type='user']").last
     expect(user.locator(".text")).to_have_text("first line\nsecond line")
+
+
+def test_a_retry_shows_its_attempt_and_delay(page, server):
+    sign_in(page, server)
+    create_conversation(page)
+    send(page, "flaky please answer")
+    expect(state(page)).to_have_text(re.compile(r"^retrying: attempt \d, in \d+\.\d s \(rate_limit\)$"))
+    expect(state(page)).to_have_class(re.compile(r"\bretrying\b"))
+    expect(page.locator("#messages li[data-type='agent']")).to_contain_text("done: flaky please answer")
+    expect(state(page)).to_have_text("idle")
 
 
 def test_cancel_mid_tool(page, server):

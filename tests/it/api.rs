@@ -487,6 +487,11 @@ async fn tenants_are_isolated() {
         (Method::DELETE, format!("/v1/conversations/{id}"), None),
         (Method::GET, format!("/v1/conversations/{id}/stream"), None),
         (Method::GET, format!("/v1/conversations/{id}/ws"), None),
+        (
+            Method::GET,
+            format!("/v1/conversations/{id}/images/x"),
+            None,
+        ),
     ];
     for (method, path, body) in routes {
         let reply = app.request(method.clone(), &path, b, body).await;
@@ -616,6 +621,31 @@ async fn images_are_resized_stored_and_sent() {
         .expect("base64");
     let decoded = image::load_from_memory(&bytes).expect("an image");
     assert_eq!((decoded.width(), decoded.height()), (64, 32));
+    // The stored image, for clients' thumbnails: the bytes the LLM got, with their type;
+    // another tenant's or an unknown id is 404.
+    let image_id = images[0]["id"].as_str().expect("an image id");
+    let path = format!("/v1/conversations/{id}/images/{image_id}");
+    let response = app
+        .http
+        .get(format!("{}{path}", app.base))
+        .bearer_auth(&app.key_a)
+        .send()
+        .await
+        .expect("the server answers");
+    assert_eq!(response.status().as_u16(), 200);
+    assert_eq!(response.headers()["content-type"], "image/png");
+    assert_eq!(
+        response.bytes().await.expect("the bytes").as_ref(),
+        &bytes[..]
+    );
+    app.request(Method::GET, &path, Some(&app.key_b), None)
+        .await
+        .expect_error(404, "not_found");
+    app.get(&format!(
+        "/v1/conversations/{id}/images/01a2136f-0000-7000-8000-000000000000"
+    ))
+    .await
+    .expect_error(404, "not_found");
     app.cleanup(db).await;
 }
 

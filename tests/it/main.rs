@@ -12,6 +12,7 @@ mod architecture;
 mod backends;
 mod chaos;
 mod cluster;
+mod console;
 mod contract;
 mod control;
 mod hitl;
