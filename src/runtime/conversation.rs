@@ -280,7 +280,15 @@ impl Actor for ConversationActor {
         message: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        Box::pin(handle(myself, message, state)).await
+        let result = Box::pin(handle(myself.clone(), message, state)).await;
+        match result {
+            // A sub-agent's failure is its parent's to handle (as a failed sub-agent).
+            Err(error) if state.parent.is_none() => {
+                restart_later(&myself, state, &error.to_string());
+                Ok(())
+            }
+            other => other,
+        }
     }
 
     async fn handle_supervisor_evt(
@@ -308,6 +316,42 @@ impl Actor for ConversationActor {
         state.cancel.stop_work();
         Ok(())
     }
+}
+
+/// A conversation whose actor cannot go on (its database refused a commit for good): the
+/// actor stops, so that its work is stopped too, and a new one starts from the stored state,
+/// which closes the interrupted turn as a restart does (`post_start`). The start is retried
+/// with a back-off while the database refuses it; the conversation comes to rest without a
+/// client having to touch it.
+fn restart_later(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, error: &str) {
+    let id = state.record.id.clone();
+    tracing::error!(conversation = %id, %error, "the conversation's actor stops on an error; a new one starts from the stored state");
+    state.stopping = true;
+    myself.stop(Some(error.to_owned()));
+    let services = state.services.clone();
+    let stopped = myself.clone();
+    tokio::spawn(async move {
+        let mut delay = Duration::from_millis(500);
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = services.shutting_down() => return,
+            }
+            // Started again only once this actor is gone.
+            if stopped.get_status() != ractor::ActorStatus::Stopped {
+                continue;
+            }
+            match services.registry.get_or_start(&services, &id).await {
+                Ok(_) | Err(super::StartError::NotFound | super::StartError::Elsewhere(_)) => {
+                    return;
+                }
+                Err(error) => {
+                    tracing::warn!(conversation = %id, %error, retry_in_ms = delay.as_millis() as u64, "the conversation could not start again; retrying");
+                    delay = (delay * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+    });
 }
 
 async fn handle(

@@ -25,11 +25,15 @@ impl StoreError {
     }
 }
 
-/// SQLite result codes that mean "busy, try later" (SQLITE_BUSY, SQLITE_LOCKED and their
-/// extended codes end in 5 or 6 in the low byte).
+/// SQLite result codes that mean "try later": SQLITE_BUSY and SQLITE_LOCKED (busy), and
+/// SQLITE_FULL and SQLITE_IOERR (the disk is full, or a write failed: both clear once space
+/// is freed). Extended codes keep the primary code in the low byte. SQLite's codes are short
+/// numbers; a Postgres SQLSTATE always has five characters.
 fn sqlite_busy(code: &str) -> bool {
-    code.parse::<i32>()
-        .is_ok_and(|code| matches!(code & 0xff, 5 | 6))
+    code.len() < 5
+        && code
+            .parse::<i32>()
+            .is_ok_and(|code| matches!(code & 0xff, 5 | 6 | 10 | 13))
 }
 
 /// Postgres SQLSTATEs that mean the server cannot serve us right now.
@@ -37,7 +41,7 @@ fn postgres_unavailable(code: &str) -> bool {
     code.starts_with("08") // connection exception
         || code.starts_with("57P") // admin shutdown, crash shutdown, cannot connect now
         || code.starts_with("28") // invalid authorization (e.g. role set to NOLOGIN)
-        || code == "53300" // too many connections
+        || code.starts_with("53") // insufficient resources: disk full, out of memory, too many connections
         || code == "40001" // serialization failure
         || code == "40P01" // deadlock detected
 }
@@ -76,6 +80,33 @@ impl From<DbErr> for StoreError {
             }
             DbErr::RecordNotFound(_) => StoreError::NotFound,
             _ => StoreError::Other(text),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A full disk or a failed write is waited out like a busy database (events that must
+    /// not be lost are retried until it clears); the codes of one database never pass for
+    /// the other's.
+    #[test]
+    fn transient_codes_are_told_apart_per_database() {
+        // SQLITE_BUSY, SQLITE_LOCKED, SQLITE_IOERR, SQLITE_FULL, SQLITE_BUSY_SNAPSHOT (517),
+        // SQLITE_IOERR_WRITE (778).
+        for code in ["5", "6", "10", "13", "517", "778"] {
+            assert!(sqlite_busy(code), "{code}");
+        }
+        // SQLITE_CONSTRAINT (19), SQLITE_CORRUPT (11), and Postgres SQLSTATEs.
+        for code in ["19", "11", "53100", "23505", "40001"] {
+            assert!(!sqlite_busy(code), "{code}");
+        }
+        for code in ["53100", "53200", "53300", "08006", "57P01", "40001"] {
+            assert!(postgres_unavailable(code), "{code}");
+        }
+        for code in ["23505", "42P01", "22001"] {
+            assert!(!postgres_unavailable(code), "{code}");
         }
     }
 }

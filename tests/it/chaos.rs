@@ -274,6 +274,29 @@ impl Chaos {
         matches!(answer.status().as_u16(), 200 | 202).then_some(key)
     }
 
+    /// Waits for `id` to rest (idle or error); on timeout, fails with its JSON and the
+    /// server's last log lines.
+    async fn wait_rest(&self, id: &str, after: &str) {
+        let deadline = tokio::time::Instant::now() + WAIT * 2;
+        while tokio::time::Instant::now() < deadline {
+            if let Some("idle" | "error") = self.state(id).await.as_deref() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(15)).await;
+        }
+        let conversation = self.server().get(&format!("/conversations/{id}")).await;
+        let logs = self
+            .server()
+            .logs
+            .lock()
+            .map(|l| l.clone())
+            .unwrap_or_default();
+        let tail = logs[logs.len().saturating_sub(40)..].join("\n");
+        panic!(
+            "{id} did not come to rest after {after}: {conversation:?}\n--- server log (last 40 lines)\n{tail}"
+        );
+    }
+
     async fn state(&self, id: &str) -> Option<String> {
         let conv = self.server().get(&format!("/conversations/{id}")).await?;
         conv["state"]["kind"].as_str().map(str::to_owned)
@@ -382,17 +405,9 @@ async fn chaos_rounds_leave_every_conversation_consistent() {
             }
             // The faults have stopped: everything comes to rest.
             for id in &conversations {
-                eventually(
-                    &format!("{id} to rest after {fault:?} (CHAOS_SEED={seed})"),
-                    WAIT * 2,
-                    || async {
-                        match chaos.state(id).await.as_deref() {
-                            Some("idle" | "error") => Some(()),
-                            _ => None,
-                        }
-                    },
-                )
-                .await;
+                chaos
+                    .wait_rest(id, &format!("{fault:?} (CHAOS_SEED={seed})"))
+                    .await;
             }
             check(&chaos, &conversations, &acked, seed).await;
             eventually(
