@@ -4,7 +4,10 @@
 // and the client frames; REST does everything else.
 'use strict';
 
-const $ = (id) => document.getElementById(id);
+// The page's own elements, looked up once before any content arrives: an id in rendered
+// content can never stand in for one of them.
+const ELEMENTS = new Map();
+const $ = (id) => ELEMENTS.get(id) || document.getElementById(id);
 
 // ---------------------------------------------------------------------------------------
 // State
@@ -26,7 +29,13 @@ const S = {
   progress: new Map(), // task_id -> {progress, message}
   pending: [],         // images to send: {media_type, data, url}
   reconnect: { attempt: 0, timer: null },
-  unsent: null,        // text of the last send over the socket, until its message arrives
+  outbox: null,        // the last send: {body, text}, until its message is stored
+  gen: 0,              // counts opens: work for an earlier open is dropped
+  snapshot: { eventId: 0, pending: new Set() },
+  toolNodes: new Map(), // tool_use_id -> its call's element
+  cards: new Map(),    // request_id -> its card
+  listGen: 0,
+  ping: null,
 };
 
 const BUSY = new Set(['awaiting_llm', 'llm_requesting', 'tool_executing', 'awaiting_sub_agents', 'cancelling']);
@@ -53,7 +62,9 @@ function el(tag, attrs, ...children) {
 function markdown(text) {
   const div = el('div', { class: 'md' });
   if (window.marked && window.DOMPurify) {
-    div.innerHTML = DOMPurify.sanitize(marked.parse(text, { gfm: true, breaks: true }));
+    // No forms, no ids, names, classes or data attributes: Markdown cannot make controls or
+    // pose as the page's own elements.
+    div.innerHTML = DOMPurify.sanitize(marked.parse(text, { gfm: true, breaks: true }), SANITIZE);
     for (const a of div.querySelectorAll('a')) {
       a.setAttribute('target', '_blank');
       a.setAttribute('rel', 'noopener noreferrer');
@@ -63,6 +74,13 @@ function markdown(text) {
   }
   return div;
 }
+
+const SANITIZE = {
+  FORBID_TAGS: ['form', 'input', 'textarea', 'button', 'select', 'option', 'style', 'iframe', 'dialog'],
+  FORBID_ATTR: ['id', 'name', 'class', 'style', 'for', 'form', 'tabindex'],
+  ALLOW_DATA_ATTR: false,
+  SANITIZE_NAMED_PROPS: true,
+};
 
 let toastTimer = null;
 function toast(message) {
@@ -129,6 +147,7 @@ const convPath = (id, rest = '') => `/v1/conversations/${enc(id)}${rest}`;
 // Sign-in
 
 async function start() {
+  for (const node of document.querySelectorAll('[id]')) ELEMENTS.set(node.id, node);
   wire();
   // Without a key: a 200 means dev mode (the server acts as tenant `default`).
   try {
@@ -223,12 +242,14 @@ function setBadgeClass(b, state, retrying) {
 
 async function loadList(reset) {
   const L = S.list;
-  if (reset) { L.items = []; L.cursor = null; }
+  const gen = ++S.listGen;
   const q = new URLSearchParams({ limit: '20', archived: String(L.archived) });
-  if (L.cursor) q.set('cursor', L.cursor);
+  if (!reset && L.cursor) q.set('cursor', L.cursor);
   try {
     const page = await api('GET', `/v1/conversations?${q}`);
-    L.items.push(...page.conversations);
+    if (gen !== S.listGen) return; // a later load replaces this one
+    const seen = new Set(reset ? [] : L.items.map((c) => c.id));
+    L.items = [...(reset ? [] : L.items), ...page.conversations.filter((c) => !seen.has(c.id))];
     L.cursor = page.next_cursor || null;
   } catch (e) { failed(e); }
   renderList();
@@ -311,26 +332,37 @@ function closeConversation() {
 }
 
 async function openConversation(id) {
+  const gen = ++S.gen;
   closeSocket();
   S.conv = null;
-  S.lastEventId = 0;
-  S.messages.clear();
-  S.requests.clear();
-  S.approvals.clear();
-  S.tasks.clear();
-  S.progress.clear();
-  S.retrying = null;
-  S.tree = [];
-  $('messages').replaceChildren();
-  $('requests').replaceChildren();
-  setStreaming('');
+  let conv;
   try {
-    S.conv = await api('GET', convPath(id));
+    conv = await api('GET', convPath(id));
   } catch (e) {
+    if (gen !== S.gen) return;
     failed(e);
     if (e.status === 404) location.hash = '';
     return;
   }
+  if (gen !== S.gen) return; // another conversation was opened meanwhile
+  S.conv = conv;
+  S.lastEventId = 0;
+  S.snapshot = { eventId: 0, pending: new Set() };
+  S.messages.clear();
+  S.requests.clear();
+  S.approvals.clear();
+  S.cards.clear();
+  S.toolNodes.clear();
+  S.tasks.clear();
+  S.progress.clear();
+  S.retrying = null;
+  S.outbox = null;
+  S.tree = [];
+  $('messages').replaceChildren();
+  $('requests').replaceChildren();
+  $('tasks').replaceChildren();
+  $('older').hidden = true;
+  setStreaming('');
   $('empty').hidden = true;
   $('chat').hidden = false;
   renderHead();
@@ -362,8 +394,14 @@ function renderState() {
   setBadgeClass(b, state, S.retrying);
   $('cancel').disabled = !(BUSY.has(state.kind) && state.kind !== 'cancelling');
   const item = S.list.items.find((c) => c.id === S.conv.id);
-  if (item) { item.state = state; renderList(); }
-  if (S.tree.length) renderTree();
+  if (item) {
+    item.state = state;
+    const li = [...$('conversations').children].find((n) => n.dataset.id === item.id);
+    const small = li && li.querySelector('.open .badge');
+    if (small) { small.className = `badge ${state.kind}`; small.textContent = state.kind; small.title = stateLabel(state); }
+  }
+  const node = treeBadges().get(S.conv.id);
+  if (node) { node.textContent = stateLabel(state); setBadgeClass(node, state); }
 }
 
 function renderContext(usage) {
@@ -387,6 +425,10 @@ function renderContext(usage) {
 function closeSocket() {
   clearTimeout(S.reconnect.timer);
   S.reconnect.timer = null;
+  S.reconnect.attempt = 0;
+  clearInterval(S.ping);
+  S.ping = null;
+  banner('');
   if (S.ws) {
     S.ws.onclose = null;
     S.ws.close(1000);
@@ -396,7 +438,9 @@ function closeSocket() {
 }
 
 function connect() {
+  if (S.ws) closeSocket();
   const id = S.conv.id;
+  const gen = S.gen;
   const q = new URLSearchParams();
   if (S.lastEventId) q.set('after_event_id', String(S.lastEventId));
   if (S.key) q.set('access_token', S.key);
@@ -404,33 +448,47 @@ function connect() {
   const ws = new WebSocket(`${proto}://${location.host}${convPath(id, '/ws')}?${q}`);
   S.ws = ws;
   S.wsFor = id;
+  // A ping every 25 s keeps proxies from closing an idle socket, and a socket that no
+  // longer answers is noticed: no pong by the next ping, and it is dropped and reopened.
+  let answered = true;
   ws.onmessage = (ev) => {
     let frame;
     try { frame = JSON.parse(ev.data); } catch { return; }
-    if (S.wsFor === id) onFrame(frame);
+    if (frame.type === 'pong') { answered = true; return; }
+    if (S.ws === ws) onFrame(frame);
   };
-  ws.onclose = () => { if (S.ws === ws) lost(id); };
+  ws.onclose = () => { if (S.ws === ws) lost(id, gen); };
+  S.ping = setInterval(() => {
+    if (ws.readyState !== WebSocket.OPEN) return;
+    if (!answered) { ws.close(); return; }
+    answered = false;
+    ws.send('{"type":"ping"}');
+  }, 25000);
 }
 
 // A dropped connection (a restart, a network blip): reconnect after a back-off, asking for
 // the frames after the last one seen. REST tells apart a gone conversation or key.
-function lost(id) {
+function lost(id, gen) {
+  if (gen !== S.gen) return;
   S.ws = null;
+  clearInterval(S.ping);
+  S.ping = null;
   setStreaming('');
   const attempt = ++S.reconnect.attempt;
   const delay = Math.min(5000, 250 * 2 ** Math.min(attempt, 5));
   banner(`Connection lost: reconnecting (attempt ${attempt})…`);
   S.reconnect.timer = setTimeout(async () => {
-    if (!S.conv || S.conv.id !== id) return;
+    if (gen !== S.gen) return;
     try {
       await api('GET', convPath(id));
     } catch (e) {
+      if (gen !== S.gen) return;
       if (e.status === 404) { banner(''); toast('This conversation no longer exists.'); location.hash = ''; return; }
       if (e.status === 401) { banner(''); return; }
-      lost(id);
+      lost(id, gen);
       return;
     }
-    connect();
+    if (gen === S.gen && !S.ws) connect();
   }, delay);
 }
 
@@ -443,34 +501,51 @@ function onFrame(f) {
     case 'snapshot': return onSnapshot(f);
     case 'state':
       S.conv.state = f.state;
-      if (f.state.kind !== 'llm_requesting') S.retrying = null;
+      if (f.state.kind !== 'llm_requesting') setRetrying(null);
       if (!BUSY.has(f.state.kind)) setStreaming('');
       renderState();
       if (f.state.kind === 'awaiting_sub_agents' || f.state.kind === 'idle') loadTree();
       return;
     case 'message': return onMessage(f.message);
     case 'delta': if (f.text) setStreaming(($('streaming').textContent || '') + f.text); return;
-    case 'retrying': S.retrying = f; renderState(); return;
+    case 'retrying': setStreaming(''); setRetrying(f); return;
     case 'tool_progress': return onProgress(f);
     case 'sub_agent': return onSubAgent(f);
     case 'client_request':
+      // A replay after a reconnect re-sends requests the snapshot already knows are over.
+      if (f.event_id <= S.snapshot.eventId && !S.snapshot.pending.has(f.request_id)) return;
       addRequest({ request_id: f.request_id, request_type: f.request_type, tool_use_id: f.tool_use_id, expires: Date.now() + f.timeout_ms });
       return;
     case 'client_request_resolved': return removeRequest(f.request_id);
     case 'context_warning': return renderContext({ context_tokens: f.context_tokens, context_window: f.context_window });
     case 'system_event': return onSystemEvent(f.event);
     case 'rejected': return onRejected(f);
-    case 'gap': return fillGap();
     default: return undefined;
   }
+}
+
+function setRetrying(f) {
+  clearTimeout(S.retryTimer);
+  S.retrying = f;
+  // Once its delay is over, the next attempt is running: the badge says so.
+  if (f) S.retryTimer = setTimeout(() => { S.retrying = null; if (S.conv) renderState(); }, f.delay_ms);
+  if (S.conv) renderState();
+}
+
+function newestSeq() {
+  let newest = 0;
+  for (const seq of S.messages.keys()) if (seq > newest) newest = seq;
+  return newest;
 }
 
 function onSnapshot(f) {
   S.reconnect.attempt = 0;
   banner('');
   const resumed = S.messages.size > 0;
-  const newest = resumed ? Math.max(...S.messages.keys()) : 0;
+  const newest = newestSeq();
   S.conv = f.conversation;
+  S.snapshot = { eventId: f.event_id, pending: new Set(f.pending_requests.map((r) => r.request_id)) };
+  setRetrying(null);
   renderHead();
   // Pending requests are the snapshot's: any other was answered while away.
   const live = new Set(f.pending_requests.map((r) => r.request_id));
@@ -480,31 +555,38 @@ function onSnapshot(f) {
   }
   for (const m of f.messages) onMessage(m);
   // Messages between what was shown and the snapshot's window come from REST.
-  if (resumed && f.messages.length && f.messages[0].sequence_id > newest + 1) fillGap();
+  if (resumed && f.messages.length && f.messages[0].sequence_id > newest + 1) {
+    fillGap(newest, f.messages[0].sequence_id);
+  }
   if (!S.lastEventId) S.lastEventId = f.event_id;
   if (!resumed) $('older').hidden = !(f.messages.length && f.messages[0].sequence_id > 1);
+  resendOutbox();
   scrollDown();
 }
 
-async function fillGap() {
-  const id = S.conv.id;
-  let after = S.messages.size ? Math.max(...S.messages.keys()) : 0;
+// Fetches the messages after `after` and before `until` over REST.
+async function fillGap(after, until) {
+  const gen = S.gen;
   try {
-    for (;;) {
-      const page = await api('GET', `${convPath(id, '/messages')}?after=${after}&limit=200`);
-      if (!S.conv || S.conv.id !== id) return;
+    while (after + 1 < until) {
+      const limit = Math.min(1000, until - after - 1);
+      const page = await api('GET', `${convPath(S.conv.id, '/messages')}?after=${after}&limit=${limit}`);
+      if (gen !== S.gen) return;
       for (const m of page.messages) onMessage(m);
-      if (page.messages.length < 200) break;
+      if (page.messages.length < limit) break;
       after = page.messages[page.messages.length - 1].sequence_id;
     }
   } catch (e) { failed(e); }
 }
 
 async function loadOlder() {
+  if (!S.messages.size) return;
+  const gen = S.gen;
   const first = Math.min(...S.messages.keys());
   const after = Math.max(0, first - 51);
   try {
     const page = await api('GET', `${convPath(S.conv.id, '/messages')}?after=${after}&limit=${first - 1 - after}`);
+    if (gen !== S.gen) return;
     for (const m of page.messages) onMessage(m);
     $('older').hidden = after === 0;
   } catch (e) { failed(e); }
@@ -526,15 +608,16 @@ function setStreaming(text) {
 // Messages
 
 function onMessage(m) {
-  if (m.usage) renderContext(m.usage);
   if (S.messages.has(m.sequence_id)) return; // shown already: no duplicates
+  const latest = m.sequence_id > newestSeq();
   S.messages.set(m.sequence_id, m);
-  if (m.message_type === 'agent') setStreaming('');
-  if (m.message_type === 'user' && S.unsent !== null) S.unsent = null;
+  if (latest && m.usage) renderContext(m.usage);
+  if (latest && m.message_type === 'agent') setStreaming('');
+  if (S.outbox && m.message_type === 'user' && m.message_id === S.outbox.body.message_id) S.outbox = null;
   const node = renderMessage(m);
   // In sequence order, wherever it lands (a gap filled late, older pages).
   const list = $('messages');
-  const after = [...list.children].find((li) => Number(li.dataset.seq) > m.sequence_id);
+  const after = latest ? null : [...list.children].find((li) => Number(li.dataset.seq) > m.sequence_id);
   list.insertBefore(node, after || null);
   if (m.message_type === 'tool') attachResult(m);
   else if (m.message_type === 'agent') for (const t of m.content.tool_uses || []) {
@@ -562,10 +645,12 @@ function renderMessage(m) {
     case 'agent':
       if (c.text) li.append(markdown(c.text));
       for (const t of c.tool_uses || []) {
-        li.append(el('div', { class: 'tool-call', 'data-tool-use-id': t.id },
+        const call = el('div', { class: 'tool-call', 'data-tool-use-id': t.id },
           el('div', {}, el('span', { class: 'tool-name' }, t.name), el('span', { class: 'status muted' }, 'running…')),
           el('details', {}, el('summary', {}, 'input'), el('pre', {}, JSON.stringify(t.input, null, 2))),
-          el('div', { class: 'result' })));
+          el('div', { class: 'result' }));
+        S.toolNodes.set(t.id, call);
+        li.append(call);
       }
       break;
     case 'tool':
@@ -578,14 +663,17 @@ function renderMessage(m) {
   return li;
 }
 
+function messageNode(seq) {
+  return [...$('messages').children].find((li) => Number(li.dataset.seq) === seq);
+}
+
 function attachResult(m) {
   const c = m.content;
-  const call = document.querySelector(`.tool-call[data-tool-use-id="${CSS.escape(c.tool_use_id)}"]`);
-  if (!call) {
-    const li = document.querySelector(`#messages li[data-seq="${m.sequence_id}"]`);
-    if (li) li.hidden = false; // its call is not loaded: show it on its own
-    return;
-  }
+  const call = S.toolNodes.get(c.tool_use_id);
+  const own = messageNode(m.sequence_id);
+  // Shown on its own only while its call is not loaded.
+  if (own) own.hidden = Boolean(call);
+  if (!call) return;
   const status = call.querySelector('.status');
   const kind = c.cancelled ? 'cancelled' : c.ok ? 'ok' : 'failed';
   status.className = `status ${kind}`;
@@ -610,20 +698,27 @@ function thumbnail(convId, img) {
 function onSystemEvent(event) {
   if (event.type === 'approval_request' && event.request_id) {
     S.approvals.set(event.request_id, event);
-    const card = document.querySelector(`.request[data-request-id="${CSS.escape(event.request_id)}"]`);
+    const card = S.cards.get(event.request_id);
     if (card) renderRequestCard(S.requests.get(event.request_id), card);
     return;
   }
+  if (event.type === 'tool_result') loadTasksSoon();
   if (event.type === 'system_notice' || event.type === 'system_error') {
     const text = event.message || event.text || JSON.stringify(event);
-    $('messages').append(el('li', { class: `msg ${event.type === 'system_error' ? 'error' : 'system'}`, 'data-seq': Number.MAX_SAFE_INTEGER }, text));
+    // Not a stored message: no sequence id, so later messages go after it.
+    $('messages').append(el('li', { class: `msg ${event.type === 'system_error' ? 'error' : 'system'}`, 'data-notice': event.type }, text));
+    scrollDown();
   }
 }
 
 function onRejected(f) {
   toast(`${f.message} (${f.code})`);
-  if (S.unsent !== null && !$('text').value) $('text').value = S.unsent;
-  S.unsent = null;
+  // A refused send gives its text back; a refused answer frees its card's buttons.
+  if (S.outbox && S.outbox.sent) {
+    if (!$('text').value) $('text').value = S.outbox.text;
+    S.outbox = null;
+  }
+  for (const card of S.cards.values()) for (const b of card.querySelectorAll('button')) b.disabled = false;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -638,23 +733,44 @@ async function send(ev) {
   if (S.pending.length) body.images = S.pending.map(({ media_type, data }) => ({ media_type, data }));
   $('text').value = '';
   clearAttachments();
+  S.outbox = { body, text, sent: false };
   if (S.ws && S.ws.readyState === WebSocket.OPEN) {
-    S.unsent = text;
+    S.outbox.sent = true;
     S.ws.send(JSON.stringify({ type: 'user_message', ...body }));
     return;
   }
+  await postOutbox();
+}
+
+// Over REST, with the same message_id: a send that did get stored is not stored twice.
+async function postOutbox() {
+  const out = S.outbox;
+  if (!out) return;
+  const gen = S.gen;
   try {
-    const r = await api('POST', convPath(S.conv.id, '/messages'), body);
-    onMessage(r.message);
+    const r = await api('POST', convPath(S.conv.id, '/messages'), out.body);
+    if (gen === S.gen) onMessage(r.message);
   } catch (e) {
     failed(e);
-    if (!$('text').value) $('text').value = text;
+    if (gen === S.gen && S.outbox === out && !$('text').value) $('text').value = out.text;
+  } finally {
+    if (S.outbox === out) S.outbox = null;
   }
+}
+
+// After a reconnect: a send that went out on the old socket and is not stored yet goes again.
+function resendOutbox() {
+  const out = S.outbox;
+  if (!out || !out.sent) return;
+  const stored = [...S.messages.values()].some((m) => m.message_id === out.body.message_id);
+  if (stored) { S.outbox = null; return; }
+  postOutbox();
 }
 
 async function cancel() {
   if (!S.conv) return;
   $('cancel').disabled = true;
+  setTimeout(() => { if (S.conv) renderState(); }, 3000);
   if (S.ws && S.ws.readyState === WebSocket.OPEN) { S.ws.send(JSON.stringify({ type: 'cancel' })); return; }
   try { await api('POST', convPath(S.conv.id, '/cancel')); } catch (e) { failed(e); }
 }
@@ -693,29 +809,50 @@ function addRequest(r) {
   if (S.requests.has(r.request_id)) return;
   S.requests.set(r.request_id, r);
   const card = el('form', { class: 'request', 'data-request-id': r.request_id });
+  S.cards.set(r.request_id, card);
   renderRequestCard(r, card);
   $('requests').append(card);
-  const first = card.querySelector('input, textarea, button');
-  if (first && !$('text').value) first.focus();
+  // The form takes the focus, on its heading (a stray key answers nothing), unless the
+  // user is typing a message.
+  if (document.activeElement !== $('text') || !$('text').value) card.querySelector('h3').focus();
 }
 
 function removeRequest(id) {
   S.requests.delete(id);
   S.approvals.delete(id);
-  const card = document.querySelector(`.request[data-request-id="${CSS.escape(id)}"]`);
-  if (card) card.remove();
+  const card = S.cards.get(id);
+  S.cards.delete(id);
+  if (!card) return;
+  const focused = card.contains(document.activeElement);
+  card.remove();
+  if (focused) $('text').focus();
+}
+
+// An approval: from its approval_request event, or (after a reload, which has no events)
+// from the confirm message the server writes for it.
+function approvalOf(r, kind, spec) {
+  const event = S.approvals.get(r.request_id);
+  if (event) return { tool: event.tool_name, input: JSON.stringify(event.input, null, 2) };
+  const m = kind === 'confirm' && r.tool_use_id && /^Allow the agent to run (\S+)\?\n([\s\S]*)$/.exec(spec.message || '');
+  return m ? { tool: m[1], input: m[2] } : null;
 }
 
 function renderRequestCard(r, card) {
   const [kind, spec] = Object.entries(r.request_type)[0] || ['custom', {}];
-  const approval = S.approvals.get(r.request_id);
-  const heading = approval ? `Approve ${approval.tool_name}?` : kind === 'custom' ? `Request: ${spec.type_name}` : 'The agent asks';
+  const approval = approvalOf(r, kind, spec);
+  const refocus = card.contains(document.activeElement);
+  const heading = approval ? `Approve ${approval.tool}?` : kind === 'custom' ? `Request: ${spec.type_name}` : 'The agent asks';
   const countdown = el('span', { class: 'countdown', 'data-expires': r.expires });
-  const parts = [el('h3', {}, countdown, heading)];
-  const answer = (payload) => respond(r.request_id, payload);
-  const labelId = `rq-${r.request_id}`;
+  const headingId = `rqh-${r.request_id}`;
+  card.setAttribute('aria-labelledby', headingId);
+  const parts = [el('h3', { id: headingId, tabindex: '-1' }, countdown, heading)];
+  const answer = (payload) => {
+    for (const b of card.querySelectorAll('button')) b.disabled = true;
+    respond(r.request_id, payload);
+  };
+  const labelId = spec.message && !approval ? `rq-${r.request_id}` : headingId;
   if (approval) {
-    parts.push(el('pre', {}, JSON.stringify(approval.input, null, 2)));
+    parts.push(el('pre', {}, approval.input));
   } else if (spec.message) {
     parts.push(el('div', { class: 'message', id: labelId }, spec.message));
   }
@@ -764,6 +901,7 @@ function renderRequestCard(r, card) {
   actions.append(el('button', { type: 'button', class: 'danger', onclick: () => answer({ cancelled: true }) }, 'Dismiss'));
   parts.push(actions);
   card.replaceChildren(...parts);
+  if (refocus) card.querySelector('h3').focus();
   tick();
 }
 
@@ -778,6 +916,7 @@ async function respond(requestId, payload) {
   } catch (e) {
     failed(e);
     if (e.status === 404 || e.status === 409) removeRequest(requestId);
+    else for (const b of (S.cards.get(requestId)?.querySelectorAll('button') || [])) b.disabled = false;
   }
 }
 
@@ -793,14 +932,23 @@ function tick() {
 
 async function loadTree() {
   if (!S.conv) return;
-  const id = S.conv.id;
+  const gen = S.gen;
   try {
     const root = S.conv.parent_id ? await api('GET', convPath(S.conv.parent_id)) : S.conv;
     const children = (await api('GET', convPath(root.id, '/children'))).conversations;
-    if (!S.conv || S.conv.id !== id) return;
+    if (gen !== S.gen) return;
     S.tree = [root, ...children];
   } catch (e) { if (e.status !== 404) failed(e); return; }
   renderTree();
+}
+
+function treeBadges() {
+  const badges = new Map();
+  for (const a of $('tree').querySelectorAll('a[data-id]')) {
+    const b = a.nextElementSibling;
+    if (b) badges.set(a.dataset.id, b);
+  }
+  return badges;
 }
 
 function renderTree() {
@@ -811,15 +959,16 @@ function renderTree() {
   // The open conversation's state is the live one.
   const live = (c) => (S.conv && c.id === S.conv.id ? S.conv.state : c.state);
   const link = (c) => el('a', { href: `#/c/${enc(c.id)}`, 'aria-current': S.conv && c.id === S.conv.id ? 'page' : null, 'data-id': c.id }, title(c));
-  ul.replaceChildren(el('li', {}, link(root), ' ', badge(live(root)),
-    el('ul', {}, children.map((c) => el('li', { 'data-agent-id': c.id }, link(c), ' ', badge(live(c)))))));
+  ul.replaceChildren(el('li', {}, link(root), badge(live(root)),
+    el('ul', {}, children.map((c) => el('li', { 'data-agent-id': c.id }, link(c), badge(live(c)))))));
 }
 
 function onSubAgent(f) {
   const child = S.tree.find((c) => c.id === f.agent_id);
   if (!child) { loadTree(); return; }
   child.state = f.state;
-  renderTree();
+  const b = treeBadges().get(child.id);
+  if (b) { b.textContent = stateLabel(f.state); setBadgeClass(b, f.state); } else renderTree();
 }
 
 let tasksTimer = null;
@@ -830,10 +979,10 @@ function loadTasksSoon() {
 
 async function loadTasks() {
   if (!S.conv) return;
-  const id = S.conv.id;
+  const gen = S.gen;
   try {
-    const list = await api('GET', convPath(id, '/tasks'));
-    if (!S.conv || S.conv.id !== id) return;
+    const list = await api('GET', convPath(S.conv.id, '/tasks'));
+    if (gen !== S.gen) return;
     S.tasks = new Map(list.tasks.map((t) => [t.task_id, t]));
   } catch (e) { if (e.status !== 404) failed(e); return; }
   renderTasks();
@@ -848,29 +997,46 @@ function onProgress(f) {
     return;
   }
   // A foreground tool's progress: shown on its call.
-  const call = document.querySelector(`.tool-call[data-tool-use-id="${CSS.escape(f.tool_use_id)}"] .status`);
+  const call = S.toolNodes.get(f.tool_use_id)?.querySelector('.status');
   if (call && call.textContent.startsWith('running')) call.textContent = `running: ${f.message || f.stage}${f.progress != null ? ` (${Math.round(f.progress * 100)}%)` : ''}`;
 }
 
+// Each task's item is made once and updated in place, so that its Cancel button stays
+// under the pointer while output streams in.
 function renderTasks() {
   const tasks = [...S.tasks.values()];
   $('tasks-empty').hidden = tasks.length > 0;
-  $('tasks').replaceChildren(...tasks.map((t) => {
+  const ul = $('tasks');
+  const items = new Map([...ul.children].map((li) => [li.dataset.taskId, li]));
+  for (const t of tasks) {
+    let li = items.get(t.task_id);
+    if (!li) {
+      li = el('li', { 'data-task-id': t.task_id },
+        el('div', {}, el('span', { class: 'badge' }), el('span', { class: 'exit muted small' })),
+        el('div', { class: 'cmd' }, t.command),
+        el('progress', { max: 1, hidden: true }),
+        el('div', { class: 'line muted small mono' }),
+        el('button', { type: 'button', class: 'small danger', onclick: () => cancelTask(t.task_id), 'aria-label': `Cancel task ${t.command}` }, 'Cancel task'));
+      ul.append(li);
+    }
     const p = S.progress.get(t.task_id);
     const running = t.status === 'running';
-    return el('li', { 'data-task-id': t.task_id },
-      el('div', {}, el('span', { class: 'badge' }, t.status), t.exit_code != null ? el('span', { class: 'muted small' }, ` exit ${t.exit_code}`) : null),
-      el('div', { class: 'cmd' }, t.command),
-      running && p && p.progress != null ? el('progress', { max: 1, value: p.progress }) : null,
-      running && p && p.message ? el('div', { class: 'muted small mono' }, p.message) : null,
-      running ? el('button', { type: 'button', class: 'small danger', onclick: () => cancelTask(t), 'aria-label': `Cancel task ${t.command}` }, 'Cancel task') : null);
-  }));
+    li.querySelector('.badge').textContent = t.status;
+    li.querySelector('.exit').textContent = t.exit_code != null ? ` exit ${t.exit_code}` : '';
+    const bar = li.querySelector('progress');
+    bar.hidden = !(running && p && p.progress != null);
+    if (!bar.hidden) bar.value = p.progress;
+    li.querySelector('.line').textContent = running && p && p.message ? p.message : '';
+    li.querySelector('button').hidden = !running;
+  }
 }
 
-async function cancelTask(t) {
+async function cancelTask(taskId) {
+  const gen = S.gen;
   try {
-    const r = await api('POST', convPath(S.conv.id, `/tasks/${enc(t.task_id)}/cancel`));
-    S.tasks.set(t.task_id, r.task);
+    const r = await api('POST', convPath(S.conv.id, `/tasks/${enc(taskId)}/cancel`));
+    if (gen !== S.gen) return;
+    S.tasks.set(taskId, r.task);
     renderTasks();
   } catch (e) { failed(e); }
 }
