@@ -175,6 +175,10 @@ def test_approve_and_deny_a_tool(page, server):
     card = page.locator(".request")
     expect(card.get_by_role("heading")).to_contain_text("Approve bash?")
     expect(card).to_contain_text("echo approved-run")
+    # Still an approval after a reload (which replays no events).
+    page.reload()
+    expect(card.get_by_role("heading")).to_contain_text("Approve bash?")
+    expect(card).to_contain_text("echo approved-run")
     card.get_by_role("button", name="Allow").click()
     expect(card).to_have_count(0)
     expect(page.locator("pre.output").last).to_contain_text("approved-run")
@@ -183,6 +187,25 @@ def test_approve_and_deny_a_tool(page, server):
     card.get_by_role("button", name="Deny").click()
     expect(page.locator(".tool-call .status").last).to_have_text("failed")
     expect(page.locator("pre.output").last).to_contain_text("denied")
+
+
+def test_agent_markdown_is_rendered_and_sanitised(page, server):
+    sign_in(page, server)
+    create_conversation(page)
+    # The fake echoes the message as the agent's answer: Markdown with hostile HTML in it.
+    send(page, 'Some **bold** and `code` <img src="x" onerror="window.pwned = 1"> '
+               '<input id="text" value="from the agent"> <button id="cancel">x</button> '
+               '[a link](javascript:window.pwned=2)')
+    answer = page.locator("#messages li[data-type='agent']").last
+    expect(answer.locator("strong")).to_have_text("bold")
+    expect(answer.locator("code")).to_have_text("code")
+    assert answer.locator("input, button, [onerror]").count() == 0
+    for href in answer.locator("a").evaluate_all("as => as.map(a => a.getAttribute('href'))"):
+        assert not (href or "").startswith("javascript:"), href
+    assert page.evaluate("window.pwned") is None
+    # The page's own controls are still its own.
+    send(page, "still mine")
+    expect(page.locator("#messages li[data-type='user']").last.locator(".text")).to_have_text("still mine")
 
 
 def test_sub_agent_tree(page, server):
