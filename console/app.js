@@ -334,6 +334,7 @@ function closeConversation() {
 async function openConversation(id) {
   const gen = ++S.gen;
   closeSocket();
+  delete $('chat').dataset.live;
   S.conv = null;
   let conv;
   try {
@@ -470,6 +471,7 @@ function connect() {
 // the frames after the last one seen. REST tells apart a gone conversation or key.
 function lost(id, gen) {
   if (gen !== S.gen) return;
+  delete $('chat').dataset.live;
   S.ws = null;
   clearInterval(S.ping);
   S.ping = null;
@@ -541,6 +543,7 @@ function newestSeq() {
 function onSnapshot(f) {
   S.reconnect.attempt = 0;
   banner('');
+  $('chat').dataset.live = 'true'; // the live stream is up (tests wait for it)
   const resumed = S.messages.size > 0;
   const newest = newestSeq();
   S.conv = f.conversation;

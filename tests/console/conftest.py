@@ -199,13 +199,24 @@ def sign_in(page, server):
 
 
 def create_conversation(page, **fields):
+    """Creates a conversation with the form; returns its id once its page is open and its
+    live stream is up."""
+    before = page.evaluate("location.hash")
     page.get_by_text("New conversation").click()
     labels = {"slug": "Name", "cwd": "Working directory", "model": "Model", "system_prompt": "System prompt"}
     for field, value in fields.items():
         page.get_by_label(labels[field]).fill(value)
     page.get_by_role("button", name="Create", exact=True).click()
-    page.locator("#chat:not([hidden])").wait_for()
-    return page.evaluate("decodeURIComponent(location.hash.slice(4))")
+    page.wait_for_function("(before) => location.hash.startsWith('#/c/') && location.hash !== before", arg=before)
+    conv = page.evaluate("decodeURIComponent(location.hash.slice(4))")
+    open_conversation(page, conv)
+    return conv
+
+
+def open_conversation(page, conv):
+    """Waits until conversation `conv`'s page shows and its live stream is up."""
+    page.locator(f"#chat-title[title='{conv}']").wait_for()
+    page.locator("#chat[data-live]").wait_for(state="attached")
 
 
 def send(page, text):

@@ -10,7 +10,7 @@ import zlib
 
 from playwright.sync_api import expect
 
-from conftest import Server, create_conversation, http, send, sign_in
+from conftest import Server, create_conversation, http, open_conversation, send, sign_in
 
 def png(width, height, rgb):
     """A valid PNG of one colour."""
@@ -171,12 +171,14 @@ def test_approve_and_deny_a_tool(page, server):
     assert status == 201
     sign_in(page, server)
     page.goto(f"{server.url}/#/c/{conv['id']}")
+    open_conversation(page, conv["id"])
     send(page, call("bash", {"command": "echo approved-run"}))
     card = page.locator(".request")
     expect(card.get_by_role("heading")).to_contain_text("Approve bash?")
     expect(card).to_contain_text("echo approved-run")
     # Still an approval after a reload (which replays no events).
     page.reload()
+    open_conversation(page, conv["id"])
     expect(card.get_by_role("heading")).to_contain_text("Approve bash?")
     expect(card).to_contain_text("echo approved-run")
     card.get_by_role("button", name="Allow").click()
@@ -216,11 +218,13 @@ def test_sub_agent_tree(page, server):
     children = page.locator("#tree li[data-agent-id]")
     expect(children).to_have_count(2)
     expect(children.locator(".badge")).to_have_text(["completed", "completed"])
+    child = children.first.get_attribute("data-agent-id")
     children.first.get_by_role("link").click()
+    open_conversation(page, child)
     expect(page.locator("#chat-parent")).to_be_visible()
     expect(page.locator("#messages")).to_contain_text("sub-task")
     expect(page.locator("#composer")).to_be_hidden()
-    expect(page.locator("#tree a[aria-current]")).to_have_attribute("data-id", children.first.get_attribute("data-agent-id"))
+    expect(page.locator("#tree a[aria-current]")).to_have_attribute("data-id", child)
     page.locator("#chat-parent").click()
     expect(page).to_have_url(re.compile(f"#/c/{parent}$"))
 
@@ -271,7 +275,8 @@ def test_reconnect_after_the_server_restarts(page, server):
     server.restart()
     # The page reconnects by itself and goes on: a message sent after the restart arrives
     # once, after the ones before it.
-    expect(page.locator("#banner")).to_be_hidden(timeout=30_000)
+    page.locator("#chat[data-live]").wait_for(state="attached", timeout=30_000)
+    expect(page.locator("#banner")).to_be_hidden()
     send(page, "after restart")
     expect(page.locator("#messages li[data-type='agent']", has_text="after restart")).to_be_visible()
     seqs = page.locator("#messages > li[data-seq]").evaluate_all("ls => ls.map(l => Number(l.dataset.seq))")
@@ -282,6 +287,7 @@ def test_reconnect_after_the_server_restarts(page, server):
     expect(page.locator("#messages li[data-type='agent']", has_text="sent elsewhere")).to_be_visible()
     # A reload shows the same history, no duplicate.
     page.reload()
+    open_conversation(page, conv)
     expect(page.locator("#messages > li[data-seq]")).to_have_count(len(seqs) + 2)
     seqs = page.locator("#messages > li[data-seq]").evaluate_all("ls => ls.map(l => Number(l.dataset.seq))")
     assert seqs == list(range(1, len(seqs) + 1)), seqs
