@@ -25,6 +25,8 @@ pub struct Settings {
     pub data: DataSettings,
     pub workspace: WorkspaceSettings,
     pub llm: LlmSettings,
+    /// Anthropic's Messages API, for the models whose provider is `anthropic`.
+    pub anthropic: AnthropicSettings,
     pub models: BTreeMap<String, ModelOverrides>,
     pub turn: TurnSettings,
     pub tools: ToolSettings,
@@ -155,6 +157,25 @@ pub struct LlmSettings {
     pub history_cache_bytes: usize,
 }
 
+/// The API a model is reached through.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Provider {
+    /// OpenAI's chat completions, as `[llm]` configures it (and every compatible server).
+    #[default]
+    Openai,
+    /// Anthropic's Messages API, as `[anthropic]` configures it.
+    Anthropic,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnthropicSettings {
+    pub base_url: String,
+    #[serde(serialize_with = "masked")]
+    pub api_key: SecretString,
+}
+
 /// A model's section: each field overrides `[models.default]` when set.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -167,6 +188,8 @@ pub struct ModelOverrides {
     pub max_image_px: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub echo_reasoning: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider: Option<Provider>,
 }
 
 /// The settings of one model, defaults applied.
@@ -178,6 +201,7 @@ pub struct ModelSettings {
     /// Send the model's reasoning back, in the field the backend streamed it in, with the
     /// assistant messages of the turn in progress (docs/backends.md).
     pub echo_reasoning: bool,
+    pub provider: Provider,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -346,9 +370,13 @@ impl Settings {
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Settings, ConfigError> {
         let env: Vec<(String, String)> = env.into_iter().collect();
-        // OPENAI_API_KEY is read too, below BEDROCK_LLM_API_KEY.
+        // OPENAI_API_KEY and ANTHROPIC_API_KEY are read too, below BEDROCK_LLM_API_KEY and
+        // BEDROCK_ANTHROPIC__API_KEY.
         if let Some((_, key)) = env.iter().find(|(name, _)| name == "OPENAI_API_KEY") {
             figment = figment.merge(("llm.api_key", key.clone()));
+        }
+        if let Some((_, key)) = env.iter().find(|(name, _)| name == "ANTHROPIC_API_KEY") {
+            figment = figment.merge(("anthropic.api_key", key.clone()));
         }
         for (name, value) in &env {
             let Some(rest) = name.strip_prefix("BEDROCK_") else {
@@ -510,6 +538,7 @@ impl Settings {
                 .echo_reasoning
                 .or(default.echo_reasoning)
                 .unwrap_or(true),
+            provider: own.provider.or(default.provider).unwrap_or_default(),
         }
     }
 

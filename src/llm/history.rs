@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
 use super::request::{Wire, starts_turn, wire};
+use crate::config::Provider;
 use crate::metrics::Metrics;
 use crate::model::ConversationCommit;
 use crate::store::{Store, StoreError};
@@ -29,11 +30,16 @@ pub struct History {
     /// The bytes `messages` holds, as counted in [`Held`].
     bytes: usize,
     held: Option<Arc<Held>>,
+    /// The API its pieces are in.
+    provider: Provider,
 }
 
 impl History {
     fn push(&mut self, content: &crate::state_machine::MessageContent) {
-        let piece = wire(content);
+        let piece = match self.provider {
+            Provider::Openai => wire(content),
+            Provider::Anthropic => super::anthropic::wire(content),
+        };
         self.bytes += piece.bytes();
         self.messages.push(piece);
         if starts_turn(content) {
@@ -104,6 +110,8 @@ pub fn new_history() -> HistoryHandle {
 /// commits, in order) are taken from there; the database is read only for what they do not
 /// cover: a history that was never filled or was emptied, or messages stored while no
 /// actor was running.
+// The request's parts, each needed; bundling them would only rename them.
+#[allow(clippy::too_many_arguments)]
 pub async fn current(
     handle: &HistoryHandle,
     held: &Arc<Held>,
@@ -112,10 +120,17 @@ pub async fn current(
     id: &str,
     recent: &[Arc<ConversationCommit>],
     through: i64,
+    provider: Provider,
 ) -> Result<OwnedMutexGuard<History>, StoreError> {
     let mut history = Arc::clone(handle).lock_owned().await;
     if history.held.is_none() {
         history.held = Some(Arc::clone(held));
+    }
+    // Pieces are made for one API (a conversation's model, and so its provider, is fixed;
+    // a changed configuration starts over).
+    if history.provider != provider {
+        history.clear();
+        history.provider = provider;
     }
     let before = history.bytes;
     for message in recent.iter().flat_map(|commit| &commit.messages) {
@@ -218,17 +233,35 @@ mod tests {
         store_messages(&store, 1, 2).await;
         // Cold: read from the database.
         let first = texts(
-            &current(&mine, &held, &store, &metrics, "c", &[], 2)
-                .await
-                .expect("read"),
+            &current(
+                &mine,
+                &held,
+                &store,
+                &metrics,
+                "c",
+                &[],
+                2,
+                Provider::Openai,
+            )
+            .await
+            .expect("read"),
         );
         assert_eq!(first.len(), 2);
 
         let recent = store_messages(&store, 3, 4).await;
         let from_db = texts(
-            &current(&reference, &held, &store, &metrics, "c", &[], 4)
-                .await
-                .expect("read"),
+            &current(
+                &reference,
+                &held,
+                &store,
+                &metrics,
+                "c",
+                &[],
+                4,
+                Provider::Openai,
+            )
+            .await
+            .expect("read"),
         );
         let stored = store_messages(&store, 5, 6).await;
         let gap = Arc::new(ConversationCommit {
@@ -246,6 +279,7 @@ mod tests {
                 "c",
                 std::slice::from_ref(&recent),
                 4,
+                Provider::Openai,
             )
             .await
             .expect("no database read needed"),
@@ -253,9 +287,18 @@ mod tests {
         assert_eq!(handed, from_db);
         // Message 5 is missing from what was handed over: only the database has it.
         assert!(
-            current(&mine, &held, &store, &metrics, "c", &[gap], 6)
-                .await
-                .is_err()
+            current(
+                &mine,
+                &held,
+                &store,
+                &metrics,
+                "c",
+                &[gap],
+                6,
+                Provider::Openai
+            )
+            .await
+            .is_err()
         );
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -270,9 +313,18 @@ mod tests {
         let roomy = Held::new(usize::MAX);
         let history = new_history();
         let bytes = {
-            let mut guard = current(&history, &roomy, &store, &metrics, "c", &[], 3)
-                .await
-                .expect("read");
+            let mut guard = current(
+                &history,
+                &roomy,
+                &store,
+                &metrics,
+                "c",
+                &[],
+                3,
+                Provider::Openai,
+            )
+            .await
+            .expect("read");
             settle(&mut guard, &roomy);
             assert_eq!(guard.messages.len(), 3, "kept under the budget");
             roomy.bytes()
@@ -283,17 +335,35 @@ mod tests {
 
         let tight = Held::new(bytes - 1);
         let history = new_history();
-        let mut guard = current(&history, &tight, &store, &metrics, "c", &[], 3)
-            .await
-            .expect("read");
+        let mut guard = current(
+            &history,
+            &tight,
+            &store,
+            &metrics,
+            "c",
+            &[],
+            3,
+            Provider::Openai,
+        )
+        .await
+        .expect("read");
         assert_eq!(guard.messages.len(), 3);
         settle(&mut guard, &tight);
         assert!(guard.messages.is_empty(), "emptied over the budget");
         assert_eq!(tight.bytes(), 0);
         drop(guard);
-        let again = current(&history, &tight, &store, &metrics, "c", &[], 3)
-            .await
-            .expect("read back");
+        let again = current(
+            &history,
+            &tight,
+            &store,
+            &metrics,
+            "c",
+            &[],
+            3,
+            Provider::Openai,
+        )
+        .await
+        .expect("read back");
         assert_eq!(again.messages.len(), 3, "read back whole");
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -187,8 +187,9 @@ impl ErrorLines {
     }
 }
 
-/// The body with the idle and size limits applied, watching for `[DONE]`.
-fn limited(
+/// The body with the idle and size limits applied, watching for `[DONE]` (and for the
+/// `error:` lines some OpenAI-compatible servers send; Anthropic's stream has neither).
+pub(super) fn limited(
     inner: impl Stream<Item = reqwest::Result<Bytes>> + Send + 'static,
     limits: HttpLimits,
     probe: Arc<Probe>,

@@ -6,6 +6,7 @@
 //! the conversation tagged with the request it answers. No retries happen here: the state
 //! machine owns them.
 
+mod anthropic;
 pub mod chunk;
 mod history;
 mod http;
@@ -29,7 +30,7 @@ pub use http::ErrorLines;
 pub use request::{RequestContext, system_prompt};
 pub use stream::{Accumulator, stream_error};
 
-use crate::config::Settings;
+use crate::config::{Provider, Settings};
 use crate::hub::{EventHub, Frame};
 use crate::metrics::Metrics;
 use crate::state_machine::{ErrorKind, Event, LlmFailure, LlmReply, LlmRequestTag};
@@ -121,6 +122,8 @@ struct Shared {
     store: Store,
     hub: Arc<EventHub>,
     backend: Backend,
+    /// The same HTTP client, for Anthropic's API (anthropic.rs).
+    http: reqwest::Client,
     permits: Arc<Semaphore>,
     /// The bytes every conversation's history holds, against `llm.history_cache_bytes`.
     held: Arc<history::Held>,
@@ -170,10 +173,11 @@ impl Actor for LlmGateway {
             idle: Duration::from_millis(llm.idle_timeout_ms),
             max_response_bytes: llm.max_response_bytes,
         };
+        let client = http.clone();
         let service = tower::service_fn(move |factory| {
             // Every request runs inside `PROBE.scope`; outside one, nothing is learnt.
             let probe = PROBE.try_with(Arc::clone).unwrap_or_default();
-            http::execute(http.clone(), factory, limits, probe)
+            http::execute(client.clone(), factory, limits, probe)
         });
         let backend = async_openai::Client::with_config(config).with_http_service(service);
         let permits = Arc::new(Semaphore::new(llm.max_concurrency));
@@ -185,6 +189,7 @@ impl Actor for LlmGateway {
                 store: args.store,
                 hub: args.hub,
                 backend,
+                http,
                 permits,
                 held,
             }),
@@ -220,6 +225,8 @@ async fn run_job(shared: Arc<Shared>, job: LlmJob) {
         input_tokens = tracing::field::Empty,
         output_tokens = tracing::field::Empty,
         ttft_ms = tracing::field::Empty,
+        cache_read_tokens = tracing::field::Empty,
+        cache_write_tokens = tracing::field::Empty,
         outcome = tracing::field::Empty,
     );
     let request = job.request.clone();
@@ -264,11 +271,31 @@ async fn run_job(shared: Arc<Shared>, job: LlmJob) {
 async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
     let settings = &shared.settings;
     let llm = &settings.llm;
-    if llm.api_key.expose_secret().is_empty() && llm.base_url.contains("api.openai.com") {
-        return Err(Failure::new(
-            ErrorKind::Auth,
-            "no LLM API key is configured: set BEDROCK_LLM_API_KEY (or OPENAI_API_KEY), or point BEDROCK_LLM_BASE_URL at a backend that needs none",
-        ));
+    let model_settings = settings.model(&job.model);
+    let provider = model_settings.provider;
+    match provider {
+        Provider::Openai
+            if llm.api_key.expose_secret().is_empty()
+                && llm.base_url.contains("api.openai.com") =>
+        {
+            return Err(Failure::new(
+                ErrorKind::Auth,
+                "no LLM API key is configured: set BEDROCK_LLM_API_KEY (or OPENAI_API_KEY), or point BEDROCK_LLM_BASE_URL at a backend that needs none",
+            ));
+        }
+        Provider::Anthropic
+            if settings.anthropic.api_key.expose_secret().is_empty()
+                && settings.anthropic.base_url.contains("api.anthropic.com") =>
+        {
+            return Err(Failure::new(
+                ErrorKind::Auth,
+                format!(
+                    "model {} is served by Anthropic's API and no key is configured for it: set ANTHROPIC_API_KEY (or BEDROCK_ANTHROPIC__API_KEY)",
+                    job.model
+                ),
+            ));
+        }
+        Provider::Openai | Provider::Anthropic => {}
     }
     let _permit = shared
         .permits
@@ -286,6 +313,7 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
         &job.conversation_id,
         &job.recent,
         job.through,
+        provider,
     )
     .await
     .map_err(|e| {
@@ -312,7 +340,6 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
             }
         }
     }
-    let model_settings = settings.model(&job.model);
     let ctx = RequestContext {
         model: &job.model,
         cwd: &job.cwd,
@@ -328,30 +355,45 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
             format!("cannot encode the request: {e}"),
         )
     };
+    let too_big = |size: usize| {
+        (size > llm.max_request_bytes).then(|| {
+            Failure::new(
+                ErrorKind::Limit,
+                format!(
+                    "the request is {size} bytes, over the limit of {} bytes",
+                    llm.max_request_bytes
+                ),
+            )
+        })
+    };
     let loader = |id: &str| images.get(id).cloned();
-    let converted = request::images(&history.messages, &loader).map_err(encoding)?;
-    drop(images);
-    let body =
-        request::body(&ctx, &history.messages, history.turn_from, &converted).map_err(encoding)?;
-    let size = body.size().map_err(encoding)?;
-    if size > llm.max_request_bytes {
-        return Err(Failure::new(
-            ErrorKind::Limit,
-            format!(
-                "the request is {size} bytes, over the limit of {} bytes",
-                llm.max_request_bytes
-            ),
-        ));
-    }
-
-    let probe = Arc::new(http::Probe::default());
-    let reply = PROBE
-        .scope(
-            probe.clone(),
-            stream_reply(shared, job, &body, deadline, started, probe),
-        )
-        .await;
-    drop(body);
+    let reply = match provider {
+        Provider::Openai => {
+            let converted = request::images(&history.messages, &loader).map_err(encoding)?;
+            drop(images);
+            let body = request::body(&ctx, &history.messages, history.turn_from, &converted)
+                .map_err(encoding)?;
+            if let Some(failure) = too_big(body.size().map_err(encoding)?) {
+                return Err(failure);
+            }
+            let probe = Arc::new(http::Probe::default());
+            PROBE
+                .scope(
+                    probe.clone(),
+                    stream_reply(shared, job, &body, deadline, started, probe),
+                )
+                .await
+        }
+        Provider::Anthropic => {
+            let converted = anthropic::images(&history.messages, &loader).map_err(encoding)?;
+            drop(images);
+            let body = anthropic::body(&ctx, &history.messages, &converted).map_err(encoding)?;
+            if let Some(failure) = too_big(request::json_size(&body).map_err(encoding)?) {
+                return Err(failure);
+            }
+            anthropic::stream_reply(shared, job, &body, deadline, started).await
+        }
+    };
     history::settle(&mut history, &shared.held);
     reply
 }

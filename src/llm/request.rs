@@ -306,20 +306,25 @@ impl Body<'_> {
     /// The size of the body's JSON, counted without making it: the history's pieces are
     /// only measured.
     pub fn size(&self) -> serde_json::Result<usize> {
-        struct Count(usize);
-        impl std::io::Write for Count {
-            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-                self.0 += bytes.len();
-                Ok(bytes.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let mut count = Count(0);
-        serde_json::to_writer(&mut count, self)?;
-        Ok(count.0)
+        json_size(self)
     }
+}
+
+/// The size of `value`'s JSON, counted without making it.
+pub fn json_size(value: &impl serde::Serialize) -> serde_json::Result<usize> {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    serde_json::to_writer(&mut count, value)?;
+    Ok(count.0)
 }
 
 fn user_text(text: String) -> ChatCompletionRequestMessage {

@@ -128,7 +128,7 @@ struct Inner {
 }
 
 #[derive(Debug)]
-struct Shared {
+pub(super) struct Shared {
     inner: Mutex<Inner>,
     hangups: AtomicUsize,
     in_flight: AtomicUsize,
@@ -157,6 +157,7 @@ impl FakeLlm {
         });
         let app = Router::new()
             .route("/v1/chat/completions", post(complete))
+            .route("/v1/messages", post(messages))
             .with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -331,7 +332,7 @@ fn finish(chunks: &mut Vec<Bytes>, reason: &str, prompt: u64, completion: u64) {
 }
 
 /// Splits `text` into about three pieces on character boundaries.
-fn pieces(text: &str) -> Vec<String> {
+pub(super) fn pieces(text: &str) -> Vec<String> {
     let chars: Vec<char> = text.chars().collect();
     let size = chars.len().div_ceil(3).max(1);
     chars.chunks(size).map(|c| c.iter().collect()).collect()
@@ -351,12 +352,16 @@ impl Drop for HangupGuard {
     }
 }
 
-fn stream_response(chunks: Vec<Bytes>, then_stall: bool, shared: Arc<Shared>) -> Response {
+pub(super) fn stream_response(
+    chunks: Vec<Bytes>,
+    then_stall: bool,
+    shared: Arc<Shared>,
+) -> Response {
     stream_paced(chunks, then_stall, Duration::ZERO, shared)
 }
 
 /// The chunks with `pause` before each one after the first.
-fn stream_paced(
+pub(super) fn stream_paced(
     chunks: Vec<Bytes>,
     then_stall: bool,
     pause: Duration,
@@ -400,10 +405,10 @@ fn stream_paced(
 /// parts, for one with images), the text of the last one, and whether the last message is a
 /// tool result.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct Keys {
-    first_user: String,
-    last_user: String,
-    last_is_tool: bool,
+pub(super) struct Keys {
+    pub(super) first_user: String,
+    pub(super) last_user: String,
+    pub(super) last_is_tool: bool,
 }
 
 /// The fake must cost little next to the service it stands in front of, and a request
@@ -506,9 +511,30 @@ impl Drop for InFlight {
     }
 }
 
+/// The API a request came in on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Api {
+    OpenAi,
+    Anthropic,
+}
+
+mod anthropic;
+
 async fn complete(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    serve(shared, body, Api::OpenAi).await
+}
+
+/// Anthropic's Messages API: the same script, answered in its event stream.
+async fn messages(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    serve(shared, body, Api::Anthropic).await
+}
+
+async fn serve(shared: Arc<Shared>, body: Bytes, api: Api) -> Response {
     let started = std::time::Instant::now();
-    let keys = route_keys(&body);
+    let keys = match api {
+        Api::OpenAi => route_keys(&body),
+        Api::Anthropic => anthropic::route_keys(&body),
+    };
     let (reply, latency, (prompt, completion)) = {
         let mut inner = shared.inner.lock().unwrap_or_else(|e| e.into_inner());
         if !inner.forget {
@@ -575,7 +601,10 @@ async fn complete(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
-    let response = reply_with(reply, prompt, completion, shared.clone()).await;
+    let response = match api {
+        Api::OpenAi => reply_with(reply, prompt, completion, shared.clone()).await,
+        Api::Anthropic => anthropic::reply_with(reply, prompt, completion, shared.clone()),
+    };
     drop(in_flight);
     let mut inner = shared.inner.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(times) = &mut inner.times {

@@ -7,6 +7,7 @@
 
 mod support;
 
+mod anthropic;
 mod api;
 mod architecture;
 mod backends;

@@ -61,11 +61,32 @@ pub fn settings(
     Settings::load_from(None, env).expect("test settings are valid")
 }
 
+/// The LLM API the runtime speaks to the fake (whose both sides answer the same script).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
+    OpenAi,
+    Anthropic,
+}
+
 impl TestRuntime {
     pub async fn start(db: &TestDb, extra: &[(&str, &str)]) -> TestRuntime {
+        Self::start_on(db, extra, Api::OpenAi).await
+    }
+
+    /// [`start`](Self::start), with every model reached through `api`.
+    pub async fn start_on(db: &TestDb, extra: &[(&str, &str)], api: Api) -> TestRuntime {
         let llm = FakeLlm::start().await;
         let workspace = super::db::temp_dir("ws");
-        let settings = Arc::new(settings(db, &llm, &workspace, extra));
+        let anthropic_base = llm.base_url.trim_end_matches("/v1").to_owned();
+        let mut extra = extra.to_vec();
+        if api == Api::Anthropic {
+            extra.extend([
+                ("BEDROCK_MODELS__DEFAULT__PROVIDER", "anthropic"),
+                ("BEDROCK_ANTHROPIC__BASE_URL", anthropic_base.as_str()),
+                ("BEDROCK_ANTHROPIC__API_KEY", "test-anthropic-key"),
+            ]);
+        }
+        let settings = Arc::new(settings(db, &llm, &workspace, &extra));
         let store = Store::connect(&StoreOptions {
             url: settings.database_url(),
             max_connections: settings.database.max_connections,
