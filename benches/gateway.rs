@@ -6,6 +6,10 @@
 //! conversation's history keeps, next to converting and serialising every message again
 //! (what a step cost when the history was not held).
 //!
+//! The same for Anthropic's Messages API (issue 25): the events of the same turn as
+//! Anthropic streams them, translated and assembled into the reply, and the request body of
+//! the same history in Anthropic's form.
+//!
 //!     cargo bench --bench gateway
 
 #![allow(clippy::print_stdout, clippy::unwrap_used)]
@@ -15,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use async_openai::types::chat::CreateChatCompletionStreamResponse;
 use bedrock::llm::Accumulator;
+use bedrock::llm::anthropic::{self, Translator};
 use bedrock::llm::chunk::Chunk;
 use bedrock::llm::request::{RequestContext, Wire, body, wire};
 use bedrock::state_machine::{MessageContent, ToolUse};
@@ -48,6 +53,42 @@ fn turn() -> Vec<String> {
         r#"{{{head},"choices":[],"usage":{{"prompt_tokens":81,"completion_tokens":12,"total_tokens":93,"prompt_tokens_details":{{"cached_tokens":0}},"completion_tokens_details":{{"reasoning_tokens":0}}}}}}"#
     ));
     chunks
+}
+
+/// The same turn as Anthropic streams it: (event name, data).
+fn anthropic_turn() -> Vec<(String, String)> {
+    let mut events = vec![
+        ("message_start".to_owned(), r#"{"type":"message_start","message":{"id":"msg_01","type":"message","role":"assistant","content":[],"model":"claude-sonnet-4-5","stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":81,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":1}}}"#.to_owned()),
+        ("content_block_start".to_owned(), r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#.to_owned()),
+        ("ping".to_owned(), r#"{"type": "ping"}"#.to_owned()),
+    ];
+    for word in [
+        "Let", " me", " look", " at", " the", " files", " first", ".",
+    ] {
+        events.push(("content_block_delta".to_owned(), format!(
+            r#"{{"type":"content_block_delta","index":0,"delta":{{"type":"text_delta","text":"{word}"}}}}"#
+        )));
+    }
+    events.push((
+        "content_block_stop".to_owned(),
+        r#"{"type":"content_block_stop","index":0}"#.to_owned(),
+    ));
+    events.push(("content_block_start".to_owned(), r#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_01","name":"think","input":{}}}"#.to_owned()));
+    for fragment in [r#"{\"thou"#, r#"ghts\": \"list"#, r#" the files\"}"#] {
+        events.push(("content_block_delta".to_owned(), format!(
+            r#"{{"type":"content_block_delta","index":1,"delta":{{"type":"input_json_delta","partial_json":"{fragment}"}}}}"#
+        )));
+    }
+    events.push((
+        "content_block_stop".to_owned(),
+        r#"{"type":"content_block_stop","index":1}"#.to_owned(),
+    ));
+    events.push(("message_delta".to_owned(), r#"{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":12}}"#.to_owned()));
+    events.push((
+        "message_stop".to_owned(),
+        r#"{"type":"message_stop"}"#.to_owned(),
+    ));
+    events
 }
 
 /// Runs `f` over the chunks until `duration` has passed; nanoseconds per chunk.
@@ -111,6 +152,11 @@ fn per_call(duration: Duration, mut f: impl FnMut()) -> f64 {
 /// The request body's cost per step for a 1,000-message history: (µs from kept pieces,
 /// µs converting every message again, body bytes).
 fn history_step(duration: Duration) -> (f64, f64, usize) {
+    history_step_on(duration, false)
+}
+
+/// [`history_step`] for OpenAI's form or (`anthropic`) Anthropic's.
+fn history_step_on(duration: Duration, anthropic: bool) -> (f64, f64, usize) {
     let messages = history(250);
     let ctx = RequestContext {
         model: "gpt-4o",
@@ -121,19 +167,25 @@ fn history_step(duration: Duration) -> (f64, f64, usize) {
         max_output_tokens: 4096,
         echo_reasoning: true,
     };
-    let kept: Vec<Wire> = messages.iter().map(wire).collect();
+    let to_wire = if anthropic { anthropic::wire } else { wire };
+    let kept: Vec<Wire> = messages.iter().map(to_wire).collect();
     let mut buffer = Vec::new();
     let send = |pieces: &[Wire], buffer: &mut Vec<u8>| {
         buffer.clear();
-        let made = body(&ctx, pieces, pieces.len(), &[]).unwrap();
-        serde_json::to_writer(&mut *buffer, &made).unwrap();
+        if anthropic {
+            let made = anthropic::body(&ctx, pieces, &[]).unwrap();
+            serde_json::to_writer(&mut *buffer, &made).unwrap();
+        } else {
+            let made = body(&ctx, pieces, pieces.len(), &[]).unwrap();
+            serde_json::to_writer(&mut *buffer, &made).unwrap();
+        }
         black_box(buffer.len());
     };
     send(&kept, &mut buffer);
     let size = buffer.len();
     let from_kept = per_call(duration, || send(&kept, &mut buffer));
     let again = per_call(duration, || {
-        let pieces: Vec<Wire> = messages.iter().map(wire).collect();
+        let pieces: Vec<Wire> = messages.iter().map(to_wire).collect();
         send(&pieces, &mut buffer);
     });
     (from_kept, again, size)
@@ -184,6 +236,37 @@ fn main() {
     println!("| async-openai's CreateChatCompletionStreamResponse (before) | {strict:.0} |");
     println!("| the gateway's tolerant Chunk | {tolerant:.0} |");
     println!("| the tolerant Chunk, assembled into the reply | {assembled:.0} |");
+    let events = anthropic_turn();
+    let anthropic_assembled = {
+        let started = Instant::now();
+        let mut rounds = 0u64;
+        while started.elapsed() < duration {
+            let mut translator = Translator::default();
+            let mut accumulator = Accumulator::new(1 << 20, "call_x".into());
+            for (name, data) in &events {
+                if let Some(chunk) = translator.event(name, data).unwrap() {
+                    black_box(accumulator.push(chunk).unwrap());
+                }
+            }
+            black_box(accumulator.finish(translator.done).unwrap());
+            rounds += 1;
+        }
+        started.elapsed().as_nanos() as f64 / rounds as f64
+    };
+    let openai_turn = assembled * chunks.len() as f64;
+    println!();
+    println!("the same turn, read and assembled into the reply");
+    println!("| API | events | ns per turn |");
+    println!("|---|---|---|");
+    println!(
+        "| OpenAI chat completions | {} | {openai_turn:.0} |",
+        chunks.len()
+    );
+    println!(
+        "| Anthropic Messages | {} | {anthropic_assembled:.0} |",
+        events.len()
+    );
+    let (a_kept, a_again, a_size) = history_step_on(duration, true);
     let (from_kept, again, size) = history_step(duration);
     println!();
     println!("one LLM step's request body, 1,000-message history ({size} bytes)");
@@ -191,9 +274,17 @@ fn main() {
     println!("|---|---|");
     println!("| every message converted and serialised again (before) | {again:.0} |");
     println!("| the pieces the conversation's history keeps | {from_kept:.0} |");
+    println!();
+    println!("the same step in Anthropic's form ({a_size} bytes)");
+    println!("| made from | µs per step |");
+    println!("|---|---|");
+    println!("| every message converted and serialised again | {a_again:.0} |");
+    println!("| the pieces the conversation's history keeps | {a_kept:.0} |");
     println!(
         "{}",
         serde_json::json!({"bench": "gateway", "strict_ns": strict, "tolerant_ns": tolerant, "tolerant_assembled_ns": assembled,
-            "history_1000_body_bytes": size, "history_1000_step_us": from_kept, "history_1000_reconverted_step_us": again})
+            "history_1000_body_bytes": size, "history_1000_step_us": from_kept, "history_1000_reconverted_step_us": again,
+            "anthropic_turn_ns": anthropic_assembled, "openai_turn_ns": openai_turn,
+            "anthropic_history_1000_body_bytes": a_size, "anthropic_history_1000_step_us": a_kept, "anthropic_history_1000_reconverted_step_us": a_again})
     );
 }

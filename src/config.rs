@@ -677,6 +677,24 @@ mod tests {
         )
         .expect("valid settings");
         assert_eq!(settings.llm.api_key.expose_secret(), "high");
+        // Anthropic's key likewise, and the claude models are reached through it.
+        let settings = Settings::load_from(None, env(&[("ANTHROPIC_API_KEY", "sk-ant")]))
+            .expect("valid settings");
+        assert_eq!(settings.anthropic.api_key.expose_secret(), "sk-ant");
+        assert_eq!(
+            settings.model("claude-sonnet-4-5").provider,
+            Provider::Anthropic
+        );
+        assert_eq!(settings.model("gpt-4o").provider, Provider::Openai);
+        let settings = Settings::load_from(
+            None,
+            env(&[
+                ("ANTHROPIC_API_KEY", "low"),
+                ("BEDROCK_ANTHROPIC__API_KEY", "high"),
+            ]),
+        )
+        .expect("valid settings");
+        assert_eq!(settings.anthropic.api_key.expose_secret(), "high");
     }
 
     #[test]

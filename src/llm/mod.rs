@@ -6,7 +6,7 @@
 //! the conversation tagged with the request it answers. No retries happen here: the state
 //! machine owns them.
 
-mod anthropic;
+pub mod anthropic;
 pub mod chunk;
 mod history;
 mod http;
