@@ -163,6 +163,74 @@ async fn dev_tenant(runtime: &Runtime, store: &Store) -> anyhow::Result<Tenant> 
 }
 
 /// `bedrock tenant create NAME`: the tenant's id and its first API key, shown once.
+/// `bedrock tenant budget`: the tenant's own budget (`tokens: None`: the default again);
+/// returns the budget that now applies, as JSON.
+pub async fn set_tenant_budget(
+    settings: &Settings,
+    name: &str,
+    tokens: Option<u64>,
+    period: Option<crate::config::BudgetPeriod>,
+) -> anyhow::Result<serde_json::Value> {
+    let store = open_store(settings).await?;
+    let tenant = store
+        .tenant_by_name(name)
+        .await?
+        .with_context(|| format!("no tenant is named {name:?}"))?;
+    let effective = period.unwrap_or(settings.budgets.period);
+    let now = Utc::now();
+    store
+        .set_tenant_budget(
+            &tenant.id,
+            tokens,
+            tokens.and(Some(effective)),
+            effective,
+            now,
+        )
+        .await?;
+    let state = store
+        .budget_state(
+            &tenant.id,
+            (settings.budgets.tenant_tokens, settings.budgets.period),
+            now,
+        )
+        .await?;
+    store.close().await?;
+    Ok(serde_json::json!({
+        "tenant_id": tenant.id,
+        "budget": state.map(|b| serde_json::json!({
+            "limit": b.limit, "used": b.used, "period": b.period.as_str(),
+            "resets_at": b.resets_at.to_rfc3339(),
+        })),
+    }))
+}
+
+/// `bedrock tenant rate`: the tenant's own request rate (`None`: the default again);
+/// returns the rate that now applies, as JSON. Servers pick it up within a minute.
+pub async fn set_tenant_rate(
+    settings: &Settings,
+    name: &str,
+    per_second: Option<f64>,
+    burst: Option<u32>,
+) -> anyhow::Result<serde_json::Value> {
+    anyhow::ensure!(
+        per_second.is_none_or(|r| r.is_finite() && r >= 0.0),
+        "--per-second must be a number of requests, 0 or more"
+    );
+    let store = open_store(settings).await?;
+    let tenant = store
+        .tenant_by_name(name)
+        .await?
+        .with_context(|| format!("no tenant is named {name:?}"))?;
+    store.set_tenant_rate(&tenant.id, per_second, burst).await?;
+    store.close().await?;
+    let limits = &settings.rate_limits;
+    Ok(serde_json::json!({
+        "tenant_id": tenant.id,
+        "per_second": per_second.unwrap_or(limits.per_second),
+        "burst": burst.unwrap_or(limits.burst),
+    }))
+}
+
 pub async fn create_tenant(settings: &Settings, name: &str) -> anyhow::Result<(Tenant, String)> {
     anyhow::ensure!(
         !name.trim().is_empty() && name.len() <= 100,

@@ -33,6 +33,8 @@ pub struct Settings {
     pub sub_agents: SubAgentSettings,
     pub requests: RequestSettings,
     pub conversations: ConversationSettings,
+    pub budgets: BudgetSettings,
+    pub rate_limits: RateLimitSettings,
     pub events: EventSettings,
     pub sandbox: SandboxSettings,
     pub cluster: ClusterSettings,
@@ -232,6 +234,52 @@ pub struct SubAgentSettings {
     pub max_steps: u32,
     /// How long the grace turn may take before the sub-agent fails.
     pub grace_ms: u64,
+}
+
+/// The period a token budget counts over; it resets at its start (UTC).
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum BudgetPeriod {
+    Day,
+    #[default]
+    Month,
+}
+
+impl BudgetPeriod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BudgetPeriod::Day => "day",
+            BudgetPeriod::Month => "month",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<BudgetPeriod> {
+        match text {
+            "day" => Some(BudgetPeriod::Day),
+            "month" => Some(BudgetPeriod::Month),
+            _ => None,
+        }
+    }
+}
+
+/// Every tenant's token budget, unless `bedrock tenant budget` gave it its own.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetSettings {
+    /// Tokens (input and output) per period; 0: no budget.
+    pub tenant_tokens: u64,
+    pub period: BudgetPeriod,
+}
+
+/// Requests per API key, as a token bucket, unless `bedrock tenant rate` gave the tenant
+/// its own; WebSocket client frames count too.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitSettings {
+    /// The sustained rate; 0: no limit.
+    pub per_second: f64,
+    /// How many may come at once after a quiet spell.
+    pub burst: u32,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]

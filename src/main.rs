@@ -6,7 +6,8 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use bedrock::app::{Application, create_tenant, open_store};
+use bedrock::app::{Application, create_tenant, open_store, set_tenant_budget, set_tenant_rate};
+use bedrock::config::BudgetPeriod;
 use bedrock::config::Settings;
 use clap::{Parser, Subcommand};
 
@@ -52,6 +53,32 @@ enum Command {
 enum TenantCommand {
     /// Create a tenant; prints {"tenant_id", "api_key"} once.
     Create { name: String },
+    /// Give a tenant its own token budget (input and output tokens per period), or
+    /// `--default` to go back to [budgets] of the configuration; prints the budget.
+    Budget {
+        name: String,
+        /// Tokens per period; 0: no budget for this tenant.
+        #[arg(long, required_unless_present = "default")]
+        tokens: Option<u64>,
+        /// `day` or `month` (default: [budgets] period).
+        #[arg(long, value_parser = ["day", "month"])]
+        period: Option<String>,
+        #[arg(long, conflicts_with_all = ["tokens", "period"])]
+        default: bool,
+    },
+    /// Give a tenant its own request rate per API key, or `--default` to go back to
+    /// [rate_limits] of the configuration.
+    Rate {
+        name: String,
+        /// Requests per second, sustained; 0: no limit for this tenant.
+        #[arg(long, required_unless_present = "default")]
+        per_second: Option<f64>,
+        /// Requests at once after a quiet spell (default: [rate_limits] burst).
+        #[arg(long)]
+        burst: Option<u32>,
+        #[arg(long, conflicts_with_all = ["per_second", "burst"])]
+        default: bool,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -118,6 +145,39 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
                 "{}",
                 serde_json::json!({"tenant_id": tenant.id, "api_key": key})
             );
+            Ok(())
+        }
+        Command::Tenant {
+            command:
+                TenantCommand::Budget {
+                    name,
+                    tokens,
+                    period,
+                    default,
+                },
+        } => {
+            let period = period.as_deref().and_then(BudgetPeriod::parse);
+            let tokens = if default { None } else { tokens };
+            let budget = set_tenant_budget(&settings, &name, tokens, period).await?;
+            println!("{budget}");
+            Ok(())
+        }
+        Command::Tenant {
+            command:
+                TenantCommand::Rate {
+                    name,
+                    per_second,
+                    burst,
+                    default,
+                },
+        } => {
+            let (per_second, burst) = if default {
+                (None, None)
+            } else {
+                (per_second, burst)
+            };
+            let rate = set_tenant_rate(&settings, &name, per_second, burst).await?;
+            println!("{rate}");
             Ok(())
         }
         Command::Config => {

@@ -28,6 +28,8 @@ pub struct Metrics {
     history_reads: Counter<u64>,
     chunks_skipped: Counter<u64>,
     tokens: Counter<u64>,
+    budget_used: Gauge<u64>,
+    rejections: Counter<u64>,
     tool_runs: Counter<u64>,
     cancel_latency: Histogram<f64>,
     commit_latency: Histogram<f64>,
@@ -92,6 +94,14 @@ fn build(meter: &Meter, registry: prometheus::Registry, provider: SdkMeterProvid
         tokens: meter
             .u64_counter("bedrock.tokens")
             .with_description("Tokens by tenant, model and direction (input/output)")
+            .build(),
+        budget_used: meter
+            .u64_gauge("bedrock.budget_used_tokens")
+            .with_description("Tokens of its budget a tenant has used this period, by tenant")
+            .build(),
+        rejections: meter
+            .u64_counter("bedrock.rejections")
+            .with_description("Requests refused by a limit, by reason (rate_limited, budget)")
             .build(),
         tool_runs: meter
             .u64_counter("bedrock.tool_runs")
@@ -202,6 +212,17 @@ impl Metrics {
                 KeyValue::new("direction", direction),
             ],
         );
+    }
+
+    /// A tenant's budget as last seen: its tokens used this period.
+    pub fn budget_used(&self, tenant: &str, used: u64) {
+        self.budget_used
+            .record(used, &[KeyValue::new("tenant", tenant.to_owned())]);
+    }
+
+    /// A request refused by a limit (`rate_limited`, `budget`).
+    pub fn rejected(&self, reason: &'static str) {
+        self.rejections.add(1, &[KeyValue::new("reason", reason)]);
     }
 
     pub fn tool_run(&self, tool: &str, ok: bool) {

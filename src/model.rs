@@ -61,6 +61,8 @@ pub struct ConversationRecord {
     pub lease: Option<i64>,
     /// Where a fork came from.
     pub forked_from: Option<ForkPoint>,
+    /// Its own token budget (input and output together), given at creation.
+    pub budget_tokens: Option<u64>,
 }
 
 /// A fork's source and the last of its messages the fork copied.
@@ -90,6 +92,7 @@ pub struct NewConversation {
     pub user_initiated: bool,
     pub require_approval: Vec<String>,
     pub network: bool,
+    pub budget_tokens: Option<u64>,
     pub created_at: DateTime<Utc>,
 }
 
@@ -110,6 +113,7 @@ impl NewConversation {
             cwd: cwd.into(),
             model: model.to_owned(),
             system_prompt: None,
+            budget_tokens: None,
             parent_id: None,
             user_initiated: true,
             require_approval: Vec::new(),
@@ -142,6 +146,7 @@ impl NewConversation {
             updated_at: self.created_at,
             lease: None,
             forked_from: None,
+            budget_tokens: self.budget_tokens,
         }
     }
 }

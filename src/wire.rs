@@ -62,6 +62,8 @@ pub enum ErrorKind {
     Network,
     InvalidRequest,
     Limit,
+    /// A token budget is spent. *Extension.*
+    Budget,
     Unknown,
 }
 
@@ -73,6 +75,7 @@ impl From<core::ErrorKind> for ErrorKind {
             core::ErrorKind::Network => ErrorKind::Network,
             core::ErrorKind::InvalidRequest => ErrorKind::InvalidRequest,
             core::ErrorKind::Limit => ErrorKind::Limit,
+            core::ErrorKind::Budget => ErrorKind::Budget,
             core::ErrorKind::Unknown => ErrorKind::Unknown,
         }
     }
@@ -183,6 +186,9 @@ pub struct Conversation<'a> {
     /// A fork's source and the last of its messages the fork copied; absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub forked_from: Option<ForkedFrom<'a>>,
+    /// Its own token budget, when it was given one. *Extension.*
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget_tokens: Option<u64>,
     #[serde(serialize_with = "rfc3339")]
     #[schema(value_type = String, format = DateTime)]
     pub created_at: DateTime<Utc>,
@@ -227,6 +233,7 @@ pub fn conversation(conv: &ConversationRecord, context_window: u64) -> Conversat
             conversation_id: &from.conversation_id,
             sequence_id: from.sequence_id,
         }),
+        budget_tokens: conv.budget_tokens,
         usage: Usage {
             input_tokens: conv.usage.input_tokens,
             output_tokens: conv.usage.output_tokens,
@@ -537,6 +544,10 @@ pub struct CreateConversation {
     pub require_approval: Option<Vec<String>>,
     /// Network access for the tool processes, where the operator allows it. *Extension.*
     pub network: Option<bool>,
+    /// A token budget of its own (input and output together, its sub-agents each the
+    /// same): past it, its turns end in error kind `budget`. *Extension.*
+    #[schema(minimum = 1, maximum = 9_000_000_000_000_000_000_u64)]
+    pub budget_tokens: Option<u64>,
 }
 
 /// `GET /v1/conversations`.
@@ -550,6 +561,50 @@ pub struct ListQuery {
     pub cursor: Option<String>,
     /// Archived conversations instead of the others (default false).
     pub archived: Option<bool>,
+}
+
+/// `GET /v1/usage`. *Extension.*
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct UsageQuery {
+    /// The first day, `YYYY-MM-DD` (UTC; default: the first of this month).
+    #[param(pattern = "^[0-9]{4}-[0-9]{2}-[0-9]{2}$")]
+    pub from: Option<String>,
+    /// The last day, `YYYY-MM-DD` (UTC; default: today).
+    #[param(pattern = "^[0-9]{4}-[0-9]{2}-[0-9]{2}$")]
+    pub to: Option<String>,
+}
+
+/// Tokens of one model.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ModelTokens {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+/// A budget where it stands in its period.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Budget {
+    pub limit: u64,
+    pub used: u64,
+    /// `day` or `month`.
+    pub period: &'static str,
+    #[serde(serialize_with = "rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub resets_at: DateTime<Utc>,
+}
+
+/// `GET /v1/usage`: the tenant's tokens over the days asked for, and its budget.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UsageReport {
+    pub tenant_id: String,
+    pub from: String,
+    pub to: String,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub by_model: std::collections::BTreeMap<String, ModelTokens>,
+    #[schema(required = true)]
+    pub budget: Option<Budget>,
 }
 
 /// `GET /v1/conversations/{id}/messages`.

@@ -41,6 +41,7 @@ pub struct Model {
     /// The conversation this one was forked from, and the last message it copied.
     pub forked_from_id: Option<String>,
     pub forked_from_sequence: Option<i64>,
+    pub budget_tokens: Option<i64>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

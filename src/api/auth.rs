@@ -81,23 +81,28 @@ impl FromRequestParts<AppState> for Caller {
     ) -> Result<Self, Self::Rejection> {
         let Some(key) = bearer(parts)? else {
             return match &app.dev_tenant {
-                Some(tenant) => Ok(Caller(tenant.clone())),
+                Some(tenant) => {
+                    app.admit(DEV_KEY, &tenant.id).await?;
+                    Ok(Caller(tenant.clone()))
+                }
                 None => Err(ApiError::unauthorized(
                     "an API key is required: send Authorization: Bearer <key>",
                 )),
             };
         };
         let hash = hash_key(&key);
-        if let Some(tenant) = app.cached_key(&hash) {
-            return Ok(Caller(tenant));
-        }
-        match app.services.store.tenant_by_key_hash(&hash).await? {
-            Some(tenant) => {
-                app.cache_key(hash, tenant.clone());
-                Ok(Caller(tenant))
-            }
-            None => Err(ApiError::unauthorized("the API key is not valid")),
-        }
+        let tenant = match app.cached_key(&hash) {
+            Some(tenant) => tenant,
+            None => match app.services.store.tenant_by_key_hash(&hash).await? {
+                Some(tenant) => {
+                    app.cache_key(hash.clone(), tenant.clone());
+                    tenant
+                }
+                None => return Err(ApiError::unauthorized("the API key is not valid")),
+            },
+        };
+        app.admit(&hash, &tenant.id).await?;
+        Ok(Caller(tenant))
     }
 }
 
@@ -114,7 +119,30 @@ impl FromRequestParts<AppState> for Credential {
     }
 }
 
+/// The bucket of requests without a key, in dev mode.
+const DEV_KEY: &str = "dev";
+
+/// The bucket a WebSocket's frames count against: its key's, or dev mode's.
+pub fn key_id(credential: &Credential) -> String {
+    credential
+        .0
+        .as_deref()
+        .map_or_else(|| DEV_KEY.to_owned(), hash_key)
+}
+
 impl AppState {
+    /// Counts one request against the key's rate.
+    async fn admit(&self, key_id: &str, tenant_id: &str) -> Result<(), ApiError> {
+        self.rate
+            .admit(
+                &self.services.store,
+                &self.services.metrics,
+                key_id,
+                tenant_id,
+            )
+            .await
+    }
+
     fn cached_key(&self, hash: &str) -> Option<Tenant> {
         let cache = self.keys.lock().unwrap_or_else(|e| e.into_inner());
         cache

@@ -208,6 +208,13 @@ pub async fn create(
             "require_approval must be a list of at most 32 tool names",
         ));
     }
+    if let Some(budget) = body.budget_tokens
+        && !(1..=i64::MAX as u64).contains(&budget)
+    {
+        return Err(ApiError::invalid(format!(
+            "budget_tokens must be a positive number of tokens, not {budget}"
+        )));
+    }
     // Settled at creation and stored: what the conversation's tools get from now on.
     let requested = body.network.unwrap_or(false);
     let network = match &app.services.tool_limits.sandbox {
@@ -237,6 +244,7 @@ pub async fn create(
         user_initiated: true,
         require_approval,
         network,
+        budget_tokens: body.budget_tokens,
         // As stored: the databases keep microseconds.
         created_at: Utc::now().trunc_subsecs(6),
     };

@@ -4,8 +4,8 @@
 use axum::Json;
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
-use axum::http::StatusCode;
 use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -26,6 +26,8 @@ pub struct ApiError {
     /// The base URL of the node that owns the conversation: the request goes there (see
     /// `api::cluster`); this error is the answer only when it cannot.
     pub forward: Option<std::sync::Arc<str>>,
+    /// Sent as `Retry-After` (seconds).
+    pub retry_after_secs: Option<u64>,
 }
 
 /// A response's note that its request belongs to another node (`api::cluster` carries it).
@@ -39,7 +41,19 @@ impl ApiError {
             code,
             message: message.into(),
             forward: None,
+            retry_after_secs: None,
         }
+    }
+
+    /// Over a key's request rate: 429 `rate_limited`, to be tried again in `secs`.
+    pub fn rate_limited(secs: u64) -> Self {
+        let mut error = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            format!("too many requests for this API key; try again in {secs} s"),
+        );
+        error.retry_after_secs = Some(secs);
+        error
     }
 
     /// The conversation is owned by the node at `advertise`.
@@ -92,6 +106,11 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = reply(self.status, &self.body());
+        if let Some(secs) = self.retry_after_secs {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, secs.into());
+        }
         if let Some(to) = self.forward {
             response.extensions_mut().insert(Forward(to));
         }

@@ -109,6 +109,7 @@ async fn create(
         user_initiated: true,
         require_approval: source.require_approval.clone(),
         network,
+        budget_tokens: source.budget_tokens,
         created_at: Utc::now().trunc_subsecs(6),
     };
     let from = ForkPoint {

@@ -10,8 +10,10 @@ mod fork;
 mod images;
 mod openapi;
 mod ops;
+mod rate;
 mod requests;
 mod stream;
+mod usage;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -56,6 +58,8 @@ pub struct AppInner {
     /// Tripped when the server starts shutting down; live streams close on it.
     pub shutdown: CancellationToken,
     keys: Mutex<HashMap<String, (Tenant, Instant)>>,
+    /// Request rates per API key.
+    pub rate: rate::RateLimits,
 }
 
 #[derive(Clone, Debug)]
@@ -89,6 +93,7 @@ impl AppState {
         workspace_root: PathBuf,
         shutdown: CancellationToken,
     ) -> AppState {
+        let rate = rate::RateLimits::new(services.settings.rate_limits.clone());
         AppState(Arc::new(AppInner {
             settings: services.settings.clone(),
             services,
@@ -96,6 +101,7 @@ impl AppState {
             workspace_root,
             shutdown,
             keys: Mutex::new(HashMap::new()),
+            rate,
         }))
     }
 }
@@ -138,7 +144,8 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(c::tasks))
         .routes(routes!(c::cancel_task))
         .routes(routes!(stream::websocket))
-        .routes(routes!(stream::sse));
+        .routes(routes!(stream::sse))
+        .routes(routes!(usage::usage));
     OpenApiRouter::with_openapi(openapi::Document::openapi())
         .nest("/v1", v1)
         .routes(routes!(ops::healthz))

@@ -29,6 +29,7 @@ use crate::wire;
         (name = "conversations", description = "Conversations, their messages and their control"),
         (name = "live stream", description = "WebSocket and SSE"),
         (name = "operations", description = "Health, readiness, metrics and this document; no key"),
+        (name = "usage", description = "Token usage and budgets"),
     ),
 )]
 pub struct Document;

@@ -469,6 +469,17 @@ fn client_frame(
     text: &str,
     replies: &mpsc::Sender<Arc<Frame>>,
 ) {
+    // Client frames count against the key's rate, as requests do.
+    if let Err(secs) = app
+        .rate
+        .admit_known(&app.services.metrics, &super::auth::key_id(credential))
+    {
+        let _ = replies.try_send(rejected(
+            "rate_limited",
+            &format!("too many frames for this API key; try again in {secs} s"),
+        ));
+        return;
+    }
     let parsed: Result<ClientFrame, _> = serde_json::from_str(text);
     let frame = match parsed {
         Ok(frame) => frame,

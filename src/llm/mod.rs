@@ -7,6 +7,7 @@
 //! machine owns them.
 
 pub mod anthropic;
+mod budget;
 pub mod chunk;
 mod history;
 mod http;
@@ -90,6 +91,8 @@ pub struct LlmJob {
     pub through: i64,
     /// The conversation's history, which the conversation keeps between its requests.
     pub history: HistoryHandle,
+    /// The conversation's own token budget and its tokens so far.
+    pub budget: Option<(u64, u64)>,
 }
 
 impl std::fmt::Debug for LlmJob {
@@ -297,6 +300,8 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
         }
         Provider::Openai | Provider::Anthropic => {}
     }
+    // Budgets before anything is sent (docs/api.md, "Budgets and limits").
+    let mut budget = budget::reserve(shared, job, model_settings.max_output_tokens).await?;
     let _permit = shared
         .permits
         .acquire()
@@ -395,6 +400,9 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
         }
     };
     history::settle(&mut history, &shared.held);
+    if let Ok(reply) = &reply {
+        budget.settle(reply.usage).await;
+    }
     reply
 }
 

@@ -372,6 +372,7 @@ mod tests {
             updated_at: at,
             lease: None,
             forked_from: None,
+            budget_tokens: None,
         }
     }
 

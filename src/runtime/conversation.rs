@@ -898,6 +898,10 @@ async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, eff
                 recent: std::mem::take(&mut state.unsent),
                 through: state.record.next_sequence_id - 1,
                 history: Arc::clone(&state.history),
+                budget: state.record.budget_tokens.map(|limit| {
+                    let usage = &state.record.usage;
+                    (limit, usage.input_tokens + usage.output_tokens)
+                }),
             });
         }
         Effect::ScheduleRetry { request, delay_ms } => {

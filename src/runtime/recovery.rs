@@ -30,6 +30,8 @@ pub async fn recover(services: &Services) -> Result<RecoveryReport, StoreError> 
     if services.cluster.is_some() {
         return Ok(report);
     }
+    // The only node is starting: no LLM request is in flight, so no budget is held.
+    services.store.clear_reservations().await?;
     for mut record in services.store.busy_conversations().await? {
         if let Some(synthetic) = repair(services, &mut record).await? {
             report.synthetic_results += synthetic;

@@ -141,6 +141,8 @@ impl Actor for SubAgentSupervisor {
                 user_initiated: false,
                 require_approval: parent.require_approval.clone(),
                 network: parent.network,
+                // Each sub-agent gets the parent's budget as its own.
+                budget_tokens: parent.budget_tokens,
                 created_at: now,
             };
             if let Err(error) = services

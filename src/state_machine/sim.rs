@@ -71,12 +71,13 @@ pub struct World {
     next_id: u64,
 }
 
-const KINDS: [ErrorKind; 6] = [
+const KINDS: [ErrorKind; 7] = [
     ErrorKind::Auth,
     ErrorKind::RateLimit,
     ErrorKind::Network,
     ErrorKind::InvalidRequest,
     ErrorKind::Limit,
+    ErrorKind::Budget,
     ErrorKind::Unknown,
 ];
 

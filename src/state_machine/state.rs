@@ -155,6 +155,9 @@ pub enum ErrorKind {
     InvalidRequest,
     /// A bound of the turn or of the gateway was reached. Not retried.
     Limit,
+    /// The tenant's or the conversation's token budget is spent: no request was sent. Not
+    /// retried (the budget resets with its period, or is raised).
+    Budget,
     /// Anything else. Not retried.
     Unknown,
 }
@@ -164,9 +167,11 @@ impl ErrorKind {
     pub fn is_retryable(self) -> bool {
         match self {
             ErrorKind::RateLimit | ErrorKind::Network => true,
-            ErrorKind::Auth | ErrorKind::InvalidRequest | ErrorKind::Limit | ErrorKind::Unknown => {
-                false
-            }
+            ErrorKind::Auth
+            | ErrorKind::InvalidRequest
+            | ErrorKind::Limit
+            | ErrorKind::Budget
+            | ErrorKind::Unknown => false,
         }
     }
 
@@ -178,6 +183,7 @@ impl ErrorKind {
             ErrorKind::Network => "network",
             ErrorKind::InvalidRequest => "invalid_request",
             ErrorKind::Limit => "limit",
+            ErrorKind::Budget => "budget",
             ErrorKind::Unknown => "unknown",
         }
     }

@@ -351,6 +351,11 @@ fn matrix_non_retryable_error_is_an_error_at_once() {
             ErrorKind::Limit,
             "The LLM request hit a limit of the gateway: boom",
         ),
+        // Issue 25: a spent budget ends the turn before any request is sent.
+        (
+            ErrorKind::Budget,
+            "The token budget is spent; no LLM request was sent: boom",
+        ),
         (ErrorKind::Unknown, "The LLM request failed: boom"),
     ];
     for (kind, message) in cases {
@@ -920,6 +925,7 @@ fn req_bed_006_only_rate_limit_and_network_are_retryable() {
         ErrorKind::Network,
         ErrorKind::InvalidRequest,
         ErrorKind::Limit,
+        ErrorKind::Budget,
         ErrorKind::Unknown,
     ];
     let retryable: Vec<&str> = kinds

@@ -494,6 +494,7 @@ fn llm_error(
             }
             ErrorKind::InvalidRequest => "The LLM backend rejected the request as invalid",
             ErrorKind::Limit => "The LLM request hit a limit of the gateway",
+            ErrorKind::Budget => "The token budget is spent; no LLM request was sent",
             ErrorKind::RateLimit | ErrorKind::Network | ErrorKind::Unknown => {
                 "The LLM request failed"
             }

@@ -7,6 +7,7 @@
 
 mod cluster;
 mod error;
+mod limits;
 mod postgres;
 mod sqlite;
 
@@ -29,6 +30,7 @@ use serde::Serialize;
 
 pub use cluster::{FRAMES_CHANNEL, Lease, Node, Owner, WATCH_CHANNEL};
 pub use error::StoreError;
+pub use limits::{BudgetState, ModelUsage, Reservation, TenantLimits, period_of};
 pub(crate) use sqlite::Durable;
 
 use crate::model::{
@@ -1265,6 +1267,9 @@ fn conversation_row(new: &NewConversation) -> Result<conversations::ActiveModel>
         next_event_id: Set(1),
         forked_from_id: Set(None),
         forked_from_sequence: Set(None),
+        budget_tokens: Set(new
+            .budget_tokens
+            .map(|b| i64::try_from(b).unwrap_or(i64::MAX))),
     })
 }
 
@@ -1305,6 +1310,7 @@ fn conversation(row: conversations::Model) -> Result<ConversationRecord> {
         created_at: row.created_at,
         updated_at: row.updated_at,
         lease: None,
+        budget_tokens: row.budget_tokens.and_then(|b| u64::try_from(b).ok()),
         forked_from: row.forked_from_id.zip(row.forked_from_sequence).map(
             |(conversation_id, sequence_id)| ForkPoint {
                 conversation_id,

@@ -1,0 +1,83 @@
+//! `GET /v1/usage`: a tenant's tokens per model over a range of days, and its budget
+//! (docs/api.md, "Budgets and limits").
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use chrono::{Datelike as _, NaiveDate, Utc};
+
+use super::AppState;
+use super::auth::Caller;
+use super::error::{ApiError, ErrorBody, Query, reply};
+use crate::wire::{Budget, ModelTokens, UsageQuery, UsageReport};
+
+fn day(text: Option<&str>, name: &str, default: NaiveDate) -> Result<NaiveDate, ApiError> {
+    match text {
+        None => Ok(default),
+        Some(text) => NaiveDate::parse_from_str(text, "%Y-%m-%d").map_err(|_| {
+            ApiError::invalid(format!("{name} must be a day as YYYY-MM-DD, not {text:?}"))
+        }),
+    }
+}
+
+/// The tenant's token usage and budget. *Extension.*
+#[utoipa::path(get, path = "/usage", tag = "usage",
+    params(UsageQuery),
+    responses(
+        (status = 200, description = "Tokens per model over the days asked for, and the budget", body = UsageReport),
+        (status = 400, description = "A day that is not YYYY-MM-DD, or from after to", body = ErrorBody),
+    ))]
+pub async fn usage(
+    State(app): State<AppState>,
+    caller: Caller,
+    Query(q): Query<UsageQuery>,
+) -> Result<Response, ApiError> {
+    let now = Utc::now();
+    let today = now.date_naive();
+    let first = today.with_day0(0).unwrap_or(today);
+    let from = day(q.from.as_deref(), "from", first)?;
+    let to = day(q.to.as_deref(), "to", today)?;
+    if from > to {
+        return Err(ApiError::invalid(format!(
+            "from ({from}) is after to ({to})"
+        )));
+    }
+    let (from, to) = (from.to_string(), to.to_string());
+    let store = &app.services.store;
+    let rows = store.usage(&caller.0.id, &from, &to).await?;
+    let budgets = &app.settings.budgets;
+    let budget = store
+        .budget_state(&caller.0.id, (budgets.tenant_tokens, budgets.period), now)
+        .await?;
+    if let Some(state) = &budget {
+        app.services.metrics.budget_used(&caller.0.id, state.used);
+    }
+    Ok(reply(
+        StatusCode::OK,
+        &UsageReport {
+            tenant_id: caller.0.id.clone(),
+            input_tokens: rows.iter().map(|r| r.input_tokens).sum(),
+            output_tokens: rows.iter().map(|r| r.output_tokens).sum(),
+            by_model: rows
+                .into_iter()
+                .map(|r| {
+                    (
+                        r.model,
+                        ModelTokens {
+                            input_tokens: r.input_tokens,
+                            output_tokens: r.output_tokens,
+                        },
+                    )
+                })
+                .collect(),
+            budget: budget.map(|b| Budget {
+                limit: b.limit,
+                used: b.used,
+                period: b.period.as_str(),
+                resets_at: b.resets_at,
+            }),
+            from,
+            to,
+        },
+    ))
+}

@@ -1,0 +1,423 @@
+//! Token budgets, usage and rate overrides of tenants (docs/api.md, "Budgets and limits").
+//!
+//! A tenant's budget is checked in the database, atomically with the spend of its other
+//! conversations, on every node. Each LLM request first reserves an estimate of its
+//! tokens with one conditional UPDATE. The update goes through only while the period's
+//! `used + reserved` is under the limit, so requests that race for the last of a budget
+//! cannot all pass. When the answer comes, the reservation is replaced by the real spend
+//! (and the day's usage row is added to) in one transaction. A failed or cancelled request
+//! gives its reservation back. The period rolls over inside the same statements: the first
+//! request of a new period finds the old period's key and starts from zero.
+
+use chrono::{DateTime, Datelike as _, NaiveDate, TimeZone as _, Utc};
+use sea_orm::{ConnectionTrait as _, DbBackend, FromQueryResult, Statement, TransactionTrait as _};
+
+use super::{Result, Store};
+use crate::config::BudgetPeriod;
+
+/// A tenant's own limits, where they differ from the configured defaults.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct TenantLimits {
+    pub budget_tokens: Option<u64>,
+    pub budget_period: Option<BudgetPeriod>,
+    pub rate_per_second: Option<f64>,
+    pub rate_burst: Option<u32>,
+}
+
+/// A budget as it stands in its current period.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BudgetState {
+    pub limit: u64,
+    pub used: u64,
+    pub period: BudgetPeriod,
+    pub resets_at: DateTime<Utc>,
+}
+
+/// What a reservation found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reservation {
+    /// The tenant has no budget.
+    Unlimited,
+    /// `tokens` are reserved until the request is settled or released.
+    Reserved { tokens: u64 },
+    /// The budget is spent.
+    Spent(BudgetState),
+}
+
+/// Tokens of one model over some days.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ModelUsage {
+    pub model: String,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+/// The key of the period `now` lies in (`2026-11` or `2026-11-25`) and when it ends.
+pub fn period_of(period: BudgetPeriod, now: DateTime<Utc>) -> (String, DateTime<Utc>) {
+    let day = now.date_naive();
+    let next = match period {
+        BudgetPeriod::Day => day.succ_opt(),
+        BudgetPeriod::Month => {
+            let (year, month) = if day.month() == 12 {
+                (day.year() + 1, 1)
+            } else {
+                (day.year(), day.month() + 1)
+            };
+            NaiveDate::from_ymd_opt(year, month, 1)
+        }
+    }
+    .and_then(|d| d.and_hms_opt(0, 0, 0))
+    .map_or(now, |d| Utc.from_utc_datetime(&d));
+    let key = match period {
+        BudgetPeriod::Day => day.format("%Y-%m-%d").to_string(),
+        BudgetPeriod::Month => day.format("%Y-%m").to_string(),
+    };
+    (key, next)
+}
+
+/// The first day of the period `now` lies in.
+fn first_day(period: BudgetPeriod, now: DateTime<Utc>) -> String {
+    let day = now.date_naive();
+    match period {
+        BudgetPeriod::Day => day.format("%Y-%m-%d").to_string(),
+        BudgetPeriod::Month => day.format("%Y-%m-01").to_string(),
+    }
+}
+
+fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn to_u64(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+#[derive(Debug, FromQueryResult)]
+struct LimitsRow {
+    budget_tokens: Option<i64>,
+    budget_period: Option<String>,
+    rate_per_second: Option<f64>,
+    rate_burst: Option<i32>,
+    period_start: String,
+    used: i64,
+}
+
+#[derive(Debug, FromQueryResult)]
+struct UsageRow {
+    model: String,
+    input_tokens: i64,
+    output_tokens: i64,
+}
+
+impl Store {
+    /// `sql` written with `$1, $2, ...`, for this store's database.
+    fn statement(&self, sql: &str, values: Vec<sea_orm::Value>) -> Statement {
+        let backend = self.backend();
+        let sql = if backend == DbBackend::Sqlite {
+            sql.replace('$', "?")
+        } else {
+            sql.to_owned()
+        };
+        Statement::from_sql_and_values(backend, sql, values)
+    }
+
+    async fn limits_row(&self, tenant_id: &str) -> Result<Option<LimitsRow>> {
+        Ok(LimitsRow::find_by_statement(self.statement(
+            "SELECT budget_tokens, budget_period, rate_per_second, rate_burst, period_start, used \
+             FROM tenant_limits WHERE tenant_id = $1",
+            vec![tenant_id.into()],
+        ))
+        .one(&self.db)
+        .await?)
+    }
+
+    /// A tenant's own limits (all `None`: the defaults apply).
+    pub async fn tenant_limits(&self, tenant_id: &str) -> Result<TenantLimits> {
+        Ok(self
+            .limits_row(tenant_id)
+            .await?
+            .map(|row| TenantLimits {
+                budget_tokens: row.budget_tokens.map(to_u64),
+                budget_period: row.budget_period.as_deref().and_then(BudgetPeriod::parse),
+                rate_per_second: row.rate_per_second,
+                rate_burst: row.rate_burst.and_then(|b| u32::try_from(b).ok()),
+            })
+            .unwrap_or_default())
+    }
+
+    /// Gives a tenant its own budget (`None`: the default again); `effective` is the
+    /// period that then applies. The current period's spend so far is taken from the usage
+    /// already recorded.
+    pub async fn set_tenant_budget(
+        &self,
+        tenant_id: &str,
+        tokens: Option<u64>,
+        period: Option<BudgetPeriod>,
+        effective: BudgetPeriod,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        let (key, _) = period_of(effective, now);
+        let spent = self
+            .usage(tenant_id, &first_day(effective, now), "9999-12-31")
+            .await?
+            .iter()
+            .map(|u| u.input_tokens + u.output_tokens)
+            .sum::<u64>();
+        self.writer()
+            .execute_raw(self.statement(
+                "INSERT INTO tenant_limits (tenant_id, budget_tokens, budget_period, period_start, used) \
+                 VALUES ($1, $2, $3, $4, $5) \
+                 ON CONFLICT (tenant_id) DO UPDATE SET budget_tokens = excluded.budget_tokens, \
+                 budget_period = excluded.budget_period, period_start = excluded.period_start, \
+                 used = excluded.used",
+                vec![
+                    tenant_id.into(),
+                    tokens.map(to_i64).into(),
+                    period.map(|p| p.as_str().to_owned()).into(),
+                    key.into(),
+                    to_i64(spent).into(),
+                ],
+            ))
+            .await?;
+        Ok(())
+    }
+
+    /// Gives a tenant its own request rate (`None`: the default again).
+    pub async fn set_tenant_rate(
+        &self,
+        tenant_id: &str,
+        per_second: Option<f64>,
+        burst: Option<u32>,
+    ) -> Result<()> {
+        self.writer()
+            .execute_raw(self.statement(
+                "INSERT INTO tenant_limits (tenant_id, rate_per_second, rate_burst) VALUES ($1, $2, $3) \
+                 ON CONFLICT (tenant_id) DO UPDATE SET rate_per_second = excluded.rate_per_second, \
+                 rate_burst = excluded.rate_burst",
+                vec![
+                    tenant_id.into(),
+                    per_second.into(),
+                    burst.map(|b| i32::try_from(b).unwrap_or(i32::MAX)).into(),
+                ],
+            ))
+            .await?;
+        Ok(())
+    }
+
+    /// The budget that applies to a tenant (its own, else `default`: tokens, 0 for none)
+    /// and where it stands.
+    pub async fn budget_state(
+        &self,
+        tenant_id: &str,
+        default: (u64, BudgetPeriod),
+        now: DateTime<Utc>,
+    ) -> Result<Option<BudgetState>> {
+        let row = self.limits_row(tenant_id).await?;
+        let limit = row
+            .as_ref()
+            .and_then(|r| r.budget_tokens.map(to_u64))
+            .unwrap_or(default.0);
+        if limit == 0 {
+            return Ok(None);
+        }
+        let period = row
+            .as_ref()
+            .and_then(|r| r.budget_period.as_deref().and_then(BudgetPeriod::parse))
+            .unwrap_or(default.1);
+        let (key, resets_at) = period_of(period, now);
+        let used = match &row {
+            Some(row) if row.period_start == key => to_u64(row.used),
+            // No request yet this period (or ever): what the usage rows say.
+            Some(_) | None => self
+                .usage(tenant_id, &first_day(period, now), "9999-12-31")
+                .await?
+                .iter()
+                .map(|u| u.input_tokens + u.output_tokens)
+                .sum(),
+        };
+        Ok(Some(BudgetState {
+            limit,
+            used,
+            period,
+            resets_at,
+        }))
+    }
+
+    /// Reserves `estimate` tokens of the tenant's budget for one LLM request, if there is
+    /// budget left (see the module's comment).
+    pub async fn reserve_budget(
+        &self,
+        tenant_id: &str,
+        default: (u64, BudgetPeriod),
+        estimate: u64,
+        now: DateTime<Utc>,
+    ) -> Result<Reservation> {
+        let row = self.limits_row(tenant_id).await?;
+        let limit = row
+            .as_ref()
+            .and_then(|r| r.budget_tokens.map(to_u64))
+            .unwrap_or(default.0);
+        if limit == 0 {
+            return Ok(Reservation::Unlimited);
+        }
+        let period = row
+            .as_ref()
+            .and_then(|r| r.budget_period.as_deref().and_then(BudgetPeriod::parse))
+            .unwrap_or(default.1);
+        if row.is_none() {
+            // The configured default: the row that counts its spend starts with what was
+            // used this period already.
+            self.set_tenant_budget(tenant_id, None, None, period, now)
+                .await?;
+        }
+        let (key, _) = period_of(period, now);
+        let reserved = self
+            .writer()
+            .execute_raw(self.statement(
+                "UPDATE tenant_limits SET \
+                 used = CASE WHEN period_start = $2 THEN used ELSE 0 END, \
+                 reserved = CASE WHEN period_start = $2 THEN reserved ELSE 0 END + $3, \
+                 period_start = $2 \
+                 WHERE tenant_id = $1 \
+                 AND (CASE WHEN period_start = $2 THEN used + reserved ELSE 0 END) < $4",
+                vec![
+                    tenant_id.into(),
+                    key.into(),
+                    to_i64(estimate).into(),
+                    to_i64(limit).into(),
+                ],
+            ))
+            .await?
+            .rows_affected();
+        if reserved == 1 {
+            return Ok(Reservation::Reserved { tokens: estimate });
+        }
+        let state = self
+            .budget_state(tenant_id, default, now)
+            .await?
+            .unwrap_or(BudgetState {
+                limit,
+                used: limit,
+                period,
+                resets_at: period_of(period, now).1,
+            });
+        Ok(Reservation::Spent(state))
+    }
+
+    /// Records one LLM response's tokens: the day's usage row, and the tenant's budget
+    /// (its reservation replaced by the real spend), in one transaction.
+    pub async fn record_usage(
+        &self,
+        tenant_id: &str,
+        model: &str,
+        (input_tokens, output_tokens): (u64, u64),
+        reservation: Reservation,
+        period: BudgetPeriod,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        let day = now.date_naive().format("%Y-%m-%d").to_string();
+        let txn = self.writer().begin().await?;
+        txn.execute_raw(self.statement(
+            "INSERT INTO usage_daily (tenant_id, model, day, input_tokens, output_tokens) \
+             VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (tenant_id, day, model) DO UPDATE SET \
+             input_tokens = usage_daily.input_tokens + excluded.input_tokens, \
+             output_tokens = usage_daily.output_tokens + excluded.output_tokens",
+            vec![
+                tenant_id.into(),
+                model.into(),
+                day.into(),
+                to_i64(input_tokens).into(),
+                to_i64(output_tokens).into(),
+            ],
+        ))
+        .await?;
+        if let Reservation::Reserved { tokens } = reservation {
+            let (key, _) = period_of(period, now);
+            txn.execute_raw(self.statement(
+                "UPDATE tenant_limits SET \
+                 used = CASE WHEN period_start = $2 THEN used ELSE 0 END + $3, \
+                 reserved = CASE WHEN period_start = $2 AND reserved > $4 THEN reserved - $4 ELSE 0 END, \
+                 period_start = $2 \
+                 WHERE tenant_id = $1",
+                vec![
+                    tenant_id.into(),
+                    key.into(),
+                    to_i64(input_tokens + output_tokens).into(),
+                    to_i64(tokens).into(),
+                ],
+            ))
+            .await?;
+        }
+        txn.commit().await?;
+        Ok(())
+    }
+
+    /// Gives back a reservation whose request spent nothing it was told of (failed,
+    /// cancelled).
+    pub async fn release_budget(&self, tenant_id: &str, reservation: Reservation) -> Result<()> {
+        let Reservation::Reserved { tokens } = reservation else {
+            return Ok(());
+        };
+        self.writer()
+            .execute_raw(self.statement(
+                "UPDATE tenant_limits SET reserved = CASE WHEN reserved > $2 THEN reserved - $2 ELSE 0 END \
+                 WHERE tenant_id = $1",
+                vec![tenant_id.into(), to_i64(tokens).into()],
+            ))
+            .await?;
+        Ok(())
+    }
+
+    /// Forgets every reservation: at the start of the only node, no request is in flight.
+    pub async fn clear_reservations(&self) -> Result<()> {
+        self.writer()
+            .execute_raw(self.statement(
+                "UPDATE tenant_limits SET reserved = 0 WHERE reserved <> 0",
+                vec![],
+            ))
+            .await?;
+        Ok(())
+    }
+
+    /// A tenant's tokens per model over the days `from..=to` (`YYYY-MM-DD`).
+    pub async fn usage(&self, tenant_id: &str, from: &str, to: &str) -> Result<Vec<ModelUsage>> {
+        let rows = UsageRow::find_by_statement(self.statement(
+            "SELECT model, CAST(SUM(input_tokens) AS BIGINT) AS input_tokens, \
+             CAST(SUM(output_tokens) AS BIGINT) AS output_tokens \
+             FROM usage_daily WHERE tenant_id = $1 AND day >= $2 AND day <= $3 \
+             GROUP BY model ORDER BY model",
+            vec![tenant_id.into(), from.into(), to.into()],
+        ))
+        .all(&self.db)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| ModelUsage {
+                model: row.model,
+                input_tokens: to_u64(row.input_tokens),
+                output_tokens: to_u64(row.output_tokens),
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn periods_start_and_end_in_utc() {
+        let now = Utc
+            .with_ymd_and_hms(2026, 12, 31, 23, 59, 0)
+            .single()
+            .expect("a time");
+        let (key, resets) = period_of(BudgetPeriod::Month, now);
+        assert_eq!(key, "2026-12");
+        assert_eq!(resets.to_rfc3339(), "2027-01-01T00:00:00+00:00");
+        let (key, resets) = period_of(BudgetPeriod::Day, now);
+        assert_eq!(key, "2026-12-31");
+        assert_eq!(resets.to_rfc3339(), "2027-01-01T00:00:00+00:00");
+        assert_eq!(first_day(BudgetPeriod::Month, now), "2026-12-01");
+    }
+}
