@@ -17,6 +17,7 @@ mod console;
 mod contract;
 mod control;
 mod hitl;
+mod limits;
 mod persistence;
 mod runtime;
 mod sandbox;

@@ -328,6 +328,51 @@ async fn commands_manage_the_database() {
         !again.status.success(),
         "a second tenant of the same name is refused"
     );
+    // Its own budget and rate (issue 25), printed as they now apply.
+    let budget = command(&db, &llm, &workspace)
+        .args([
+            "tenant", "budget", "acme", "--tokens", "5000", "--period", "day",
+        ])
+        .output()
+        .expect("tenant budget runs");
+    assert!(
+        budget.status.success(),
+        "{}",
+        String::from_utf8_lossy(&budget.stderr)
+    );
+    let printed: Value = serde_json::from_slice(&budget.stdout).expect("JSON on stdout");
+    assert_eq!(printed["budget"]["limit"], 5000);
+    assert_eq!(printed["budget"]["period"], "day");
+    assert_eq!(printed["budget"]["used"], 0);
+    let back = command(&db, &llm, &workspace)
+        .args(["tenant", "budget", "acme", "--default"])
+        .output()
+        .expect("runs");
+    let printed: Value = serde_json::from_slice(&back.stdout).expect("JSON on stdout");
+    assert_eq!(printed["budget"], Value::Null, "the default is no budget");
+    let rate = command(&db, &llm, &workspace)
+        .args([
+            "tenant",
+            "rate",
+            "acme",
+            "--per-second",
+            "2.5",
+            "--burst",
+            "10",
+        ])
+        .output()
+        .expect("tenant rate runs");
+    let printed: Value = serde_json::from_slice(&rate.stdout).expect("JSON on stdout");
+    assert_eq!(
+        (printed["per_second"].as_f64(), printed["burst"].as_u64()),
+        (Some(2.5), Some(10))
+    );
+    let unknown = command(&db, &llm, &workspace)
+        .args(["tenant", "budget", "nobody", "--tokens", "1"])
+        .output()
+        .expect("runs");
+    assert!(!unknown.status.success());
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("no tenant is named"));
     let config = command(&db, &llm, &workspace)
         .env("BEDROCK_LLM_API_KEY", "sekrit")
         .arg("config")
