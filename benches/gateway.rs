@@ -164,6 +164,7 @@ fn history_step_on(duration: Duration, anthropic: bool) -> (f64, f64, usize) {
         system_prompt: None,
         is_sub_agent: false,
         only_submit: false,
+        no_tools: false,
         max_output_tokens: 4096,
         echo_reasoning: true,
     };

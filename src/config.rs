@@ -192,10 +192,12 @@ pub struct ModelOverrides {
     pub echo_reasoning: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub provider: Option<Provider>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub continuation_threshold: Option<f64>,
 }
 
 /// The settings of one model, defaults applied.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ModelSettings {
     pub context_window: u64,
     pub max_output_tokens: u32,
@@ -204,6 +206,9 @@ pub struct ModelSettings {
     /// assistant messages of the turn in progress (docs/backends.md).
     pub echo_reasoning: bool,
     pub provider: Provider,
+    /// The share of the context window at which the conversation is summarised and must
+    /// go on in a new one (0: never).
+    pub continuation_threshold: f64,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -572,11 +577,16 @@ impl Settings {
     pub fn model(&self, model: &str) -> ModelSettings {
         let default = self.models.get("default").cloned().unwrap_or_default();
         let own = self.models.get(model).cloned().unwrap_or_default();
+        // A model without a section of its own gets the smallest window configured: the
+        // safe guess.
+        let smallest = self.models.values().filter_map(|m| m.context_window).min();
+        let window = if self.models.contains_key(model) {
+            own.context_window.or(default.context_window)
+        } else {
+            smallest
+        };
         ModelSettings {
-            context_window: own
-                .context_window
-                .or(default.context_window)
-                .unwrap_or(128_000),
+            context_window: window.unwrap_or(128_000),
             max_output_tokens: own
                 .max_output_tokens
                 .or(default.max_output_tokens)
@@ -587,6 +597,10 @@ impl Settings {
                 .or(default.echo_reasoning)
                 .unwrap_or(true),
             provider: own.provider.or(default.provider).unwrap_or_default(),
+            continuation_threshold: own
+                .continuation_threshold
+                .or(default.continuation_threshold)
+                .unwrap_or(0.9),
         }
     }
 
@@ -778,7 +792,9 @@ mod tests {
         .expect("valid settings");
         assert_eq!(settings.model("tiny").context_window, 4096);
         assert_eq!(settings.model("tiny").max_output_tokens, 4096);
-        assert_eq!(settings.model("unknown").context_window, 128_000);
+        // A model without a section gets the smallest window configured (issue 25).
+        assert_eq!(settings.model("unknown").context_window, 4096);
+        assert_eq!(settings.model("unknown").continuation_threshold, 0.9);
         assert!(settings.database_url().starts_with("sqlite://"));
     }
 }

@@ -110,6 +110,11 @@ pub enum State<'a> {
     },
     /// Sub-agents only, after submit_result.
     Completed,
+    /// The context filled up and was summarised; the conversation goes on in a new one
+    /// (`POST .../continue`). *Extension.*
+    ContextExhausted {
+        summary: &'a str,
+    },
 }
 
 /// The contract's `State` of a conversation's state.
@@ -143,6 +148,7 @@ pub fn state(state: &ConvState) -> State<'_> {
             error_kind: (*error_kind).into(),
         },
         ConvState::Completed => State::Completed,
+        ConvState::ContextExhausted { summary } => State::ContextExhausted { summary },
     }
 }
 

@@ -170,6 +170,13 @@ pub fn rejection(rejection: Rejection, conversation_id: &str) -> ApiError {
             "conversation_completed",
             "this sub-agent has completed and takes no more messages",
         ),
+        Rejection::ContextExhausted => ApiError::new(
+            StatusCode::CONFLICT,
+            "context_exhausted",
+            format!(
+                "this conversation's context is full and it has been summarised; continue it with POST /v1/conversations/{conversation_id}/continue, which starts a new conversation from the summary"
+            ),
+        ),
     }
 }
 

@@ -219,7 +219,8 @@ pub struct Body<'a> {
     max_tokens: u32,
     system: [Value; 1],
     messages: Messages<'a>,
-    tools: &'a RawValue,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<&'a RawValue>,
     stream: bool,
 }
 
@@ -239,7 +240,11 @@ pub fn body<'a>(
             "cache_control": {"type": "ephemeral"},
         })],
         messages: Messages { history, images },
-        tools: tools_json(ctx.is_sub_agent, ctx.only_submit)?,
+        tools: if ctx.no_tools {
+            None
+        } else {
+            Some(tools_json(ctx.is_sub_agent, ctx.only_submit)?)
+        },
         stream: true,
     })
 }
@@ -766,6 +771,7 @@ mod tests {
             system_prompt: Some("Be brief."),
             is_sub_agent: false,
             only_submit: false,
+            no_tools: false,
             max_output_tokens: 1000,
             echo_reasoning: true,
         };

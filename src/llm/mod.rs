@@ -80,6 +80,8 @@ pub struct LlmJob {
     pub is_sub_agent: bool,
     /// A sub-agent's grace turn: submit_result is the only tool offered.
     pub only_submit: bool,
+    /// The summary request (context continuation): no tools are offered.
+    pub summary: bool,
     pub reply: ReplyTo,
     pub cancel: CancellationToken,
     /// The turn's span, parent of the request's.
@@ -351,6 +353,7 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
         system_prompt: job.system_prompt.as_deref(),
         is_sub_agent: job.is_sub_agent,
         only_submit: job.only_submit,
+        no_tools: job.summary,
         max_output_tokens: model_settings.max_output_tokens,
         echo_reasoning: model_settings.echo_reasoning,
     };

@@ -33,6 +33,8 @@ pub struct RequestContext<'a> {
     pub is_sub_agent: bool,
     /// A sub-agent's grace turn: submit_result is the only tool offered.
     pub only_submit: bool,
+    /// No tools at all (the summary request).
+    pub no_tools: bool,
     pub max_output_tokens: u32,
     /// Send the turn's reasoning back (`[models] echo_reasoning`).
     pub echo_reasoning: bool,
@@ -254,7 +256,9 @@ impl serde::Serialize for Messages<'_> {
 pub struct Body<'a> {
     model: &'a str,
     messages: Messages<'a>,
-    tools: &'a RawValue,
+    /// Left out when no tools are offered (an empty list is refused by OpenAI).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<&'a RawValue>,
     stream: bool,
     stream_options: ChatCompletionStreamOptions,
     max_completion_tokens: u32,
@@ -292,7 +296,11 @@ pub fn body<'a>(
             images,
             reasoning_from: ctx.echo_reasoning.then_some(turn_from),
         },
-        tools: tools_json(ctx.is_sub_agent, ctx.only_submit)?,
+        tools: if ctx.no_tools {
+            None
+        } else {
+            Some(tools_json(ctx.is_sub_agent, ctx.only_submit)?)
+        },
         stream: true,
         stream_options: ChatCompletionStreamOptions {
             include_usage: Some(true),
@@ -493,6 +501,7 @@ mod tests {
             system_prompt: Some("be brief"),
             is_sub_agent: false,
             only_submit: false,
+            no_tools: false,
             max_output_tokens: 512,
             echo_reasoning: true,
         };
@@ -583,6 +592,7 @@ mod tests {
                 system_prompt: None,
                 is_sub_agent: false,
                 only_submit: false,
+                no_tools: false,
                 max_output_tokens: 512,
                 echo_reasoning: echo,
             };

@@ -385,6 +385,7 @@ mod tests {
             limits: Default::default(),
             context_window: 0,
             context_tokens: 0,
+            continuation_permille: 0,
         }
     }
 

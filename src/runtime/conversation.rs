@@ -462,6 +462,7 @@ pub fn context(services: &Services, record: &ConversationRecord) -> ConvContext 
         limits: services.settings.turn_limits(),
         context_window: model.context_window,
         context_tokens: record.usage.context_tokens,
+        continuation_permille: (model.continuation_threshold * 1000.0).round() as u32,
     }
 }
 
@@ -875,6 +876,7 @@ async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, eff
             request,
             model,
             only_submit,
+            summary,
         } => {
             if starting_blocked {
                 return;
@@ -889,6 +891,7 @@ async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, eff
                 system_prompt: state.record.system_prompt.clone(),
                 is_sub_agent: state.ctx.is_sub_agent,
                 only_submit,
+                summary,
                 reply: reply_to(myself),
                 cancel,
                 span: state

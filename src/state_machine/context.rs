@@ -45,4 +45,7 @@ pub struct ConvContext {
     pub context_window: u64,
     /// Tokens the conversation occupied after the last LLM response (REQ-BED-012).
     pub context_tokens: u64,
+    /// Per mille of the window at which the conversation is summarised and continued
+    /// elsewhere (`continuation_threshold`; 0: never).
+    pub continuation_permille: u32,
 }

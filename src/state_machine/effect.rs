@@ -46,6 +46,8 @@ pub enum Effect {
         model: String,
         /// A sub-agent's grace turn: submit_result is the only tool offered.
         only_submit: bool,
+        /// The summary request: no tools are offered.
+        summary: bool,
     },
     /// Abort the request (or its pending retry) at once; the gateway answers `LlmAborted`.
     AbortLlm { request: LlmRequestTag },

@@ -101,6 +101,9 @@ pub enum Event {
     },
     /// REQ-BED-005.
     UserCancel,
+    /// The user asked to continue in a new conversation (`POST .../continue`) while idle:
+    /// the summary is asked for first. `turn` is the id of the turn that asks.
+    SummaryRequested { turn: TurnId },
     /// The runtime's follow-up to [`Effect::Continue`](super::Effect::Continue): start the
     /// next LLM step of `turn`.
     Continue { turn: TurnId },
@@ -151,6 +154,7 @@ impl Event {
         match self {
             Event::UserMessage { .. } => "user_message",
             Event::UserCancel => "user_cancel",
+            Event::SummaryRequested { .. } => "summary_requested",
             Event::Continue { .. } => "continue",
             Event::LlmResponse { .. } => "llm_response",
             Event::LlmError { .. } => "llm_error",

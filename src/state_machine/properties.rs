@@ -22,6 +22,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (any::<u8>(), any::<bool>()).prop_map(|(pick, success)| Op::SubAgentDone { pick, success }),
         1 => any::<bool>().prop_map(|wake| Op::Background { wake }),
         1 => Just(Op::Restart),
+        1 => Just(Op::Summarize),
         2 => any::<u16>().prop_map(|pick| Op::Stale { pick }),
     ]
 }
@@ -86,12 +87,13 @@ proptest! {
                 prop_assert!(matches!(got, Err(InvalidTransition::Rejected(_))), "busy state accepted a message: {got:?}");
             }
 
-            // Cancel from any state reaches Idle (a completed sub-agent stays completed).
+            // Cancel from any state reaches Idle (a completed sub-agent stays completed, an
+            // exhausted conversation exhausted).
             let mut probe = World::new(is_sub_agent);
             probe.state = world.state.clone();
             probe.ctx = world.ctx.clone();
             settle(&mut probe);
-            prop_assert!(matches!(probe.state, ConvState::Idle | ConvState::Completed), "cancel left {:?}", probe.state);
+            prop_assert!(matches!(probe.state, ConvState::Idle | ConvState::Completed | ConvState::ContextExhausted { .. }), "cancel left {:?}", probe.state);
 
             let before = world.state.clone();
             let outcome = world.apply(event);
@@ -153,6 +155,7 @@ fn answers_work(event: &Event) -> bool {
         | Event::SubAgentResult { .. } => true,
         Event::UserMessage { .. }
         | Event::UserCancel
+        | Event::SummaryRequested { .. }
         | Event::BackgroundResult { .. }
         | Event::Interrupted(_)
         | Event::TimeLimit { .. } => false,
@@ -177,12 +180,17 @@ proptest! {
         let users = |log: &[MessageContent]| log.iter().filter(|m| matches!(m, MessageContent::User { .. })).count();
         let before = users(&world.log);
         let was_completed = world.state == ConvState::Completed;
+        let was_exhausted = matches!(world.state, ConvState::ContextExhausted { .. });
         let working_sub_agent = is_sub_agent && world.state.is_busy();
         let event = world.event_for(&Op::Interrupt { stale: false }).expect("always an event");
         let Event::UserMessage { turn: new_turn, .. } = event.clone() else { unreachable!() };
         let outcome = world.apply(event);
         if was_completed {
             prop_assert_eq!(outcome, Err(InvalidTransition::Rejected(Rejection::Completed)));
+            return Ok(());
+        }
+        if was_exhausted {
+            prop_assert_eq!(outcome, Err(InvalidTransition::Rejected(Rejection::ContextExhausted)));
             return Ok(());
         }
         if working_sub_agent {
@@ -248,6 +256,7 @@ fn random_runs_reach_every_state() {
         "awaiting_sub_agents",
         "error",
         "completed",
+        "context_exhausted",
     ];
     assert_eq!(states, all_states.into_iter().collect());
     let all_events = [
@@ -264,6 +273,7 @@ fn random_runs_reach_every_state() {
         "background_result",
         "interrupted",
         "time_limit",
+        "summary_requested",
     ];
     assert_eq!(applied, all_events.into_iter().collect());
 }

@@ -46,6 +46,8 @@ pub enum Op {
         wake: bool,
     },
     Restart,
+    /// The user asks to continue in a new conversation (`POST .../continue`).
+    Summarize,
     /// Replays an event of earlier work (a late answer).
     Stale {
         pick: u16,
@@ -99,6 +101,7 @@ impl World {
                 },
                 context_window: 1000,
                 context_tokens: 0,
+                continuation_permille: 900,
             },
             log: Vec::new(),
             delivered: Vec::new(),
@@ -141,6 +144,9 @@ impl World {
             },
             Op::TimeLimit => Event::TimeLimit { timeout_ms: 1000 },
             Op::Cancel => Event::UserCancel,
+            Op::Summarize => Event::SummaryRequested {
+                turn: TurnId::new(self.fresh("turn")),
+            },
             Op::Continue => Event::Continue {
                 turn: self.pending_continue.clone()?,
             },

@@ -94,6 +94,14 @@ pub struct Turn {
     /// only submit_result offered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grace: Option<SubAgentLimit>,
+    /// The context passed the continuation threshold (or the user asked to continue): the
+    /// turn's next LLM step is the summary request.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub summary_due: bool,
+    /// The turn's LLM step in flight is the summary request: no tools, and its answer ends
+    /// the conversation in `ContextExhausted`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub summarizing: bool,
 }
 
 impl Turn {
@@ -106,6 +114,8 @@ impl Turn {
             held: Vec::new(),
             reminded: false,
             grace: None,
+            summary_due: false,
+            summarizing: false,
         }
     }
 }
@@ -242,6 +252,10 @@ pub enum ConvState {
     },
     /// A sub-agent that called submit_result. Terminal.
     Completed,
+    /// The context filled up and the LLM summarised the conversation: it takes no more
+    /// messages and goes on in a new conversation seeded with the summary
+    /// (`POST /conversations/{id}/continue`).
+    ContextExhausted { summary: String },
 }
 
 impl ConvState {
@@ -256,6 +270,7 @@ impl ConvState {
             ConvState::AwaitingSubAgents { .. } => "awaiting_sub_agents",
             ConvState::Error { .. } => "error",
             ConvState::Completed => "completed",
+            ConvState::ContextExhausted { .. } => "context_exhausted",
         }
     }
 
@@ -267,7 +282,10 @@ impl ConvState {
             | ConvState::ToolExecuting { turn, .. }
             | ConvState::Cancelling { turn }
             | ConvState::AwaitingSubAgents { turn, .. } => Some(turn),
-            ConvState::Idle | ConvState::Error { .. } | ConvState::Completed => None,
+            ConvState::Idle
+            | ConvState::Error { .. }
+            | ConvState::Completed
+            | ConvState::ContextExhausted { .. } => None,
         }
     }
 
@@ -290,7 +308,8 @@ impl ConvState {
             | ConvState::ToolExecuting { .. }
             | ConvState::Cancelling { .. }
             | ConvState::Error { .. }
-            | ConvState::Completed => Vec::new(),
+            | ConvState::Completed
+            | ConvState::ContextExhausted { .. } => Vec::new(),
         }
     }
 }

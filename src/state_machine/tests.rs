@@ -23,6 +23,7 @@ fn ctx() -> ConvContext {
         },
         context_window: 1000,
         context_tokens: 0,
+        continuation_permille: 0,
     }
 }
 
@@ -231,6 +232,7 @@ fn matrix_awaiting_llm_internal_step_requests_llm() {
             request: tag(1, 1),
             model: "m".into(),
             only_submit: false,
+            summary: false,
         }],
     );
 }
@@ -313,6 +315,7 @@ fn matrix_retry_timeout_sends_the_request_again() {
             request: tag(1, 2),
             model: "m".into(),
             only_submit: false,
+            summary: false,
         }],
     );
 }
@@ -1366,6 +1369,7 @@ fn background_results_in_a_busy_state_are_held_and_sent_with_the_next_request_in
                 request: tag(2, 1),
                 model: "m".into(),
                 only_submit: false,
+                summary: false,
             },
         ],
     );
@@ -1752,6 +1756,7 @@ fn a_sub_agent_at_its_step_limit_gets_a_grace_step_with_only_submit_result() {
                 request: tag(6, 1),
                 model: "m".into(),
                 only_submit: true,
+                summary: false,
             },
         ],
     );
@@ -1789,6 +1794,7 @@ fn a_retry_in_the_grace_turn_still_offers_only_submit_result() {
             request: tag(6, 2),
             model: "m".into(),
             only_submit: true,
+            summary: false,
         }],
     );
 }
@@ -2044,4 +2050,263 @@ fn a_history_may_be_forked_only_where_no_tool_call_is_open() {
     assert_eq!(last_fork_point(&history), 5);
     // A turn in progress: the fork ends before its open calls.
     assert_eq!(last_fork_point(&history[..3]), 1);
+}
+
+// ---------------------------------------------------------------------------------------
+// Context continuation (issue 25).
+
+/// A user conversation whose window is 1000 tokens, summarised at 90%.
+fn continuing() -> ConvContext {
+    ConvContext {
+        continuation_permille: 900,
+        ..ctx()
+    }
+}
+
+fn summary_due(steps: u32, tools: u32) -> Turn {
+    Turn {
+        summary_due: true,
+        ..turn(steps, tools)
+    }
+}
+
+fn summarizing(steps: u32) -> ConvState {
+    ConvState::LlmRequesting {
+        turn: Turn {
+            summarizing: true,
+            ..summary_due(steps, 0)
+        },
+        attempt: 1,
+    }
+}
+
+#[test]
+fn matrix_an_answer_past_the_threshold_asks_for_the_summary_next() {
+    let reply_at = |input: u64, tools: Vec<ToolUse>| Event::LlmResponse {
+        request: tag(1, 1),
+        reply: LlmReply {
+            usage: usage(input, 0),
+            ..reply(Some("answer"), tools, true)
+        },
+    };
+    // Below it: the turn ends as always.
+    check(
+        requesting(1, 0, 1),
+        &continuing(),
+        reply_at(899, vec![]),
+        ConvState::Idle,
+        vec![
+            Effect::RecordUsage {
+                usage: usage(899, 0),
+            },
+            Effect::WarnContext {
+                context_tokens: 899,
+                context_window: 1000,
+                ratio: 0.899,
+            },
+            agent(Some("answer"), vec![]),
+        ],
+    );
+    // At it, a finished answer does not end the turn: the summary step comes next.
+    check(
+        requesting(1, 0, 1),
+        &continuing(),
+        reply_at(900, vec![]),
+        ConvState::AwaitingLlm {
+            turn: summary_due(1, 0),
+        },
+        vec![
+            Effect::RecordUsage {
+                usage: usage(900, 0),
+            },
+            Effect::WarnContext {
+                context_tokens: 900,
+                context_window: 1000,
+                ratio: 0.9,
+            },
+            agent(Some("answer"), vec![]),
+            continue_t1(),
+        ],
+    );
+    // Tools asked for in that answer run first; the summary comes after them.
+    check(
+        requesting(1, 0, 1),
+        &continuing(),
+        reply_at(950, vec![bash("a")]),
+        ConvState::ToolExecuting {
+            turn: summary_due(1, 1),
+            current: bash("a"),
+            remaining: vec![],
+            completed: 0,
+        },
+        vec![
+            Effect::RecordUsage {
+                usage: usage(950, 0),
+            },
+            Effect::WarnContext {
+                context_tokens: 950,
+                context_window: 1000,
+                ratio: 0.95,
+            },
+            agent(Some("answer"), vec![bash("a")]),
+            Effect::ExecuteTool {
+                turn: tid("t1"),
+                tool: bash("a"),
+            },
+        ],
+    );
+    // Sub-agents are not continued.
+    check(
+        requesting(1, 0, 1),
+        &ConvContext {
+            is_sub_agent: true,
+            ..continuing()
+        },
+        reply_at(10, vec![bash("a")]),
+        ConvState::ToolExecuting {
+            turn: turn(1, 1),
+            current: bash("a"),
+            remaining: vec![],
+            completed: 0,
+        },
+        vec![
+            Effect::RecordUsage {
+                usage: usage(10, 0),
+            },
+            agent(Some("answer"), vec![bash("a")]),
+            Effect::ExecuteTool {
+                turn: tid("t1"),
+                tool: bash("a"),
+            },
+        ],
+    );
+}
+
+#[test]
+fn matrix_the_summary_step_offers_no_tools_and_may_pass_the_step_limit() {
+    // At the step limit (5) a due summary is still asked for.
+    check(
+        ConvState::AwaitingLlm {
+            turn: summary_due(5, 0),
+        },
+        &continuing(),
+        Event::Continue { turn: tid("t1") },
+        summarizing(6),
+        vec![
+            system(SUMMARY_REQUEST),
+            Effect::RequestLlm {
+                request: tag(6, 1),
+                model: "m".into(),
+                only_submit: false,
+                summary: true,
+            },
+        ],
+    );
+}
+
+#[test]
+fn matrix_the_summary_ends_the_conversation_and_its_tool_calls_are_not_run() {
+    check(
+        summarizing(2),
+        &continuing(),
+        Event::LlmResponse {
+            request: tag(2, 1),
+            reply: reply(Some("We fixed the parser."), vec![bash("x")], true),
+        },
+        ConvState::ContextExhausted {
+            summary: "We fixed the parser.".into(),
+        },
+        vec![
+            recorded(),
+            agent(Some("We fixed the parser."), vec![bash("x")]),
+            result(
+                &bash("x"),
+                false,
+                "not run: this was the request for the conversation's summary, which runs no tools",
+                true,
+            ),
+        ],
+    );
+    // A failed summary request fails the turn as any request does (retries included).
+    let got = transition(
+        &summarizing(2),
+        &continuing(),
+        Event::LlmError {
+            request: tag(2, 1),
+            error: failure(ErrorKind::Auth),
+        },
+    )
+    .expect("valid");
+    assert!(matches!(got.new_state, ConvState::Error { .. }));
+}
+
+#[test]
+fn matrix_an_exhausted_conversation_takes_no_messages() {
+    let exhausted = ConvState::ContextExhausted {
+        summary: "s".into(),
+    };
+    check_rejected(
+        exhausted.clone(),
+        user_message("more"),
+        Rejection::ContextExhausted,
+    );
+    check_rejected(
+        exhausted.clone(),
+        Event::UserMessage {
+            turn: tid("t2"),
+            text: "instead".into(),
+            images: vec![],
+            if_busy: IfBusy::Interrupt { running: None },
+        },
+        Rejection::ContextExhausted,
+    );
+    // A cancel leaves it as it is; a background result is stored.
+    check(
+        exhausted.clone(),
+        &ctx(),
+        Event::UserCancel,
+        exhausted.clone(),
+        vec![],
+    );
+    check_ignored(
+        exhausted.clone(),
+        &ctx(),
+        Event::SummaryRequested { turn: tid("t2") },
+    );
+}
+
+#[test]
+fn matrix_a_summary_asked_for_from_rest() {
+    for rest in [
+        ConvState::Idle,
+        ConvState::Error {
+            message: "m".into(),
+            error_kind: ErrorKind::Network,
+        },
+    ] {
+        check(
+            rest,
+            &ctx(),
+            Event::SummaryRequested { turn: tid("t1") },
+            ConvState::AwaitingLlm {
+                turn: summary_due(0, 0),
+            },
+            vec![continue_t1()],
+        );
+    }
+    check_rejected(
+        requesting(1, 0, 1),
+        Event::SummaryRequested { turn: tid("t2") },
+        Rejection::AgentBusy,
+    );
+    check_rejected(
+        ConvState::Cancelling { turn: turn(1, 0) },
+        Event::SummaryRequested { turn: tid("t2") },
+        Rejection::Cancelling,
+    );
+    check_rejected(
+        ConvState::Completed,
+        Event::SummaryRequested { turn: tid("t2") },
+        Rejection::Completed,
+    );
 }

@@ -60,6 +60,10 @@ pub enum Rejection {
     Cancelling,
     #[error("the sub-agent has completed and takes no more messages")]
     Completed,
+    #[error(
+        "the conversation's context is full and it has been summarised; continue it in a new conversation (POST /v1/conversations/{{id}}/continue)"
+    )]
+    ContextExhausted,
 }
 
 /// An event that the state cannot take.
@@ -105,6 +109,7 @@ pub fn transition(
             if_busy,
         } => user_message(state, ctx, turn, text, images, if_busy),
         Event::UserCancel => Ok(cancel(state)),
+        Event::SummaryRequested { turn } => summary_requested(state, turn),
         Event::Continue { turn } => continue_turn(state, ctx, &turn)
             .ok_or_else(|| ignored("no LLM step of that turn is due")),
         Event::LlmResponse { request, reply } => llm_response(state, ctx, &request, reply)
@@ -183,6 +188,9 @@ fn user_message(
     match (state, if_busy) {
         (ConvState::Idle | ConvState::Error { .. }, _) => {}
         (ConvState::Completed, _) => return Err(Rejection::Completed.into()),
+        (ConvState::ContextExhausted { .. }, _) => {
+            return Err(Rejection::ContextExhausted.into());
+        }
         (ConvState::Cancelling { .. }, IfBusy::Reject) => {
             return Err(Rejection::Cancelling.into());
         }
@@ -220,7 +228,10 @@ fn user_message(
 /// (its held results not yet stored); `None` when nothing was running.
 fn stop_turn(fx: &mut Effects, state: &ConvState, current: &str, skipped: &str) -> Option<Turn> {
     Some(match state.clone() {
-        ConvState::Idle | ConvState::Error { .. } | ConvState::Completed => return None,
+        ConvState::Idle
+        | ConvState::Error { .. }
+        | ConvState::Completed
+        | ConvState::ContextExhausted { .. } => return None,
         ConvState::AwaitingLlm { turn } | ConvState::Cancelling { turn } => turn,
         ConvState::LlmRequesting { turn, attempt } => {
             fx.push(Effect::AbortLlm {
@@ -272,7 +283,7 @@ fn cancel(state: &ConvState) -> TransitionResult {
     let mut fx = Effects::default();
     let new_state = match state {
         ConvState::Idle | ConvState::Error { .. } => ConvState::Idle,
-        ConvState::Completed => ConvState::Completed,
+        ConvState::Completed | ConvState::ContextExhausted { .. } => state.clone(),
         // Waits for the gateway to confirm the abort (`LlmAborted`).
         ConvState::Cancelling { .. } => state.clone(),
         ConvState::LlmRequesting { turn, .. } => {
@@ -306,7 +317,8 @@ fn finish_cancel(state: &ConvState, request: &LlmRequestTag) -> Option<Transitio
         | ConvState::Cancelling { .. }
         | ConvState::AwaitingSubAgents { .. }
         | ConvState::Error { .. }
-        | ConvState::Completed => None,
+        | ConvState::Completed
+        | ConvState::ContextExhausted { .. } => None,
     }
 }
 
@@ -319,6 +331,17 @@ fn continue_turn(state: &ConvState, ctx: &ConvContext, id: &TurnId) -> Option<Tr
     }
     let mut turn = turn.clone();
     let mut fx = Effects::default();
+    if turn.summary_due && !turn.summarizing {
+        // The summary step: one request without tools, past the step limit if need be.
+        turn.summarizing = true;
+        turn.llm_steps += 1;
+        fx.flush_held(std::mem::take(&mut turn.held));
+        fx.persist(MessageContent::System {
+            text: SUMMARY_REQUEST.to_owned(),
+        });
+        fx.push(request_llm(ctx, &turn, 1));
+        return Some(fx.into_result(ConvState::LlmRequesting { turn, attempt: 1 }));
+    }
     // The grace turn's one step may go past the limit that started it.
     if turn.llm_steps >= ctx.limits.max_llm_steps && turn.grace.is_none() {
         let max_steps = ctx.limits.max_llm_steps;
@@ -346,7 +369,68 @@ fn request_llm(ctx: &ConvContext, turn: &Turn, attempt: u32) -> Effect {
         request: request_tag(turn, attempt),
         model: ctx.model_id.clone(),
         only_submit: turn.grace.is_some(),
+        summary: turn.summarizing,
     }
+}
+
+/// What the summary request asks of the LLM (stored as a system message before it).
+pub const SUMMARY_REQUEST: &str = "[[SYSTEM: This conversation is about to continue in a new one, which will start from your summary alone: its context is nearly full, or the user asked for it. Write that summary now: the user's goals, what has been done and found, the state of the files and of the work, decisions made and why, and what remains to do, with the names, paths and values the next conversation needs. Answer with the summary only; no tools are available.]]";
+
+/// Issue 25: the user asked to continue in a new conversation; from rest, the summary is
+/// asked for first.
+fn summary_requested(
+    state: &ConvState,
+    turn: TurnId,
+) -> Result<TransitionResult, InvalidTransition> {
+    match state {
+        ConvState::Idle | ConvState::Error { .. } => {
+            let mut turn = Turn::new(turn);
+            turn.summary_due = true;
+            let mut fx = Effects::default();
+            fx.push(Effect::Continue {
+                turn: turn.id.clone(),
+            });
+            Ok(fx.into_result(ConvState::AwaitingLlm { turn }))
+        }
+        ConvState::Completed => Err(Rejection::Completed.into()),
+        ConvState::ContextExhausted { .. } => Err(InvalidTransition::Ignored {
+            state: state.kind(),
+            event: "summary_requested",
+            reason: "the summary is made already",
+        }),
+        ConvState::Cancelling { .. } => Err(Rejection::Cancelling.into()),
+        ConvState::AwaitingLlm { .. }
+        | ConvState::LlmRequesting { .. }
+        | ConvState::ToolExecuting { .. }
+        | ConvState::AwaitingSubAgents { .. } => Err(Rejection::AgentBusy.into()),
+    }
+}
+
+/// The summary came: stored as the agent's message; tool calls in it are not run (each is
+/// answered, so the chain stays valid), and the conversation is exhausted.
+fn summary_answer(
+    mut fx: Effects,
+    turn: Turn,
+    text: Option<String>,
+    tools: &[ToolUse],
+) -> TransitionResult {
+    skip_tools(
+        &mut fx,
+        tools,
+        "not run: this was the request for the conversation's summary, which runs no tools",
+    );
+    fx.flush_held(turn.held);
+    fx.into_result(ConvState::ContextExhausted {
+        summary: text.unwrap_or_default(),
+    })
+}
+
+/// Whether `usage` fills the context to the continuation threshold.
+fn past_threshold(ctx: &ConvContext, usage: Usage) -> bool {
+    ctx.continuation_permille > 0
+        && ctx.context_window > 0
+        && u128::from(usage.context_tokens()) * 1000
+            >= u128::from(ctx.context_window) * u128::from(ctx.continuation_permille)
 }
 
 fn retry_timeout(
@@ -388,10 +472,16 @@ fn llm_response(
         | ConvState::ToolExecuting { .. }
         | ConvState::AwaitingSubAgents { .. }
         | ConvState::Error { .. }
-        | ConvState::Completed => return None,
+        | ConvState::Completed
+        | ConvState::ContextExhausted { .. } => return None,
     };
     let mut fx = Effects::default();
     usage_effects(&mut fx, ctx, reply.usage);
+    let mut turn = turn;
+    // Issue 25: past the threshold, the turn's next step is the summary request.
+    if !ctx.is_sub_agent && !turn.summarizing && past_threshold(ctx, reply.usage) {
+        turn.summary_due = true;
+    }
     let LlmReply {
         text,
         tool_uses,
@@ -400,18 +490,21 @@ fn llm_response(
         ..
     } = reply;
     fx.persist(MessageContent::Agent {
-        text,
+        text: text.clone(),
         tool_uses: tool_uses.clone(),
         reasoning,
     });
+    if turn.summarizing {
+        return Some(summary_answer(fx, turn, text, &tool_uses));
+    }
     if let Some(limit) = turn.grace {
         return Some(grace_answer(fx, ctx, turn, limit, &tool_uses));
     }
 
     let mut tools = tool_uses.into_iter();
     let Some(first) = tools.next() else {
-        return Some(if !end_turn {
-            // REQ-BED-003: text only, not done: ask the LLM for more.
+        return Some(if !end_turn || turn.summary_due {
+            // REQ-BED-003: text only, not done: ask the LLM for more (or for the summary).
             continue_with_llm(fx, turn)
         } else if ctx.is_sub_agent {
             sub_agent_ended_without_submit(fx, ctx, turn)
@@ -422,7 +515,6 @@ fn llm_response(
     };
     let rest: Vec<ToolUse> = tools.collect();
     let requested = 1 + rest.len() as u32;
-    let mut turn = turn;
     if turn.tool_calls.saturating_add(requested) > ctx.limits.max_tool_calls {
         let output = format!(
             "not run: the turn reached its limit of {} tool calls",
@@ -457,7 +549,8 @@ fn llm_error(
         | ConvState::ToolExecuting { .. }
         | ConvState::AwaitingSubAgents { .. }
         | ConvState::Error { .. }
-        | ConvState::Completed => return None,
+        | ConvState::Completed
+        | ConvState::ContextExhausted { .. } => return None,
     };
     let fx = Effects::default();
     if error.kind.is_retryable() && attempt < MAX_LLM_ATTEMPTS {
@@ -645,7 +738,9 @@ fn background_result(
                 None => ConvState::Idle,
             }
         }
-        state @ (ConvState::Error { .. } | ConvState::Completed) => {
+        state @ (ConvState::Error { .. }
+        | ConvState::Completed
+        | ConvState::ContextExhausted { .. }) => {
             fx.persist(MessageContent::System {
                 text: result.system_text(),
             });
@@ -724,7 +819,10 @@ fn turn_mut(state: &mut ConvState) -> Option<&mut Turn> {
         | ConvState::ToolExecuting { turn, .. }
         | ConvState::Cancelling { turn }
         | ConvState::AwaitingSubAgents { turn, .. } => Some(turn),
-        ConvState::Idle | ConvState::Error { .. } | ConvState::Completed => None,
+        ConvState::Idle
+        | ConvState::Error { .. }
+        | ConvState::Completed
+        | ConvState::ContextExhausted { .. } => None,
     }
 }
 
