@@ -81,6 +81,7 @@ async fn run(
                 limits: TurnLimits::default(),
                 context_window: 128_000,
                 context_tokens: 0,
+                continuation_permille: 0,
             };
             let mut latencies = Vec::new();
             let mut n = 0u64;

@@ -63,6 +63,8 @@ pub struct ConversationRecord {
     pub forked_from: Option<ForkPoint>,
     /// Its own token budget (input and output together), given at creation.
     pub budget_tokens: Option<u64>,
+    /// The conversation whose summary it started from (context continuation).
+    pub continued_from: Option<String>,
 }
 
 /// A fork's source and the last of its messages the fork copied.
@@ -147,6 +149,7 @@ impl NewConversation {
             lease: None,
             forked_from: None,
             budget_tokens: self.budget_tokens,
+            continued_from: None,
         }
     }
 }

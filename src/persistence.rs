@@ -82,6 +82,13 @@ pub enum WriteJob {
         from: crate::model::ForkPoint,
         message_ids: Vec<String>,
     },
+    /// A new conversation continued from another's summary (its one message).
+    Continue {
+        new: NewConversation,
+        from: String,
+        message_id: String,
+        summary: crate::state_machine::MessageContent,
+    },
     InsertAttachments(Vec<NewAttachment>),
     CreateClientRequest(crate::model::ClientRequest),
     /// Resolve a pending request; `Resolved(false)` when it was no longer pending.
@@ -498,6 +505,16 @@ async fn write(store: &Store, job: WriteJob) -> Result<WriteOutcome, StoreError>
             from,
             message_ids,
         } => store.insert_fork(&new, &from, &message_ids).await?,
+        WriteJob::Continue {
+            new,
+            from,
+            message_id,
+            summary,
+        } => {
+            store
+                .insert_continuation(&new, &from, &message_id, &summary)
+                .await?
+        }
         WriteJob::InsertAttachments(new) => store.insert_attachments(&new).await?,
         WriteJob::CreateClientRequest(request) => store.insert_client_request(&request).await?,
         WriteJob::ResolveClientRequest {

@@ -166,6 +166,12 @@ pub struct Usage {
 // ---------------------------------------------------------------------------------------
 // Conversations and messages.
 
+/// Where a continued conversation came from.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ContinuedFrom<'a> {
+    pub conversation_id: &'a str,
+}
+
 /// A conversation.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Conversation<'a> {
@@ -195,6 +201,10 @@ pub struct Conversation<'a> {
     /// Its own token budget, when it was given one. *Extension.*
     #[serde(skip_serializing_if = "Option::is_none")]
     pub budget_tokens: Option<u64>,
+    /// The conversation whose summary it started from (`POST .../continue`); absent
+    /// otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub continued_from: Option<ContinuedFrom<'a>>,
     #[serde(serialize_with = "rfc3339")]
     #[schema(value_type = String, format = DateTime)]
     pub created_at: DateTime<Utc>,
@@ -240,6 +250,10 @@ pub fn conversation(conv: &ConversationRecord, context_window: u64) -> Conversat
             sequence_id: from.sequence_id,
         }),
         budget_tokens: conv.budget_tokens,
+        continued_from: conv
+            .continued_from
+            .as_deref()
+            .map(|conversation_id| ContinuedFrom { conversation_id }),
         usage: Usage {
             input_tokens: conv.usage.input_tokens,
             output_tokens: conv.usage.output_tokens,

@@ -11,6 +11,7 @@ mod m20261125_000006_conversation_keys;
 mod m20261125_000007_cluster;
 mod m20261125_000008_forks;
 mod m20261125_000009_budgets;
+mod m20261125_000010_continuations;
 
 /// Runs a migration's statements for the database at hand, in order, each error naming its
 /// statement. SQLite and Postgres only.
@@ -56,6 +57,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261125_000007_cluster::Migration),
             Box::new(m20261125_000008_forks::Migration),
             Box::new(m20261125_000009_budgets::Migration),
+            Box::new(m20261125_000010_continuations::Migration),
         ]
     }
 }

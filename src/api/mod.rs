@@ -4,6 +4,7 @@
 mod auth;
 mod cluster;
 mod console;
+mod continuation;
 mod conversations;
 mod error;
 mod fork;
@@ -136,6 +137,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(c::children))
         .routes(routes!(c::image))
         .routes(routes!(fork::fork))
+        .routes(routes!(continuation::continue_conversation))
         .routes(routes!(c::cancel))
         .routes(routes!(c::archive))
         .routes(routes!(c::unarchive))

@@ -373,6 +373,7 @@ mod tests {
             lease: None,
             forked_from: None,
             budget_tokens: None,
+            continued_from: None,
         }
     }
 

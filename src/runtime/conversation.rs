@@ -71,6 +71,9 @@ pub enum ConvMsg {
     Record(RpcReplyPort<ConversationRecord>),
     /// Graceful shutdown: interrupt the turn, store it, and stop.
     Shutdown(Box<RpcReplyPort<()>>),
+    /// The user asks to continue in a new conversation: from rest, ask for the summary.
+    /// Answered once the request for it is stored, or refused (issue 25).
+    Summarize(RpcReplyPort<Result<(), SendError>>),
 }
 
 /// A user message for [`ConvMsg::Send`].
@@ -144,6 +147,7 @@ impl std::fmt::Debug for ConvMsg {
             ConvMsg::Emit(emit) => write!(f, "Emit({})", emit.frames.len()),
             ConvMsg::Record(_) => f.write_str("Record"),
             ConvMsg::Shutdown(_) => f.write_str("Shutdown"),
+            ConvMsg::Summarize(_) => f.write_str("Summarize"),
         }
     }
 }
@@ -402,6 +406,10 @@ async fn handle(
         ConvMsg::Record(reply) => {
             let _ = reply.send(state.record.clone());
         }
+        ConvMsg::Summarize(reply) => {
+            let outcome = Box::pin(summarize(&myself, state)).await;
+            let _ = reply.send(outcome);
+        }
         ConvMsg::Shutdown(reply) => {
             state.stopping = true;
             if state.record.state.is_busy() {
@@ -554,6 +562,35 @@ async fn send(
         Err(StoreError::Conflict(_)) if has_client_key => Err(SendError::Duplicate),
         Err(e) => Err(SendError::Unavailable(e.to_string())),
     }
+}
+
+/// Asks for the summary that a continuation starts from (`POST .../continue` at rest).
+async fn summarize(
+    myself: &ActorRef<ConvMsg>,
+    state: &mut ConversationState,
+) -> Result<(), SendError> {
+    if starting_blocked(state) {
+        return Err(SendError::ShuttingDown);
+    }
+    let turn = TurnId::new(uuid::Uuid::now_v7().to_string());
+    let result = transition(
+        &state.record.state,
+        &state.ctx,
+        Event::SummaryRequested { turn },
+    )
+    .map_err(|e| match e {
+        InvalidTransition::Rejected(rejection) => SendError::Rejected(rejection),
+        // Summarised already: the caller reads it.
+        InvalidTransition::Ignored { .. } => SendError::Rejected(Rejection::ContextExhausted),
+    })?;
+    let how = Commit {
+        retry: false,
+        urgent: false,
+    };
+    store_and_dispatch(myself, state, result, None, how)
+        .await
+        .map(|_| ())
+        .map_err(|e| SendError::Unavailable(e.to_string()))
 }
 
 /// Stores and publishes durable frames outside a transition.

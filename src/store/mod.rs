@@ -856,6 +856,52 @@ impl Store {
     /// Creates `new` as a fork of `from`: its history is a copy of the source's messages
     /// 1..=`from.sequence_id` (with ids of their own and no client keys), and every image
     /// they show is shared with it, not copied. One transaction.
+    /// A conversation continued from `from`'s summary: its row and its one message, the
+    /// summary as a system message, in one transaction.
+    pub(crate) async fn insert_continuation(
+        &self,
+        new: &NewConversation,
+        from: &str,
+        message_id: &str,
+        summary: &crate::state_machine::MessageContent,
+    ) -> Result<()> {
+        let txn = self.writer().begin().await?;
+        if conversations::Entity::find_by_id(from.to_owned())
+            .one(&txn)
+            .await?
+            .is_none()
+        {
+            return Err(StoreError::NotFound);
+        }
+        let mut row = conversation_row(new)?;
+        row.continued_from_id = Set(Some(from.to_owned()));
+        row.next_sequence_id = Set(2);
+        conversations::Entity::insert(row).exec(&txn).await?;
+        let key: Option<i64> = conversations::Entity::find()
+            .select_only()
+            .column_as(Expr::col(INTERNAL_KEY), "key")
+            .filter(conversations::Column::Id.eq(&new.id))
+            .into_tuple()
+            .one(&txn)
+            .await?;
+        let key = key.ok_or_else(|| StoreError::Other("the continuation has no key".into()))?;
+        messages::Entity::insert(messages::ActiveModel {
+            conversation_key: Set(key),
+            sequence_id: Set(1),
+            id: Set(message_id.to_owned()),
+            message_type: Set(summary.message_type().as_str().to_owned()),
+            content: Set(wire::content(summary)),
+            usage_data: Set(None),
+            client_message_id: Set(None),
+            created_at: Set(new.created_at),
+            event_id: Set(None),
+        })
+        .exec(&txn)
+        .await?;
+        txn.commit().await?;
+        Ok(())
+    }
+
     pub(crate) async fn insert_fork(
         &self,
         new: &NewConversation,
@@ -1270,6 +1316,7 @@ fn conversation_row(new: &NewConversation) -> Result<conversations::ActiveModel>
         budget_tokens: Set(new
             .budget_tokens
             .map(|b| i64::try_from(b).unwrap_or(i64::MAX))),
+        continued_from_id: Set(None),
     })
 }
 
@@ -1311,6 +1358,7 @@ fn conversation(row: conversations::Model) -> Result<ConversationRecord> {
         updated_at: row.updated_at,
         lease: None,
         budget_tokens: row.budget_tokens.and_then(|b| u64::try_from(b).ok()),
+        continued_from: row.continued_from_id,
         forked_from: row.forked_from_id.zip(row.forked_from_sequence).map(
             |(conversation_id, sequence_id)| ForkPoint {
                 conversation_id,

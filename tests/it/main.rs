@@ -14,6 +14,7 @@ mod backends;
 mod chaos;
 mod cluster;
 mod console;
+mod continuation;
 mod contract;
 mod control;
 mod hitl;

@@ -1,0 +1,175 @@
+//! `POST /v1/conversations/{id}/continue` (docs/api.md, "Context continuation"): a new
+//! conversation that starts from another's summary. An exhausted conversation has its
+//! summary already. One at rest is asked for it first, and the request waits for it.
+
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use chrono::{SubsecRound as _, Utc};
+
+use super::AppState;
+use super::auth::Caller;
+use super::error::{ApiError, ErrorBody, Path, rejection, reply};
+use crate::model::NewConversation;
+use crate::persistence::WriteJob;
+use crate::runtime::{ConvMsg, SendError};
+use crate::state_machine::{ConvState, MessageContent};
+use crate::store::StoreError;
+use crate::wire::Conversation;
+
+/// The system message a continuation starts with.
+pub fn seed(from: &str, summary: &str) -> MessageContent {
+    MessageContent::System {
+        text: format!(
+            "[[SYSTEM: This conversation continues conversation {from}, whose context filled up. Its summary follows; carry on from it.]]\n\n{summary}"
+        ),
+    }
+}
+
+/// Continues a conversation in a new one seeded with its summary. *Extension.*
+#[utoipa::path(post, path = "/conversations/{id}/continue", tag = "conversations",
+    params(("id" = String, Path, description = "The conversation's id or slug")),
+    responses(
+        (status = 201, description = "The new conversation, its first message the summary", body = Conversation),
+        (status = 400, description = "A sub-agent: its parent goes on, not it", body = ErrorBody),
+        (status = 404, description = "No such conversation", body = ErrorBody),
+        (status = 409, description = "Busy (agent_busy, cancelling), or the summary failed (summary_failed)", body = ErrorBody),
+        (status = 503, description = "The database, or the summary, did not answer in time", body = ErrorBody),
+    ))]
+pub async fn continue_conversation(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let source = app.find(&caller, &id).await?;
+    if !source.user_initiated {
+        return Err(ApiError::invalid(
+            "a sub-agent is not continued: its parent conversation goes on",
+        ));
+    }
+    let summary = match &source.state {
+        ConvState::ContextExhausted { summary } => summary.clone(),
+        ConvState::Idle
+        | ConvState::Error { .. }
+        | ConvState::AwaitingLlm { .. }
+        | ConvState::LlmRequesting { .. }
+        | ConvState::ToolExecuting { .. }
+        | ConvState::Cancelling { .. }
+        | ConvState::AwaitingSubAgents { .. }
+        | ConvState::Completed => summarize(&app, &source.id).await?,
+    };
+    let new_id = uuid::Uuid::now_v7().to_string();
+    let new = NewConversation {
+        id: new_id.clone(),
+        tenant_id: caller.0.id.clone(),
+        slug: format!("conv-{}", &new_id[new_id.len() - 12..]),
+        // The work goes on where it was.
+        cwd: source.cwd.clone(),
+        model: source.model.clone(),
+        system_prompt: source.system_prompt.clone(),
+        parent_id: None,
+        user_initiated: true,
+        require_approval: source.require_approval.clone(),
+        network: source.network,
+        budget_tokens: source.budget_tokens,
+        created_at: Utc::now().trunc_subsecs(6),
+    };
+    let mut record = new.record();
+    record.next_sequence_id = 2;
+    record.continued_from = Some(source.id.clone());
+    app.services
+        .persistence
+        .write(WriteJob::Continue {
+            new,
+            from: source.id.clone(),
+            message_id: uuid::Uuid::now_v7().to_string(),
+            summary: seed(&source.id, &summary),
+        })
+        .await
+        .map_err(|error| match error {
+            StoreError::NotFound => ApiError::not_found("conversation"),
+            other @ (StoreError::Unavailable(_)
+            | StoreError::Conflict(_)
+            | StoreError::Corrupt(_)
+            | StoreError::Other(_)) => other.into(),
+        })?;
+    let created = reply(StatusCode::CREATED, &app.conversation_json(&record));
+    if let Err(e) = app
+        .services
+        .registry
+        .start_from(&app.services, record)
+        .await
+    {
+        tracing::warn!(error = %e, "a continuation's actor did not start; it starts on first use");
+    }
+    Ok(created)
+}
+
+/// Asks the conversation (at rest) for its summary and waits for it.
+async fn summarize(app: &AppState, id: &str) -> Result<String, ApiError> {
+    let live = app
+        .services
+        .registry
+        .get_or_start(&app.services, id)
+        .await?;
+    let asked = live
+        .actor
+        .call(ConvMsg::Summarize, Some(Duration::from_secs(30)))
+        .await;
+    match asked {
+        Ok(ractor::rpc::CallResult::Success(Ok(()))) => {}
+        // Summarised meanwhile: read it below.
+        Ok(ractor::rpc::CallResult::Success(Err(SendError::Rejected(
+            crate::state_machine::Rejection::ContextExhausted,
+        )))) => {}
+        Ok(ractor::rpc::CallResult::Success(Err(SendError::Rejected(r)))) => {
+            return Err(rejection(r, id));
+        }
+        Ok(ractor::rpc::CallResult::Success(Err(other))) => return Err(other.into()),
+        Ok(_) | Err(_) => {
+            return Err(ApiError::unavailable(
+                "the conversation did not answer; try again shortly",
+            ));
+        }
+    }
+    // The summary is one LLM step: its retries included, within three total timeouts.
+    let llm = &app.settings.llm;
+    let deadline = Instant::now() + Duration::from_millis(llm.total_timeout_ms.saturating_mul(3));
+    loop {
+        let Some(record) = live.record().await else {
+            return Err(ApiError::unavailable(
+                "the conversation stopped while summarising; try again",
+            ));
+        };
+        match record.state {
+            ConvState::ContextExhausted { summary } => return Ok(summary),
+            ConvState::Error { message, .. } => {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "summary_failed",
+                    format!("the summary could not be made: {message}"),
+                ));
+            }
+            ConvState::Idle | ConvState::Completed => {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "summary_failed",
+                    "the summary was not made (the turn was cancelled or interrupted)",
+                ));
+            }
+            ConvState::AwaitingLlm { .. }
+            | ConvState::LlmRequesting { .. }
+            | ConvState::ToolExecuting { .. }
+            | ConvState::Cancelling { .. }
+            | ConvState::AwaitingSubAgents { .. } => {}
+        }
+        if Instant::now() > deadline {
+            return Err(ApiError::unavailable(
+                "the summary did not come in time; the conversation is still asking for it, so try again later",
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
