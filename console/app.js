@@ -394,6 +394,8 @@ function renderState() {
   b.textContent = stateLabel(state, S.retrying);
   setBadgeClass(b, state, S.retrying);
   $('cancel').disabled = !(BUSY.has(state.kind) && state.kind !== 'cancelling');
+  // The context is full: the conversation goes on from its summary in a new one.
+  $('continue').hidden = state.kind !== 'context_exhausted';
   const item = S.list.items.find((c) => c.id === S.conv.id);
   if (item) {
     item.state = state;
@@ -770,6 +772,16 @@ function resendOutbox() {
   postOutbox();
 }
 
+async function continueConversation() {
+  if (!S.conv) return;
+  $('continue').disabled = true;
+  try {
+    const next = await api('POST', convPath(S.conv.id, '/continue'));
+    await loadList(true);
+    open(next.id);
+  } catch (e) { failed(e); } finally { $('continue').disabled = false; }
+}
+
 async function cancel() {
   if (!S.conv) return;
   $('cancel').disabled = true;
@@ -1057,6 +1069,7 @@ function wire() {
   $('older').addEventListener('click', loadOlder);
   $('composer').addEventListener('submit', send);
   $('cancel').addEventListener('click', cancel);
+  $('continue').addEventListener('click', continueConversation);
   $('text').addEventListener('keydown', (e) => {
     if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) { e.preventDefault(); send(); }
   });

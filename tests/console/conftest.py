@@ -202,7 +202,7 @@ def create_conversation(page, **fields):
     """Creates a conversation with the form; returns its id once its page is open and its
     live stream is up."""
     before = page.evaluate("location.hash")
-    page.get_by_text("New conversation").click()
+    page.get_by_text("New conversation", exact=True).click()
     labels = {"slug": "Name", "cwd": "Working directory", "model": "Model", "system_prompt": "System prompt"}
     for field, value in fields.items():
         page.get_by_label(labels[field]).fill(value)

@@ -77,7 +77,7 @@ def test_create_list_archive_delete(page, server):
     expect(item).to_be_hidden()
     assert http("GET", f"{server.url}/v1/conversations/{conv}", server.key)[0] == 404
     # A bad cwd is the server's 400, shown by the form.
-    page.get_by_text("New conversation").click()
+    page.get_by_text("New conversation", exact=True).click()
     page.get_by_label("Working directory").fill("/etc")
     page.get_by_role("button", name="Create", exact=True).click()
     expect(page.locator("#create-error")).to_contain_text("invalid_request")
@@ -264,6 +264,21 @@ def test_context_meter_colours(page, server):
     create_conversation(page, model="danger-window")
     send(page, "hello")
     expect(page.locator("#context")).to_have_class(re.compile(r"\bdanger\b"))
+
+
+def test_a_full_context_is_continued_in_a_new_conversation(page, server):
+    sign_in(page, server)
+    # Its window is 112 tokens: the first answer (110) fills it past 90%.
+    source = create_conversation(page, model="danger-window")
+    send(page, "hello")
+    expect(state(page)).to_have_text("context_exhausted")
+    page.get_by_role("button", name="Continue in a new conversation").click()
+    page.wait_for_function("(source) => !location.hash.endsWith(source)", arg=source)
+    conv = page.evaluate("decodeURIComponent(location.hash.slice(4))")
+    open_conversation(page, conv)
+    first = page.locator("#messages > li[data-type='system']").first
+    expect(first).to_contain_text(f"continues conversation {source}")
+    expect(page.get_by_role("button", name="Continue in a new conversation")).to_be_hidden()
 
 
 def test_reconnect_after_the_server_restarts(page, server):
