@@ -50,7 +50,7 @@ fn limiter(per_second: f64, burst: u32) -> Option<Arc<DefaultDirectRateLimiter>>
     if !(per_second.is_finite() && per_second > 0.0) {
         return None;
     }
-    let quota = Quota::with_period(Duration::from_secs_f64(1.0 / per_second))?
+    let quota = Quota::with_period(Duration::try_from_secs_f64(1.0 / per_second).ok()?)?
         .allow_burst(NonZeroU32::new(burst.max(1))?);
     Some(Arc::new(RateLimiter::direct(quota)))
 }

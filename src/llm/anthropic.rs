@@ -12,8 +12,9 @@
 //!
 //! What Anthropic's API wants differently:
 //! - the system prompt is a top-level `system`;
-//! - tool results are `tool_result` blocks of a user message (consecutive user messages are
-//!   merged by the API);
+//! - tool results are `tool_result` blocks of a user message: each is stored on its own, and
+//!   runs of messages of one role are merged when the request is written, tool_result
+//!   blocks first, as the API requires;
 //! - images are base64 `image` blocks;
 //! - a tool's input must be an object;
 //! - two `cache_control` breakpoints: one on the system prompt (which caches the tools with
@@ -95,7 +96,10 @@ fn convert(content: &MessageContent, images: ImageLoader<'_>) -> Option<Value> {
             text, tool_uses, ..
         } => {
             let mut blocks = Vec::with_capacity(tool_uses.len() + 1);
-            if let Some(text) = text.as_deref().filter(|t| !t.trim().is_empty()) {
+            // Without its trailing whitespace: a cut answer is continued by a request that
+            // ends with it, and Anthropic refuses a final assistant text that ends in
+            // whitespace.
+            if let Some(text) = text.as_deref().map(str::trim_end).filter(|t| !t.is_empty()) {
                 blocks.push(text_block(text));
             }
             for tool in tool_uses {
@@ -182,32 +186,105 @@ impl Messages<'_> {
     }
 }
 
+/// A stored piece as the serializer reads it: its role and its content blocks, borrowed.
+#[derive(serde::Deserialize)]
+struct Piece<'a> {
+    #[serde(borrow)]
+    role: &'a str,
+    #[serde(borrow)]
+    content: &'a RawValue,
+}
+
+/// A content block's type, read without reading the rest of it.
+#[derive(serde::Deserialize)]
+struct BlockKind<'a> {
+    #[serde(borrow, rename = "type")]
+    kind: &'a str,
+}
+
+/// One message as sent: a stored piece as it is, or several merged.
+#[derive(serde::Serialize)]
+struct Out<'a> {
+    role: &'a str,
+    content: OutContent<'a>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum OutContent<'a> {
+    Raw(&'a RawValue),
+    Blocks(Vec<OutBlock<'a>>),
+}
+
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum OutBlock<'a> {
+    Raw(&'a RawValue),
+    /// The last block, with the cache breakpoint.
+    Marked(Value),
+}
+
 impl serde::Serialize for Messages<'_> {
+    /// Anthropic wants roles to alternate, and every tool_result of an assistant message in
+    /// the one user message right after it, before anything else in it. Stored pieces are
+    /// one message each (each tool result its own), so runs of one role are merged here,
+    /// tool_result blocks first. The last block of the last message is the cache breakpoint.
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let count = self.pieces().count();
-        let mut seq = serializer.serialize_seq(Some(count))?;
-        for (at, piece) in self.pieces().enumerate() {
-            if at + 1 == count {
-                seq.serialize_element(&with_breakpoint(piece))?;
-            } else {
-                seq.serialize_element(piece)?;
+        use serde::ser::Error as _;
+        let mut groups: Vec<(&str, Vec<&RawValue>)> = Vec::new();
+        for raw in self.pieces() {
+            let piece: Piece<'_> = serde_json::from_str(raw.get()).map_err(S::Error::custom)?;
+            match groups.last_mut() {
+                Some((role, contents)) if *role == piece.role => contents.push(piece.content),
+                Some(_) | None => groups.push((piece.role, vec![piece.content])),
             }
+        }
+        let last = groups.len().saturating_sub(1);
+        let mut seq = serializer.serialize_seq(Some(groups.len()))?;
+        for (at, (role, contents)) in groups.into_iter().enumerate() {
+            if at != last && contents.len() == 1 {
+                seq.serialize_element(&Out {
+                    role,
+                    content: OutContent::Raw(contents[0]),
+                })?;
+                continue;
+            }
+            let mut results = Vec::new();
+            let mut others = Vec::new();
+            for content in contents {
+                let blocks: Vec<&RawValue> =
+                    serde_json::from_str(content.get()).map_err(S::Error::custom)?;
+                for block in blocks {
+                    let kind: BlockKind<'_> =
+                        serde_json::from_str(block.get()).map_err(S::Error::custom)?;
+                    if kind.kind == "tool_result" {
+                        results.push(OutBlock::Raw(block));
+                    } else {
+                        others.push(OutBlock::Raw(block));
+                    }
+                }
+            }
+            results.append(&mut others);
+            if at == last
+                && let Some(OutBlock::Raw(block)) = results.pop()
+            {
+                results.push(OutBlock::Marked(with_breakpoint(block)));
+            }
+            seq.serialize_element(&Out {
+                role,
+                content: OutContent::Blocks(results),
+            })?;
         }
         seq.end()
     }
 }
 
-/// A message with `cache_control` on its last block: the one piece of the history that is
-/// parsed again per request.
-fn with_breakpoint(message: &RawValue) -> Value {
-    let mut value: Value = serde_json::from_str(message.get()).unwrap_or(Value::Null);
-    if let Some(last) = value
-        .get_mut("content")
-        .and_then(Value::as_array_mut)
-        .and_then(|blocks| blocks.last_mut())
-        .and_then(Value::as_object_mut)
-    {
-        last.insert("cache_control".into(), json!({"type": "ephemeral"}));
+/// A content block with `cache_control` on it: the one block of the history that is parsed
+/// whole again per request.
+fn with_breakpoint(block: &RawValue) -> Value {
+    let mut value: Value = serde_json::from_str(block.get()).unwrap_or(Value::Null);
+    if let Some(object) = value.as_object_mut() {
+        object.insert("cache_control".into(), json!({"type": "ephemeral"}));
     }
     value
 }
@@ -219,8 +296,11 @@ pub struct Body<'a> {
     max_tokens: u32,
     system: [Value; 1],
     messages: Messages<'a>,
+    tools: &'a RawValue,
+    /// `{"type": "none"}` for the summary request: the history's tool blocks need the tools
+    /// defined, but none may be called.
     #[serde(skip_serializing_if = "Option::is_none")]
-    tools: Option<&'a RawValue>,
+    tool_choice: Option<Value>,
     stream: bool,
 }
 
@@ -240,11 +320,8 @@ pub fn body<'a>(
             "cache_control": {"type": "ephemeral"},
         })],
         messages: Messages { history, images },
-        tools: if ctx.no_tools {
-            None
-        } else {
-            Some(tools_json(ctx.is_sub_agent, ctx.only_submit)?)
-        },
+        tools: tools_json(ctx.is_sub_agent, ctx.only_submit)?,
+        tool_choice: ctx.no_tools.then(|| json!({"type": "none"})),
         stream: true,
     })
 }

@@ -3,94 +3,109 @@
 //! atomic across conversations and nodes).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::Utc;
 
 use super::{Failure, LlmJob, Shared};
-use crate::config::BudgetPeriod;
 use crate::state_machine::{ErrorKind, Usage};
 use crate::store::{BudgetState, Reservation, Store};
 
 /// A request's hold on its tenant's budget. Settled with the tokens the answer reports; a
-/// request that ends any other way (an error, a cancel that drops it) gives the reservation
-/// back when this is dropped.
+/// request that ends any other way (an error, a cancel that drops it) gives the
+/// reservation back when this is dropped. Both run in tasks of their own, so that a cancel
+/// that drops the request cannot cut them short.
 pub(super) struct Hold {
     store: Store,
     metrics: Arc<crate::metrics::Metrics>,
     tenant_id: String,
     model: String,
-    period: BudgetPeriod,
     /// The configured default budget (tokens, period).
-    default: (u64, BudgetPeriod),
+    default: (u64, crate::config::BudgetPeriod),
     reservation: Reservation,
-    settled: bool,
+    done: bool,
 }
 
 impl Hold {
-    /// Records the answer's tokens: the day's usage, and the budget's spend.
-    pub(super) async fn settle(&mut self, usage: Usage) {
-        self.settled = true;
-        let now = Utc::now();
-        if let Err(error) = self
-            .store
-            .record_usage(
-                &self.tenant_id,
-                &self.model,
-                (usage.input_tokens, usage.output_tokens),
-                self.reservation,
-                self.period,
-                now,
-            )
-            .await
-        {
-            tracing::warn!(tenant = %self.tenant_id, %error, "the usage of an LLM response was not recorded");
-            let _ = self
-                .store
-                .release_budget(&self.tenant_id, self.reservation)
-                .await;
-            return;
-        }
-        if matches!(self.reservation, Reservation::Reserved { .. })
-            && let Ok(Some(state)) = self
-                .store
-                .budget_state(&self.tenant_id, self.default, now)
-                .await
-        {
-            self.metrics.budget_used(&self.tenant_id, state.used);
-        }
+    /// Records the answer's tokens: the day's usage, and the budget's spend in place of the
+    /// reservation.
+    pub(super) fn settle(&mut self, usage: Usage) {
+        self.done = true;
+        let (store, metrics) = (self.store.clone(), self.metrics.clone());
+        let (tenant, model, reservation, default) = (
+            self.tenant_id.clone(),
+            self.model.clone(),
+            self.reservation.clone(),
+            self.default,
+        );
+        tokio::spawn(async move {
+            let tokens = (usage.input_tokens, usage.output_tokens);
+            let recorded = retried(|| store.record_usage(&tenant, &model, tokens, &reservation, Utc::now())).await;
+            if let Err(error) = recorded {
+                tracing::warn!(%tenant, %error, "the usage of an LLM response was not recorded");
+                let _ = retried(|| store.release_budget(&tenant, &reservation)).await;
+                return;
+            }
+            if matches!(reservation, Reservation::Reserved { .. })
+                && let Ok(Some(state)) = store.budget_state(&tenant, default, Utc::now()).await
+            {
+                metrics.budget_used(&tenant, state.used);
+            }
+        });
     }
 }
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        if self.settled || !matches!(self.reservation, Reservation::Reserved { .. }) {
+        if self.done || !matches!(self.reservation, Reservation::Reserved { .. }) {
             return;
         }
-        let (store, tenant, reservation) =
-            (self.store.clone(), self.tenant_id.clone(), self.reservation);
+        let (store, tenant, reservation) = (
+            self.store.clone(),
+            self.tenant_id.clone(),
+            self.reservation.clone(),
+        );
         tokio::spawn(async move {
-            if let Err(error) = store.release_budget(&tenant, reservation).await {
+            if let Err(error) = retried(|| store.release_budget(&tenant, &reservation)).await {
                 tracing::warn!(%tenant, %error, "a budget reservation was not given back");
             }
         });
     }
 }
 
-fn spent(what: &str, state: &BudgetState) -> Failure {
-    Failure::new(
-        ErrorKind::Budget,
-        format!(
-            "{what} has used {} of its {} tokens this {}; it resets at {}",
-            state.used,
-            state.limit,
-            state.period.as_str(),
-            state.resets_at.to_rfc3339(),
-        ),
+/// `write`, tried again a few times while the database refuses it.
+async fn retried<F, Fut>(mut write: F) -> crate::store::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = crate::store::Result<()>>,
+{
+    let mut delay = Duration::from_millis(100);
+    let mut tries = 0;
+    loop {
+        match write().await {
+            Err(error) if error.is_unavailable() && tries < 5 => {
+                tries += 1;
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            other => return other,
+        }
+    }
+}
+
+fn described(what: &str, state: &BudgetState) -> String {
+    format!(
+        "{what} has used {} of its {} tokens this {}; it resets at {}",
+        state.used,
+        state.limit,
+        state.period.as_str(),
+        state.resets_at.to_rfc3339(),
     )
 }
 
-/// The conversation's budget, then the tenant's: a spent one is a `budget` failure; else
-/// `estimate` tokens of the tenant's are held for the request.
+/// The conversation's budget, then the tenant's: a spent one is a `budget` failure, one
+/// whose rest is held by requests in flight a retryable one; else `estimate` tokens of the
+/// tenant's are held for the request.
 pub(super) async fn reserve(shared: &Shared, job: &LlmJob, estimate: u32) -> Result<Hold, Failure> {
     let metrics = &shared.metrics;
     if let Some((limit, used)) = job.budget
@@ -108,12 +123,7 @@ pub(super) async fn reserve(shared: &Shared, job: &LlmJob, estimate: u32) -> Res
     let default = (budgets.tenant_tokens, budgets.period);
     let reservation = shared
         .store
-        .reserve_budget(
-            &job.tenant_id,
-            default,
-            u64::from(estimate.max(1)),
-            Utc::now(),
-        )
+        .reserve_budget(&job.tenant_id, default, u64::from(estimate.max(1)), Utc::now())
         .await
         .map_err(|e| {
             Failure::new(
@@ -121,29 +131,37 @@ pub(super) async fn reserve(shared: &Shared, job: &LlmJob, estimate: u32) -> Res
                 format!("cannot check the token budget: {e}"),
             )
         })?;
-    let period = match reservation {
+    match &reservation {
         Reservation::Spent(state) => {
             metrics.rejected("budget");
             metrics.budget_used(&job.tenant_id, state.used);
-            return Err(spent("the tenant", &state));
+            return Err(Failure::new(
+                ErrorKind::Budget,
+                described("the tenant", state),
+            ));
         }
-        Reservation::Reserved { .. } => shared
-            .store
-            .tenant_limits(&job.tenant_id)
-            .await
-            .ok()
-            .and_then(|l| l.budget_period)
-            .unwrap_or(budgets.period),
-        Reservation::Unlimited => budgets.period,
-    };
+        Reservation::Held(state) => {
+            // Retried by the core after a short delay: the requests in flight will have
+            // settled by then, one way or the other.
+            let mut failure = Failure::new(
+                ErrorKind::RateLimit,
+                format!(
+                    "{}; the rest is held by requests in flight",
+                    described("the tenant", state)
+                ),
+            );
+            failure.retry_after_ms = Some(2000);
+            return Err(failure);
+        }
+        Reservation::Reserved { .. } | Reservation::Unlimited => {}
+    }
     Ok(Hold {
         store: shared.store.clone(),
         metrics: metrics.clone(),
         tenant_id: job.tenant_id.clone(),
         model: job.model.clone(),
-        period,
         default,
         reservation,
-        settled: false,
+        done: false,
     })
 }

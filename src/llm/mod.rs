@@ -302,13 +302,14 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
         }
         Provider::Openai | Provider::Anthropic => {}
     }
-    // Budgets before anything is sent (docs/api.md, "Budgets and limits").
-    let mut budget = budget::reserve(shared, job, model_settings.max_output_tokens).await?;
     let _permit = shared
         .permits
         .acquire()
         .await
         .map_err(|_| Failure::new(ErrorKind::Unknown, "the gateway is shutting down"))?;
+    // Budgets before anything is sent, once the request may go (docs/api.md, "Budgets and
+    // limits"): a request waiting for a slot holds none of the budget.
+    let mut budget = budget::reserve(shared, job, model_settings.max_output_tokens).await?;
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + Duration::from_millis(llm.total_timeout_ms);
 
@@ -404,7 +405,7 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
     };
     history::settle(&mut history, &shared.held);
     if let Ok(reply) = &reply {
-        budget.settle(reply.usage).await;
+        budget.settle(reply.usage);
     }
     reply
 }

@@ -256,9 +256,11 @@ impl serde::Serialize for Messages<'_> {
 pub struct Body<'a> {
     model: &'a str,
     messages: Messages<'a>,
-    /// Left out when no tools are offered (an empty list is refused by OpenAI).
+    tools: &'a RawValue,
+    /// `"none"` for the summary request: the tools stay defined (the history uses them),
+    /// but none may be called.
     #[serde(skip_serializing_if = "Option::is_none")]
-    tools: Option<&'a RawValue>,
+    tool_choice: Option<&'static str>,
     stream: bool,
     stream_options: ChatCompletionStreamOptions,
     max_completion_tokens: u32,
@@ -296,11 +298,8 @@ pub fn body<'a>(
             images,
             reasoning_from: ctx.echo_reasoning.then_some(turn_from),
         },
-        tools: if ctx.no_tools {
-            None
-        } else {
-            Some(tools_json(ctx.is_sub_agent, ctx.only_submit)?)
-        },
+        tools: tools_json(ctx.is_sub_agent, ctx.only_submit)?,
+        tool_choice: ctx.no_tools.then_some("none"),
         stream: true,
         stream_options: ChatCompletionStreamOptions {
             include_usage: Some(true),

@@ -58,7 +58,7 @@ pub const FRAMES_CHANNEL: &str = "bedrock_frames";
 pub const WATCH_CHANNEL: &str = "bedrock_watch";
 
 /// True in SQL for a conversation `c` with work in flight: a turn, or a background task.
-const WORK: &str = "(c.state NOT IN ('idle', 'error', 'completed') \
+const WORK: &str = "(c.state NOT IN ('idle', 'error', 'completed', 'context_exhausted') \
     OR EXISTS (SELECT 1 FROM background_tasks b \
                WHERE b.conversation_id = c.id AND b.status = 'running'))";
 

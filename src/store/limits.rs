@@ -34,14 +34,18 @@ pub struct BudgetState {
 }
 
 /// What a reservation found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reservation {
     /// The tenant has no budget.
     Unlimited,
-    /// `tokens` are reserved until the request is settled or released.
-    Reserved { tokens: u64 },
+    /// `tokens` are reserved in the period `period_key` until the request is settled or
+    /// released.
+    Reserved { tokens: u64, period_key: String },
     /// The budget is spent.
     Spent(BudgetState),
+    /// The budget is not spent, but what is left is held by requests in flight: try again
+    /// shortly.
+    Held(BudgetState),
 }
 
 /// Tokens of one model over some days.
@@ -83,6 +87,11 @@ fn first_day(period: BudgetPeriod, now: DateTime<Utc>) -> String {
         BudgetPeriod::Month => day.format("%Y-%m-01").to_string(),
     }
 }
+
+/// SQL for the tokens a tenant (`$1`) has used since day `$5`, from its usage rows: where a
+/// new period's count starts.
+const SPENT: &str = "(SELECT COALESCE(SUM(u.input_tokens + u.output_tokens), 0) \
+                     FROM usage_daily u WHERE u.tenant_id = $1 AND u.day >= $5)";
 
 fn to_i64(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
@@ -244,7 +253,8 @@ impl Store {
     }
 
     /// Reserves `estimate` tokens of the tenant's budget for one LLM request, if there is
-    /// budget left (see the module's comment).
+    /// budget left (see the module's comment). The first request of a period starts from
+    /// the usage already recorded in it.
     pub async fn reserve_budget(
         &self,
         tenant_id: &str,
@@ -274,23 +284,29 @@ impl Store {
         let reserved = self
             .writer()
             .execute_raw(self.statement(
-                "UPDATE tenant_limits SET \
-                 used = CASE WHEN period_start = $2 THEN used ELSE 0 END, \
-                 reserved = CASE WHEN period_start = $2 THEN reserved ELSE 0 END + $3, \
-                 period_start = $2 \
-                 WHERE tenant_id = $1 \
-                 AND (CASE WHEN period_start = $2 THEN used + reserved ELSE 0 END) < $4",
+                &format!(
+                    "UPDATE tenant_limits SET \
+                     used = CASE WHEN period_start = $2 THEN used ELSE {SPENT} END, \
+                     reserved = CASE WHEN period_start = $2 THEN reserved ELSE 0 END + $3, \
+                     period_start = $2 \
+                     WHERE tenant_id = $1 \
+                     AND (CASE WHEN period_start = $2 THEN used + reserved ELSE {SPENT} END) < $4"
+                ),
                 vec![
                     tenant_id.into(),
-                    key.into(),
+                    key.clone().into(),
                     to_i64(estimate).into(),
                     to_i64(limit).into(),
+                    first_day(period, now).into(),
                 ],
             ))
             .await?
             .rows_affected();
         if reserved == 1 {
-            return Ok(Reservation::Reserved { tokens: estimate });
+            return Ok(Reservation::Reserved {
+                tokens: estimate,
+                period_key: key,
+            });
         }
         let state = self
             .budget_state(tenant_id, default, now)
@@ -301,7 +317,11 @@ impl Store {
                 period,
                 resets_at: period_of(period, now).1,
             });
-        Ok(Reservation::Spent(state))
+        Ok(if state.used >= state.limit {
+            Reservation::Spent(state)
+        } else {
+            Reservation::Held(state)
+        })
     }
 
     /// Records one LLM response's tokens: the day's usage row, and the tenant's budget
@@ -311,8 +331,7 @@ impl Store {
         tenant_id: &str,
         model: &str,
         (input_tokens, output_tokens): (u64, u64),
-        reservation: Reservation,
-        period: BudgetPeriod,
+        reservation: &Reservation,
         now: DateTime<Utc>,
     ) -> Result<()> {
         let day = now.date_naive().format("%Y-%m-%d").to_string();
@@ -332,19 +351,18 @@ impl Store {
             ],
         ))
         .await?;
-        if let Reservation::Reserved { tokens } = reservation {
-            let (key, _) = period_of(period, now);
+        // The spend counts in the period the reservation was made in; if that has ended
+        // meanwhile, the new period's row already counts it from the usage rows.
+        if let Reservation::Reserved { tokens, period_key } = reservation {
             txn.execute_raw(self.statement(
-                "UPDATE tenant_limits SET \
-                 used = CASE WHEN period_start = $2 THEN used ELSE 0 END + $3, \
-                 reserved = CASE WHEN period_start = $2 AND reserved > $4 THEN reserved - $4 ELSE 0 END, \
-                 period_start = $2 \
-                 WHERE tenant_id = $1",
+                "UPDATE tenant_limits SET used = used + $3, \
+                 reserved = CASE WHEN reserved > $4 THEN reserved - $4 ELSE 0 END \
+                 WHERE tenant_id = $1 AND period_start = $2",
                 vec![
                     tenant_id.into(),
-                    key.into(),
+                    period_key.clone().into(),
                     to_i64(input_tokens + output_tokens).into(),
-                    to_i64(tokens).into(),
+                    to_i64(*tokens).into(),
                 ],
             ))
             .await?;
@@ -355,15 +373,19 @@ impl Store {
 
     /// Gives back a reservation whose request spent nothing it was told of (failed,
     /// cancelled).
-    pub async fn release_budget(&self, tenant_id: &str, reservation: Reservation) -> Result<()> {
-        let Reservation::Reserved { tokens } = reservation else {
+    pub async fn release_budget(&self, tenant_id: &str, reservation: &Reservation) -> Result<()> {
+        let Reservation::Reserved { tokens, period_key } = reservation else {
             return Ok(());
         };
         self.writer()
             .execute_raw(self.statement(
                 "UPDATE tenant_limits SET reserved = CASE WHEN reserved > $2 THEN reserved - $2 ELSE 0 END \
-                 WHERE tenant_id = $1",
-                vec![tenant_id.into(), to_i64(tokens).into()],
+                 WHERE tenant_id = $1 AND period_start = $3",
+                vec![
+                    tenant_id.into(),
+                    to_i64(*tokens).into(),
+                    period_key.clone().into(),
+                ],
             ))
             .await?;
         Ok(())

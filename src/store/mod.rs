@@ -449,7 +449,12 @@ impl Store {
     /// Conversations whose state is not at rest: what restart recovery looks at.
     pub async fn busy_conversations(&self) -> Result<Vec<ConversationRecord>> {
         conversations::Entity::find()
-            .filter(conversations::Column::State.is_not_in(["idle", "error", "completed"]))
+            .filter(conversations::Column::State.is_not_in([
+                "idle",
+                "error",
+                "completed",
+                "context_exhausted",
+            ]))
             .all(&self.db)
             .await?
             .into_iter()

@@ -347,3 +347,79 @@ async fn sub_agents() {
     rt.stop().await;
     db.drop_db().await;
 }
+
+/// Parallel tool calls: their results, each stored on its own, reach Anthropic in the one
+/// user message right after the calls, tool_result blocks first, even with a background
+/// notice among them (the fake refuses any other shape, as Anthropic does).
+#[tokio::test]
+async fn parallel_tool_calls_are_answered_in_one_message() {
+    let db = TestDb::sqlite();
+    let rt = anthropic(&db).await;
+    let conv = rt.create_conversation().await;
+    rt.llm.push([
+        Reply::Tools {
+            text: None,
+            calls: vec![
+                ("toolu_a".into(), "bash".into(), json!({"command": "echo a"})),
+                ("toolu_b".into(), "bash".into(), json!({"command": "echo b"})),
+            ],
+        },
+        Reply::text("both ran"),
+    ]);
+    rt.send(&conv, "run both").await.expect("accepted");
+    rt.wait_idle(&conv).await;
+    let requests = rt.llm.requests();
+    assert_eq!(requests.len(), 2);
+    let sent = messages(&requests[1]);
+    let roles: Vec<&str> = sent.iter().map(|m| m["role"].as_str().unwrap_or_default()).collect();
+    assert_eq!(roles, ["user", "assistant", "user"]);
+    let ids: Vec<&str> = sent[2]["content"]
+        .as_array()
+        .expect("blocks")
+        .iter()
+        .map(|b| b["tool_use_id"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(ids, ["toolu_a", "toolu_b"]);
+    let stored = rt.messages(&conv).await;
+    assert!(matches!(&stored.last().expect("messages").content, MessageContent::Agent { text: Some(t), .. } if t == "both ran"));
+    rt.assert_chain_valid(&conv).await;
+    rt.stop().await;
+    db.drop_db().await;
+}
+
+/// The summary request (issue 25) on Anthropic's API, after tools were used: the tools stay
+/// defined with `tool_choice: none`, and the conversation ends exhausted with the summary.
+#[tokio::test]
+async fn the_summary_request_after_tools() {
+    let db = TestDb::sqlite();
+    let rt = TestRuntime::start_on(
+        &db,
+        &[("BEDROCK_MODELS__DEFAULT__CONTEXT_WINDOW", "120")],
+        Api::Anthropic,
+    )
+    .await;
+    let conv = rt.create_conversation().await;
+    rt.llm.push([
+        Reply::bash("toolu_1", "echo hi"),
+        Reply::text("The user asked for a greeting; it was printed."),
+    ]);
+    rt.send(&conv, "greet").await.expect("accepted");
+    let record = rt
+        .wait_state(&conv, "context_exhausted", |s| {
+            matches!(s, ConvState::ContextExhausted { .. })
+        })
+        .await;
+    assert_eq!(
+        record.state,
+        ConvState::ContextExhausted {
+            summary: "The user asked for a greeting; it was printed.".into()
+        }
+    );
+    let requests = rt.llm.requests();
+    let last = requests.last().expect("the summary request");
+    assert_eq!(last["tool_choice"], json!({"type": "none"}));
+    assert!(last["tools"].as_array().is_some_and(|t| !t.is_empty()));
+    rt.assert_chain_valid(&conv).await;
+    rt.stop().await;
+    db.drop_db().await;
+}

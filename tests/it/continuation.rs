@@ -48,11 +48,12 @@ async fn a_full_context_is_summarised_and_continued() {
         let state = app.wait_kind(&id, "context_exhausted").await;
         assert_eq!(state["summary"], "We greeted each other.");
 
-        // The second request was the summary request: no tools, the request last.
+        // The second request was the summary request: no tool may be called, the request
+        // last.
         let requests = app.llm.requests();
         assert_eq!(requests.len(), 2);
-        assert!(requests[0].get("tools").is_some());
-        assert!(requests[1].get("tools").is_none(), "{}", requests[1]);
+        assert!(requests[0].get("tool_choice").is_none());
+        assert_eq!(requests[1]["tool_choice"], "none", "{}", requests[1]);
         let last = request_messages(&requests[1])
             .last()
             .expect("messages")

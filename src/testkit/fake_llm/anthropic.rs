@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{Value, json};
@@ -271,4 +271,64 @@ pub(super) fn route_keys(body: &[u8]) -> Keys {
         last_user,
         last_is_tool: request.messages.last().is_some_and(is_result),
     }
+}
+
+/// What Anthropic's API checks of a request before it answers, and refuses with its words:
+/// the key and version headers; roles that alternate, starting with the user; every
+/// tool_use answered by a tool_result in the very next message, tool_result blocks first;
+/// tools defined when the history has tool blocks; a final assistant text without trailing
+/// whitespace.
+pub(super) fn check(headers: &HeaderMap, body: &[u8]) -> Result<(), (u16, String)> {
+    let bad = |message: String| Err((400, message));
+    if headers.get("x-api-key").is_none() {
+        return Err((401, "x-api-key header is required".into()));
+    }
+    if headers.get("anthropic-version").is_none() {
+        return bad("anthropic-version: header is required".into());
+    }
+    let Ok(request) = serde_json::from_slice::<Value>(body) else {
+        return bad("the request body is not JSON".into());
+    };
+    let messages = request["messages"].as_array().cloned().unwrap_or_default();
+    let blocks = |m: &Value| m["content"].as_array().cloned().unwrap_or_default();
+    let kind = |b: &Value| b["type"].as_str().unwrap_or_default().to_owned();
+    let mut has_tool_blocks = false;
+    for (i, message) in messages.iter().enumerate() {
+        let role = message["role"].as_str().unwrap_or_default();
+        let expected = if i % 2 == 0 { "user" } else { "assistant" };
+        if role != expected {
+            return bad(format!("messages: roles must alternate between \"user\" and \"assistant\", starting with \"user\" (messages.{i} is {role:?})"));
+        }
+        let uses: Vec<String> = blocks(message)
+            .iter()
+            .filter(|b| kind(b) == "tool_use")
+            .map(|b| b["id"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        has_tool_blocks |= blocks(message)
+            .iter()
+            .any(|b| matches!(kind(b).as_str(), "tool_use" | "tool_result"));
+        if uses.is_empty() {
+            continue;
+        }
+        let next = messages.get(i + 1).map(blocks).unwrap_or_default();
+        let answered: Vec<String> = next
+            .iter()
+            .take_while(|b| kind(b) == "tool_result")
+            .map(|b| b["tool_use_id"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        if let Some(missing) = uses.iter().find(|id| !answered.contains(id)) {
+            return bad(format!("messages.{}: `tool_use` ids were found without `tool_result` blocks immediately after: {missing}. Each `tool_use` block must have a corresponding `tool_result` block in the next message.", i));
+        }
+    }
+    if has_tool_blocks && request["tools"].as_array().is_none_or(Vec::is_empty) {
+        return bad("Requests which include `tool_use` or `tool_result` blocks must define tools.".into());
+    }
+    if let Some(last) = messages.last()
+        && last["role"] == "assistant"
+        && let Some(text) = blocks(last).last().and_then(|b| b["text"].as_str().map(str::to_owned))
+        && text.ends_with(char::is_whitespace)
+    {
+        return bad("final assistant content cannot end with trailing whitespace".into());
+    }
+    Ok(())
 }

@@ -228,12 +228,25 @@ impl TestApp {
             .clone()
     }
 
+    /// Waits for the conversation's state to be of `kind`; on timeout, fails with the state
+    /// it is in and its last messages.
     pub async fn wait_kind(&self, id: &str, kind: &str) -> Value {
-        eventually(&format!("state {kind}"), WAIT, || async {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
             let state = self.state(id).await;
-            (state["kind"] == kind).then_some(state)
-        })
-        .await
+            if state["kind"] == kind {
+                return state;
+            }
+            if tokio::time::Instant::now() > deadline {
+                let messages = self.messages(id).await;
+                let tail = &messages[messages.len().saturating_sub(4)..];
+                panic!(
+                    "timed out waiting for state {kind}: the state is {state}; the last messages: {}",
+                    serde_json::to_string_pretty(tail).unwrap_or_default()
+                );
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(15)).await;
+        }
     }
 
     pub async fn messages(&self, id: &str) -> Vec<Value> {
