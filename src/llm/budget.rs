@@ -40,7 +40,9 @@ impl Hold {
         );
         tokio::spawn(async move {
             let tokens = (usage.input_tokens, usage.output_tokens);
-            let recorded = retried(|| store.record_usage(&tenant, &model, tokens, &reservation, Utc::now())).await;
+            let recorded =
+                retried(|| store.record_usage(&tenant, &model, tokens, &reservation, Utc::now()))
+                    .await;
             if let Err(error) = recorded {
                 tracing::warn!(%tenant, %error, "the usage of an LLM response was not recorded");
                 let _ = retried(|| store.release_budget(&tenant, &reservation)).await;
@@ -123,7 +125,12 @@ pub(super) async fn reserve(shared: &Shared, job: &LlmJob, estimate: u32) -> Res
     let default = (budgets.tenant_tokens, budgets.period);
     let reservation = shared
         .store
-        .reserve_budget(&job.tenant_id, default, u64::from(estimate.max(1)), Utc::now())
+        .reserve_budget(
+            &job.tenant_id,
+            default,
+            u64::from(estimate.max(1)),
+            Utc::now(),
+        )
         .await
         .map_err(|e| {
             Failure::new(

@@ -526,23 +526,14 @@ async fn complete(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
 
 /// Anthropic's Messages API: the same script, answered in its event stream. A request that
 /// Anthropic would refuse is refused as Anthropic refuses it (`anthropic::check`).
-async fn messages(
-    State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
+async fn messages(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
     if let Err((status, message)) = anthropic::check(&headers, &body) {
         let mut inner = shared.inner.lock().unwrap_or_else(|e| e.into_inner());
         inner
             .requests
             .push(serde_json::from_slice(&body).unwrap_or(Value::Null));
         drop(inner);
-        return anthropic::reply_with(
-            Reply::status(status, &message),
-            0,
-            0,
-            shared.clone(),
-        );
+        return anthropic::reply_with(Reply::status(status, &message), 0, 0, shared.clone());
     }
     serve(shared, body, Api::Anthropic).await
 }

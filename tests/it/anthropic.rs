@@ -360,8 +360,16 @@ async fn parallel_tool_calls_are_answered_in_one_message() {
         Reply::Tools {
             text: None,
             calls: vec![
-                ("toolu_a".into(), "bash".into(), json!({"command": "echo a"})),
-                ("toolu_b".into(), "bash".into(), json!({"command": "echo b"})),
+                (
+                    "toolu_a".into(),
+                    "bash".into(),
+                    json!({"command": "echo a"}),
+                ),
+                (
+                    "toolu_b".into(),
+                    "bash".into(),
+                    json!({"command": "echo b"}),
+                ),
             ],
         },
         Reply::text("both ran"),
@@ -371,7 +379,10 @@ async fn parallel_tool_calls_are_answered_in_one_message() {
     let requests = rt.llm.requests();
     assert_eq!(requests.len(), 2);
     let sent = messages(&requests[1]);
-    let roles: Vec<&str> = sent.iter().map(|m| m["role"].as_str().unwrap_or_default()).collect();
+    let roles: Vec<&str> = sent
+        .iter()
+        .map(|m| m["role"].as_str().unwrap_or_default())
+        .collect();
     assert_eq!(roles, ["user", "assistant", "user"]);
     let ids: Vec<&str> = sent[2]["content"]
         .as_array()
@@ -381,7 +392,9 @@ async fn parallel_tool_calls_are_answered_in_one_message() {
         .collect();
     assert_eq!(ids, ["toolu_a", "toolu_b"]);
     let stored = rt.messages(&conv).await;
-    assert!(matches!(&stored.last().expect("messages").content, MessageContent::Agent { text: Some(t), .. } if t == "both ran"));
+    assert!(
+        matches!(&stored.last().expect("messages").content, MessageContent::Agent { text: Some(t), .. } if t == "both ran")
+    );
     rt.assert_chain_valid(&conv).await;
     rt.stop().await;
     db.drop_db().await;

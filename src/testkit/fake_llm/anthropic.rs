@@ -297,7 +297,9 @@ pub(super) fn check(headers: &HeaderMap, body: &[u8]) -> Result<(), (u16, String
         let role = message["role"].as_str().unwrap_or_default();
         let expected = if i % 2 == 0 { "user" } else { "assistant" };
         if role != expected {
-            return bad(format!("messages: roles must alternate between \"user\" and \"assistant\", starting with \"user\" (messages.{i} is {role:?})"));
+            return bad(format!(
+                "messages: roles must alternate between \"user\" and \"assistant\", starting with \"user\" (messages.{i} is {role:?})"
+            ));
         }
         let uses: Vec<String> = blocks(message)
             .iter()
@@ -317,15 +319,22 @@ pub(super) fn check(headers: &HeaderMap, body: &[u8]) -> Result<(), (u16, String
             .map(|b| b["tool_use_id"].as_str().unwrap_or_default().to_owned())
             .collect();
         if let Some(missing) = uses.iter().find(|id| !answered.contains(id)) {
-            return bad(format!("messages.{}: `tool_use` ids were found without `tool_result` blocks immediately after: {missing}. Each `tool_use` block must have a corresponding `tool_result` block in the next message.", i));
+            return bad(format!(
+                "messages.{}: `tool_use` ids were found without `tool_result` blocks immediately after: {missing}. Each `tool_use` block must have a corresponding `tool_result` block in the next message.",
+                i
+            ));
         }
     }
     if has_tool_blocks && request["tools"].as_array().is_none_or(Vec::is_empty) {
-        return bad("Requests which include `tool_use` or `tool_result` blocks must define tools.".into());
+        return bad(
+            "Requests which include `tool_use` or `tool_result` blocks must define tools.".into(),
+        );
     }
     if let Some(last) = messages.last()
         && last["role"] == "assistant"
-        && let Some(text) = blocks(last).last().and_then(|b| b["text"].as_str().map(str::to_owned))
+        && let Some(text) = blocks(last)
+            .last()
+            .and_then(|b| b["text"].as_str().map(str::to_owned))
         && text.ends_with(char::is_whitespace)
     {
         return bad("final assistant content cannot end with trailing whitespace".into());

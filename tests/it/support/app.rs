@@ -245,7 +245,7 @@ impl TestApp {
                     serde_json::to_string_pretty(tail).unwrap_or_default()
                 );
             }
-            tokio::time::sleep(std::time::Duration::from_millis(15)).await;
+            tokio::time::sleep(Duration::from_millis(15)).await;
         }
     }
 
