@@ -566,7 +566,7 @@ pub struct CreateConversation {
     pub network: Option<bool>,
     /// A token budget of its own (input and output together, its sub-agents each the
     /// same): past it, its turns end in error kind `budget`. *Extension.*
-    #[schema(minimum = 1, maximum = 9_000_000_000_000_000_000_u64)]
+    #[schema(minimum = 1, maximum = 9_223_372_036_854_775_807_u64)]
     pub budget_tokens: Option<u64>,
 }
 

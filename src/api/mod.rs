@@ -9,6 +9,7 @@ mod conversations;
 mod error;
 mod fork;
 mod images;
+mod mcp;
 mod openapi;
 mod ops;
 mod rate;
@@ -111,7 +112,7 @@ impl AppState {
 pub fn router(state: AppState) -> Router {
     let limit = state.settings.server.max_body_bytes;
     let (router, _) = routes().split_for_parts();
-    router
+    let api = router
         // The web console (not part of the API, so not in the OpenAPI document).
         .route("/", axum::routing::get(console::index))
         .route("/console/{*file}", axum::routing::get(console::asset))
@@ -123,7 +124,15 @@ pub fn router(state: AppState) -> Router {
         ))
         .layer(DefaultBodyLimit::max(limit))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(panicked))
-        .with_state(state)
+        .with_state(state.clone());
+    // MCP at /mcp (docs/api.md, "MCP"): its tools call the REST API above.
+    let mcp = Router::new()
+        .nest_service("/mcp", mcp::service(state.clone(), api.clone()))
+        .layer(axum::middleware::from_fn_with_state(
+            state,
+            mcp::authenticate,
+        ));
+    api.merge(mcp)
 }
 
 /// Every route with its OpenAPI operation: the router and the document come from the same

@@ -19,6 +19,7 @@ mod contract;
 mod control;
 mod hitl;
 mod limits;
+mod mcp;
 mod persistence;
 mod runtime;
 mod sandbox;

@@ -1,0 +1,682 @@
+//! Bedrock as an MCP server (Model Context Protocol, streamable HTTP) at `/mcp`: agents and
+//! MCP clients drive conversations with five tools. Built on `rmcp`, the official SDK; no
+//! JSON-RPC is written here.
+//!
+//! Each tool is the REST route of the same name, called in process through the server's
+//! own router with the MCP request's `Authorization` header. Keys, tenant isolation (another
+//! tenant's conversation is "not found"), validation, errors and cluster forwarding are
+//! therefore exactly the REST API's. An API error comes back as a tool result with
+//! `isError`, saying its code and message.
+//!
+//! `send_message` runs one turn. It follows the conversation's frames while the turn runs:
+//! - state changes and tool progress go out as MCP progress notifications;
+//! - a server-to-client request (confirm, prompt, select, custom, or an approval) goes out as
+//!   an MCP elicitation when the client declared that capability, and the answer is posted
+//!   as the request's reply;
+//! - without that capability, the request goes out as a notification naming it, and the
+//!   client answers with the `respond` tool.
+//!
+//! Either way it is the same stored request a WebSocket client sees, answered once. When the
+//! turn ends, the tool returns the agent's final text, with the tool calls of the turn as
+//! structured content. A cancelled MCP request (`notifications/cancelled`) cancels the turn.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{FromRequestParts as _, State};
+use axum::http::request::Parts;
+use axum::http::{Method, Request, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse as _, Response};
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::tool::Extension;
+use rmcp::handler::server::wrapper::Parameters;
+// Logging notifications carry the fallback of a request for a client without elicitation:
+// every client shows them. SEP-2577 deprecates them for a protocol after 2025-11-25; the same
+// text goes out as a progress notification too.
+use rmcp::model::{
+    CallToolResult, ContentBlock, ElicitRequestParams, ElicitationAction, ElicitationSchema,
+    Implementation, ProgressNotificationParam, ServerCapabilities, ServerConfig,
+};
+#[allow(deprecated)]
+use rmcp::model::{LoggingLevel, LoggingMessageNotificationParam};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData, RoleServer, ServerHandler, schemars, tool, tool_handler, tool_router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tower::ServiceExt as _;
+
+use super::AppState;
+
+/// The MCP service, to nest at `/mcp`; `api` is the REST router its tools call.
+pub fn service(
+    app: AppState,
+    api: Router,
+) -> StreamableHttpService<BedrockMcp, LocalSessionManager> {
+    let mut config =
+        StreamableHttpServerConfig::default().with_cancellation_token(app.shutdown.child_token());
+    // With keys required, any host may call (the key is the check); in dev mode (no key, on
+    // loopback) only loopback hosts, so that a web page cannot reach it by DNS rebinding.
+    if app.dev_tenant.is_none() {
+        config = config.disable_allowed_hosts();
+    }
+    StreamableHttpService::new(
+        move || Ok(BedrockMcp::new(app.clone(), api.clone())),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    )
+}
+
+/// The MCP server of one session.
+#[derive(Clone)]
+pub struct BedrockMcp {
+    app: AppState,
+    /// The REST API, without `/mcp`.
+    api: Router,
+    tool_router: ToolRouter<Self>,
+}
+
+/// `/mcp` takes the REST API's keys: a request without a valid one is refused with 401 in
+/// the contract's shape before MCP sees it (and counts against the key's rate).
+pub async fn authenticate(
+    State(app): State<AppState>,
+    request: Request<Body>,
+    next: Next,
+) -> Response {
+    let (mut parts, body) = request.into_parts();
+    match super::auth::Caller::from_request_parts(&mut parts, &app).await {
+        Ok(_) => next.run(Request::from_parts(parts, body)).await,
+        Err(error) => error.into_response(),
+    }
+}
+
+impl std::fmt::Debug for BedrockMcp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BedrockMcp").finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct CreateArgs {
+    /// The working directory, relative to the tenant's workspace (default: its own).
+    pub cwd: Option<String>,
+    /// The model (default: the server's).
+    pub model: Option<String>,
+    /// Instructions added to the agent's system prompt.
+    pub system_prompt: Option<String>,
+    /// A name: 1 to 64 characters of a-z, 0-9, `-` and `_`.
+    pub slug: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct SendArgs {
+    /// The conversation's id or slug.
+    pub conversation_id: String,
+    /// The user's message.
+    pub text: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct ConversationArgs {
+    /// The conversation's id or slug.
+    pub conversation_id: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct MessagesArgs {
+    /// The conversation's id or slug.
+    pub conversation_id: String,
+    /// Only messages after this sequence id (default 0).
+    pub after: Option<u64>,
+    /// At most this many (1 to 1000, default 100).
+    pub limit: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct RespondArgs {
+    /// The conversation's id or slug.
+    pub conversation_id: String,
+    /// The request's id, as its notification named it.
+    pub request_id: String,
+    /// The reply: `{"confirmed": bool}`, `{"text": s}`, `{"selected": [values]}`,
+    /// `{"custom": any}` or `{"cancelled": true}`.
+    pub payload: Value,
+}
+
+/// An API answer that is not a success, as a tool result the model can read.
+fn api_error(status: u16, body: &Value) -> CallToolResult {
+    let code = body["error"]["code"].as_str().unwrap_or("error");
+    let message = body["error"]["message"]
+        .as_str()
+        .map_or_else(|| format!("HTTP {status}"), str::to_owned);
+    CallToolResult::error(vec![ContentBlock::text(format!("{code}: {message}"))])
+}
+
+/// A successful API answer as a tool result: a line of text and the JSON as structured
+/// content.
+fn structured(text: String, body: Value) -> CallToolResult {
+    let mut result = CallToolResult::structured(body);
+    result.content = vec![ContentBlock::text(text)];
+    result
+}
+
+fn internal(what: impl std::fmt::Display) -> ErrorData {
+    ErrorData::internal_error(what.to_string(), None)
+}
+
+/// A path segment, escaped.
+fn segment(text: &str) -> String {
+    url::form_urlencoded::byte_serialize(text.as_bytes()).collect()
+}
+
+impl BedrockMcp {
+    fn new(app: AppState, api: Router) -> Self {
+        Self {
+            app,
+            api,
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    /// Calls the REST API in process, as the MCP request's key: (status, body).
+    async fn rest(
+        &self,
+        parts: &Parts,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(u16, Value), ErrorData> {
+        let router = self.api.clone();
+        let mut request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(header::CONTENT_TYPE, "application/json");
+        if let Some(key) = parts.headers.get(header::AUTHORIZATION) {
+            request = request.header(header::AUTHORIZATION, key);
+        }
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let request = request.body(Body::from(body)).map_err(internal)?;
+        let response = router.oneshot(request).await.map_err(internal)?;
+        let status = response.status().as_u16();
+        let bytes = axum::body::to_bytes(response.into_body(), 64 << 20)
+            .await
+            .map_err(internal)?;
+        Ok((
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        ))
+    }
+
+    /// A REST call whose success is the tool's result.
+    async fn call(
+        &self,
+        parts: &Parts,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+        text: impl FnOnce(&Value) -> String,
+    ) -> Result<CallToolResult, ErrorData> {
+        let (status, body) = self.rest(parts, method, path, body).await?;
+        if !(200..300).contains(&status) {
+            return Ok(api_error(status, &body));
+        }
+        Ok(structured(text(&body), body))
+    }
+}
+
+#[tool_router]
+impl BedrockMcp {
+    #[tool(
+        description = "Create a conversation with a Bedrock agent. Returns the conversation (its id is what the other tools take)."
+    )]
+    async fn create_conversation(
+        &self,
+        Parameters(args): Parameters<CreateArgs>,
+        Extension(parts): Extension<Parts>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let mut body = serde_json::Map::new();
+        for (key, value) in [
+            ("cwd", args.cwd),
+            ("model", args.model),
+            ("system_prompt", args.system_prompt),
+            ("slug", args.slug),
+        ] {
+            if let Some(value) = value {
+                body.insert(key.into(), Value::String(value));
+            }
+        }
+        self.call(
+            &parts,
+            Method::POST,
+            "/v1/conversations",
+            Some(Value::Object(body)),
+            |c| {
+                format!(
+                    "created conversation {} ({})",
+                    c["id"].as_str().unwrap_or_default(),
+                    c["slug"].as_str().unwrap_or_default()
+                )
+            },
+        )
+        .await
+    }
+
+    #[tool(
+        description = "Send a message and run the agent's turn to its end: returns the agent's final text, with the tool calls it made as structured content. Progress notifications carry the turn's states and tool progress. Questions the agent asks come as elicitations, or, for a client without elicitation, as notifications answered with the respond tool."
+    )]
+    async fn send_message(
+        &self,
+        Parameters(args): Parameters<SendArgs>,
+        Extension(parts): Extension<Parts>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let path = format!("/v1/conversations/{}", segment(&args.conversation_id));
+        let (status, conversation) = self.rest(&parts, Method::GET, &path, None).await?;
+        if status != 200 {
+            return Ok(api_error(status, &conversation));
+        }
+        let id = conversation["id"].as_str().unwrap_or_default().to_owned();
+        // Subscribed before the send, so no frame of the turn is missed.
+        let mut frames = self.app.services.hub.subscribe(&id);
+        let (status, sent) = self
+            .rest(
+                &parts,
+                Method::POST,
+                &format!("{path}/messages"),
+                Some(json!({"text": args.text})),
+            )
+            .await?;
+        if !(200..300).contains(&status) {
+            self.app.services.hub.release(&id);
+            return Ok(api_error(status, &sent));
+        }
+        let after = sent["message"]["sequence_id"].as_u64().unwrap_or(0);
+        let turn = Turn {
+            server: self,
+            parts: &parts,
+            ctx: &ctx,
+            path: &path,
+        };
+        let ended = turn.follow(&mut frames).await;
+        self.app.services.hub.release(&id);
+        let state = match ended {
+            Ok(state) => state,
+            Err(Cancelled) => {
+                let _ = self
+                    .rest(&parts, Method::POST, &format!("{path}/cancel"), None)
+                    .await;
+                return Ok(CallToolResult::error(vec![ContentBlock::text(
+                    "cancelled: the turn was cancelled",
+                )]));
+            }
+        };
+        turn.result(after, state).await
+    }
+
+    #[tool(
+        description = "Cancel the conversation's running turn (its LLM request, tools and sub-agents). Idempotent."
+    )]
+    async fn cancel(
+        &self,
+        Parameters(args): Parameters<ConversationArgs>,
+        Extension(parts): Extension<Parts>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let path = format!(
+            "/v1/conversations/{}/cancel",
+            segment(&args.conversation_id)
+        );
+        self.call(&parts, Method::POST, &path, None, |c| {
+            format!(
+                "cancelled; the conversation is {}",
+                c["state"]["kind"].as_str().unwrap_or_default()
+            )
+        })
+        .await
+    }
+
+    #[tool(
+        description = "The conversation's messages in order (user, agent, tool, system, error), after a sequence id."
+    )]
+    async fn get_messages(
+        &self,
+        Parameters(args): Parameters<MessagesArgs>,
+        Extension(parts): Extension<Parts>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let path = format!(
+            "/v1/conversations/{}/messages?after={}&limit={}",
+            segment(&args.conversation_id),
+            args.after.unwrap_or(0),
+            args.limit.unwrap_or(100)
+        );
+        self.call(&parts, Method::GET, &path, None, |m| {
+            format!("{} messages", m["messages"].as_array().map_or(0, Vec::len))
+        })
+        .await
+    }
+
+    #[tool(
+        description = "Answer a question the agent asked (a request named by a notification, for clients without elicitation)."
+    )]
+    async fn respond(
+        &self,
+        Parameters(args): Parameters<RespondArgs>,
+        Extension(parts): Extension<Parts>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let path = format!(
+            "/v1/conversations/{}/requests/{}",
+            segment(&args.conversation_id),
+            segment(&args.request_id)
+        );
+        self.call(
+            &parts,
+            Method::POST,
+            &path,
+            Some(json!({"payload": args.payload})),
+            |_| "answered".to_owned(),
+        )
+        .await
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for BedrockMcp {
+    // Logging is declared for the requests' fallback notifications (see `ask`).
+    #[allow(deprecated)]
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_logging()
+                .build(),
+        )
+        .with_server_info(Implementation::new("bedrock", env!("CARGO_PKG_VERSION")))
+        .with_instructions(
+            "Bedrock runs LLM agent conversations. create_conversation, then send_message runs a turn and returns the agent's answer; cancel stops a turn; get_messages reads the history; respond answers the agent's questions when your client cannot do elicitation.",
+        )
+    }
+}
+
+/// The MCP request was cancelled.
+struct Cancelled;
+
+/// A turn being followed for one `send_message`.
+struct Turn<'a> {
+    server: &'a BedrockMcp,
+    parts: &'a Parts,
+    ctx: &'a RequestContext<RoleServer>,
+    path: &'a str,
+}
+
+/// States in which a turn has ended.
+const REST: [&str; 4] = ["idle", "error", "completed", "context_exhausted"];
+
+impl Turn<'_> {
+    /// Follows the conversation's frames until its turn ends; its last state.
+    async fn follow(&self, frames: &mut crate::hub::Subscription) -> Result<Value, Cancelled> {
+        let mut progress = 0u32;
+        let mut asked = tokio::task::JoinSet::new();
+        loop {
+            let frame = tokio::select! {
+                () = self.ctx.ct.cancelled() => return Err(Cancelled),
+                frame = frames.recv() => frame,
+                // A safety net for a lagged or closed subscription: the state as stored.
+                () = tokio::time::sleep(Duration::from_secs(2)) => {
+                    if let Ok((200, c)) = self.server.rest(self.parts, Method::GET, self.path, None).await
+                        && REST.contains(&c["state"]["kind"].as_str().unwrap_or_default())
+                    {
+                        return Ok(c["state"].clone());
+                    }
+                    continue;
+                }
+            };
+            let Ok(frame) = frame else {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            };
+            let value: Value = serde_json::from_str(&frame.json).unwrap_or(Value::Null);
+            match frame.kind.as_str() {
+                "state" => {
+                    let kind = value["state"]["kind"].as_str().unwrap_or_default();
+                    progress += 1;
+                    self.progress(progress, &format!("state: {kind}")).await;
+                    if REST.contains(&kind) {
+                        return Ok(value["state"].clone());
+                    }
+                }
+                "tool_progress" => {
+                    progress += 1;
+                    let message = format!(
+                        "{}: {}",
+                        value["tool_name"].as_str().unwrap_or_default(),
+                        value["message"].as_str().unwrap_or_default()
+                    );
+                    self.progress(progress, &message).await;
+                }
+                "client_request" => {
+                    let (server, parts, ctx, path) = (
+                        self.server.clone(),
+                        self.parts.clone(),
+                        self.ctx.clone(),
+                        self.path.to_owned(),
+                    );
+                    asked.spawn(async move { ask(&server, &parts, &ctx, &path, &value).await });
+                }
+                _ => {}
+            }
+        }
+    }
+
+    async fn progress(&self, n: u32, message: &str) {
+        if let Some(token) = self.ctx.meta.get_progress_token() {
+            let _ = self
+                .ctx
+                .peer
+                .notify_progress(
+                    ProgressNotificationParam::new(token, f64::from(n)).with_message(message),
+                )
+                .await;
+        }
+    }
+
+    /// The tool's result once the turn ended in `state`: the agent's last text, and the
+    /// turn's tool calls with their outcomes.
+    async fn result(&self, after: u64, state: Value) -> Result<CallToolResult, ErrorData> {
+        let path = format!("{}/messages?after={after}&limit=1000", self.path);
+        let (_, body) = self
+            .server
+            .rest(self.parts, Method::GET, &path, None)
+            .await?;
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        let mut text = String::new();
+        let mut calls: Vec<Value> = Vec::new();
+        for message in &messages {
+            let content = &message["content"];
+            match message["message_type"].as_str() {
+                Some("agent") => {
+                    if let Some(t) = content["text"].as_str().filter(|t| !t.is_empty()) {
+                        t.clone_into(&mut text);
+                    }
+                    for call in content["tool_uses"].as_array().into_iter().flatten() {
+                        calls.push(
+                            json!({"id": call["id"], "name": call["name"], "input": call["input"]}),
+                        );
+                    }
+                }
+                Some("tool") => {
+                    if let Some(call) = calls.iter_mut().find(|c| c["id"] == content["tool_use_id"])
+                    {
+                        call["ok"] = content["ok"].clone();
+                        call["output"] = json!(crate::tools::preview(
+                            content["output"].as_str().unwrap_or_default(),
+                            2000
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+        let failed = state["kind"] == "error";
+        let shown = if failed {
+            format!(
+                "the turn failed ({}): {}",
+                state["error_kind"].as_str().unwrap_or_default(),
+                state["message"].as_str().unwrap_or_default()
+            )
+        } else {
+            text.clone()
+        };
+        let mut result = structured(
+            shown,
+            json!({"state": state, "text": text, "tool_calls": calls}),
+        );
+        result.is_error = Some(failed);
+        Ok(result)
+    }
+}
+
+/// Puts one server-to-client request to the MCP client: as an elicitation when it can do
+/// them, else as a notification naming it (answered with the respond tool).
+#[allow(deprecated)]
+async fn ask(
+    server: &BedrockMcp,
+    parts: &Parts,
+    ctx: &RequestContext<RoleServer>,
+    path: &str,
+    frame: &Value,
+) {
+    let request_id = frame["request_id"].as_str().unwrap_or_default();
+    let request_type = &frame["request_type"];
+    let elicits = ctx
+        .client_capabilities()
+        .and_then(|c| c.elicitation)
+        .is_some();
+    let Some((message, schema, reply)) = elicitation(request_type).filter(|_| elicits) else {
+        let text = format!(
+            "the agent asks (request {request_id}): {}; answer with the respond tool, payload as {}",
+            describe(request_type),
+            reply_shape(request_type)
+        );
+        if let Some(token) = ctx.meta.get_progress_token() {
+            let _ = ctx
+                .peer
+                .notify_progress(ProgressNotificationParam::new(token, 0.0).with_message(&text))
+                .await;
+        }
+        let _ = ctx
+            .peer
+            .notify_logging_message(
+                LoggingMessageNotificationParam::new(
+                    LoggingLevel::Notice,
+                    json!({"request_id": request_id, "request_type": request_type, "timeout_ms": frame["timeout_ms"], "message": text}),
+                )
+                .with_logger("bedrock.client_request"),
+            )
+            .await;
+        return;
+    };
+    let params = ElicitRequestParams::FormElicitationParams {
+        meta: None,
+        message,
+        requested_schema: schema,
+    };
+    let Ok(answer) = ctx.peer.create_elicitation(params).await else {
+        return; // The request expires, or is answered elsewhere.
+    };
+    let payload = match answer.action {
+        ElicitationAction::Accept => reply(answer.content.unwrap_or(Value::Null)),
+        ElicitationAction::Decline => match request_type.get("confirm") {
+            Some(_) => json!({"confirmed": false}),
+            None => json!({"cancelled": true}),
+        },
+        // Cancel, and whatever later protocols add (the enum is non-exhaustive).
+        ElicitationAction::Cancel | _ => json!({"cancelled": true}),
+    };
+    let path = format!("{path}/requests/{}", segment(request_id));
+    let _ = server
+        .rest(
+            parts,
+            Method::POST,
+            &path,
+            Some(json!({"payload": payload})),
+        )
+        .await;
+}
+
+type ReplyOf = fn(Value) -> Value;
+
+/// The elicitation of a request kind: its message, its form's schema, and how the form's
+/// content becomes the reply. `None` when the kind has no form (the fallback is used).
+fn elicitation(request_type: &Value) -> Option<(String, ElicitationSchema, ReplyOf)> {
+    let (kind, spec) = request_type.as_object()?.iter().next()?;
+    let message = spec["message"]
+        .as_str()
+        .unwrap_or("The agent asks")
+        .to_owned();
+    let (schema, reply): (Value, ReplyOf) = match kind.as_str() {
+        "confirm" => (
+            json!({"type": "object", "properties": {"confirmed": {"type": "boolean", "title": "Confirm", "default": spec["default"].as_bool().unwrap_or(false)}}, "required": ["confirmed"]}),
+            |c| json!({"confirmed": c["confirmed"].as_bool().unwrap_or(false)}),
+        ),
+        "prompt" => (
+            json!({"type": "object", "properties": {"text": {"type": "string", "title": "Answer", "default": spec["default"].as_str().unwrap_or_default()}}, "required": ["text"]}),
+            |c| json!({"text": c["text"].as_str().unwrap_or_default()}),
+        ),
+        "select" if spec["multi_select"].as_bool() != Some(true) => {
+            let values: Vec<&Value> = spec["options"]
+                .as_array()?
+                .iter()
+                .map(|o| &o["value"])
+                .collect();
+            let names: Vec<&Value> = spec["options"]
+                .as_array()?
+                .iter()
+                .map(|o| &o["label"])
+                .collect();
+            (
+                json!({"type": "object", "properties": {"selected": {"type": "string", "title": "Choice", "enum": values, "enumNames": names}}, "required": ["selected"]}),
+                |c| json!({"selected": [c["selected"].as_str().unwrap_or_default()]}),
+            )
+        }
+        "select" => {
+            let values: Vec<&Value> = spec["options"]
+                .as_array()?
+                .iter()
+                .map(|o| &o["value"])
+                .collect();
+            (
+                json!({"type": "object", "properties": {"selected": {"type": "array", "title": "Choices", "items": {"type": "string", "enum": values}}}, "required": ["selected"]}),
+                |c| json!({"selected": c["selected"].as_array().cloned().unwrap_or_default()}),
+            )
+        }
+        _ => return None,
+    };
+    let schema: ElicitationSchema = serde_json::from_value(schema).ok()?;
+    Some((message, schema, reply))
+}
+
+fn describe(request_type: &Value) -> String {
+    let Some((kind, spec)) = request_type.as_object().and_then(|o| o.iter().next()) else {
+        return request_type.to_string();
+    };
+    match spec["message"].as_str() {
+        Some(message) => format!("{kind}: {message}"),
+        None => format!("{kind}: {spec}"),
+    }
+}
+
+fn reply_shape(request_type: &Value) -> &'static str {
+    match request_type
+        .as_object()
+        .and_then(|o| o.keys().next())
+        .map(String::as_str)
+    {
+        Some("confirm") => r#"{"confirmed": true|false}"#,
+        Some("prompt") => r#"{"text": "..."}"#,
+        Some("select") => r#"{"selected": ["value", ...]}"#,
+        _ => r#"{"custom": ...}"#,
+    }
+}
