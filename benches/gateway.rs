@@ -165,6 +165,7 @@ fn history_step_on(duration: Duration, anthropic: bool) -> (f64, f64, usize) {
         is_sub_agent: false,
         only_submit: false,
         no_tools: false,
+        mcp_tools: &[],
         max_output_tokens: 4096,
         echo_reasoning: true,
     };

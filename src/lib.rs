@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod config;
 pub mod hub;
 pub mod llm;
+pub mod mcp_client;
 pub mod metrics;
 pub mod model;
 pub mod persistence;

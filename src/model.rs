@@ -32,6 +32,19 @@ impl UsageTotals {
     }
 }
 
+/// A tool of a tenant's MCP server, as a conversation was given it at its creation.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct McpTool {
+    /// The registered server's name.
+    pub server: String,
+    /// The name the LLM sees: `server__tool`.
+    pub name: String,
+    /// The server's own name for it.
+    pub tool: String,
+    pub description: String,
+    pub input_schema: serde_json::Value,
+}
+
 /// A conversation as stored: its settings, its state and its counters.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ConversationRecord {
@@ -65,6 +78,8 @@ pub struct ConversationRecord {
     pub budget_tokens: Option<u64>,
     /// The conversation whose summary it started from (context continuation).
     pub continued_from: Option<String>,
+    /// Its tenant's MCP tools, as listed at its creation.
+    pub mcp_tools: std::sync::Arc<Vec<McpTool>>,
 }
 
 /// A fork's source and the last of its messages the fork copied.
@@ -95,6 +110,7 @@ pub struct NewConversation {
     pub require_approval: Vec<String>,
     pub network: bool,
     pub budget_tokens: Option<u64>,
+    pub mcp_tools: Vec<McpTool>,
     pub created_at: DateTime<Utc>,
 }
 
@@ -116,6 +132,7 @@ impl NewConversation {
             model: model.to_owned(),
             system_prompt: None,
             budget_tokens: None,
+            mcp_tools: Vec::new(),
             parent_id: None,
             user_initiated: true,
             require_approval: Vec::new(),
@@ -150,6 +167,7 @@ impl NewConversation {
             forked_from: None,
             budget_tokens: self.budget_tokens,
             continued_from: None,
+            mcp_tools: std::sync::Arc::new(self.mcp_tools.clone()),
         }
     }
 }

@@ -82,12 +82,13 @@ pub enum WriteJob {
         from: crate::model::ForkPoint,
         message_ids: Vec<String>,
     },
-    /// A new conversation continued from another's summary (its one message).
-    Continue {
+    /// A new conversation with one message already: a continuation's summary
+    /// (`continued_from` set), or a notice of its creation.
+    Seeded {
         new: NewConversation,
-        from: String,
+        continued_from: Option<String>,
         message_id: String,
-        summary: crate::state_machine::MessageContent,
+        message: crate::state_machine::MessageContent,
     },
     InsertAttachments(Vec<NewAttachment>),
     CreateClientRequest(crate::model::ClientRequest),
@@ -505,14 +506,14 @@ async fn write(store: &Store, job: WriteJob) -> Result<WriteOutcome, StoreError>
             from,
             message_ids,
         } => store.insert_fork(&new, &from, &message_ids).await?,
-        WriteJob::Continue {
+        WriteJob::Seeded {
             new,
-            from,
+            continued_from,
             message_id,
-            summary,
+            message,
         } => {
             store
-                .insert_continuation(&new, &from, &message_id, &summary)
+                .insert_seeded(&new, continued_from.as_deref(), &message_id, &message)
                 .await?
         }
         WriteJob::InsertAttachments(new) => store.insert_attachments(&new).await?,

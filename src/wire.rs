@@ -205,6 +205,10 @@ pub struct Conversation<'a> {
     /// otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub continued_from: Option<ContinuedFrom<'a>>,
+    /// The tools of its tenant's MCP servers it was given at its creation
+    /// (`server__tool`); absent when none. *Extension.*
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mcp_tools: Vec<&'a str>,
     #[serde(serialize_with = "rfc3339")]
     #[schema(value_type = String, format = DateTime)]
     pub created_at: DateTime<Utc>,
@@ -254,6 +258,7 @@ pub fn conversation(conv: &ConversationRecord, context_window: u64) -> Conversat
             .continued_from
             .as_deref()
             .map(|conversation_id| ContinuedFrom { conversation_id }),
+        mcp_tools: conv.mcp_tools.iter().map(|t| t.name.as_str()).collect(),
         usage: Usage {
             input_tokens: conv.usage.input_tokens,
             output_tokens: conv.usage.output_tokens,
@@ -581,6 +586,36 @@ pub struct ListQuery {
     pub cursor: Option<String>,
     /// Archived conversations instead of the others (default false).
     pub archived: Option<bool>,
+}
+
+/// `POST /v1/mcp_servers`. *Extension.*
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewMcpServer {
+    /// 1 to 32 characters of a-z, 0-9, `-` and `_`, without `__`: its tools are
+    /// `name__tool`.
+    #[schema(pattern = "^[a-z0-9_-]{1,32}$")]
+    pub name: String,
+    /// Its streamable-HTTP endpoint, http:// or https://.
+    #[schema(max_length = 2048)]
+    pub url: String,
+    /// Sent with every request to it (credentials, say); never shown again.
+    pub headers: Option<std::collections::BTreeMap<String, String>>,
+}
+
+/// An MCP server as listed: its headers' names only. *Extension.*
+#[derive(Debug, Serialize, ToSchema)]
+pub struct McpServerView<'a> {
+    pub name: &'a str,
+    pub url: &'a str,
+    pub header_names: Vec<&'a str>,
+    pub created_at: &'a str,
+}
+
+/// `GET /v1/mcp_servers`. *Extension.*
+#[derive(Debug, Serialize, ToSchema)]
+pub struct McpServerList<'a> {
+    pub servers: Vec<McpServerView<'a>>,
 }
 
 /// `GET /v1/usage`. *Extension.*

@@ -43,6 +43,7 @@ pub struct Model {
     pub forked_from_sequence: Option<i64>,
     pub budget_tokens: Option<i64>,
     pub continued_from_id: Option<String>,
+    pub mcp_tools: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -74,6 +74,7 @@ pub async fn continue_conversation(
         require_approval: source.require_approval.clone(),
         network: source.network,
         budget_tokens: source.budget_tokens,
+        mcp_tools: source.mcp_tools.as_ref().clone(),
         created_at: Utc::now().trunc_subsecs(6),
     };
     let mut record = new.record();
@@ -81,11 +82,11 @@ pub async fn continue_conversation(
     record.continued_from = Some(source.id.clone());
     app.services
         .persistence
-        .write(WriteJob::Continue {
+        .write(WriteJob::Seeded {
             new,
-            from: source.id.clone(),
+            continued_from: Some(source.id.clone()),
             message_id: uuid::Uuid::now_v7().to_string(),
-            summary: seed(&source.id, &summary),
+            message: seed(&source.id, &summary),
         })
         .await
         .map_err(|error| match error {

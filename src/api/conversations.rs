@@ -245,16 +245,30 @@ pub async fn create(
         require_approval,
         network,
         budget_tokens: body.budget_tokens,
+        mcp_tools: Vec::new(),
         // As stored: the databases keep microseconds.
         created_at: Utc::now().trunc_subsecs(6),
     };
-    let conv = new.record();
-    match app
-        .services
-        .persistence
-        .write(WriteJob::CreateConversation(new))
-        .await
-    {
+    // The tenant's MCP servers' tools, fixed for the conversation from now on; a server that
+    // does not answer is left out, and the conversation says so in a system message.
+    let (mcp_tools, notices) = super::mcp_servers::tools_of(&app, &caller.0.id).await?;
+    let mut new = new;
+    new.mcp_tools = mcp_tools;
+    let mut conv = new.record();
+    let job = if notices.is_empty() {
+        WriteJob::CreateConversation(new)
+    } else {
+        conv.next_sequence_id = 2;
+        WriteJob::Seeded {
+            new,
+            continued_from: None,
+            message_id: uuid::Uuid::now_v7().to_string(),
+            message: crate::state_machine::MessageContent::System {
+                text: notices.join("\n"),
+            },
+        }
+    };
+    match app.services.persistence.write(job).await {
         Ok(_) => {}
         Err(StoreError::Conflict(_)) => {
             return Err(ApiError::new(

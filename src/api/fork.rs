@@ -110,6 +110,7 @@ async fn create(
         require_approval: source.require_approval.clone(),
         network,
         budget_tokens: source.budget_tokens,
+        mcp_tools: source.mcp_tools.as_ref().clone(),
         created_at: Utc::now().trunc_subsecs(6),
     };
     let from = ForkPoint {

@@ -10,6 +10,7 @@ mod error;
 mod fork;
 mod images;
 mod mcp;
+mod mcp_servers;
 mod openapi;
 mod ops;
 mod rate;
@@ -156,7 +157,9 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(c::cancel_task))
         .routes(routes!(stream::websocket))
         .routes(routes!(stream::sse))
-        .routes(routes!(usage::usage));
+        .routes(routes!(usage::usage))
+        .routes(routes!(mcp_servers::create, mcp_servers::list))
+        .routes(routes!(mcp_servers::delete));
     OpenApiRouter::with_openapi(openapi::Document::openapi())
         .nest("/v1", v1)
         .routes(routes!(ops::healthz))

@@ -30,6 +30,7 @@ use crate::wire;
         (name = "live stream", description = "WebSocket and SSE"),
         (name = "operations", description = "Health, readiness, metrics and this document; no key"),
         (name = "usage", description = "Token usage and budgets"),
+        (name = "mcp", description = "The tenant's own MCP tool servers"),
     ),
 )]
 pub struct Document;

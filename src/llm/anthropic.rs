@@ -296,7 +296,7 @@ pub struct Body<'a> {
     max_tokens: u32,
     system: [Value; 1],
     messages: Messages<'a>,
-    tools: &'a RawValue,
+    tools: super::request::Tools<'a>,
     /// `{"type": "none"}` for the summary request: the history's tool blocks need the tools
     /// defined, but none may be called.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -320,7 +320,17 @@ pub fn body<'a>(
             "cache_control": {"type": "ephemeral"},
         })],
         messages: Messages { history, images },
-        tools: tools_json(ctx.is_sub_agent, ctx.only_submit)?,
+        tools: super::request::with_mcp(
+            tools_json(ctx.is_sub_agent, ctx.only_submit)?,
+            ctx,
+            |tool| {
+                json!({
+                    "name": tool.name,
+                    "description": tool.description,
+                    "input_schema": tool.input_schema,
+                })
+            },
+        )?,
         tool_choice: ctx.no_tools.then(|| json!({"type": "none"})),
         stream: true,
     })
@@ -849,6 +859,7 @@ mod tests {
             is_sub_agent: false,
             only_submit: false,
             no_tools: false,
+            mcp_tools: &[],
             max_output_tokens: 1000,
             echo_reasoning: true,
         };

@@ -95,6 +95,8 @@ pub struct LlmJob {
     pub history: HistoryHandle,
     /// The conversation's own token budget and its tokens so far.
     pub budget: Option<(u64, u64)>,
+    /// Its tenant's MCP tools, offered with the built-in ones.
+    pub mcp_tools: Arc<Vec<crate::model::McpTool>>,
 }
 
 impl std::fmt::Debug for LlmJob {
@@ -355,6 +357,7 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
         is_sub_agent: job.is_sub_agent,
         only_submit: job.only_submit,
         no_tools: job.summary,
+        mcp_tools: &job.mcp_tools,
         max_output_tokens: model_settings.max_output_tokens,
         echo_reasoning: model_settings.echo_reasoning,
     };

@@ -33,8 +33,10 @@ pub struct RequestContext<'a> {
     pub is_sub_agent: bool,
     /// A sub-agent's grace turn: submit_result is the only tool offered.
     pub only_submit: bool,
-    /// No tools at all (the summary request).
+    /// No tool may be called (the summary request).
     pub no_tools: bool,
+    /// The conversation's tools of its tenant's MCP servers, offered after the built-in ones.
+    pub mcp_tools: &'a [crate::model::McpTool],
     pub max_output_tokens: u32,
     /// Send the turn's reasoning back (`[models] echo_reasoning`).
     pub echo_reasoning: bool,
@@ -207,6 +209,35 @@ fn tool_list(tools: &[ToolDefinition]) -> Vec<ChatCompletionTools> {
         .collect()
 }
 
+/// A request's `tools`: the cached JSON of the built-in ones, or that and the conversation's
+/// MCP tools.
+#[derive(Debug, serde::Serialize)]
+#[serde(untagged)]
+pub enum Tools<'a> {
+    Cached(&'a RawValue),
+    Own(Box<RawValue>),
+}
+
+/// The built-in tools' JSON (`cached`) with the conversation's MCP tools after them, each
+/// made by `entry` (not in a sub-agent's grace turn, which offers submit_result alone).
+pub fn with_mcp<'a, T: serde::Serialize>(
+    cached: &'a RawValue,
+    ctx: &RequestContext<'_>,
+    entry: impl Fn(&crate::model::McpTool) -> T,
+) -> serde_json::Result<Tools<'a>> {
+    if ctx.mcp_tools.is_empty() || (ctx.is_sub_agent && ctx.only_submit) {
+        return Ok(Tools::Cached(cached));
+    }
+    let mut all: Vec<Box<RawValue>> = serde_json::from_str::<Vec<&RawValue>>(cached.get())?
+        .into_iter()
+        .map(|t| t.to_owned())
+        .collect();
+    for tool in ctx.mcp_tools {
+        all.push(serde_json::value::to_raw_value(&entry(tool))?);
+    }
+    serde_json::value::to_raw_value(&all).map(Tools::Own)
+}
+
 /// The request's `messages`: the system prompt, then the history.
 #[derive(Debug)]
 struct Messages<'a> {
@@ -256,7 +287,7 @@ impl serde::Serialize for Messages<'_> {
 pub struct Body<'a> {
     model: &'a str,
     messages: Messages<'a>,
-    tools: &'a RawValue,
+    tools: Tools<'a>,
     /// `"none"` for the summary request: the tools stay defined (the history uses them),
     /// but none may be called.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -298,7 +329,20 @@ pub fn body<'a>(
             images,
             reasoning_from: ctx.echo_reasoning.then_some(turn_from),
         },
-        tools: tools_json(ctx.is_sub_agent, ctx.only_submit)?,
+        tools: with_mcp(
+            tools_json(ctx.is_sub_agent, ctx.only_submit)?,
+            ctx,
+            |tool| {
+                ChatCompletionTools::Function(ChatCompletionTool {
+                    function: FunctionObject {
+                        name: tool.name.clone(),
+                        description: Some(tool.description.clone()),
+                        parameters: Some(tool.input_schema.clone()),
+                        strict: None,
+                    },
+                })
+            },
+        )?,
         tool_choice: ctx.no_tools.then_some("none"),
         stream: true,
         stream_options: ChatCompletionStreamOptions {
@@ -501,6 +545,7 @@ mod tests {
             is_sub_agent: false,
             only_submit: false,
             no_tools: false,
+            mcp_tools: &[],
             max_output_tokens: 512,
             echo_reasoning: true,
         };
@@ -592,6 +637,7 @@ mod tests {
                 is_sub_agent: false,
                 only_submit: false,
                 no_tools: false,
+                mcp_tools: &[],
                 max_output_tokens: 512,
                 echo_reasoning: echo,
             };

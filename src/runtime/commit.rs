@@ -374,6 +374,7 @@ mod tests {
             forked_from: None,
             budget_tokens: None,
             continued_from: None,
+            mcp_tools: Default::default(),
         }
     }
 

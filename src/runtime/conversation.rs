@@ -938,6 +938,7 @@ async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, eff
                 recent: std::mem::take(&mut state.unsent),
                 through: state.record.next_sequence_id - 1,
                 history: Arc::clone(&state.history),
+                mcp_tools: state.record.mcp_tools.clone(),
                 budget: state.record.budget_tokens.map(|limit| {
                     let usage = &state.record.usage;
                     (limit, usage.input_tokens + usage.output_tokens)
@@ -975,6 +976,8 @@ async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, eff
                 conversation_id: state.record.id.clone(),
                 is_sub_agent: state.ctx.is_sub_agent,
                 needs_approval: state.record.require_approval.contains(&tool.name),
+                tenant_id: state.record.tenant_id.clone(),
+                mcp_tools: state.record.mcp_tools.clone(),
                 span: tracing::info_span!(
                     parent: state.turn.as_ref().and_then(|turn| turn.span.id()),
                     "tool.run",

@@ -143,6 +143,8 @@ impl Actor for SubAgentSupervisor {
                 network: parent.network,
                 // Each sub-agent gets the parent's budget as its own.
                 budget_tokens: parent.budget_tokens,
+                // Sub-agents inherit their parent's MCP tools.
+                mcp_tools: parent.mcp_tools.as_ref().clone(),
                 created_at: now,
             };
             if let Err(error) = services

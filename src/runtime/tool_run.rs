@@ -40,6 +40,9 @@ pub struct ToolRunArgs {
     pub is_sub_agent: bool,
     /// The conversation requires the client's approval before this tool runs.
     pub needs_approval: bool,
+    pub tenant_id: String,
+    /// The conversation's tools of its tenant's MCP servers.
+    pub mcp_tools: Arc<Vec<crate::model::McpTool>>,
 }
 
 impl std::fmt::Debug for ToolRunArgs {
@@ -79,6 +82,8 @@ struct Run {
     conversation_id: String,
     is_sub_agent: bool,
     needs_approval: bool,
+    tenant_id: String,
+    mcp_tools: Arc<Vec<crate::model::McpTool>>,
 }
 
 impl Actor for ToolRun {
@@ -113,6 +118,8 @@ impl Actor for ToolRun {
             conversation_id: args.conversation_id.clone(),
             is_sub_agent: args.is_sub_agent,
             needs_approval: args.needs_approval,
+            tenant_id: args.tenant_id.clone(),
+            mcp_tools: args.mcp_tools.clone(),
         };
         let span = args.span.clone();
         tokio::spawn(async move {
@@ -168,6 +175,9 @@ async fn execute(run: Run) -> ToolOutcome {
     {
         return refused;
     }
+    if let Some(tool) = run.mcp_tools.iter().find(|t| t.name == run.tool.name) {
+        return mcp_tool(&run, tool).await;
+    }
     let input = &run.tool.input;
     match run.tool.name.as_str() {
         ASK_USER if run.is_sub_agent => failed("ask_user is only available in user conversations"),
@@ -177,6 +187,36 @@ async fn execute(run: Run) -> ToolOutcome {
         }
         _ => tools::run(&run.tool, run.cwd.clone(), &run.limits, run.cancel.clone()).await,
     }
+}
+
+/// A tool of the tenant's MCP server: called on the server registered under its name now
+/// (a server removed since is a failed result), under the same time limit and output cap as
+/// bash, cancelled with the turn.
+async fn mcp_tool(run: &Run, tool: &crate::model::McpTool) -> ToolOutcome {
+    let server = match run
+        .services
+        .store
+        .mcp_server(&run.tenant_id, &tool.server)
+        .await
+    {
+        Ok(Some(server)) => server,
+        Ok(None) => {
+            return failed(format!(
+                "the MCP server {} is no longer registered; {} cannot run",
+                tool.server, tool.name
+            ));
+        }
+        Err(e) => return failed(format!("cannot read the MCP server {}: {e}", tool.server)),
+    };
+    crate::mcp_client::call(
+        &server,
+        tool,
+        &run.tool.input,
+        run.limits.bash_timeout,
+        &run.cancel,
+        run.limits.output_cap_bytes,
+    )
+    .await
 }
 
 /// Asks the client to approve the tool (the wallet flow, generalised).

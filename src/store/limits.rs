@@ -120,7 +120,7 @@ struct UsageRow {
 
 impl Store {
     /// `sql` written with `$1, $2, ...`, for this store's database.
-    fn statement(&self, sql: &str, values: Vec<sea_orm::Value>) -> Statement {
+    pub(super) fn statement(&self, sql: &str, values: Vec<sea_orm::Value>) -> Statement {
         let backend = self.backend();
         let sql = if backend == DbBackend::Sqlite {
             sql.replace('$', "?")

@@ -8,6 +8,7 @@
 mod cluster;
 mod error;
 mod limits;
+mod mcp;
 mod postgres;
 mod sqlite;
 
@@ -31,6 +32,7 @@ use serde::Serialize;
 pub use cluster::{FRAMES_CHANNEL, Lease, Node, Owner, WATCH_CHANNEL};
 pub use error::StoreError;
 pub use limits::{BudgetState, ModelUsage, Reservation, TenantLimits, period_of};
+pub use mcp::McpServer;
 pub(crate) use sqlite::Durable;
 
 use crate::model::{
@@ -861,25 +863,26 @@ impl Store {
     /// Creates `new` as a fork of `from`: its history is a copy of the source's messages
     /// 1..=`from.sequence_id` (with ids of their own and no client keys), and every image
     /// they show is shared with it, not copied. One transaction.
-    /// A conversation continued from `from`'s summary: its row and its one message, the
-    /// summary as a system message, in one transaction.
-    pub(crate) async fn insert_continuation(
+    /// A conversation with its first message, in one transaction: a continuation of `from`
+    /// (which must exist) seeded with its summary, or a new one with a notice.
+    pub(crate) async fn insert_seeded(
         &self,
         new: &NewConversation,
-        from: &str,
+        from: Option<&str>,
         message_id: &str,
         summary: &crate::state_machine::MessageContent,
     ) -> Result<()> {
         let txn = self.writer().begin().await?;
-        if conversations::Entity::find_by_id(from.to_owned())
-            .one(&txn)
-            .await?
-            .is_none()
+        if let Some(from) = from
+            && conversations::Entity::find_by_id(from.to_owned())
+                .one(&txn)
+                .await?
+                .is_none()
         {
             return Err(StoreError::NotFound);
         }
         let mut row = conversation_row(new)?;
-        row.continued_from_id = Set(Some(from.to_owned()));
+        row.continued_from_id = Set(from.map(str::to_owned));
         row.next_sequence_id = Set(2);
         conversations::Entity::insert(row).exec(&txn).await?;
         let key: Option<i64> = conversations::Entity::find()
@@ -1322,6 +1325,8 @@ fn conversation_row(new: &NewConversation) -> Result<conversations::ActiveModel>
             .budget_tokens
             .map(|b| i64::try_from(b).unwrap_or(i64::MAX))),
         continued_from_id: Set(None),
+        mcp_tools: Set((!new.mcp_tools.is_empty())
+            .then(|| serde_json::to_string(&new.mcp_tools).unwrap_or_default())),
     })
 }
 
@@ -1364,6 +1369,12 @@ fn conversation(row: conversations::Model) -> Result<ConversationRecord> {
         lease: None,
         budget_tokens: row.budget_tokens.and_then(|b| u64::try_from(b).ok()),
         continued_from: row.continued_from_id,
+        mcp_tools: Arc::new(
+            row.mcp_tools
+                .as_deref()
+                .and_then(|json| serde_json::from_str(json).ok())
+                .unwrap_or_default(),
+        ),
         forked_from: row.forked_from_id.zip(row.forked_from_sequence).map(
             |(conversation_id, sequence_id)| ForkPoint {
                 conversation_id,

@@ -20,6 +20,7 @@ mod control;
 mod hitl;
 mod limits;
 mod mcp;
+mod mcp_servers;
 mod persistence;
 mod runtime;
 mod sandbox;
