@@ -652,6 +652,9 @@ fn elicitation(request_type: &Value) -> Option<(String, ElicitationSchema, Reply
                 |c| json!({"selected": c["selected"].as_array().cloned().unwrap_or_default()}),
             )
         }
+        // A custom request's own schema, when it is one MCP forms can show (an object of
+        // primitive fields); else the fallback.
+        "custom" => (spec["schema"].clone(), |c| json!({"custom": c})),
         _ => return None,
     };
     let schema: ElicitationSchema = serde_json::from_value(schema).ok()?;

@@ -281,6 +281,11 @@ async fn questions_are_elicitations() {
             json!({"question": "Colour?", "kind": "select", "options": ["red", "green"]}),
             "green",
         ),
+        (
+            Answer::Accept,
+            json!({"question": "Your name?", "kind": "prompt"}),
+            "from the MCP client",
+        ),
     ] {
         let handler = Client::new(answer);
         let client = connect(&app, &app.key_a, handler.clone()).await;
