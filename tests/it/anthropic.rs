@@ -104,14 +104,22 @@ async fn deltas_are_streamed_live() {
     let mut frames = rt.runtime.services.hub.subscribe(&conv);
     rt.llm.push([Reply::text("streamed in pieces")]);
     rt.send(&conv, "hi").await.expect("accepted");
-    rt.wait_idle(&conv).await;
+    // Frames until the agent's message (the row may be idle before its frames are out).
     let mut deltas = String::new();
-    while let Ok(frame) = frames.try_recv() {
+    loop {
+        let frame = tokio::time::timeout(WAIT, frames.recv())
+            .await
+            .expect("the agent's message comes")
+            .expect("the subscription stays");
+        let value: Value = serde_json::from_str(&frame.json).expect("JSON");
         if frame.kind == "delta" {
-            let value: Value = serde_json::from_str(&frame.json).expect("JSON");
             deltas.push_str(value["text"].as_str().unwrap_or_default());
         }
+        if frame.kind == "message" && value["message"]["message_type"] == "agent" {
+            break;
+        }
     }
+    rt.wait_idle(&conv).await;
     assert_eq!(deltas, "streamed in pieces");
     rt.stop().await;
     db.drop_db().await;
