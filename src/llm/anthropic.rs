@@ -34,7 +34,6 @@ use serde_json::{Value, json};
 use super::chunk::{Choice, Chunk, Delta, FunctionDelta, ToolCallDelta, UsageIn};
 use super::request::{ImageLoader, RequestContext, Wire, system_prompt};
 use super::{Failure, Shared};
-use crate::hub::Frame;
 use crate::state_machine::{ErrorKind, LlmReply, MessageContent};
 
 /// The API version sent in `anthropic-version`.
@@ -137,32 +136,19 @@ fn convert(content: &MessageContent, images: ImageLoader<'_>) -> Option<Value> {
 
 /// The request's tools in Anthropic's form, made once per kind of agent.
 fn tools_json(is_sub_agent: bool, only_submit: bool) -> serde_json::Result<&'static RawValue> {
-    static CACHE: [std::sync::OnceLock<Box<RawValue>>; 3] = [
-        std::sync::OnceLock::new(),
-        std::sync::OnceLock::new(),
-        std::sync::OnceLock::new(),
-    ];
-    let only_submit = is_sub_agent && only_submit;
-    let slot = &CACHE[usize::from(is_sub_agent) + usize::from(only_submit)];
-    if let Some(json) = slot.get() {
-        return Ok(json);
-    }
-    let mut tools = crate::tools::definitions(is_sub_agent);
-    if only_submit {
-        tools.retain(|tool| tool.name == crate::state_machine::SUBMIT_RESULT);
-    }
-    let list: Vec<Value> = tools
-        .iter()
-        .map(|tool| {
-            json!({
-                "name": tool.name,
-                "description": tool.description,
-                "input_schema": tool.parameters,
+    static CACHE: super::request::ToolsCache = super::request::ToolsCache::new();
+    CACHE.get(is_sub_agent, only_submit, |tools| {
+        tools
+            .iter()
+            .map(|tool| {
+                json!({
+                    "name": tool.name,
+                    "description": tool.description,
+                    "input_schema": tool.parameters,
+                })
             })
-        })
-        .collect();
-    let json = serde_json::value::to_raw_value(&list)?;
-    Ok(slot.get_or_init(|| json))
+            .collect::<Vec<Value>>()
+    })
 }
 
 /// The history with the last message marked as a cache breakpoint.
@@ -681,19 +667,7 @@ pub(super) async fn stream_reply(
                     continue;
                 };
                 let added = accumulator.push(chunk)?;
-                if added.text.is_none() && added.reasoning.is_none() {
-                    continue;
-                }
-                if first_token.is_none() {
-                    let ms = started.elapsed().as_millis() as u64;
-                    first_token = Some(ms);
-                    tracing::Span::current().record("ttft_ms", ms);
-                }
-                let frame = Frame::of(&crate::wire::ServerFrame::Delta {
-                    text: added.text.as_deref().unwrap_or_default(),
-                    reasoning: added.reasoning.as_deref(),
-                });
-                shared.hub.publish(&job.conversation_id, Arc::new(frame));
+                super::forward(shared, job, added, started, &mut first_token);
             }
         }
     }

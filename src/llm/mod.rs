@@ -461,19 +461,7 @@ async fn stream_reply(
             Ok(Some(Err(error))) => return Err(http::classify(&error, &probe)),
             Ok(Some(Ok(chunk))) => {
                 let added = accumulator.push(chunk)?;
-                if added.text.is_none() && added.reasoning.is_none() {
-                    continue;
-                }
-                if first_token.is_none() {
-                    let ms = started.elapsed().as_millis() as u64;
-                    first_token = Some(ms);
-                    tracing::Span::current().record("ttft_ms", ms);
-                }
-                let frame = Frame::of(&crate::wire::ServerFrame::Delta {
-                    text: added.text.as_deref().unwrap_or_default(),
-                    reasoning: added.reasoning.as_deref(),
-                });
-                shared.hub.publish(&job.conversation_id, Arc::new(frame));
+                forward(shared, job, added, started, &mut first_token);
             }
         }
     }
@@ -481,6 +469,30 @@ async fn stream_reply(
         return Err(failure);
     }
     accumulator.finish(probe.saw_done())
+}
+
+/// Sends what a chunk added to the conversation's clients live (a `delta` frame), noting
+/// the time to the first token on the request's span.
+fn forward(
+    shared: &Shared,
+    job: &LlmJob,
+    added: stream::Added,
+    started: Instant,
+    first_token: &mut Option<u64>,
+) {
+    if added.text.is_none() && added.reasoning.is_none() {
+        return;
+    }
+    if first_token.is_none() {
+        let ms = started.elapsed().as_millis() as u64;
+        *first_token = Some(ms);
+        tracing::Span::current().record("ttft_ms", ms);
+    }
+    let frame = Frame::of(&crate::wire::ServerFrame::Delta {
+        text: added.text.as_deref().unwrap_or_default(),
+        reasoning: added.reasoning.as_deref(),
+    });
+    shared.hub.publish(&job.conversation_id, Arc::new(frame));
 }
 
 /// What the ids of tool calls that come without one are made from: the same for the same

@@ -175,22 +175,43 @@ fn agent_wire(
 /// The JSON of the request's `tools`, made once per kind of agent (the tools an agent gets
 /// depend only on whether it is a sub-agent, and whether it is in its grace turn).
 fn tools_json(is_sub_agent: bool, only_submit: bool) -> serde_json::Result<&'static RawValue> {
-    static CACHE: [std::sync::OnceLock<Box<RawValue>>; 3] = [
-        std::sync::OnceLock::new(),
-        std::sync::OnceLock::new(),
-        std::sync::OnceLock::new(),
-    ];
-    let only_submit = is_sub_agent && only_submit;
-    let slot = &CACHE[usize::from(is_sub_agent) + usize::from(only_submit)];
-    if let Some(json) = slot.get() {
-        return Ok(json);
+    static CACHE: ToolsCache = ToolsCache::new();
+    CACHE.get(is_sub_agent, only_submit, tool_list)
+}
+
+/// A request's built-in tools as JSON, made once per kind of agent: a user conversation, a
+/// sub-agent, a sub-agent in its grace turn (submit_result alone).
+#[derive(Debug, Default)]
+pub struct ToolsCache([std::sync::OnceLock<Box<RawValue>>; 3]);
+
+impl ToolsCache {
+    pub const fn new() -> Self {
+        Self([
+            std::sync::OnceLock::new(),
+            std::sync::OnceLock::new(),
+            std::sync::OnceLock::new(),
+        ])
     }
-    let mut tools = crate::tools::definitions(is_sub_agent);
-    if only_submit {
-        tools.retain(|tool| tool.name == crate::state_machine::SUBMIT_RESULT);
+
+    /// The JSON for that kind of agent, made by `render` the first time.
+    pub fn get<T: serde::Serialize>(
+        &'static self,
+        is_sub_agent: bool,
+        only_submit: bool,
+        render: impl FnOnce(&[ToolDefinition]) -> T,
+    ) -> serde_json::Result<&'static RawValue> {
+        let only_submit = is_sub_agent && only_submit;
+        let slot = &self.0[usize::from(is_sub_agent) + usize::from(only_submit)];
+        if let Some(json) = slot.get() {
+            return Ok(json);
+        }
+        let mut tools = crate::tools::definitions(is_sub_agent);
+        if only_submit {
+            tools.retain(|tool| tool.name == crate::state_machine::SUBMIT_RESULT);
+        }
+        let json = serde_json::value::to_raw_value(&render(&tools))?;
+        Ok(slot.get_or_init(|| json))
     }
-    let json = serde_json::value::to_raw_value(&tool_list(&tools))?;
-    Ok(slot.get_or_init(|| json))
 }
 
 fn tool_list(tools: &[ToolDefinition]) -> Vec<ChatCompletionTools> {
