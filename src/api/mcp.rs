@@ -554,54 +554,60 @@ async fn ask(
         .client_capabilities()
         .and_then(|c| c.elicitation)
         .is_some();
-    let Some((message, schema, reply)) = elicitation(request_type).filter(|_| elicits) else {
-        let text = format!(
-            "the agent asks (request {request_id}): {}; answer with the respond tool, payload as {}",
-            describe(request_type),
-            reply_shape(request_type)
-        );
-        if let Some(token) = ctx.meta.get_progress_token() {
-            let _ = ctx
-                .peer
-                .notify_progress(ProgressNotificationParam::new(token, 0.0).with_message(&text))
-                .await;
+    if let Some((message, schema, reply)) = elicitation(request_type).filter(|_| elicits) {
+        let params = ElicitRequestParams::FormElicitationParams {
+            meta: None,
+            message,
+            requested_schema: schema,
+        };
+        match ctx.peer.create_elicitation(params).await {
+            Ok(answer) => {
+                let payload = match answer.action {
+                    ElicitationAction::Accept => reply(answer.content.unwrap_or(Value::Null)),
+                    ElicitationAction::Decline => match request_type.get("confirm") {
+                        Some(_) => json!({"confirmed": false}),
+                        None => json!({"cancelled": true}),
+                    },
+                    // Cancel, and whatever later protocols add (the enum is non-exhaustive).
+                    ElicitationAction::Cancel | _ => json!({"cancelled": true}),
+                };
+                let path = format!("{path}/requests/{}", segment(request_id));
+                let _ = server
+                    .rest(
+                        parts,
+                        Method::POST,
+                        &path,
+                        Some(json!({"payload": payload})),
+                    )
+                    .await;
+                return;
+            }
+            // The session cannot carry it (a protocol where elicitation is not sent
+            // mid-call, say): the fallback.
+            Err(error) => {
+                tracing::debug!(%error, "an elicitation could not be sent; falling back to a notification");
+            }
         }
+    }
+    let text = format!(
+        "the agent asks (request {request_id}): {}; answer with the respond tool, payload as {}",
+        describe(request_type),
+        reply_shape(request_type)
+    );
+    if let Some(token) = ctx.meta.get_progress_token() {
         let _ = ctx
             .peer
-            .notify_logging_message(
-                LoggingMessageNotificationParam::new(
-                    LoggingLevel::Notice,
-                    json!({"request_id": request_id, "request_type": request_type, "timeout_ms": frame["timeout_ms"], "message": text}),
-                )
-                .with_logger("bedrock.client_request"),
-            )
+            .notify_progress(ProgressNotificationParam::new(token, 0.0).with_message(&text))
             .await;
-        return;
-    };
-    let params = ElicitRequestParams::FormElicitationParams {
-        meta: None,
-        message,
-        requested_schema: schema,
-    };
-    let Ok(answer) = ctx.peer.create_elicitation(params).await else {
-        return; // The request expires, or is answered elsewhere.
-    };
-    let payload = match answer.action {
-        ElicitationAction::Accept => reply(answer.content.unwrap_or(Value::Null)),
-        ElicitationAction::Decline => match request_type.get("confirm") {
-            Some(_) => json!({"confirmed": false}),
-            None => json!({"cancelled": true}),
-        },
-        // Cancel, and whatever later protocols add (the enum is non-exhaustive).
-        ElicitationAction::Cancel | _ => json!({"cancelled": true}),
-    };
-    let path = format!("{path}/requests/{}", segment(request_id));
-    let _ = server
-        .rest(
-            parts,
-            Method::POST,
-            &path,
-            Some(json!({"payload": payload})),
+    }
+    let _ = ctx
+        .peer
+        .notify_logging_message(
+            LoggingMessageNotificationParam::new(
+                LoggingLevel::Notice,
+                json!({"request_id": request_id, "request_type": request_type, "timeout_ms": frame["timeout_ms"], "message": text}),
+            )
+            .with_logger("bedrock.client_request"),
         )
         .await;
 }
