@@ -104,8 +104,12 @@ pub async fn call(
         () = cancel.cancelled() => None,
         () = tokio::time::sleep(timeout) => Some(Err(rmcp::ServiceError::Timeout { timeout })),
     };
-    // Dropping the call sends notifications/cancelled for it; the session ends after.
+    // Dropping an unfinished call sends notifications/cancelled for it: the session is
+    // given a moment to send it before it ends.
     drop(calling);
+    if !matches!(outcome, Some(Ok(_))) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let outcome = match outcome {
         None => failed("cancelled by user".into()),
         Some(Err(rmcp::ServiceError::Timeout { .. })) => failed(format!(
@@ -144,7 +148,6 @@ pub async fn call(
             }
         }
     };
-    tokio::time::sleep(Duration::from_millis(50)).await;
     let _ = client.cancel().await;
     outcome
 }

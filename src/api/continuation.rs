@@ -11,7 +11,7 @@ use chrono::{SubsecRound as _, Utc};
 
 use super::AppState;
 use super::auth::Caller;
-use super::error::{ApiError, ErrorBody, Path, rejection, reply};
+use super::error::{ApiError, ErrorBody, Path, rejection};
 use crate::model::NewConversation;
 use crate::persistence::WriteJob;
 use crate::runtime::{ConvMsg, SendError};
@@ -96,16 +96,7 @@ pub async fn continue_conversation(
             | StoreError::Corrupt(_)
             | StoreError::Other(_)) => other.into(),
         })?;
-    let created = reply(StatusCode::CREATED, &app.conversation_json(&record));
-    if let Err(e) = app
-        .services
-        .registry
-        .start_from(&app.services, record)
-        .await
-    {
-        tracing::warn!(error = %e, "a continuation's actor did not start; it starts on first use");
-    }
-    Ok(created)
+    Ok(app.created(record).await)
 }
 
 /// Asks the conversation (at rest) for its summary and waits for it.
@@ -115,6 +106,20 @@ async fn summarize(app: &AppState, id: &str) -> Result<String, ApiError> {
         .registry
         .get_or_start(&app.services, id)
         .await?;
+    // Subscribed before asking: its state frames say when to look again.
+    let mut frames = app.services.hub.subscribe(id);
+    let summary = ask_and_wait(app, &live, id, &mut frames).await;
+    drop(frames);
+    app.services.hub.release(id);
+    summary
+}
+
+async fn ask_and_wait(
+    app: &AppState,
+    live: &crate::runtime::Live,
+    id: &str,
+    frames: &mut crate::hub::Subscription,
+) -> Result<String, ApiError> {
     let asked = live
         .actor
         .call(ConvMsg::Summarize, Some(Duration::from_secs(30)))
@@ -171,6 +176,16 @@ async fn summarize(app: &AppState, id: &str) -> Result<String, ApiError> {
                 "the summary did not come in time; the conversation is still asking for it, so try again later",
             ));
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Looked at again when its state changes, or after a second should a frame be lost.
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            loop {
+                match frames.recv().await {
+                    Ok(frame) if frame.kind == "state" => return,
+                    Ok(_) => {}
+                    Err(_) => std::future::pending::<()>().await,
+                }
+            }
+        })
+        .await;
     }
 }

@@ -32,6 +32,22 @@ impl AppState {
         self.settings.model(model).context_window
     }
 
+    /// 201 with a conversation just written (created, forked, continued). It is about to be
+    /// used: its actor starts from that row, so the first connection and message find it
+    /// running.
+    pub(super) async fn created(&self, conv: ConversationRecord) -> Response {
+        let created = reply(StatusCode::CREATED, &self.conversation_json(&conv));
+        if let Err(e) = self
+            .services
+            .registry
+            .start_from(&self.services, conv)
+            .await
+        {
+            tracing::warn!(error = %e, "a new conversation's actor did not start; it starts on first use");
+        }
+        created
+    }
+
     pub(super) fn conversation_json<'a>(&self, conv: &'a ConversationRecord) -> Conversation<'a> {
         wire::conversation(conv, self.window(&conv.model))
     }
@@ -279,13 +295,7 @@ pub async fn create(
         }
         Err(e) => return Err(e.into()),
     }
-    let created = reply(StatusCode::CREATED, &app.conversation_json(&conv));
-    // A new conversation is about to be used: its actor starts from the row just written,
-    // so the first connection and message find it running.
-    if let Err(e) = app.services.registry.start_from(&app.services, conv).await {
-        tracing::warn!(error = %e, "a new conversation's actor did not start; it starts on first use");
-    }
-    Ok(created)
+    Ok(app.created(conv).await)
 }
 
 /// Lists the tenant's user-initiated conversations, newest first.

@@ -7,7 +7,7 @@ use chrono::{SubsecRound as _, Utc};
 
 use super::AppState;
 use super::auth::Caller;
-use super::error::{ApiError, Body, ErrorBody, Path, reply};
+use super::error::{ApiError, Body, ErrorBody, Path};
 use crate::model::{ForkPoint, NewConversation};
 use crate::persistence::WriteJob;
 use crate::sandbox::Network;
@@ -142,16 +142,7 @@ async fn create(
             | StoreError::Other(_)) => other.into(),
         });
     }
-    let created = reply(StatusCode::CREATED, &app.conversation_json(&record));
-    if let Err(e) = app
-        .services
-        .registry
-        .start_from(&app.services, record)
-        .await
-    {
-        tracing::warn!(error = %e, "a fork's actor did not start; it starts on first use");
-    }
-    Ok(created)
+    Ok(app.created(record).await)
 }
 
 /// Copies the source's workspace to the fork's own directory under the tenant's root.

@@ -616,18 +616,8 @@ pub(super) async fn stream_reply(
     };
     let status = response.status();
     if !status.is_success() {
-        let retry_after = response
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(|seconds| seconds.saturating_mul(1000));
         let idle = std::time::Duration::from_millis(llm.idle_timeout_ms);
-        let body = tokio::time::timeout(idle, response.bytes())
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .unwrap_or_default();
+        let (body, retry_after) = super::http::refused(response, idle).await;
         let mut failure = status_failure(status.as_u16(), &body, retry_after);
         // Anthropic's error body names its type: more exact than the status alone.
         if let Ok(value) = serde_json::from_slice::<Value>(&body)

@@ -81,17 +81,7 @@ pub async fn execute(
     };
     let status = response.status();
     if !status.is_success() {
-        let retry_after = response
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(|seconds| seconds.saturating_mul(1000));
-        let body = tokio::time::timeout(limits.idle, response.bytes())
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .unwrap_or_default();
+        let (body, retry_after) = refused(response, limits.idle).await;
         let failure = status_failure(status.as_u16(), &body, retry_after);
         probe.fail(failure.clone());
         return Err(OpenAIError::Boxed(Box::new(LayerError(failure.message))));
@@ -250,6 +240,23 @@ pub(super) fn limited(
             Some((item, (inner, probe, tail, stop, errors)))
         },
     )
+}
+
+/// What a non-success response says: its body (read within `idle`) and its Retry-After in
+/// milliseconds.
+pub(super) async fn refused(response: reqwest::Response, idle: Duration) -> (Bytes, Option<u64>) {
+    let retry_after = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|seconds| seconds.saturating_mul(1000));
+    let body = tokio::time::timeout(idle, response.bytes())
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    (body, retry_after)
 }
 
 /// The failure a non-success status means (OpenAI's error body or plain text).

@@ -338,6 +338,35 @@ pub(super) fn pieces(text: &str) -> Vec<String> {
     chars.chunks(size).map(|c| c.iter().collect()).collect()
 }
 
+/// An error status with `body` and, when given, Retry-After.
+pub(super) fn error_response(status: u16, body: &Value, retry_after_secs: Option<u64>) -> Response {
+    let mut response = (
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response();
+    if let Some(seconds) = retry_after_secs
+        && let Ok(value) = HeaderValue::from_str(&seconds.to_string())
+    {
+        response.headers_mut().insert(header::RETRY_AFTER, value);
+    }
+    response
+}
+
+/// These bytes, as they are, with this content type.
+pub(super) fn raw_response(
+    content_type: &str,
+    pieces: Vec<Bytes>,
+    shared: Arc<Shared>,
+) -> Response {
+    let mut response = stream_response(pieces, false, shared);
+    if let Ok(value) = HeaderValue::from_str(content_type) {
+        response.headers_mut().insert(header::CONTENT_TYPE, value);
+    }
+    response
+}
+
 /// Counts a hang-up when the response body is dropped before it ends.
 struct HangupGuard {
     shared: Arc<Shared>,
@@ -700,29 +729,12 @@ async fn reply_with(reply: Reply, prompt: u64, completion: u64, shared: Arc<Shar
             retry_after_secs,
         } => {
             let body = json!({"error": {"message": message, "type": "fake_error", "param": null, "code": null}});
-            let mut response = (
-                StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-                [(header::CONTENT_TYPE, "application/json")],
-                body.to_string(),
-            )
-                .into_response();
-            if let Some(seconds) = retry_after_secs
-                && let Ok(value) = HeaderValue::from_str(&seconds.to_string())
-            {
-                response.headers_mut().insert(header::RETRY_AFTER, value);
-            }
-            response
+            error_response(status, &body, retry_after_secs)
         }
         Reply::Raw {
             content_type,
             pieces,
-        } => {
-            let mut response = stream_response(pieces, false, shared);
-            if let Ok(value) = HeaderValue::from_str(&content_type) {
-                response.headers_mut().insert(header::CONTENT_TYPE, value);
-            }
-            response
-        }
+        } => raw_response(&content_type, pieces, shared),
         Reply::Stall => stream_response(Vec::new(), true, shared),
         Reply::StallAfterFirstChunk => stream_response(
             vec![role, chunk(json!({"content": "partial"}), None)],

@@ -5,12 +5,14 @@
 
 use std::sync::Arc;
 
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::HeaderMap;
+use axum::response::Response;
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use super::{Keys, Reply, Shared, pieces, stream_paced, stream_response};
+use super::{
+    Keys, Reply, Shared, error_response, pieces, raw_response, stream_paced, stream_response,
+};
 
 fn event(name: &str, data: &Value) -> String {
     format!("event: {name}\ndata: {data}\n\n")
@@ -160,30 +162,11 @@ pub(super) fn reply_with(
             status,
             message,
             retry_after_secs,
-        } => {
-            let mut response = (
-                StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-                [(header::CONTENT_TYPE, "application/json")],
-                error_body(status, &message).to_string(),
-            )
-                .into_response();
-            if let Some(seconds) = retry_after_secs
-                && let Ok(value) = HeaderValue::from_str(&seconds.to_string())
-            {
-                response.headers_mut().insert(header::RETRY_AFTER, value);
-            }
-            response
-        }
+        } => error_response(status, &error_body(status, &message), retry_after_secs),
         Reply::Raw {
             content_type,
             pieces,
-        } => {
-            let mut response = stream_response(pieces, false, shared);
-            if let Ok(value) = HeaderValue::from_str(&content_type) {
-                response.headers_mut().insert(header::CONTENT_TYPE, value);
-            }
-            response
-        }
+        } => raw_response(&content_type, pieces, shared),
         Reply::Stall => stream_response(Vec::new(), true, shared),
         Reply::StallAfterFirstChunk => {
             text_block(&mut out, 0, ["partial".to_owned()]);
