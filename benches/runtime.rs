@@ -658,8 +658,11 @@ async fn main() {
             let mut samples = Vec::new();
             for _ in 0..200 {
                 let started = Instant::now();
+                // Opened at each run, as a tool run opens its conversation's directory.
+                let pinned = bedrock::workspace::Pinned::trusted(&cwd).unwrap();
                 let outcome =
-                    bedrock::tools::run_bash("true", &cwd, limits, Default::default(), None).await;
+                    bedrock::tools::run_bash("true", &pinned, limits, Default::default(), None)
+                        .await;
                 assert!(outcome.ok(), "{outcome:?}");
                 samples.push(started.elapsed());
             }

@@ -1,19 +1,318 @@
-//! Conversation workspaces on disk: the copy a fork makes of its source's directory.
+//! Conversation workspaces on disk: where each conversation's directory is, how the server
+//! opens it, and the copy a fork makes of it.
 //!
-//! The source is the tool processes' to change while it is copied, and the copy runs with
-//! the server's rights: so it never follows a symbolic link. It walks by file descriptor:
-//! every directory and file is opened relative to its parent with `O_NOFOLLOW`, and a file
-//! is copied from the descriptor it was checked on (a regular file), so an entry swapped for
-//! a link between the listing and the copy cannot lead it outside the source. Links are
-//! copied as links. The byte and entry limits are counted while copying.
+//! Everything under a tenant's root is the tenant's tools' to change, at any moment and
+//! between any two steps of the server; the server works there as root. So no path a tool
+//! can write is ever resolved again with the server's rights: a conversation's directory is
+//! opened from the workspace root's descriptor (opened once at start) with
+//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`, a [`Pinned`] directory, and everything
+//! the server does there (the sandbox's bind mount, Landlock, the file tools, a fork's copy,
+//! giving files to the tool user) goes through that descriptor. A directory that a tool
+//! replaced by a link is refused with a clear error, never followed; nothing outside the
+//! tenant's root is ever opened or given to the tool user.
+//!
+//! The copy runs with the server's rights too: so it never follows a symbolic link. It
+//! walks by file descriptor: every directory and file is opened relative to its parent with
+//! `O_NOFOLLOW`, and a file is copied from the descriptor it was checked on (a regular
+//! file), so an entry swapped for a link between the listing and the copy cannot lead it
+//! outside the source. Links are copied as links. The byte and entry limits are counted
+//! while copying.
 
 use std::ffi::{CStr, OsStr};
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, AsRawFd as _, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt as _;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
-use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
+use rustix::fs::{AtFlags, Dir, FileType, Gid, Mode, OFlags, ResolveFlags, Uid};
+
+/// How a conversation's directory is looked up under the workspace root: never above it,
+/// through no symbolic link at all (a tool may have made any component one), through no
+/// /proc magic link.
+const PINNED: ResolveFlags = ResolveFlags::BENEATH
+    .union(ResolveFlags::NO_SYMLINKS)
+    .union(ResolveFlags::NO_MAGICLINKS);
+
+/// A directory opened once: what the server does there goes through this descriptor, never
+/// through its path again. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Pinned {
+    fd: Arc<OwnedFd>,
+    path: PathBuf,
+    /// The trusted directory it was opened beneath, and its plain relative path there: a
+    /// process in another mount namespace (a sandboxed run's setup) opens it again the same
+    /// way and checks it is the same directory.
+    beneath: (PathBuf, PathBuf),
+}
+
+impl Pinned {
+    /// Opens a directory the server itself made and tools cannot write (the sandbox's
+    /// self-test directory): it must not be a link.
+    pub fn trusted(path: &Path) -> io::Result<Pinned> {
+        let path = path.canonicalize()?;
+        let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+            return Err(io::Error::other("a directory under / is needed"));
+        };
+        let fd = rustix::fs::open(
+            &path,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(Pinned {
+            fd: Arc::new(fd),
+            beneath: (parent.to_owned(), PathBuf::from(name)),
+            path,
+        })
+    }
+
+    /// The trusted directory it was opened beneath, and its relative path there.
+    pub fn beneath(&self) -> (&Path, &Path) {
+        (&self.beneath.0, &self.beneath.1)
+    }
+
+    /// (device, inode): which directory it is.
+    pub fn identity(&self) -> io::Result<(u64, u64)> {
+        let stat = rustix::fs::fstat(self.fd())?;
+        Ok((stat.st_dev, stat.st_ino))
+    }
+
+    /// The path it had when it was opened: what tools are told, and where the sandbox
+    /// mounts it in a run's own root. Never opened again by the server.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The open directory (an `O_PATH` descriptor).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// `/proc/self/fd/N`: a name of the very directory that was opened, for a bind mount or
+    /// a child's `chdir` made while this value lives (the kernel follows the descriptor,
+    /// not a path).
+    pub fn proc_path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))
+    }
+
+    /// The directory opened for reading its entries.
+    pub fn open_dir(&self) -> io::Result<OwnedFd> {
+        Ok(rustix::fs::openat(
+            self.fd(),
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?)
+    }
+
+    /// Its owner (uid, gid).
+    pub fn owner(&self) -> io::Result<(u32, u32)> {
+        let stat = rustix::fs::fstat(self.fd())?;
+        Ok((stat.st_uid, stat.st_gid))
+    }
+
+    /// Gives the directory itself (not what is in it) to `owner`.
+    pub fn give(&self, (uid, gid): (u32, u32)) -> io::Result<()> {
+        Ok(rustix::fs::chownat(
+            self.fd(),
+            "",
+            Some(Uid::from_raw(uid)),
+            Some(Gid::from_raw(gid)),
+            AtFlags::EMPTY_PATH,
+        )?)
+    }
+}
+
+/// Why a conversation's directory cannot be opened or made.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceError {
+    #[error("the working directory {0} does not lie under the tenant's workspace")]
+    Outside(String),
+    #[error(
+        "the working directory {0} (or a directory above it) has been replaced by a symbolic link or a file; it is not followed"
+    )]
+    Replaced(String),
+    #[error("the working directory {0} no longer exists")]
+    Missing(String),
+    #[error("the working directory {path}: {source}")]
+    Io { path: String, source: io::Error },
+}
+
+impl WorkspaceError {
+    fn at(path: &Path, errno: rustix::io::Errno) -> WorkspaceError {
+        let path = path.display().to_string();
+        match errno {
+            rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR | rustix::io::Errno::XDEV => {
+                WorkspaceError::Replaced(path)
+            }
+            rustix::io::Errno::NOENT => WorkspaceError::Missing(path),
+            other => WorkspaceError::Io {
+                path,
+                source: other.into(),
+            },
+        }
+    }
+}
+
+/// The workspace root (the operator's directory, trusted), opened once at start: every
+/// conversation's directory is opened beneath it by descriptor.
+#[derive(Debug)]
+pub struct Workspaces {
+    root: PathBuf,
+    fd: OwnedFd,
+    /// Who tool processes are on the host, when the server runs as root: what the server
+    /// makes for them is theirs.
+    owner: Option<(u32, u32)>,
+}
+
+impl Workspaces {
+    /// Opens (making it if needed) the workspace root.
+    pub fn open(root: &Path, owner: Option<(u32, u32)>) -> io::Result<Workspaces> {
+        std::fs::create_dir_all(root)?;
+        let root = root.canonicalize()?;
+        let fd = rustix::fs::open(
+            &root,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(Workspaces { root, fd, owner })
+    }
+
+    /// The root, as resolved at start.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Who the server gives what it makes in a workspace to.
+    pub fn owner(&self) -> Option<(u32, u32)> {
+        self.owner
+    }
+
+    /// Opens the stored working directory `cwd` of a conversation: under the root, through
+    /// no link. A directory a tool replaced by a link (or by anything else) is refused.
+    pub fn pin(&self, cwd: &Path) -> Result<Pinned, WorkspaceError> {
+        let outside = || WorkspaceError::Outside(cwd.display().to_string());
+        let relative = cwd.strip_prefix(&self.root).map_err(|_| outside())?;
+        let mut parts = relative.components().peekable();
+        if parts.peek().is_none() || !parts.all(|c| matches!(c, Component::Normal(_))) {
+            return Err(outside());
+        }
+        let fd = rustix::fs::openat2(
+            &self.fd,
+            relative,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            PINNED,
+        )
+        .map_err(|errno| WorkspaceError::at(cwd, errno))?;
+        Ok(Pinned {
+            fd: Arc::new(fd),
+            path: cwd.to_owned(),
+            beneath: (self.root.clone(), relative.to_owned()),
+        })
+    }
+
+    /// Makes (or opens) the directory `given` of `tenant` (relative to the tenant's root, or
+    /// absolute inside it; `None`: `default`), one component at a time by descriptor, each
+    /// made directory given to the tool user. `..` that would leave the tenant's root, and a
+    /// link anywhere on the way, are refused.
+    pub fn make(
+        &self,
+        tenant: &str,
+        given: Option<&str>,
+        default: &str,
+    ) -> Result<Pinned, WorkspaceError> {
+        let tenant_root = self.root.join(tenant);
+        let tenant_part = Path::new(tenant);
+        if tenant_part.components().count() != 1
+            || !matches!(tenant_part.components().next(), Some(Component::Normal(_)))
+        {
+            return Err(WorkspaceError::Outside(tenant.to_owned()));
+        }
+        let outside = |what: &str| WorkspaceError::Outside(what.to_owned());
+        let relative: PathBuf = match given {
+            None => PathBuf::from(default),
+            Some(given) => {
+                let path = Path::new(given);
+                let path = if path.is_absolute() {
+                    path.strip_prefix(&tenant_root)
+                        .map_err(|_| outside(given))?
+                } else {
+                    path
+                };
+                let mut normal = PathBuf::new();
+                for component in path.components() {
+                    match component {
+                        Component::Normal(part) => normal.push(part),
+                        Component::CurDir => {}
+                        Component::ParentDir => {
+                            if !normal.pop() {
+                                return Err(outside(given));
+                            }
+                        }
+                        Component::RootDir | Component::Prefix(_) => {
+                            return Err(outside(given));
+                        }
+                    }
+                }
+                normal
+            }
+        };
+        let mut at = self.dir(&self.fd, tenant_part, &tenant_root)?;
+        let mut path = tenant_root;
+        for part in relative.components() {
+            path.push(part);
+            at = self.dir(&at, Path::new(part.as_os_str()), &path)?;
+        }
+        let pinned = Pinned {
+            fd: Arc::new(at),
+            beneath: (self.root.clone(), Path::new(tenant).join(&relative)),
+            path,
+        };
+        // An existing directory the server made before is given too (not what is in it).
+        if let Some(owner) = self.owner
+            && pinned.owner().map_err(|source| WorkspaceError::Io {
+                path: pinned.path.display().to_string(),
+                source,
+            })? != owner
+        {
+            pinned.give(owner).map_err(|source| WorkspaceError::Io {
+                path: pinned.path.display().to_string(),
+                source,
+            })?;
+        }
+        Ok(pinned)
+    }
+
+    /// Makes the directory `name` in `parent` if missing (given to the tool user) and opens
+    /// it, through no link.
+    fn dir(&self, parent: &OwnedFd, name: &Path, path: &Path) -> Result<OwnedFd, WorkspaceError> {
+        let made = match rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o755)) {
+            Ok(()) => true,
+            Err(rustix::io::Errno::EXIST) => false,
+            Err(errno) => return Err(WorkspaceError::at(path, errno)),
+        };
+        let fd = rustix::fs::openat2(
+            parent,
+            name,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            PINNED,
+        )
+        .map_err(|errno| WorkspaceError::at(path, errno))?;
+        if made && let Some((uid, gid)) = self.owner {
+            rustix::fs::chownat(
+                &fd,
+                "",
+                Some(Uid::from_raw(uid)),
+                Some(Gid::from_raw(gid)),
+                AtFlags::EMPTY_PATH,
+            )
+            .map_err(|errno| WorkspaceError::at(path, errno))?;
+        }
+        Ok(fd)
+    }
+}
 
 /// The most entries (files, directories, links) one copy makes.
 pub const MAX_ENTRIES: u64 = 200_000;
@@ -27,6 +326,9 @@ pub enum CopyError {
     TooManyEntries,
     #[error("the source workspace {} does not exist", .0.display())]
     SourceMissing(PathBuf),
+    /// The source cannot be opened safely (a tool replaced it by a link).
+    #[error("{0}")]
+    Refused(String),
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: io::Error },
 }
@@ -37,6 +339,7 @@ struct Copy {
     entries: u64,
     /// The target directory, skipped should it lie inside the source.
     target: (u64, u64),
+    owner: Option<(Uid, Gid)>,
 }
 
 fn io_at(path: &Path) -> impl FnOnce(rustix::io::Errno) -> CopyError + '_ {
@@ -46,43 +349,44 @@ fn io_at(path: &Path) -> impl FnOnce(rustix::io::Errno) -> CopyError + '_ {
     }
 }
 
-/// Copies the directory tree `from` to `to` (which must not exist yet; its parent is
-/// created): directories, regular files (as reflinks where the filesystem has them, else
-/// plain copies) and symbolic links as links, never followed. Sockets, pipes and devices
-/// are left out. Past `limit` bytes of files or [`MAX_ENTRIES`] entries the copy stops and
-/// what it made is removed. Returns the bytes copied. Blocking: run it off the async
-/// threads.
-pub fn copy_tree(from: &Path, to: &Path, limit: u64) -> Result<u64, CopyError> {
-    let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-    let source = match rustix::fs::open(from, dir_flags, Mode::empty()) {
+/// Copies the directory tree `from` into the empty directory `to`: directories, regular
+/// files (as reflinks where the filesystem has them, else plain copies) and symbolic links
+/// as links, never followed; what it makes belongs to `owner` when given. Sockets, pipes and
+/// devices are left out. Past `limit` bytes of files or [`MAX_ENTRIES`] entries the copy
+/// stops (the caller removes what it made). Returns the bytes copied. Blocking: run it off
+/// the async threads.
+pub fn copy_tree(
+    from: &Pinned,
+    to: &Pinned,
+    limit: u64,
+    owner: Option<(u32, u32)>,
+) -> Result<u64, CopyError> {
+    let source = match from.open_dir() {
         Ok(fd) => fd,
-        Err(rustix::io::Errno::NOENT) => return Err(CopyError::SourceMissing(from.to_owned())),
-        Err(errno) => return Err(io_at(from)(errno)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(CopyError::SourceMissing(from.path().to_owned()));
+        }
+        Err(source) => {
+            return Err(CopyError::Io {
+                path: from.path().to_owned(),
+                source,
+            });
+        }
     };
-    if let Some(parent) = to.parent() {
-        std::fs::create_dir_all(parent).map_err(|source| CopyError::Io {
-            path: parent.to_owned(),
-            source,
-        })?;
-    }
-    rustix::fs::mkdir(to, Mode::from_raw_mode(0o755)).map_err(io_at(to))?;
-    let copied = (|| {
-        let target =
-            rustix::fs::open(to, dir_flags | OFlags::NOFOLLOW, Mode::empty()).map_err(io_at(to))?;
-        let stat = rustix::fs::fstat(&target).map_err(io_at(to))?;
-        let mut copy = Copy {
-            limit,
-            bytes: 0,
-            entries: 0,
-            target: (stat.st_dev, stat.st_ino),
-        };
-        copy.dir(&source, &target, from)?;
-        Ok(copy.bytes)
-    })();
-    if copied.is_err() {
-        let _ = std::fs::remove_dir_all(to);
-    }
-    copied
+    let target = to.open_dir().map_err(|source| CopyError::Io {
+        path: to.path().to_owned(),
+        source,
+    })?;
+    let stat = rustix::fs::fstat(&target).map_err(io_at(to.path()))?;
+    let mut copy = Copy {
+        limit,
+        bytes: 0,
+        entries: 0,
+        target: (stat.st_dev, stat.st_ino),
+        owner: owner.map(|(uid, gid)| (Uid::from_raw(uid), Gid::from_raw(gid))),
+    };
+    copy.dir(&source, &target, from.path())?;
+    Ok(copy.bytes)
 }
 
 impl Copy {
@@ -134,6 +438,7 @@ impl Copy {
                 rustix::fs::mkdirat(to, name, Mode::from_raw_mode(0o755)).map_err(io_at(here))?;
                 let target =
                     rustix::fs::openat(to, name, flags, Mode::empty()).map_err(io_at(here))?;
+                self.give(&target, here)?;
                 self.dir(&source, &target, here)
             }
             FileType::RegularFile => self.file(from, to, name, here),
@@ -179,6 +484,7 @@ impl Copy {
             Mode::from_raw_mode(stat.st_mode & 0o777),
         )
         .map_err(io_at(here))?;
+        self.give(&target, here)?;
         if rustix::fs::ioctl_ficlone(&target, &source).is_ok() {
             return Ok(());
         }
@@ -207,13 +513,38 @@ impl Copy {
             Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => return Ok(()),
             Err(errno) => return Err(io_at(here)(errno)),
         };
-        rustix::fs::symlinkat(link.as_c_str(), to, name).map_err(io_at(here))
+        rustix::fs::symlinkat(link.as_c_str(), to, name).map_err(io_at(here))?;
+        if let Some((uid, gid)) = self.owner {
+            rustix::fs::chownat(to, name, Some(uid), Some(gid), AtFlags::SYMLINK_NOFOLLOW)
+                .map_err(io_at(here))?;
+        }
+        Ok(())
+    }
+
+    /// Gives what the copy made (open as `fd`) to the tool user.
+    fn give(&self, fd: &OwnedFd, here: &Path) -> Result<(), CopyError> {
+        if let Some((uid, gid)) = self.owner {
+            rustix::fs::fchown(fd, Some(uid), Some(gid)).map_err(io_at(here))?;
+        }
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Copies `from` into the new directory `to` as a fork does: what was made is removed
+    /// when the copy fails.
+    fn copy_tree(from: &Path, to: &Path, limit: u64) -> Result<u64, CopyError> {
+        std::fs::create_dir(to).expect("the target");
+        let pin = |path: &Path| Pinned::trusted(path).expect("a directory");
+        let copied = super::copy_tree(&pin(from), &pin(to), limit, None);
+        if copied.is_err() {
+            std::fs::remove_dir_all(to).expect("removed");
+        }
+        copied
+    }
 
     fn scratch(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!(
@@ -313,13 +644,70 @@ mod tests {
         std::fs::remove_dir_all(root).ok();
     }
 
+    /// The stored path of a conversation is opened through no link: a directory replaced by
+    /// a link (to its parent, or anywhere) is refused, and so is one above it.
     #[test]
-    fn a_missing_source_is_said_so() {
-        let root = scratch("missing");
-        match copy_tree(&root.join("gone"), &root.join("to"), 1 << 20) {
-            Err(CopyError::SourceMissing(_)) => {}
-            other => panic!("expected SourceMissing, got {other:?}"),
+    fn a_replaced_directory_is_refused_never_followed() {
+        let root = scratch("pin");
+        let workspaces = Workspaces::open(&root, None).expect("the root");
+        let victim = workspaces.make("t", Some("a/victim"), "x").expect("made");
+        assert_eq!(victim.path(), workspaces.root().join("t/a/victim"));
+        std::fs::write(victim.path().join("mine"), "victim's").expect("a file");
+        assert!(workspaces.pin(victim.path()).is_ok());
+        // What a conversation at the tenant's root can do to another's directory.
+        std::fs::remove_dir_all(victim.path()).expect("removed");
+        std::os::unix::fs::symlink("..", victim.path()).expect("a link");
+        match workspaces.pin(victim.path()) {
+            Err(WorkspaceError::Replaced(_)) => {}
+            other => panic!("expected Replaced, got {other:?}"),
         }
+        // A link above it.
+        std::fs::remove_file(victim.path()).expect("removed");
+        std::fs::rename(root.join("t/a"), root.join("t/b")).expect("moved");
+        std::os::unix::fs::symlink("/", root.join("t/a")).expect("a link");
+        assert!(matches!(
+            workspaces.pin(&root.join("t/a/victim")),
+            Err(WorkspaceError::Replaced(_))
+        ));
+        assert!(matches!(
+            workspaces.make("t", Some("a/victim"), "x"),
+            Err(WorkspaceError::Replaced(_))
+        ));
+        // Gone, outside, or not plain.
+        assert!(matches!(
+            workspaces.pin(&root.join("t/gone")),
+            Err(WorkspaceError::Missing(_))
+        ));
+        for bad in ["/etc", "/tmp"] {
+            assert!(matches!(
+                workspaces.pin(Path::new(bad)),
+                Err(WorkspaceError::Outside(_))
+            ));
+        }
+        assert!(matches!(
+            workspaces.pin(&root.join("t/../t")),
+            Err(WorkspaceError::Outside(_))
+        ));
+        for bad in ["..", "a/../../x", "/etc"] {
+            assert!(
+                matches!(
+                    workspaces.make("t", Some(bad), "x"),
+                    Err(WorkspaceError::Outside(_))
+                ),
+                "{bad}"
+            );
+        }
+        // Inside the tenant's root, absolute or relative, `.` included.
+        let at_root = workspaces.make("t", Some("."), "x").expect("the root");
+        assert_eq!(at_root.path(), root.join("t"));
+        let absolute = root.join("t/c/d").display().to_string();
+        assert_eq!(
+            workspaces
+                .make("t", Some(&absolute), "x")
+                .expect("made")
+                .path(),
+            root.join("t/c/d")
+        );
         std::fs::remove_dir_all(root).ok();
     }
 }

@@ -17,12 +17,12 @@ use crate::persistence::WriteJob;
 use crate::runtime::{CancelOutcome, ConvMsg, Fixed, Live, SendError};
 use crate::state_machine::{IfBusy, ImageRef, TurnId};
 use crate::store::{NewAttachment, StoreError};
-use crate::tools::resolve_in;
 use crate::wire::{
     self, Answered, Cancelled, Conversation, ConversationList, ConversationPage,
     CreateConversation, ListQuery, MessageList, MessagesQuery, PostEvent, Queued, Respond,
     SendMessage, SendQuery, Sent, Stopped, SystemEvent, TaskList, TaskReply,
 };
+use crate::workspace::WorkspaceError;
 
 /// How long the API waits for a conversation to take a message or a cancel.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -168,27 +168,32 @@ pub async fn create(
     Body(body): Body<CreateConversation>,
 ) -> Result<Response, ApiError> {
     let id = uuid::Uuid::now_v7().to_string();
-    let tenant_root = app.workspace_root.join(&caller.0.id);
-    std::fs::create_dir_all(&tenant_root)
-        .map_err(|e| ApiError::internal(format!("cannot create the tenant's workspace: {e}")))?;
-    let cwd = match body.cwd.as_deref() {
-        None => tenant_root.join(&id),
-        Some(cwd) => resolve_in(&tenant_root, cwd).map_err(|e| {
-            ApiError::invalid(format!("cwd must lie under the workspace root ({e})"))
-        })?,
-    };
-    std::fs::create_dir_all(&cwd)
-        .map_err(|e| ApiError::invalid(format!("cwd {} cannot be created: {e}", cwd.display())))?;
-    // A symlink created meanwhile must not lead out either.
-    let real = cwd
-        .canonicalize()
-        .map_err(|e| ApiError::invalid(format!("cwd cannot be resolved: {e}")))?;
-    let root = tenant_root
-        .canonicalize()
-        .map_err(|e| ApiError::internal(e.to_string()))?;
-    if !real.starts_with(&root) {
-        return Err(ApiError::invalid("cwd must lie under the workspace root"));
+    if body.cwd.as_deref().is_some_and(|cwd| cwd.len() > 4096) {
+        return Err(ApiError::invalid("cwd is longer than 4096 bytes"));
     }
+    // Made (or opened) one directory at a time by descriptor under the tenant's root,
+    // through no link: the tenant's tools may have made any part of the path a link.
+    let workspaces = app.services.tool_limits.workspaces.clone();
+    let (tenant, given) = (caller.0.id.clone(), body.cwd.clone());
+    let default = id.clone();
+    let made =
+        tokio::task::spawn_blocking(move || workspaces.make(&tenant, given.as_deref(), &default))
+            .await
+            .map_err(|e| ApiError::internal(format!("cannot make the working directory: {e}")))?;
+    let real = match made {
+        Ok(pinned) => pinned.path().to_owned(),
+        Err(e @ (WorkspaceError::Outside(_) | WorkspaceError::Replaced(_))) => {
+            return Err(ApiError::invalid(format!(
+                "cwd must lie under the tenant's workspace and may not pass through a link: {e}"
+            )));
+        }
+        Err(e @ WorkspaceError::Missing(_)) => return Err(ApiError::invalid(e.to_string())),
+        Err(WorkspaceError::Io { path, source }) => {
+            return Err(ApiError::invalid(format!(
+                "cwd {path} cannot be made: {source}"
+            )));
+        }
+    };
     let model = body.model.unwrap_or_else(|| app.settings.llm.model.clone());
     if model.trim().is_empty() || model.len() > 200 {
         return Err(ApiError::invalid(
@@ -243,11 +248,6 @@ pub async fn create(
             "network_not_allowed",
             "this tenant's tools may not use the network (sandbox.network.per_conversation_tenants)",
         ));
-    }
-    if let Some(sandbox) = &app.services.tool_limits.sandbox {
-        sandbox.adopt(&real).map_err(|e| {
-            ApiError::internal(format!("cannot give the cwd to the tool user: {e}"))
-        })?;
     }
     let new = NewConversation {
         id: id.clone(),

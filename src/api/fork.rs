@@ -14,7 +14,7 @@ use crate::sandbox::Network;
 use crate::state_machine::{MessageContent, is_fork_point, last_fork_point};
 use crate::store::StoreError;
 use crate::wire::{Conversation, ForkConversation, ForkCwd};
-use crate::workspace::{CopyError, copy_tree};
+use crate::workspace::{CopyError, WorkspaceError, copy_tree};
 
 /// Forks a conversation: a new user-initiated conversation whose history is a copy of the
 /// source's messages up to a point where no tool call is open. A busy source may be forked:
@@ -25,7 +25,7 @@ use crate::workspace::{CopyError, copy_tree};
     responses(
         (status = 201, description = "The fork, with `forked_from`", body = Conversation),
         (status = 409, description = "`invalid_fork_point`: a tool call is open at `at_sequence_id`, or there is no such message", body = ErrorBody),
-        (status = 409, description = "`workspace_missing`: the source's workspace directory is gone (`cwd: \"copy\"`)", body = ErrorBody),
+        (status = 409, description = "`workspace_missing`: the source's workspace directory is gone; `workspace_replaced`: a tool replaced it (or a directory above it) by a link, which is not followed (`cwd: \"copy\"`)", body = ErrorBody),
         (status = 413, description = "`payload_too_large`: the workspace is larger than `workspace.fork_max_bytes`", body = ErrorBody),
     ))]
 pub async fn fork(
@@ -152,21 +152,45 @@ async fn copy_workspace(
     source: &str,
     new_id: &str,
 ) -> Result<String, ApiError> {
-    let target = app.workspace_root.join(&caller.0.id).join(new_id);
-    let (from, to) = (std::path::PathBuf::from(source), target.clone());
+    let workspaces = app.services.tool_limits.workspaces.clone();
+    let (source, tenant, new_id) = (
+        std::path::PathBuf::from(source),
+        caller.0.id.clone(),
+        new_id.to_owned(),
+    );
     let limit = app.settings.workspace.fork_max_bytes;
-    let sandbox = app.services.tool_limits.sandbox.clone();
     let copied = tokio::task::spawn_blocking(move || {
-        copy_tree(&from, &to, limit)?;
-        // The tool user owns its copy, as it owns a new conversation's cwd.
-        if let Some(sandbox) = sandbox {
-            sandbox.adopt(&to).map_err(|source| CopyError::Io {
-                path: to.clone(),
-                source,
+        // The source is opened as a tool run opens it: through no link. One that a tool
+        // replaced by a link is not followed (the copy would read another tree with the
+        // server's rights).
+        let from = match workspaces.pin(&source) {
+            Ok(from) => from,
+            Err(WorkspaceError::Missing(_)) => return Err(CopyError::SourceMissing(source)),
+            Err(e @ (WorkspaceError::Replaced(_) | WorkspaceError::Outside(_))) => {
+                return Err(CopyError::Refused(e.to_string()));
+            }
+            Err(WorkspaceError::Io { path, source }) => {
+                return Err(CopyError::Io {
+                    path: path.into(),
+                    source,
+                });
+            }
+        };
+        let to = workspaces
+            .make(&tenant, None, &new_id)
+            .map_err(|e| CopyError::Io {
+                path: workspaces.root().join(&tenant).join(&new_id),
+                source: std::io::Error::other(e.to_string()),
             })?;
+        // The tool user owns its copy, as it owns a new conversation's cwd.
+        match copy_tree(&from, &to, limit, workspaces.owner()) {
+            Ok(_) => Ok(to.path().to_owned()),
+            Err(error) => {
+                // What was made is removed (std's removal never follows a link).
+                let _ = std::fs::remove_dir_all(to.path());
+                Err(error)
+            }
         }
-        to.canonicalize()
-            .map_err(|source| CopyError::Io { path: to, source })
     })
     .await
     .map_err(|e| ApiError::internal(format!("the workspace copy failed: {e}")))?;
@@ -182,6 +206,11 @@ async fn copy_workspace(
             StatusCode::CONFLICT,
             "workspace_missing",
             format!("{error}: there is nothing to copy; fork with cwd \"share\""),
+        )),
+        Err(error @ CopyError::Refused(_)) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "workspace_replaced",
+            format!("{error}; fork with cwd \"share\" to keep working there"),
         )),
         Err(error) => Err(ApiError::internal(format!(
             "the workspace could not be copied: {error}"

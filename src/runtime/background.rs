@@ -21,7 +21,7 @@ use crate::hub::Frame;
 use crate::model::BackgroundTask;
 use crate::persistence::WriteJob;
 use crate::state_machine::{BackgroundResult, Event, TurnId};
-use crate::tools::{OnLine, ToolLimits, run_bash};
+use crate::tools::{BashOutcome, OnLine, ToolLimits, run_bash};
 use crate::wire::{DurableFrame, ServerFrame, SystemEvent};
 
 /// What starts a background task.
@@ -131,14 +131,20 @@ async fn run(services: Arc<Services>, id: String, spec: TaskSpec, cancel: Cancel
             hub.publish(&conversation, Arc::new(Frame::of(&frame)));
         })
     };
-    let outcome = run_bash(
-        &spec.command,
-        &spec.cwd,
-        &spec.limits.bash(spec.timeout),
-        cancel,
-        Some(progress),
-    )
-    .await;
+    // The directory is opened as the task starts: one replaced by a link is refused.
+    let outcome = match spec.limits.workspaces.pin(&spec.cwd) {
+        Ok(cwd) => {
+            run_bash(
+                &spec.command,
+                &cwd,
+                &spec.limits.bash(spec.timeout),
+                cancel,
+                Some(progress),
+            )
+            .await
+        }
+        Err(e) => BashOutcome::failed(e.to_string()),
+    };
     services.background.running().remove(&id);
     // Killed by a shutdown is an interruption, not a cancel anyone asked for.
     let interrupted = outcome.cancelled && services.is_shutting_down();

@@ -27,6 +27,7 @@ mod tool_run;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio_util::sync::CancellationToken;
 
@@ -188,6 +189,17 @@ impl Runtime {
             }
         };
         let tools = &settings.tools;
+        let workspace_root = &settings.workspace.root;
+        let workspaces = crate::workspace::Workspaces::open(
+            workspace_root,
+            sandbox.as_ref().and_then(|s| s.owner()),
+        )
+        .with_context(|| {
+            format!(
+                "cannot open the workspace root {}",
+                workspace_root.display()
+            )
+        })?;
         let services = Arc::new(Services {
             tool_limits: ToolLimits {
                 bash_timeout: Duration::from_millis(tools.bash_timeout_ms),
@@ -197,6 +209,7 @@ impl Runtime {
                 search_max_results: tools.search_max_results,
                 sandbox,
                 network: Network::Off,
+                workspaces: Arc::new(workspaces),
             },
             persistence: Persistence::new(
                 persistence,

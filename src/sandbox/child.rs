@@ -37,6 +37,18 @@ pub enum Step {
         dst: CString,
         remount: libc::c_ulong,
     },
+    /// A bind mount of a directory the server opened as `rel` beneath `root` (no link on
+    /// the way), opened again the same way in this mount namespace (a descriptor of the
+    /// server's namespace cannot be bind-mounted here) and checked to be the same directory
+    /// (`dev`, `ino`): a directory swapped meanwhile fails the run instead of being mounted.
+    BindPinned {
+        root: CString,
+        rel: CString,
+        dev: u64,
+        ino: u64,
+        dst: CString,
+        remount: libc::c_ulong,
+    },
     Tmpfs {
         dst: CString,
         data: CString,
@@ -127,6 +139,71 @@ fn null() -> *const libc::c_char {
     std::ptr::null()
 }
 
+/// A recursive bind mount of `src` (named `shown` in a failure) on `dst`, then the
+/// `remount` flags.
+///
+/// # Safety
+/// `src` is a NUL-terminated string.
+unsafe fn bind(src: *const libc::c_char, shown: &CStr, dst: &CStr, remount: libc::c_ulong) {
+    // SAFETY: mount calls on NUL-terminated strings.
+    unsafe {
+        check(
+            libc::mount(
+                src,
+                dst.as_ptr(),
+                null(),
+                libc::MS_BIND | libc::MS_REC,
+                std::ptr::null(),
+            ),
+            "bind",
+            shown,
+        );
+        if remount != 0 {
+            check(
+                libc::mount(
+                    null(),
+                    dst.as_ptr(),
+                    null(),
+                    libc::MS_REMOUNT | libc::MS_BIND | remount,
+                    std::ptr::null(),
+                ),
+                "remount",
+                dst,
+            );
+        }
+    }
+}
+
+/// The kernel's `struct open_how` (libc's is non-exhaustive).
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+/// `/proc/self/fd/<fd>` written into `buf` (NUL-terminated), without allocating.
+fn proc_fd_path(fd: libc::c_int, buf: &mut [u8; 32]) -> *const libc::c_char {
+    let prefix = b"/proc/self/fd/";
+    buf[..prefix.len()].copy_from_slice(prefix);
+    let mut digits = [0u8; 10];
+    let mut n = fd.unsigned_abs();
+    let mut count = 0;
+    loop {
+        digits[count] = b'0' + (n % 10) as u8;
+        count += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for i in 0..count {
+        buf[prefix.len() + i] = digits[count - 1 - i];
+    }
+    buf[prefix.len() + count] = 0;
+    buf.as_ptr().cast()
+}
+
 /// Builds the new root and moves into it.
 fn build_root(plan: &Plan) {
     // SAFETY: system calls on NUL-terminated strings owned by the plan.
@@ -171,30 +248,57 @@ fn build_root(plan: &Plan) {
                     );
                 }
                 Step::Bind { src, dst, remount } => {
-                    check(
-                        libc::mount(
-                            src.as_ptr(),
-                            dst.as_ptr(),
-                            null(),
-                            libc::MS_BIND | libc::MS_REC,
-                            std::ptr::null(),
-                        ),
-                        "bind",
-                        src,
+                    bind(src.as_ptr(), src, dst, *remount);
+                }
+                Step::BindPinned {
+                    root,
+                    rel,
+                    dev,
+                    ino,
+                    dst,
+                    remount,
+                } => {
+                    let base = libc::open(
+                        root.as_ptr(),
+                        libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
                     );
-                    if *remount != 0 {
-                        check(
-                            libc::mount(
-                                null(),
-                                dst.as_ptr(),
-                                null(),
-                                libc::MS_REMOUNT | libc::MS_BIND | remount,
-                                std::ptr::null(),
-                            ),
-                            "remount",
-                            dst,
+                    if base < 0 {
+                        fail("open", root.as_bytes());
+                    }
+                    let how = OpenHow {
+                        flags: (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64,
+                        mode: 0,
+                        resolve: libc::RESOLVE_BENEATH
+                            | libc::RESOLVE_NO_SYMLINKS
+                            | libc::RESOLVE_NO_MAGICLINKS,
+                    };
+                    let fd = libc::syscall(
+                        libc::SYS_openat2,
+                        base,
+                        rel.as_ptr(),
+                        &raw const how,
+                        size_of::<OpenHow>(),
+                    ) as libc::c_int;
+                    if fd < 0 {
+                        fail(
+                            "open the working directory (through no link)",
+                            rel.as_bytes(),
                         );
                     }
+                    let mut stat: libc::stat = std::mem::zeroed();
+                    check(libc::fstat(fd, &mut stat), "fstat", rel);
+                    if stat.st_dev != *dev || stat.st_ino != *ino {
+                        *libc::__errno_location() = libc::ESTALE;
+                        fail(
+                            "the working directory was replaced while the run started:",
+                            rel.as_bytes(),
+                        );
+                    }
+                    let mut name = [0u8; 32];
+                    let src = proc_fd_path(fd, &mut name);
+                    bind(src, rel, dst, *remount);
+                    libc::close(fd);
+                    libc::close(base);
                 }
                 Step::Tmpfs { dst, data } => {
                     check(

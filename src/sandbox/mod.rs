@@ -17,7 +17,6 @@ mod child;
 use std::collections::BTreeSet;
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use landlock::{
@@ -29,6 +28,7 @@ pub use child::SETUP_FAILED;
 use child::{INSIDE_ID, Plan, Step};
 
 use crate::config::{SandboxMode, SandboxSettings, Settings};
+use crate::workspace::Pinned;
 
 /// Device nodes a tool gets in its /dev.
 const DEVICES: [&str; 5] = ["null", "zero", "full", "random", "urandom"];
@@ -302,28 +302,13 @@ impl Sandbox {
         Ok(())
     }
 
-    /// Gives `path` (and, for a directory, everything under it that is not yet theirs) to
-    /// the tool user, when the server runs as root.
-    pub fn adopt(&self, path: &Path) -> std::io::Result<()> {
-        let Some((uid, gid)) = self.owner() else {
-            return Ok(());
-        };
-        let meta = std::fs::symlink_metadata(path)?;
-        if meta.uid() == uid {
-            return Ok(());
-        }
-        std::os::unix::fs::lchown(path, Some(uid), Some(gid))?;
-        if meta.is_dir() {
-            for entry in std::fs::read_dir(path)? {
-                self.adopt(&entry?.path())?;
-            }
-        }
-        Ok(())
-    }
-
     /// Prepares one run in `cwd`: its private temp dir, mount plan and Landlock ruleset.
-    pub fn prepare(&self, cwd: &Path, network: Network) -> std::io::Result<Prepared> {
-        let cwd = cwd.canonicalize()?;
+    ///
+    /// The directory is the one `cwd` was opened as: it is bind-mounted through its
+    /// descriptor and Landlock is given the descriptor, so no path a tool could have
+    /// changed is looked up again. The directory itself (never what is in it) is given to
+    /// the tool user if it is not theirs.
+    pub fn prepare(&self, cwd: &Pinned, network: Network) -> std::io::Result<Prepared> {
         let given = |path: &Path, e: std::io::Error| {
             std::io::Error::new(
                 e.kind(),
@@ -334,7 +319,11 @@ impl Sandbox {
                 ),
             )
         };
-        self.adopt(&cwd).map_err(|e| given(&cwd, e))?;
+        if let Some(owner) = self.owner()
+            && cwd.owner()? != owner
+        {
+            cwd.give(owner).map_err(|e| given(cwd.path(), e))?;
+        }
         let tmp = self.tmp.join(uuid::Uuid::now_v7().simple().to_string());
         std::fs::create_dir(&tmp)?;
         let tmp = TempDir(tmp);
@@ -342,15 +331,21 @@ impl Sandbox {
         if let Some((uid, gid)) = self.owner() {
             std::os::unix::fs::chown(&tmp.0, Some(uid), Some(gid)).map_err(|e| given(&tmp.0, e))?;
         }
-        let plan = self.plan(&cwd, &tmp.0, network)?;
-        let ruleset = self.ruleset(&cwd, &tmp.0, network).map_err(|e| {
+        let plan = self.plan(cwd, &tmp.0, network)?;
+        let ruleset = self.ruleset(cwd, &tmp.0, network).map_err(|e| {
             std::io::Error::other(format!("cannot build the Landlock ruleset: {e:#}"))
         })?;
-        Ok(Prepared { plan, ruleset, tmp })
+        Ok(Prepared {
+            plan,
+            ruleset,
+            tmp,
+            _cwd: cwd.clone(),
+        })
     }
 
     /// This run's steps after the shared ones: its temp dir, its cwd.
-    fn plan(&self, cwd: &Path, tmp: &Path, network: Network) -> std::io::Result<Plan> {
+    fn plan(&self, pinned: &Pinned, tmp: &Path, network: Network) -> std::io::Result<Plan> {
+        let cwd = pinned.path();
         let inside = |path: &Path| inside(&self.root, path);
         let mut steps = vec![bind(
             tmp,
@@ -364,11 +359,21 @@ impl Sandbox {
                 steps.push(Step::Mkdir(c_path(&inside(&at))?));
             }
         }
-        steps.push(bind(
-            cwd,
-            &inside(cwd),
-            libc::MS_NOSUID | libc::MS_NODEV | mount_flags(cwd)?,
-        )?);
+        // Opened again in the run's mount namespace the way it was opened here, and checked
+        // to be the same directory.
+        let (root, rel) = pinned.beneath();
+        let (dev, ino) = pinned.identity()?;
+        steps.push(Step::BindPinned {
+            root: c_path(root)?,
+            rel: c_path(rel)?,
+            dev,
+            ino,
+            dst: c_path(&inside(cwd))?,
+            remount: libc::MS_NOSUID
+                | libc::MS_NODEV
+                | fd_mount_flags(pinned.fd())?
+                | libc::MS_NOSUID,
+        });
         let old = Path::new("/.oldroot");
         let s = &self.settings;
         let limits = vec![
@@ -396,7 +401,12 @@ impl Sandbox {
         })
     }
 
-    fn ruleset(&self, cwd: &Path, tmp: &Path, network: Network) -> anyhow::Result<RulesetCreated> {
+    fn ruleset(
+        &self,
+        cwd: &Pinned,
+        tmp: &Path,
+        network: Network,
+    ) -> anyhow::Result<RulesetCreated> {
         let abi = self.abi;
         let mut ruleset = Ruleset::default()
             .set_compatibility(CompatLevel::HardRequirement)
@@ -413,10 +423,8 @@ impl Sandbox {
         for fd in &self.devices {
             created = created.add_rule(PathBeneath::new(fd, AccessFs::from_file(abi)))?;
         }
-        for path in [cwd, tmp] {
-            let fd = PathFd::new(path)?;
-            created = created.add_rule(PathBeneath::new(fd, AccessFs::from_all(abi)))?;
-        }
+        created = created.add_rule(PathBeneath::new(cwd.fd(), AccessFs::from_all(abi)))?;
+        created = created.add_rule(PathBeneath::new(PathFd::new(tmp)?, AccessFs::from_all(abi)))?;
         if network == Network::On {
             for port in &self.settings.network.tcp_ports {
                 created = created.add_rule(NetPort::new(*port, AccessNet::ConnectTcp))?;
@@ -584,6 +592,8 @@ pub async fn self_test(
     let cwd = settings.sandbox.dir(&settings.data).join("self-test");
     std::fs::create_dir_all(&cwd)
         .map_err(|e| SandboxError(format!("cannot create {}: {e}", cwd.display())))?;
+    let cwd = Pinned::trusted(&cwd)
+        .map_err(|e| SandboxError(format!("cannot open {}: {e}", cwd.display())))?;
     let mut networks = vec![Network::Off];
     if !settings.sandbox.network.tenants.is_empty()
         || !settings.sandbox.network.per_conversation_tenants.is_empty()
@@ -622,6 +632,9 @@ pub struct Prepared {
     plan: Plan,
     ruleset: RulesetCreated,
     tmp: TempDir,
+    /// The working directory's descriptor, open until the run has started (the plan names
+    /// it by number).
+    _cwd: Pinned,
 }
 
 /// What a run executes: a program, its arguments, its environment and where its output
@@ -648,7 +661,12 @@ impl Prepared {
     /// Starts `command` in the sandbox. The temp dir lives as long as the run.
     pub async fn launch(self, command: Command) -> std::io::Result<Launched> {
         use std::os::unix::process::ExitStatusExt as _;
-        let Prepared { plan, ruleset, tmp } = self;
+        let Prepared {
+            plan,
+            ruleset,
+            tmp,
+            _cwd: cwd,
+        } = self;
         let ruleset = Option::<std::os::fd::OwnedFd>::from(ruleset)
             .ok_or_else(|| std::io::Error::other("the Landlock ruleset has no descriptor"))?;
         let c_string = |s: &str| CString::new(s).map_err(std::io::Error::other);
@@ -678,7 +696,9 @@ impl Prepared {
         // spawner thread as soon as it has started, so the reader sees the end of output.
         let started = on_spawner(move |stacks| {
             let stacks = stacks.map_err(|e| std::io::Error::new(e.kind(), e.to_string()))?;
-            child::launch(&plan, &ruleset, &exec, stacks)
+            let started = child::launch(&plan, &ruleset, &exec, stacks);
+            drop(cwd);
+            started
         })
         .await?;
         if started.pid1 == 0 {
@@ -831,6 +851,16 @@ fn c_path(path: &Path) -> std::io::Result<CString> {
 /// clear locked ones).
 fn mount_flags(path: &Path) -> std::io::Result<libc::c_ulong> {
     let stat = nix::sys::statvfs::statvfs(path).map_err(std::io::Error::from)?;
+    Ok(flags_of(&stat))
+}
+
+/// [`mount_flags`] of an open file or directory.
+fn fd_mount_flags(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<libc::c_ulong> {
+    let stat = nix::sys::statvfs::fstatvfs(fd).map_err(std::io::Error::from)?;
+    Ok(flags_of(&stat))
+}
+
+fn flags_of(stat: &nix::sys::statvfs::Statvfs) -> libc::c_ulong {
     use nix::sys::statvfs::FsFlags;
     let flags = stat.flags();
     let mut out = 0;
@@ -847,7 +877,7 @@ fn mount_flags(path: &Path) -> std::io::Result<libc::c_ulong> {
             out |= ms;
         }
     }
-    Ok(out)
+    out
 }
 
 fn bind(src: &Path, dst: &Path, flags: libc::c_ulong) -> std::io::Result<Step> {

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::sandbox::{Launched, Network, SETUP_FAILED, Sandbox};
 use crate::state_machine::ToolOutcome;
+use crate::workspace::Pinned;
 
 /// How a bash run ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -172,6 +173,20 @@ impl Process {
     }
 }
 
+impl BashOutcome {
+    /// A run that could not start, saying why.
+    pub fn failed(output: String) -> BashOutcome {
+        BashOutcome {
+            output,
+            exit_code: None,
+            signal: None,
+            timed_out: false,
+            cancelled: false,
+            output_exceeded: false,
+        }
+    }
+}
+
 /// Called with each line of output as it comes (background tasks stream it to clients).
 pub type OnLine = Arc<dyn Fn(&str) + Send + Sync>;
 
@@ -205,19 +220,12 @@ impl BashLimits {
 /// output.
 pub async fn run_bash(
     command: &str,
-    cwd: &Path,
+    cwd: &Pinned,
     limits: &BashLimits,
     cancel: CancellationToken,
     on_line: Option<OnLine>,
 ) -> BashOutcome {
-    let failed = |output: String| BashOutcome {
-        output,
-        exit_code: None,
-        signal: None,
-        timed_out: false,
-        cancelled: false,
-        output_exceeded: false,
-    };
+    let failed = BashOutcome::failed;
     let (reader, writer) = match std::io::pipe() {
         Ok(pipe) => pipe,
         Err(e) => return failed(format!("cannot create a pipe: {e}")),
@@ -226,7 +234,7 @@ pub async fn run_bash(
         Ok(w) => w,
         Err(e) => return failed(format!("cannot create a pipe: {e}")),
     };
-    let env = tool_env(cwd, limits.sandbox.is_some());
+    let env = tool_env(cwd.path(), limits.sandbox.is_some());
     let (mut process, pgid) = match &limits.sandbox {
         Some(sandbox) => {
             let command = crate::sandbox::Command {
@@ -259,7 +267,9 @@ pub async fn run_bash(
             let mut cmd = tokio::process::Command::new("/bin/bash");
             cmd.arg("-c")
                 .arg(command)
-                .current_dir(cwd)
+                // The directory that was opened, through its descriptor (followed by the
+                // child's chdir, not looked up again).
+                .current_dir(cwd.proc_path())
                 .process_group(0)
                 .stdin(Stdio::null())
                 .stdout(writer)
@@ -275,7 +285,12 @@ pub async fn run_bash(
                     let pgid = child.id();
                     (Process::Plain(child), pgid)
                 }
-                Err(e) => return failed(format!("cannot start bash in {}: {e}", cwd.display())),
+                Err(e) => {
+                    return failed(format!(
+                        "cannot start bash in {}: {e}",
+                        cwd.path().display()
+                    ));
+                }
             }
         }
     };
@@ -375,7 +390,7 @@ mod tests {
 
     #[tokio::test]
     async fn merges_streams_and_reports_exit_status() {
-        let cwd = std::env::temp_dir();
+        let cwd = Pinned::trusted(&std::env::temp_dir()).expect("the temp dir");
         let outcome = run_bash(
             "echo out; echo err >&2; exit 3",
             &cwd,
@@ -400,7 +415,7 @@ mod tests {
 
     #[tokio::test]
     async fn timeout_kills_the_group() {
-        let cwd = std::env::temp_dir();
+        let cwd = Pinned::trusted(&std::env::temp_dir()).expect("the temp dir");
         let outcome = run_bash(
             "sleep 30 & sleep 30",
             &cwd,
@@ -415,7 +430,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_environment_is_clean() {
-        let cwd = std::env::temp_dir();
+        let cwd = Pinned::trusted(&std::env::temp_dir()).expect("the temp dir");
         let outcome = run_bash(
             "env | sort",
             &cwd,

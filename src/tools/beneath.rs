@@ -1,7 +1,7 @@
 //! File access that cannot leave a directory, even while the tree changes under it.
 //!
-//! [`resolve_in`](super::resolve_in) gives a clear message for a path that leaves the
-//! working directory, but a check followed by an open races with a concurrent process (a
+//! [`relative_in`](super::relative_in) gives a clear message for a path that leaves the
+//! working directory by its spelling, but a check followed by an open races with a concurrent process (a
 //! background task) that swaps a directory for a symlink in between. Every open here is
 //! `openat2` relative to the working directory with `RESOLVE_BENEATH`: the kernel refuses
 //! (EXDEV) any resolution that would leave it, through `..`, an absolute symlink or a
@@ -33,14 +33,16 @@ fn io(e: rustix::io::Errno) -> std::io::Error {
 }
 
 impl Beneath {
-    pub fn new(dir: &Path) -> std::io::Result<Self> {
-        let dir = rustix::fs::open(
-            dir,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(io)?;
-        Ok(Beneath { dir })
+    /// Paths under the directory `dir` was opened as (never its path looked up again).
+    pub fn new(dir: &crate::workspace::Pinned) -> std::io::Result<Self> {
+        Ok(Beneath {
+            dir: dir.fd().try_clone_to_owned()?,
+        })
+    }
+
+    /// The directory itself.
+    pub fn dir(&self) -> &OwnedFd {
+        &self.dir
     }
 
     fn open(
@@ -165,7 +167,8 @@ mod tests {
         std::os::unix::fs::symlink("../outside.txt", cwd.join("rel")).expect("link");
         std::os::unix::fs::symlink("..", cwd.join("sub/up")).expect("link");
         std::os::unix::fs::symlink("../sub", cwd.join("sub/inside")).expect("link");
-        let beneath = Beneath::new(&cwd).expect("opens");
+        let beneath =
+            Beneath::new(&crate::workspace::Pinned::trusted(&cwd).expect("opens")).expect("opens");
         for path in ["abs", "rel", "../outside.txt", "sub/up/../outside.txt"] {
             assert!(beneath.read(Path::new(path)).is_err(), "{path}");
         }

@@ -10,7 +10,7 @@ mod fs;
 mod patch;
 mod search;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,10 +18,11 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 pub use bash::{BashLimits, BashOutcome, OnLine, run_bash};
-pub use fs::{PathError, resolve_in};
+pub use fs::{PathError, relative_in};
 
 use crate::sandbox::{Network, Sandbox};
 use crate::state_machine::{SPAWN_SUB_AGENTS, SUBMIT_RESULT, ToolOutcome, ToolUse};
+use crate::workspace::{Pinned, Workspaces};
 
 /// Name of the tool that asks the user (user conversations only).
 pub const ASK_USER: &str = "ask_user";
@@ -45,6 +46,8 @@ pub struct ToolLimits {
     /// `None`: tools run unconfined (sandbox.mode = "off").
     pub sandbox: Option<Arc<Sandbox>>,
     pub network: Network,
+    /// Where conversations' directories are opened.
+    pub workspaces: Arc<Workspaces>,
 }
 
 impl ToolLimits {
@@ -185,6 +188,16 @@ pub fn definitions(is_sub_agent: bool) -> Vec<ToolDefinition> {
     tools
 }
 
+/// Opens a conversation's stored working directory for one tool run: the run works in the
+/// directory found now, beneath the workspace root through no link; one a tool replaced by a
+/// link is a failed result that says so.
+pub fn pin(cwd: &Path, limits: &ToolLimits) -> Result<Pinned, ToolOutcome> {
+    limits
+        .workspaces
+        .pin(cwd)
+        .map_err(|e| failed(e.to_string()))
+}
+
 /// Runs one tool in `cwd` until it finishes, times out or `cancel` fires.
 pub async fn run(
     tool: &ToolUse,
@@ -192,11 +205,49 @@ pub async fn run(
     limits: &ToolLimits,
     cancel: CancellationToken,
 ) -> ToolOutcome {
+    if matches!(tool.name.as_str(), "bash" | "patch" | "keyword_search") {
+        match pin(&cwd, limits) {
+            Ok(pinned) => run_in(tool, &pinned, limits, cancel).await,
+            Err(refused) => refused,
+        }
+    } else {
+        run_in_nowhere(tool)
+    }
+}
+
+/// A tool that touches no file.
+fn run_in_nowhere(tool: &ToolUse) -> ToolOutcome {
     let Some(input) = tool.input.as_object() else {
-        return failed(format!(
-            "invalid arguments: expected a JSON object, got {}",
-            preview(&tool.input.to_string(), 200)
-        ));
+        return not_an_object(tool);
+    };
+    match tool.name.as_str() {
+        "think" => match input.get("thoughts").and_then(Value::as_str) {
+            Some(_) => ToolOutcome {
+                ok: true,
+                output: "ok".into(),
+            },
+            None => failed("invalid arguments: `thoughts` must be a string"),
+        },
+        other => failed(format!("unknown tool `{other}`")),
+    }
+}
+
+fn not_an_object(tool: &ToolUse) -> ToolOutcome {
+    failed(format!(
+        "invalid arguments: expected a JSON object, got {}",
+        preview(&tool.input.to_string(), 200)
+    ))
+}
+
+/// Runs a tool that works in the directory `cwd` was opened as.
+async fn run_in(
+    tool: &ToolUse,
+    cwd: &Pinned,
+    limits: &ToolLimits,
+    cancel: CancellationToken,
+) -> ToolOutcome {
+    let Some(input) = tool.input.as_object() else {
+        return not_an_object(tool);
     };
     match tool.name.as_str() {
         "bash" => {
@@ -214,24 +265,17 @@ pub async fn run(
                     }
                 },
             };
-            run_bash(command, &cwd, &limits.bash(timeout), cancel, None)
+            run_bash(command, cwd, &limits.bash(timeout), cancel, None)
                 .await
                 .into_outcome()
         }
         "patch" => {
-            let input = input.clone();
+            let (input, cwd) = (input.clone(), cwd.clone());
             let owner = limits.owner();
             blocking(move || patch::apply(&cwd, &input, owner)).await
         }
-        "think" => match input.get("thoughts").and_then(Value::as_str) {
-            Some(_) => ToolOutcome {
-                ok: true,
-                output: "ok".into(),
-            },
-            None => failed("invalid arguments: `thoughts` must be a string"),
-        },
         "keyword_search" => {
-            let input = input.clone();
+            let (input, cwd) = (input.clone(), cwd.clone());
             let max = limits.search_max_results;
             let cap = limits.output_cap_bytes;
             blocking(move || search::search(&cwd, &input, max, cap)).await

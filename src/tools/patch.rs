@@ -5,13 +5,14 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::beneath::Beneath;
-use super::{failed, resolve_in};
+use super::{failed, relative_in};
 use crate::state_machine::ToolOutcome;
+use crate::workspace::Pinned;
 
 /// Applies `{"path", "edits": [{"old_text", "new_text"}]}`.
 /// `owner`: who the file and directories it writes belong to (the sandbox's tool user when
 /// the server runs as root).
-pub fn apply(cwd: &Path, input: &Map<String, Value>, owner: Option<(u32, u32)>) -> ToolOutcome {
+pub fn apply(cwd: &Pinned, input: &Map<String, Value>, owner: Option<(u32, u32)>) -> ToolOutcome {
     let Some(path) = input.get("path").and_then(Value::as_str) else {
         return failed("invalid arguments: `path` must be a string");
     };
@@ -35,19 +36,16 @@ pub fn apply(cwd: &Path, input: &Map<String, Value>, owner: Option<(u32, u32)>) 
             }
         }
     }
-    let file = match resolve_in(cwd, path) {
+    // relative_in explains a path that leaves cwd by its spelling; the reads and writes
+    // themselves are made beneath cwd by the kernel, so a link (or a tree changed meanwhile)
+    // cannot lead out either.
+    let file = match relative_in(cwd.path(), path) {
         Ok(file) => file,
         Err(e) => return failed(e.to_string()),
     };
-    // resolve_in explains a path that leaves cwd; the reads and writes themselves are made
-    // beneath cwd by the kernel, so a tree changed meanwhile cannot lead out either.
     let beneath = match Beneath::new(cwd) {
         Ok(beneath) => beneath,
         Err(e) => return failed(format!("cannot open the working directory: {e}")),
-    };
-    let base = cwd.canonicalize().unwrap_or_else(|_| cwd.to_path_buf());
-    let Ok(file) = file.strip_prefix(&base).map(Path::to_path_buf) else {
-        return failed(format!("the path {path:?} leaves the working directory"));
     };
     let read = beneath
         .read(&file)
@@ -118,8 +116,9 @@ mod tests {
     fn edits_create_and_refuse() {
         let cwd = std::env::temp_dir().join(format!("bedrock-patch-{}", std::process::id()));
         std::fs::create_dir_all(&cwd).expect("a temp dir");
+        let pinned = Pinned::trusted(&cwd).expect("opens");
         let created = apply(
-            &cwd,
+            &pinned,
             &input(
                 json!({"path": "a/f.txt", "edits": [{"old_text": "", "new_text": "one two one"}]}),
             ),
@@ -127,7 +126,7 @@ mod tests {
         );
         assert!(created.ok, "{created:?}");
         let twice = apply(
-            &cwd,
+            &pinned,
             &input(json!({"path": "a/f.txt", "edits": [{"old_text": "one", "new_text": "1"}]})),
             None,
         );
@@ -136,7 +135,7 @@ mod tests {
             "{twice:?}"
         );
         let edited = apply(
-            &cwd,
+            &pinned,
             &input(
                 json!({"path": "a/f.txt", "edits": [{"old_text": "two", "new_text": "2"}, {"old_text": "2 one", "new_text": "2 1"}]}),
             ),
@@ -148,7 +147,7 @@ mod tests {
             "one 2 1"
         );
         let escape = apply(
-            &cwd,
+            &pinned,
             &input(json!({"path": "../x", "edits": [{"old_text": "", "new_text": "x"}]})),
             None,
         );

@@ -26,3 +26,4 @@ mod runtime;
 mod sandbox;
 mod stream;
 mod telemetry;
+mod tenancy;

@@ -12,13 +12,25 @@ static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::ne
 
 /// Runs one bash command as a tool of conversation `id` (tenant `key`) and returns the
 /// result the LLM saw: (ok, output).
-async fn bash_as(app: &TestApp, key: &str, id: &str, input: Value) -> (bool, String) {
+pub async fn bash_as(app: &TestApp, key: &str, id: &str, input: Value) -> (bool, String) {
+    tool_as(app, key, id, "bash", input).await
+}
+
+/// Runs one call of `tool` in conversation `id` (tenant `key`) and returns the result the
+/// LLM saw: (ok, output).
+pub async fn tool_as(
+    app: &TestApp,
+    key: &str,
+    id: &str,
+    tool: &str,
+    input: Value,
+) -> (bool, String) {
     let call = format!(
         "call_{}",
         NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     );
     app.llm
-        .push([Llm::tool(&call, "bash", input), Llm::text("done")]);
+        .push([Llm::tool(&call, tool, input), Llm::text("done")]);
     app.request(
         reqwest::Method::POST,
         &format!("/v1/conversations/{id}/messages"),
