@@ -38,6 +38,17 @@ pub struct Settings {
     pub events: EventSettings,
     pub sandbox: SandboxSettings,
     pub cluster: ClusterSettings,
+    pub egress: EgressSettings,
+}
+
+/// What the server may connect to on a tenant's behalf (tenants' MCP servers): everything
+/// public, and the internal addresses and names listed here (src/egress.rs).
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressSettings {
+    /// CIDRs (`10.1.0.0/16`), addresses, host names (`mcp.internal`) and `*.suffix` names
+    /// allowed although internal.
+    pub allow: Vec<String>,
 }
 
 /// Several nodes on one Postgres (docs/operations.md, "Scaling"). SQLite is one node.
@@ -549,6 +560,8 @@ impl Settings {
                 "database.url must be empty, sqlite://PATH?mode=rwc or postgres://...".into(),
             ));
         }
+        crate::egress::Egress::new(&self.egress.allow)
+            .map_err(|e| ConfigError(format!("egress.allow: {e}")))?;
         if self.models.get("default").is_none_or(|d| {
             d.context_window.is_none() || d.max_output_tokens.is_none() || d.max_image_px.is_none()
         }) {
@@ -781,6 +794,40 @@ mod tests {
         let error = Settings::load_from(None, env(&[("BEDROCK_AUTH", "maybe")]))
             .expect_err("an unknown auth mode");
         assert!(error.to_string().contains("server.auth"), "{error}");
+    }
+
+    #[test]
+    fn the_egress_allow_list_is_read_from_a_variable_and_checked() {
+        assert!(
+            Settings::load_from(None, env(&[]))
+                .expect("valid settings")
+                .egress
+                .allow
+                .is_empty()
+        );
+        let settings = Settings::load_from(
+            None,
+            env(&[(
+                "BEDROCK_EGRESS__ALLOW",
+                r#"["10.1.0.0/16", "mcp.internal", "fd00::/8"]"#,
+            )]),
+        )
+        .expect("valid settings");
+        assert_eq!(
+            settings.egress.allow,
+            ["10.1.0.0/16", "mcp.internal", "fd00::/8"]
+        );
+        let settings = Settings::load_from_toml("[egress]\nallow = [\"127.0.0.1\"]\n", env(&[]))
+            .expect("valid settings");
+        assert_eq!(settings.egress.allow, ["127.0.0.1"]);
+        for bad in [r#"["10.1.0.0/33"]"#, r#"["not a host"]"#, r#"[""]"#] {
+            let error =
+                Settings::load_from(None, env(&[("BEDROCK_EGRESS__ALLOW", bad)])).expect_err(bad);
+            assert!(error.to_string().contains("egress.allow"), "{error}");
+        }
+        let error = Settings::load_from(None, env(&[("BEDROCK_EGRESS__ALLOW", "10.0.0.0/8")]))
+            .expect_err("not a list");
+        assert!(error.to_string().contains("egress.allow"), "{error}");
     }
 
     #[test]

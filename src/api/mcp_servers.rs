@@ -43,7 +43,7 @@ fn valid_name(name: &str) -> bool {
     request_body = NewMcpServer,
     responses(
         (status = 201, description = "Registered; its tools join the tenant's new conversations", body = McpServerView),
-        (status = 400, description = "A bad name, URL or header", body = ErrorBody),
+        (status = 400, description = "A bad name, URL or header (`invalid_request`), or a URL the egress policy refuses (`egress_refused`): an internal address, a name that resolves only to internal addresses, a user name or password in it", body = ErrorBody),
         (status = 409, description = "`mcp_server_exists`: the tenant has a server of that name", body = ErrorBody),
     ))]
 pub async fn create(
@@ -60,6 +60,15 @@ pub async fn create(
         .ok()
         .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
         .ok_or_else(|| ApiError::invalid("url must be an http:// or https:// URL"))?;
+    // The egress policy (docs/security.md, "Server-side requests (SSRF)"): checked here, and
+    // again at every connection.
+    app.services.egress.check_url(&url).await.map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "egress_refused",
+            format!("url: {e}"),
+        )
+    })?;
     let headers = body.headers.unwrap_or_default();
     if headers.len() > 20
         || headers.iter().any(|(name, value)| {
@@ -142,19 +151,18 @@ pub async fn tools_of(
     tenant_id: &str,
 ) -> Result<(Vec<McpTool>, Vec<String>), ApiError> {
     let servers = app.services.store.mcp_servers(tenant_id).await?;
-    let listed = futures::future::join_all(
-        servers
-            .iter()
-            .map(|server| crate::mcp_client::list_tools(server, LIST_TIMEOUT)),
-    )
-    .await;
+    let listed =
+        futures::future::join_all(servers.iter().map(|server| {
+            crate::mcp_client::list_tools(server, &app.services.mcp_http, LIST_TIMEOUT)
+        }))
+        .await;
     let mut tools = Vec::new();
     let mut notices = Vec::new();
     for (server, result) in servers.iter().zip(listed) {
         match result {
             Ok(found) => tools.extend(found),
             Err(why) => notices.push(format!(
-                "[[SYSTEM: the MCP server {} ({}) did not answer when this conversation started ({why}); its tools are not available in it.]]",
+                "[[SYSTEM: the MCP server {} ({}) could not be used when this conversation started ({why}); its tools are not available in it.]]",
                 server.name, server.url
             )),
         }

@@ -62,6 +62,10 @@ pub struct Services {
     pub requests: RequestBroker,
     pub background: BackgroundTasks,
     pub metrics: Arc<Metrics>,
+    /// What the server may connect to on a tenant's behalf (its MCP servers).
+    pub egress: crate::egress::Egress,
+    /// The HTTP client of calls to tenants' MCP servers, under `egress`.
+    pub mcp_http: crate::egress::Client,
     /// This node of a cluster (Postgres); `None`: the only node.
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
     root: ActorCell,
@@ -188,6 +192,9 @@ impl Runtime {
                 None
             }
         };
+        let egress = crate::egress::Egress::new(&settings.egress.allow)
+            .map_err(|e| anyhow::anyhow!("invalid configuration: egress.allow: {e}"))?;
+        let mcp_http = crate::mcp_client::http_client(&egress)?;
         let tools = &settings.tools;
         let workspace_root = &settings.workspace.root;
         let workspaces = crate::workspace::Workspaces::open(
@@ -201,6 +208,8 @@ impl Runtime {
             )
         })?;
         let services = Arc::new(Services {
+            egress,
+            mcp_http,
             tool_limits: ToolLimits {
                 bash_timeout: Duration::from_millis(tools.bash_timeout_ms),
                 bash_max_timeout: Duration::from_millis(tools.bash_max_timeout_ms),

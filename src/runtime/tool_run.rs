@@ -210,6 +210,7 @@ async fn mcp_tool(run: &Run, tool: &crate::model::McpTool) -> ToolOutcome {
     };
     crate::mcp_client::call(
         &server,
+        &run.services.mcp_http,
         tool,
         &run.tool.input,
         run.limits.bash_timeout,

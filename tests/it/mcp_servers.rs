@@ -3,9 +3,24 @@
 //! `kit__slow`, and run under the same rules as built-in tools: approvals, cancel (the MCP
 //! call is cancelled), the output cap, failures as tool results. A server that does not
 //! answer at creation is left out with a system message.
+//!
+//! The egress policy (src/egress.rs; docs/security.md, "Server-side requests (SSRF)"), as a
+//! hostile tenant would try it: internal addresses in every spelling are refused at
+//! registration; a server that answers with a secret in a failed response never shows it to
+//! the tenant; a redirect is not followed; a server allowed at registration and no longer
+//! allowed is not connected to; a name that resolves to loopback is refused by the
+//! connection's resolver. The test servers listen on loopback only, and the apps that use
+//! them allow 127.0.0.1 (`BEDROCK_EGRESS__ALLOW`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::middleware::Next;
+use axum::response::IntoResponse as _;
+use bedrock::egress::{Egress, EgressError, Lookup};
+use bedrock::store::McpServer;
 
 use bedrock::testkit::Reply;
 use reqwest::Method;
@@ -73,7 +88,7 @@ impl Kit {
                 self.seen.slow_cancelled.fetch_add(1, Ordering::SeqCst);
                 Err(ErrorData::internal_error("cancelled", None))
             }
-            () = tokio::time::sleep(std::time::Duration::from_secs(120)) => {
+            () = tokio::time::sleep(Duration::from_secs(120)) => {
                 Ok(CallToolResult::success(vec![ContentBlock::text("finally")]))
             }
         }
@@ -83,8 +98,74 @@ impl Kit {
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Kit {}
 
+/// The allow list of the apps whose tests use the test servers (on 127.0.0.1).
+const ALLOW_LOOPBACK: (&str, &str) = ("BEDROCK_EGRESS__ALLOW", r#"["127.0.0.1"]"#);
+
+/// What a test server answers instead of MCP when told to: what a hostile tenant points
+/// Bedrock at to read an internal service's reply.
+#[derive(Debug, Default)]
+struct Gate {
+    mode: AtomicU8,
+    requests: AtomicUsize,
+    redirect_to: std::sync::Mutex<String>,
+}
+
+const MCP: u8 = 0;
+const FORBIDDEN: u8 = 1;
+const SERVER_ERROR: u8 = 2;
+const NOT_JSON_RPC: u8 = 3;
+const HTML: u8 = 4;
+const REDIRECT: u8 = 5;
+
+/// The body of every failed answer: it must never reach the tenant.
+const SECRET: &str = "INTERNAL-SECRET-7f3a: db password hunter2";
+
+async fn gate(
+    State(gate): State<Arc<Gate>>,
+    request: axum::extract::Request,
+    next: Next,
+) -> axum::response::Response {
+    use http::StatusCode;
+    use http::header::{CONTENT_TYPE, LOCATION};
+    gate.requests.fetch_add(1, Ordering::SeqCst);
+    let json = json!({"error": SECRET, "jsonrpc": "2.0"}).to_string();
+    match gate.mode.load(Ordering::SeqCst) {
+        FORBIDDEN => (StatusCode::FORBIDDEN, SECRET).into_response(),
+        SERVER_ERROR => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(CONTENT_TYPE, "application/json")],
+            json,
+        )
+            .into_response(),
+        NOT_JSON_RPC => {
+            (StatusCode::OK, [(CONTENT_TYPE, "application/json")], json).into_response()
+        }
+        HTML => (
+            StatusCode::OK,
+            [(CONTENT_TYPE, "text/html")],
+            format!("<html>{SECRET}</html>"),
+        )
+            .into_response(),
+        REDIRECT => {
+            let to = gate
+                .redirect_to
+                .lock()
+                .map(|to| to.clone())
+                .unwrap_or_default();
+            (StatusCode::TEMPORARY_REDIRECT, [(LOCATION, to)], SECRET).into_response()
+        }
+        _ => next.run(request).await,
+    }
+}
+
 /// The test server on a loopback port: its URL, what it saw, and its stop switch.
 async fn kit() -> (String, Arc<Seen>, CancellationToken) {
+    let (url, seen, stop, _) = gated_kit().await;
+    (url, seen, stop)
+}
+
+/// [`kit`] behind a [`Gate`].
+async fn gated_kit() -> (String, Arc<Seen>, CancellationToken, Arc<Gate>) {
     let seen = Arc::new(Seen::default());
     let stop = CancellationToken::new();
     let shared = seen.clone();
@@ -96,9 +177,15 @@ async fn kit() -> (String, Arc<Seen>, CancellationToken) {
             })
         },
         Arc::new(LocalSessionManager::default()),
-        StreamableHttpServerConfig::default().with_cancellation_token(stop.child_token()),
+        // The test names (rebind.test, ...) are hosts it serves too.
+        StreamableHttpServerConfig::default()
+            .with_allowed_hosts(["localhost", "127.0.0.1", "rebind.test", "mixed.test"])
+            .with_cancellation_token(stop.child_token()),
     );
-    let app = axum::Router::new().nest_service("/mcp", service);
+    let switch = Arc::new(Gate::default());
+    let app = axum::Router::new()
+        .nest_service("/mcp", service)
+        .layer(axum::middleware::from_fn_with_state(switch.clone(), gate));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("a port");
@@ -109,7 +196,7 @@ async fn kit() -> (String, Arc<Seen>, CancellationToken) {
             .with_graceful_shutdown(async move { until.cancelled().await })
             .await;
     });
-    (format!("http://{addr}/mcp"), seen, stop)
+    (format!("http://{addr}/mcp"), seen, stop, switch)
 }
 
 fn tool_output(messages: &[Value], id: &str) -> Value {
@@ -123,7 +210,11 @@ fn tool_output(messages: &[Value], id: &str) -> Value {
 #[tokio::test]
 async fn tenant_mcp_tools_run_like_built_in_ones() {
     for db in TestDb::each().await {
-        let app = TestApp::spawn_with(&db, &[("BEDROCK_TOOLS__OUTPUT_CAP_BYTES", "64")]).await;
+        let app = TestApp::spawn_with(
+            &db,
+            &[("BEDROCK_TOOLS__OUTPUT_CAP_BYTES", "64"), ALLOW_LOOPBACK],
+        )
+        .await;
         let (url, seen, stop) = kit().await;
         // Registered; the header's value is never shown again.
         let created = app
@@ -286,4 +377,407 @@ async fn tenant_mcp_tools_run_like_built_in_ones() {
         .expect_error(404, "not_found");
         app.cleanup(db).await;
     }
+}
+
+/// The URLs a hostile tenant registers first: internal addresses in every spelling a URL
+/// parser accepts, and the names of the host itself.
+const INTERNAL: &[&str] = &[
+    "http://127.0.0.1:5432/",
+    "http://127.0.0.1/mcp",
+    "http://127.0.0.2:8080/mcp",
+    "http://127.1/",
+    "http://2130706433/",
+    "http://0x7f000001/",
+    "http://0x7f.1/",
+    "http://0177.0.0.1/",
+    "http://017700000001/",
+    "http://127.0.0.1./",
+    "http://%31%32%37.0.0.1/",
+    "http://0.0.0.0:8080/",
+    "http://0/",
+    "http://[::1]:8080/mcp",
+    "http://[::]/",
+    "http://[::ffff:127.0.0.1]/",
+    "http://[::ffff:7f00:1]/",
+    "http://[::127.0.0.1]/",
+    "http://[64:ff9b::127.0.0.1]/",
+    "http://[2002:7f00:1::]/",
+    "http://169.254.169.254/latest/meta-data/iam/security-credentials/",
+    "http://2852039166/",
+    "http://[fd00:ec2::254]/latest/meta-data/",
+    "http://[::ffff:169.254.169.254]/",
+    "http://169.254.1.1/",
+    "http://[fe80::1]/",
+    "http://10.0.0.1/",
+    "http://172.16.0.1/",
+    "http://192.168.0.1/",
+    "http://[::ffff:10.0.0.1]/",
+    "http://100.64.0.1/",
+    "http://[fc00::1]/",
+    "http://[fd12::1]/",
+    "http://224.0.0.1/",
+    "http://[ff02::1]/",
+    "http://255.255.255.255/",
+    "http://192.0.2.1/",
+    "http://198.18.0.1/",
+    "http://240.0.0.1/",
+    "http://localhost/",
+    "http://LOCALHOST:8080/",
+    "http://localhost./",
+    "http://mcp.localhost/",
+    "https://localhost:8443/mcp",
+];
+
+/// Names in /etc/hosts (other than localhost, refused by name) that resolve to loopback:
+/// refused for what they resolve to. The lookup reads the file; nothing leaves the host.
+fn loopback_names_in_hosts_file() -> Vec<String> {
+    let hosts = std::fs::read_to_string("/etc/hosts").unwrap_or_default();
+    hosts
+        .lines()
+        .map(|line| line.split('#').next().unwrap_or_default())
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            let ip: std::net::IpAddr = words.next()?.parse().ok()?;
+            ip.is_loopback()
+                .then(|| words.map(str::to_owned).collect::<Vec<_>>())
+        })
+        .flatten()
+        .filter(|name| {
+            let name = name.to_ascii_lowercase();
+            name != "localhost"
+                && !name.ends_with(".localhost")
+                && name.contains(|c: char| c.is_ascii_alphabetic())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn internal_addresses_are_refused_at_registration_in_every_spelling() {
+    for db in TestDb::each().await {
+        let app = TestApp::spawn(&db).await;
+        let mut urls: Vec<String> = INTERNAL.iter().map(|u| (*u).to_owned()).collect();
+        for name in loopback_names_in_hosts_file() {
+            urls.push(format!("http://{name}:8080/mcp"));
+        }
+        for url in &urls {
+            let message = app
+                .post("/v1/mcp_servers", json!({"name": "inside", "url": url}))
+                .await
+                .expect_error(400, "egress_refused");
+            assert!(
+                message.starts_with("url: the address of ") && message.contains("is not allowed ("),
+                "{url}: {message}"
+            );
+        }
+        let message = app
+            .post(
+                "/v1/mcp_servers",
+                json!({"name": "creds", "url": "http://user:pw@8.8.8.8/mcp"}),
+            )
+            .await
+            .expect_error(400, "egress_refused");
+        assert!(message.contains("user name or password"), "{message}");
+        // The metadata address names its range.
+        let message = app
+            .post(
+                "/v1/mcp_servers",
+                json!({"name": "meta", "url": "http://0xa9fea9fe/"}),
+            )
+            .await
+            .expect_error(400, "egress_refused");
+        assert_eq!(
+            message,
+            "url: the address of 169.254.169.254 is not allowed (cloud metadata)"
+        );
+        // Nothing was stored; a public address is (it is not connected to here).
+        assert_eq!(
+            app.get("/v1/mcp_servers").await.expect(200)["servers"],
+            json!([])
+        );
+        app.post(
+            "/v1/mcp_servers",
+            json!({"name": "public", "url": "http://8.8.8.8/mcp"}),
+        )
+        .await
+        .expect(201);
+        app.request(
+            Method::DELETE,
+            "/v1/mcp_servers/public",
+            Some(&app.key_a),
+            None,
+        )
+        .await
+        .expect(204);
+        app.cleanup(db).await;
+    }
+}
+
+/// A tool call of `kit__echo` in conversation `id`; its result.
+async fn echo_result(app: &TestApp, id: &str, call: &str) -> Value {
+    app.llm.push([
+        Reply::tool(call, "kit__echo", json!({"text": "hello"})),
+        Reply::text("done"),
+    ]);
+    app.send(id, "echo").await;
+    app.wait_kind(id, "idle").await;
+    tool_output(&app.messages(id).await, call)
+}
+
+/// The conversation's first message: the system notice of servers left out.
+async fn notice(app: &TestApp) -> String {
+    let created = app.post("/v1/conversations", json!({})).await.expect(201);
+    assert!(created.get("mcp_tools").is_none(), "{created}");
+    let id = created["id"].as_str().expect("an id");
+    let messages = app.messages(id).await;
+    assert_eq!(messages[0]["message_type"], "system", "{messages:?}");
+    messages[0]["content"]["text"]
+        .as_str()
+        .expect("a text")
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_failed_answer_is_never_shown_to_the_tenant_and_a_redirect_is_not_followed() {
+    for db in TestDb::each().await {
+        let app = TestApp::spawn_with(&db, &[ALLOW_LOOPBACK]).await;
+        let (url, seen, stop, gate) = gated_kit().await;
+        // Allowed: 127.0.0.1 and nothing else of loopback.
+        app.post(
+            "/v1/mcp_servers",
+            json!({"name": "other", "url": url.replace("127.0.0.1", "127.0.0.2")}),
+        )
+        .await
+        .expect_error(400, "egress_refused");
+        app.post("/v1/mcp_servers", json!({"name": "kit", "url": url}))
+            .await
+            .expect(201);
+        let conv = app.post("/v1/conversations", json!({})).await.expect(201);
+        assert_eq!(conv["mcp_tools"], json!(["kit__echo", "kit__slow"]));
+        let id = conv["id"].as_str().expect("an id").to_owned();
+        assert_eq!(
+            echo_result(&app, &id, "call_ok").await["output"],
+            "echo: hello"
+        );
+
+        // A listener where the redirect points: nothing may connect to it.
+        let trap = tokio::net::TcpListener::bind("127.0.0.2:0")
+            .await
+            .expect("a port on 127.0.0.2");
+        let trap_addr = trap.local_addr().expect("an address");
+        let trapped = Arc::new(AtomicUsize::new(0));
+        let count = trapped.clone();
+        let trap_task = tokio::spawn(async move {
+            while let Ok((_socket, _)) = trap.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        if let Ok(mut to) = gate.redirect_to.lock() {
+            *to = format!("http://{trap_addr}/mcp");
+        }
+
+        for (mode, words) in [
+            (FORBIDDEN, "it answered HTTP 403"),
+            (SERVER_ERROR, "it answered HTTP 500"),
+            (NOT_JSON_RPC, "its answer is not valid MCP"),
+            (HTML, "its answer is not valid MCP"),
+            (
+                REDIRECT,
+                "it answered HTTP 307, a redirect, which is not followed",
+            ),
+        ] {
+            gate.mode.store(mode, Ordering::SeqCst);
+            // In a tool result.
+            let result = echo_result(&app, &id, &format!("call_{mode}")).await;
+            assert_eq!(result["ok"], false, "{result}");
+            let output = result["output"].as_str().expect("an output");
+            assert!(output.contains(words), "mode {mode}: {output}");
+            assert!(
+                !output.contains("SECRET") && !output.contains("hunter2"),
+                "{output}"
+            );
+            // In the system message of a new conversation.
+            let text = notice(&app).await;
+            assert!(
+                text.contains("MCP server kit") && text.contains(words),
+                "mode {mode}: {text}"
+            );
+            assert!(
+                !text.contains("SECRET") && !text.contains("hunter2"),
+                "{text}"
+            );
+        }
+        assert_eq!(
+            trapped.load(Ordering::SeqCst),
+            0,
+            "the redirect was followed"
+        );
+        // Serving MCP again: the same conversation's calls work.
+        gate.mode.store(MCP, Ordering::SeqCst);
+        assert_eq!(
+            echo_result(&app, &id, "call_again").await["output"],
+            "echo: hello"
+        );
+        // Nowhere the tenant or its LLM can read.
+        let all = serde_json::to_string(&app.messages(&id).await).expect("JSON");
+        assert!(!all.contains("hunter2"), "{all}");
+        let requests = serde_json::to_string(&app.llm.requests()).expect("JSON");
+        assert!(!requests.contains("hunter2"));
+        assert_eq!(seen.calls.load(Ordering::SeqCst), 2);
+        trap_task.abort();
+        stop.cancel();
+        app.cleanup(db).await;
+    }
+}
+
+#[tokio::test]
+async fn a_server_no_longer_allowed_is_refused_at_connect_time() {
+    for db in TestDb::each().await {
+        let mut app = TestApp::spawn_with(&db, &[ALLOW_LOOPBACK]).await;
+        let (url, _seen, stop, gate) = gated_kit().await;
+        // Registered while allowed: by name (localhost, allowed through 127.0.0.1) and by
+        // address.
+        let by_name = url.replace("127.0.0.1", "localhost");
+        app.post("/v1/mcp_servers", json!({"name": "kit", "url": by_name}))
+            .await
+            .expect(201);
+        app.post("/v1/mcp_servers", json!({"name": "lit", "url": url}))
+            .await
+            .expect(201);
+        let conv = app.post("/v1/conversations", json!({})).await.expect(201);
+        assert_eq!(
+            conv["mcp_tools"],
+            json!(["kit__echo", "kit__slow", "lit__echo", "lit__slow"])
+        );
+        let id = conv["id"].as_str().expect("an id").to_owned();
+        assert_eq!(echo_result(&app, &id, "call_ok").await["ok"], true);
+
+        // The operator takes 127.0.0.1 off the allow list: the stored URLs are not connected
+        // to, whatever they were at registration.
+        app.stop().await;
+        app.extra.clear();
+        app.start().await;
+        let before = gate.requests.load(Ordering::SeqCst);
+        let result = echo_result(&app, &id, "call_refused").await;
+        assert_eq!(result["ok"], false, "{result}");
+        assert!(
+            result["output"]
+                .as_str()
+                .is_some_and(|o| o.contains("the address of localhost is not allowed (loopback)")),
+            "{result}"
+        );
+        let text = notice(&app).await;
+        assert!(
+            text.contains("the address of localhost is not allowed (loopback)")
+                && text.contains("the address of 127.0.0.1 is not allowed (loopback)"),
+            "{text}"
+        );
+        assert_eq!(
+            gate.requests.load(Ordering::SeqCst),
+            before,
+            "a refused server was reached"
+        );
+        stop.cancel();
+        app.cleanup(db).await;
+    }
+}
+
+/// A resolver that knows a few test names (all loopback), and counts its lookups.
+fn names(
+    table: &'static [(&'static str, &'static [&'static str])],
+    lookups: Arc<AtomicUsize>,
+) -> Lookup {
+    Arc::new(move |name: String| {
+        lookups.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            table
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, ips)| ips.iter().filter_map(|ip| ip.parse().ok()).collect())
+                .ok_or_else(|| std::io::Error::other("no such name"))
+        })
+    })
+}
+
+const NAMES: &[(&str, &[&str])] = &[
+    ("rebind.test", &["127.0.0.1"]),
+    ("mixed.test", &["127.0.0.2", "127.0.0.1"]),
+];
+
+#[tokio::test]
+async fn the_connection_resolver_refuses_a_name_that_resolves_to_a_refused_address() {
+    let (url, _seen, stop, gate) = gated_kit().await;
+    let port = url::Url::parse(&url)
+        .ok()
+        .and_then(|u| u.port())
+        .expect("a port");
+    let server = |host: &str| McpServer {
+        name: "kit".into(),
+        url: format!("http://{host}:{port}/mcp"),
+        headers: Default::default(),
+        created_at: String::new(),
+    };
+    let lookups = Arc::new(AtomicUsize::new(0));
+    let timeout = Duration::from_secs(5);
+
+    // Nothing allowed: the name resolves to loopback, and nothing is connected to.
+    let none = Egress::new(&[])
+        .expect("a policy")
+        .with_lookup(names(NAMES, lookups.clone()), timeout);
+    let http = bedrock::mcp_client::http_client(&none).expect("a client");
+    let error = bedrock::mcp_client::list_tools(&server("rebind.test"), &http, timeout)
+        .await
+        .expect_err("refused");
+    assert_eq!(
+        error,
+        "the address of rebind.test is not allowed (loopback)"
+    );
+    assert!(
+        lookups.load(Ordering::SeqCst) > 0,
+        "the policy's resolver was not asked"
+    );
+    // The client's own requests too: the refusal is found in the error's chain.
+    let request = http
+        .http()
+        .get(format!("http://rebind.test:{port}/mcp"))
+        .build()
+        .expect("a request");
+    let error = http.execute(request).await.expect_err("refused");
+    assert!(
+        matches!(
+            EgressError::find(&error),
+            Some(EgressError::Refused {
+                why: "loopback",
+                ..
+            })
+        ),
+        "{error:?}"
+    );
+    assert_eq!(gate.requests.load(Ordering::SeqCst), 0);
+
+    // 127.0.0.1 allowed: the name is resolved by the policy's resolver (no DNS knows it)
+    // and connected to; of a name's addresses, only the allowed ones are tried.
+    let trap = tokio::net::TcpListener::bind(("127.0.0.2", port))
+        .await
+        .ok();
+    let allowed = Egress::new(&["127.0.0.1".to_owned()])
+        .expect("a policy")
+        .with_lookup(names(NAMES, lookups.clone()), timeout);
+    let http = bedrock::mcp_client::http_client(&allowed).expect("a client");
+    for host in ["rebind.test", "mixed.test"] {
+        let tools = bedrock::mcp_client::list_tools(&server(host), &http, timeout)
+            .await
+            .expect("listed");
+        assert_eq!(tools.len(), 2, "{host}");
+    }
+    assert!(gate.requests.load(Ordering::SeqCst) > 0);
+    if let Some(trap) = trap {
+        let accepted = tokio::time::timeout(Duration::from_millis(100), trap.accept()).await;
+        assert!(accepted.is_err(), "127.0.0.2 was connected to");
+    }
+    // A name nobody resolves: said so, and not connected to.
+    let error = bedrock::mcp_client::list_tools(&server("nowhere.test"), &http, timeout)
+        .await
+        .expect_err("unresolved");
+    assert_eq!(error, "nowhere.test does not resolve");
+    stop.cancel();
 }
