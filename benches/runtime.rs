@@ -44,7 +44,11 @@ async fn start(db: &BenchDb) -> Bench {
         uuid::Uuid::now_v7().simple()
     ));
     std::fs::create_dir_all(&workspace).unwrap();
-    let env: Vec<(String, String)> = vec![
+    let mut env: Vec<(String, String)> = common::OPEN_QUOTAS
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    env.extend([
         ("BEDROCK_DATABASE_URL".into(), db.url.clone()),
         ("BEDROCK_LLM_BASE_URL".into(), llm.base_url.clone()),
         ("BEDROCK_LLM_API_KEY".into(), "k".into()),
@@ -58,7 +62,7 @@ async fn start(db: &BenchDb) -> Bench {
             "3600000".into(),
         ),
         ("BEDROCK_DATABASE__MAX_CONNECTIONS".into(), "16".into()),
-    ];
+    ]);
     let settings = Arc::new(Settings::load_from(None, env).unwrap());
     let store = Store::connect(&StoreOptions {
         url: settings.database_url(),

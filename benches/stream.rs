@@ -41,7 +41,11 @@ async fn main() {
         "bedrock-bench-ws-{}",
         uuid::Uuid::now_v7().simple()
     ));
-    let env: Vec<(String, String)> = vec![
+    let mut env: Vec<(String, String)> = common::OPEN_QUOTAS
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    env.extend([
         ("BEDROCK_LISTEN".into(), "127.0.0.1:0".into()),
         ("BEDROCK_AUTH".into(), "dev".into()),
         ("BEDROCK_DATABASE_URL".into(), db.url.clone()),
@@ -54,7 +58,7 @@ async fn main() {
             "BEDROCK_CONVERSATIONS__IDLE_TIMEOUT_MS".into(),
             "3600000".into(),
         ),
-    ];
+    ]);
     let app = Application::build(Settings::load_from(None, env).unwrap())
         .await
         .unwrap();

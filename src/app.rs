@@ -231,6 +231,72 @@ pub async fn set_tenant_rate(
     }))
 }
 
+/// Sets a tenant's own quotas from `QUOTA=VALUE` (VALUE a number of at least 1, or
+/// `default`) and returns every quota of the tenant as it then stands.
+pub async fn set_tenant_quotas(
+    settings: &Settings,
+    name: &str,
+    sets: &[String],
+) -> anyhow::Result<serde_json::Value> {
+    use crate::quotas::Quota;
+    let mut changes = Vec::new();
+    for set in sets {
+        let (quota, value) = set
+            .split_once('=')
+            .with_context(|| format!("{set:?} is not QUOTA=VALUE"))?;
+        let quota = Quota::parse(quota).with_context(|| {
+            format!(
+                "{quota:?} is not a quota; the quotas are {}",
+                Quota::ALL.map(Quota::name).join(", ")
+            )
+        })?;
+        let value = match value {
+            "default" => None,
+            number => Some(
+                number
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .with_context(|| {
+                        format!(
+                            "{}: {number:?} is not a number of at least 1, nor `default`",
+                            quota.name()
+                        )
+                    })?,
+            ),
+        };
+        changes.push((quota, value));
+    }
+    let store = open_store(settings).await?;
+    let tenant = store
+        .tenant_by_name(name)
+        .await?
+        .with_context(|| format!("no tenant is named {name:?}"))?;
+    for (quota, value) in changes {
+        store
+            .set_tenant_quota(&tenant.id, quota.name(), value)
+            .await?;
+    }
+    let own: std::collections::HashMap<String, u64> =
+        store.tenant_quotas(&tenant.id).await?.into_iter().collect();
+    store.close().await?;
+    let defaults = crate::quotas::Quotas::defaults(&settings.quotas);
+    let quotas: serde_json::Map<String, serde_json::Value> = Quota::ALL
+        .into_iter()
+        .map(|quota| {
+            let own_value = own.get(quota.name()).copied();
+            (
+                quota.name().to_owned(),
+                serde_json::json!({
+                    "limit": own_value.unwrap_or(defaults[&quota]),
+                    "own": own_value.is_some(),
+                }),
+            )
+        })
+        .collect();
+    Ok(serde_json::json!({"tenant_id": tenant.id, "quotas": quotas}))
+}
+
 pub async fn create_tenant(settings: &Settings, name: &str) -> anyhow::Result<(Tenant, String)> {
     anyhow::ensure!(
         !name.trim().is_empty() && name.len() <= 100,

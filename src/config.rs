@@ -35,6 +35,7 @@ pub struct Settings {
     pub conversations: ConversationSettings,
     pub budgets: BudgetSettings,
     pub rate_limits: RateLimitSettings,
+    pub quotas: QuotaSettings,
     pub events: EventSettings,
     pub sandbox: SandboxSettings,
     pub cluster: ClusterSettings,
@@ -298,6 +299,34 @@ pub struct RateLimitSettings {
     pub burst: u32,
 }
 
+/// What one tenant may hold of a node, unless `bedrock tenant quota` gave it its own
+/// (docs/security.md, "Quotas"). Each must be at least 1.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaSettings {
+    /// Conversations the tenant has (sub-agents not counted).
+    pub conversations: u64,
+    /// Turns running at once (top-level conversations not at rest), per node.
+    pub concurrent_turns: u64,
+    /// Tool processes (bash runs, background tasks included) at once, per node; more wait
+    /// their turn behind the tenant's own.
+    pub tool_processes: u64,
+    /// Background tasks running at once.
+    pub background_tasks: u64,
+    /// Open WebSocket and SSE streams, per node.
+    pub streams: u64,
+    /// Registered MCP servers.
+    pub mcp_servers: u64,
+    /// LLM requests in flight at once, per node (its share of `llm.max_concurrency`); more
+    /// wait their turn behind the tenant's own.
+    pub llm_concurrency: u64,
+    /// Bytes in the tenant's workspace, measured at most every `measure_every_ms`.
+    pub workspace_bytes: u64,
+    pub measure_every_ms: u64,
+    /// How long a tenant's own quotas are cached before they are read again.
+    pub cache_ms: u64,
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConversationSettings {
@@ -477,6 +506,15 @@ impl Settings {
                 u64::from(self.database.max_connections),
             ),
             ("llm.max_concurrency", self.llm.max_concurrency as u64),
+            ("quotas.conversations", self.quotas.conversations),
+            ("quotas.concurrent_turns", self.quotas.concurrent_turns),
+            ("quotas.tool_processes", self.quotas.tool_processes),
+            ("quotas.background_tasks", self.quotas.background_tasks),
+            ("quotas.streams", self.quotas.streams),
+            ("quotas.mcp_servers", self.quotas.mcp_servers),
+            ("quotas.llm_concurrency", self.quotas.llm_concurrency),
+            ("quotas.workspace_bytes", self.quotas.workspace_bytes),
+            ("quotas.measure_every_ms", self.quotas.measure_every_ms),
             ("llm.total_timeout_ms", self.llm.total_timeout_ms),
             ("llm.max_response_bytes", self.llm.max_response_bytes as u64),
             ("turn.max_llm_steps", u64::from(self.turn.max_llm_steps)),

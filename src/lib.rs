@@ -12,6 +12,7 @@ pub mod mcp_client;
 pub mod metrics;
 pub mod model;
 pub mod persistence;
+pub mod quotas;
 pub mod runtime;
 pub mod sandbox;
 pub mod state_machine;

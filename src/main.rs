@@ -6,7 +6,9 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use bedrock::app::{Application, create_tenant, open_store, set_tenant_budget, set_tenant_rate};
+use bedrock::app::{
+    Application, create_tenant, open_store, set_tenant_budget, set_tenant_quotas, set_tenant_rate,
+};
 use bedrock::config::BudgetPeriod;
 use bedrock::config::Settings;
 use clap::{Parser, Subcommand};
@@ -78,6 +80,15 @@ enum TenantCommand {
         burst: Option<u32>,
         #[arg(long, conflicts_with_all = ["per_second", "burst"])]
         default: bool,
+    },
+    /// Give a tenant its own quotas (`tool_processes=4`), or `QUOTA=default` to go back to
+    /// [quotas] of the configuration; prints the tenant's quotas. Quotas: conversations,
+    /// concurrent_turns, tool_processes, background_tasks, streams, mcp_servers,
+    /// llm_concurrency, workspace_bytes. Servers apply a change within quotas.cache_ms.
+    Quota {
+        name: String,
+        #[arg(value_name = "QUOTA=VALUE")]
+        set: Vec<String>,
     },
 }
 
@@ -178,6 +189,13 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             };
             let rate = set_tenant_rate(&settings, &name, per_second, burst).await?;
             println!("{rate}");
+            Ok(())
+        }
+        Command::Tenant {
+            command: TenantCommand::Quota { name, set },
+        } => {
+            let quotas = set_tenant_quotas(&settings, &name, &set).await?;
+            println!("{quotas}");
             Ok(())
         }
         Command::Config => {

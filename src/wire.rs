@@ -48,6 +48,17 @@ pub struct ErrorDetail<'a> {
     pub code: &'a str,
     /// A sentence meant for a developer.
     pub message: &'a str,
+    /// *Extension.* With `quota_exceeded`: the quota and its limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quota: Option<QuotaDetail>,
+}
+
+/// A quota that a request was over (`quota_exceeded`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+pub struct QuotaDetail {
+    /// e.g. `conversations`, `concurrent_turns`, `streams`, `mcp_servers`.
+    pub name: &'static str,
+    pub limit: u64,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -660,6 +671,18 @@ pub struct UsageReport {
     pub by_model: std::collections::BTreeMap<String, ModelTokens>,
     #[schema(required = true)]
     pub budget: Option<Budget>,
+    /// *Extension.* Each quota of the tenant (docs/security.md, "Quotas"): its limit and
+    /// what the tenant holds now (counts marked per node are this node's; the workspace's
+    /// bytes as last measured, absent before the first measurement).
+    pub quotas: std::collections::BTreeMap<&'static str, QuotaUse>,
+}
+
+/// A quota's limit and use.
+#[derive(Clone, Copy, Debug, Serialize, ToSchema)]
+pub struct QuotaUse {
+    pub limit: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub used: Option<u64>,
 }
 
 /// `GET /v1/conversations/{id}/messages`.

@@ -284,6 +284,44 @@ impl Workspaces {
         Ok(pinned)
     }
 
+    /// The bytes of the files in `tenant`'s workspace (links not followed; at most
+    /// [`MAX_MEASURED`] entries are looked at, so a huge tree is measured in part).
+    /// Blocking.
+    pub fn tenant_bytes(&self, tenant: &str) -> io::Result<u64> {
+        let dir = rustix::fs::openat2(
+            &self.fd,
+            tenant,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            PINNED,
+        )?;
+        let mut seen = 0u64;
+        Ok(measure(&dir, 0, &mut seen))
+    }
+
+    /// Removes a conversation's directory `cwd` and everything in it, by descriptor: its
+    /// parent is opened through no link and nothing is followed while removing, so a link a
+    /// tool planted anywhere cannot turn the removal elsewhere. A tenant's root itself is
+    /// never removed. Blocking.
+    pub fn remove(&self, cwd: &Path) -> Result<(), WorkspaceError> {
+        let (Some(parent), Some(name)) = (cwd.parent(), cwd.file_name()) else {
+            return Err(WorkspaceError::Outside(cwd.display().to_string()));
+        };
+        let relative = parent
+            .strip_prefix(&self.root)
+            .map_err(|_| WorkspaceError::Outside(cwd.display().to_string()))?;
+        if relative.as_os_str().is_empty() {
+            // The tenant's root.
+            return Ok(());
+        }
+        let parent = self.pin(parent)?;
+        let dir = parent.open_dir().map_err(|source| WorkspaceError::Io {
+            path: cwd.display().to_string(),
+            source,
+        })?;
+        remove_entry(&dir, Path::new(name), 0).map_err(|errno| WorkspaceError::at(cwd, errno))
+    }
+
     /// Makes the directory `name` in `parent` if missing (given to the tool user) and opens
     /// it, through no link.
     fn dir(&self, parent: &OwnedFd, name: &Path, path: &Path) -> Result<OwnedFd, WorkspaceError> {
@@ -312,6 +350,95 @@ impl Workspaces {
         }
         Ok(fd)
     }
+}
+
+/// The most entries one measurement of a tenant's workspace looks at.
+pub const MAX_MEASURED: u64 = 1_000_000;
+
+/// Removes `name` in the open directory `dir` (a directory with everything in it), by
+/// descriptor, never following a link.
+fn remove_entry(dir: &OwnedFd, name: &Path, depth: usize) -> Result<(), rustix::io::Errno> {
+    let stat = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(stat) => stat,
+        Err(rustix::io::Errno::NOENT) => return Ok(()),
+        Err(errno) => return Err(errno),
+    };
+    if FileType::from_raw_mode(stat.st_mode) != FileType::Directory {
+        return match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+            Err(errno) => Err(errno),
+        };
+    }
+    if depth > 4096 {
+        return Err(rustix::io::Errno::LOOP);
+    }
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    match rustix::fs::openat(dir, name, flags, Mode::empty()) {
+        Ok(sub) => {
+            let mut names = Vec::new();
+            let mut listing = Dir::read_from(&sub)?;
+            while let Some(entry) = listing.read() {
+                let entry = entry?;
+                let entry_name = entry.file_name();
+                if entry_name != c"." && entry_name != c".." {
+                    names.push(OsStr::from_bytes(entry_name.to_bytes()).to_owned());
+                }
+            }
+            for entry_name in names {
+                remove_entry(&sub, Path::new(&entry_name), depth + 1)?;
+            }
+        }
+        // Swapped for a link or a file meanwhile: removed as what it is now.
+        Err(rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {
+            return remove_entry(dir, name, depth + 1);
+        }
+        Err(rustix::io::Errno::NOENT) => return Ok(()),
+        Err(errno) => return Err(errno),
+    }
+    match rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR) {
+        Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+        Err(errno) => Err(errno),
+    }
+}
+
+/// The bytes of the regular files under the open directory `dir`, by descriptor.
+fn measure(dir: &OwnedFd, depth: usize, seen: &mut u64) -> u64 {
+    let Ok(mut listing) = Dir::read_from(dir) else {
+        return 0;
+    };
+    let mut bytes = 0u64;
+    while let Some(Ok(entry)) = listing.read() {
+        let name = entry.file_name();
+        if name == c"." || name == c".." {
+            continue;
+        }
+        *seen += 1;
+        if *seen > MAX_MEASURED {
+            break;
+        }
+        let Ok(stat) = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) else {
+            continue;
+        };
+        match FileType::from_raw_mode(stat.st_mode) {
+            FileType::RegularFile => {
+                bytes = bytes.saturating_add(u64::try_from(stat.st_size).unwrap_or(0));
+            }
+            FileType::Directory if depth < 256 => {
+                let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+                if let Ok(sub) = rustix::fs::openat(dir, name, flags, Mode::empty()) {
+                    bytes = bytes.saturating_add(measure(&sub, depth + 1, seen));
+                }
+            }
+            FileType::Directory
+            | FileType::Symlink
+            | FileType::Fifo
+            | FileType::Socket
+            | FileType::CharacterDevice
+            | FileType::BlockDevice
+            | FileType::Unknown => {}
+        }
+    }
+    bytes
 }
 
 /// The most entries (files, directories, links) one copy makes.

@@ -109,6 +109,7 @@ impl ServerProcess {
         let mut child = command
             .arg("serve")
             .env_clear()
+            .envs(super::OPEN_QUOTAS)
             .envs(settings)
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("BEDROCK_DATABASE_URL", db_url)

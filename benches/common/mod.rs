@@ -10,6 +10,19 @@ use sea_orm::{ConnectionTrait, Database};
 
 pub mod live;
 
+/// Quotas out of the way: these benchmarks measure one tenant driving the whole node (its
+/// quotas would cap it; the tenancy bench measures them). Settings may override them.
+pub const OPEN_QUOTAS: [(&str, &str); 8] = [
+    ("BEDROCK_QUOTAS__CONVERSATIONS", "1000000000"),
+    ("BEDROCK_QUOTAS__CONCURRENT_TURNS", "1000000"),
+    ("BEDROCK_QUOTAS__TOOL_PROCESSES", "4096"),
+    ("BEDROCK_QUOTAS__BACKGROUND_TASKS", "4096"),
+    ("BEDROCK_QUOTAS__STREAMS", "1000000"),
+    ("BEDROCK_QUOTAS__MCP_SERVERS", "1000"),
+    ("BEDROCK_QUOTAS__LLM_CONCURRENCY", "4096"),
+    ("BEDROCK_QUOTAS__WORKSPACE_BYTES", "1000000000000000"),
+];
+
 /// The server's allocator (src/main.rs), so the figures are the server's; it can also
 /// count the bytes Rust code holds (SQLite allocates outside it).
 #[global_allocator]

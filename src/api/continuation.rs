@@ -36,6 +36,7 @@ pub fn seed(from: &str, summary: &str) -> MessageContent {
         (status = 400, description = "A sub-agent: its parent goes on, not it", body = ErrorBody),
         (status = 404, description = "No such conversation", body = ErrorBody),
         (status = 409, description = "Busy (agent_busy, cancelling), or the summary failed (summary_failed)", body = ErrorBody),
+        (status = 429, description = "`quota_exceeded`: over one of the tenant's quotas (`error.quota` names it)", body = ErrorBody),
         (status = 503, description = "The database, or the summary, did not answer in time", body = ErrorBody),
     ))]
 pub async fn continue_conversation(
@@ -49,6 +50,7 @@ pub async fn continue_conversation(
             "a sub-agent is not continued: its parent conversation goes on",
         ));
     }
+    app.admit_conversation(&caller.0.id).await?;
     let summary = match &source.state {
         ConvState::ContextExhausted { summary } => summary.clone(),
         ConvState::Idle

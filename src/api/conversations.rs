@@ -14,6 +14,7 @@ use super::error::{ApiError, Body, ErrorBody, Path, Query, rejection, reply};
 use super::images;
 use crate::model::{ConversationRecord, MessageRecord, NewConversation};
 use crate::persistence::WriteJob;
+use crate::quotas::Quota;
 use crate::runtime::{CancelOutcome, ConvMsg, Fixed, Live, SendError};
 use crate::state_machine::{IfBusy, ImageRef, TurnId};
 use crate::store::{NewAttachment, StoreError};
@@ -46,6 +47,47 @@ impl AppState {
             tracing::warn!(error = %e, "a new conversation's actor did not start; it starts on first use");
         }
         created
+    }
+
+    /// Room for one more conversation of the tenant: its `conversations` quota, and its
+    /// `workspace_bytes` (a new conversation writes there).
+    pub(super) async fn admit_conversation(&self, tenant_id: &str) -> Result<(), ApiError> {
+        let quotas = &self.services.quotas;
+        let count = self.services.store.conversation_count(tenant_id).await?;
+        quotas.check(tenant_id, Quota::Conversations, count).await?;
+        let workspaces = self.services.tool_limits.workspaces.clone();
+        let tenant = tenant_id.to_owned();
+        if let Some(bytes) = quotas
+            .workspace_bytes(tenant_id, move || workspaces.tenant_bytes(&tenant).ok())
+            .await
+        {
+            quotas
+                .check(tenant_id, Quota::WorkspaceBytes, bytes)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Room for one more running turn of the tenant on this node (`concurrent_turns`): the
+    /// top-level conversations other than `id` that run a turn now.
+    pub(super) async fn admit_turn(&self, tenant_id: &str, id: &str) -> Result<(), ApiError> {
+        let running = self
+            .services
+            .registry
+            .running()
+            .into_iter()
+            .filter(|(other, live)| {
+                other != id
+                    && live.fixed.top_level
+                    && live.fixed.tenant_id == tenant_id
+                    && live.cancel.running_turn().is_some()
+            })
+            .count();
+        self.services
+            .quotas
+            .check(tenant_id, Quota::ConcurrentTurns, running as u64)
+            .await?;
+        Ok(())
     }
 
     pub(super) fn conversation_json<'a>(&self, conv: &'a ConversationRecord) -> Conversation<'a> {
@@ -161,6 +203,7 @@ fn valid_slug(slug: &str) -> bool {
         (status = 201, description = "The new conversation", body = Conversation),
         (status = 403, description = "`network_not_allowed`: the tenant's tools may not use the network", body = ErrorBody),
         (status = 409, description = "`slug_taken`: another conversation of the tenant has this slug", body = ErrorBody),
+        (status = 429, description = "`quota_exceeded`: over one of the tenant's quotas (`error.quota` names it)", body = ErrorBody),
     ))]
 pub async fn create(
     State(app): State<AppState>,
@@ -168,9 +211,18 @@ pub async fn create(
     Body(body): Body<CreateConversation>,
 ) -> Result<Response, ApiError> {
     let id = uuid::Uuid::now_v7().to_string();
-    if body.cwd.as_deref().is_some_and(|cwd| cwd.len() > 4096) {
-        return Err(ApiError::invalid("cwd is longer than 4096 bytes"));
+    match body.cwd.as_deref() {
+        Some(cwd) if cwd.len() > 4096 => {
+            return Err(ApiError::invalid("cwd is longer than 4096 bytes"));
+        }
+        Some(cwd) if cwd.trim().is_empty() => {
+            return Err(ApiError::invalid(
+                "cwd is empty: leave it out for a directory of the conversation's own, or give \".\" for the tenant's root",
+            ));
+        }
+        Some(_) | None => {}
     }
+    app.admit_conversation(&caller.0.id).await?;
     // Made (or opened) one directory at a time by descriptor under the tenant's root,
     // through no link: the tenant's tools may have made any part of the path a link.
     let workspaces = app.services.tool_limits.workspaces.clone();
@@ -537,6 +589,7 @@ pub async fn deliver(app: &AppState, conv: &Target, out: Outgoing) -> Result<Del
             return Ok(Delivered::Repeat(original));
         }
     }
+    app.admit_turn(&conv.fixed.tenant_id, &conv.id).await?;
     let mut refs = Vec::new();
     if !out.images.is_empty() {
         let max_px = app.settings.model(&conv.fixed.model).max_image_px;
@@ -659,6 +712,7 @@ pub async fn deliver(app: &AppState, conv: &Target, out: Outgoing) -> Result<Del
         (status = 202, description = "Accepted and stored; the turn starts (with `if_busy=interrupt`, after the running turn was cancelled)", body = Sent),
         (status = 200, description = "A repeat of an earlier `message_id`: the original, nothing stored", body = Sent),
         (status = 409, description = "`agent_busy` (a turn runs; cancel it first, or send with `if_busy=interrupt`; of concurrent interrupting sends all but one get it), `cancelling`, or `conversation_completed` (a sub-agent that submitted its result)", body = ErrorBody),
+        (status = 429, description = "`quota_exceeded`: over one of the tenant's quotas (`error.quota` names it)", body = ErrorBody),
     ))]
 pub async fn send(
     State(app): State<AppState>,
@@ -806,6 +860,21 @@ pub async fn delete(
             id: conv.id.clone(),
         })
         .await?;
+    // Its directory goes too, unless another conversation of the tenant works in it, above
+    // it or below it (a `share` fork, a conversation at the tenant's root, one made inside).
+    let others = app.services.store.conversation_cwds(&caller.0.id).await?;
+    let cwd = std::path::PathBuf::from(&conv.cwd);
+    let shared = others
+        .iter()
+        .map(std::path::Path::new)
+        .any(|other| other.starts_with(&cwd) || cwd.starts_with(other));
+    if !shared {
+        let workspaces = app.services.tool_limits.workspaces.clone();
+        let removed = tokio::task::spawn_blocking(move || workspaces.remove(&cwd)).await;
+        if let Ok(Err(error)) = removed {
+            tracing::warn!(conversation = %conv.id, %error, "the deleted conversation's directory was not removed");
+        }
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 

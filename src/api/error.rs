@@ -28,6 +28,8 @@ pub struct ApiError {
     pub forward: Option<std::sync::Arc<str>>,
     /// Sent as `Retry-After` (seconds).
     pub retry_after_secs: Option<u64>,
+    /// With `quota_exceeded`: the quota and its limit.
+    pub quota: Option<crate::wire::QuotaDetail>,
 }
 
 /// A response's note that its request belongs to another node (`api::cluster` carries it).
@@ -42,6 +44,7 @@ impl ApiError {
             message: message.into(),
             forward: None,
             retry_after_secs: None,
+            quota: None,
         }
     }
 
@@ -98,6 +101,7 @@ impl ApiError {
             error: ErrorDetail {
                 code: self.code,
                 message: &self.message,
+                quota: self.quota,
             },
         }
     }
@@ -121,6 +125,24 @@ impl IntoResponse for ApiError {
 /// A JSON reply with this status.
 pub fn reply(status: StatusCode, body: &impl Serialize) -> Response {
     (status, Json(body)).into_response()
+}
+
+/// Over a tenant's quota: 429 `quota_exceeded` naming it, with Retry-After where it frees up
+/// by itself.
+impl From<crate::quotas::Exceeded> for ApiError {
+    fn from(exceeded: crate::quotas::Exceeded) -> Self {
+        let mut error = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "quota_exceeded",
+            exceeded.to_string(),
+        );
+        error.retry_after_secs = exceeded.retry_after_secs;
+        error.quota = Some(crate::wire::QuotaDetail {
+            name: exceeded.quota.name(),
+            limit: exceeded.limit,
+        });
+        error
+    }
 }
 
 impl From<StoreError> for ApiError {

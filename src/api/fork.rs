@@ -26,6 +26,7 @@ use crate::workspace::{CopyError, WorkspaceError, copy_tree};
         (status = 201, description = "The fork, with `forked_from`", body = Conversation),
         (status = 409, description = "`invalid_fork_point`: a tool call is open at `at_sequence_id`, or there is no such message", body = ErrorBody),
         (status = 409, description = "`workspace_missing`: the source's workspace directory is gone; `workspace_replaced`: a tool replaced it (or a directory above it) by a link, which is not followed (`cwd: \"copy\"`)", body = ErrorBody),
+        (status = 429, description = "`quota_exceeded`: over one of the tenant's quotas (`error.quota` names it)", body = ErrorBody),
         (status = 413, description = "`payload_too_large`: the workspace is larger than `workspace.fork_max_bytes`", body = ErrorBody),
     ))]
 pub async fn fork(
@@ -35,6 +36,7 @@ pub async fn fork(
     Body(body): Body<ForkConversation>,
 ) -> Result<Response, ApiError> {
     let source = app.find(&caller, &id).await?;
+    app.admit_conversation(&caller.0.id).await?;
     // What is stored now; a running turn's later messages are not part of the fork.
     let stored = app
         .services

@@ -15,6 +15,7 @@ use super::AppState;
 use super::auth::Caller;
 use super::error::{ApiError, Body, ErrorBody, Path, reply};
 use crate::model::McpTool;
+use crate::quotas::Quota;
 use crate::store::{McpServer, StoreError};
 use crate::wire::{McpServerList, McpServerView, NewMcpServer};
 
@@ -45,6 +46,7 @@ fn valid_name(name: &str) -> bool {
         (status = 201, description = "Registered; its tools join the tenant's new conversations", body = McpServerView),
         (status = 400, description = "A bad name, URL or header (`invalid_request`), or a URL the egress policy refuses (`egress_refused`): an internal address, a name that resolves only to internal addresses, a user name or password in it", body = ErrorBody),
         (status = 409, description = "`mcp_server_exists`: the tenant has a server of that name", body = ErrorBody),
+        (status = 429, description = "`quota_exceeded`: over one of the tenant's quotas (`error.quota` names it)", body = ErrorBody),
     ))]
 pub async fn create(
     State(app): State<AppState>,
@@ -69,6 +71,11 @@ pub async fn create(
             format!("url: {e}"),
         )
     })?;
+    let registered = app.services.store.mcp_server_count(&caller.0.id).await?;
+    app.services
+        .quotas
+        .check(&caller.0.id, Quota::McpServers, registered)
+        .await?;
     let headers = body.headers.unwrap_or_default();
     if headers.len() > 20
         || headers.iter().any(|(name, value)| {

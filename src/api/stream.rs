@@ -352,6 +352,7 @@ const GOING_AWAY: &str = "the server is shutting down; reconnect with after_even
     responses(
         (status = 101, description = "Switching to the WebSocket protocol; frames are ServerFrame (server to client) and ClientFrame (client to server)"),
         (status = 400, description = "`invalid_request`: not a WebSocket upgrade", body = ErrorBody),
+        (status = 429, description = "`quota_exceeded`: the tenant has its quota of open streams", body = ErrorBody),
     ))]
 pub async fn websocket(
     State(app): State<AppState>,
@@ -364,6 +365,8 @@ pub async fn websocket(
     let conv = app.target(&caller, &id).await?;
     let upgrade = upgrade
         .map_err(|e| ApiError::invalid(format!("this route needs a WebSocket upgrade: {e}")))?;
+    // Counted against the tenant's `streams` quota until the socket closes.
+    let held = app.services.quotas.stream(&caller.0.id).await?;
     let limit = app.settings.server.max_ws_frame_bytes;
     Ok(upgrade
         // tungstenite zero-fills this much before every read of the socket; at its default
@@ -372,7 +375,10 @@ pub async fn websocket(
         .read_buffer_size(WS_READ_BUFFER)
         .max_message_size(limit.saturating_mul(4))
         .max_frame_size(limit.saturating_mul(4))
-        .on_upgrade(move |socket| serve_socket(app, conv, credential, q.after_event_id, socket))
+        .on_upgrade(move |socket| async move {
+            serve_socket(app, conv, credential, q.after_event_id, socket).await;
+            drop(held);
+        })
         .into_response())
 }
 
@@ -664,7 +670,10 @@ fn route(id: &str, segments: &[&str], query: Option<&str>) -> Option<Uri> {
         StreamQuery,
         ("Last-Event-ID" = Option<i64>, Header, description = "Resume after this event id (wins over after_event_id)"),
     ),
-    responses((status = 200, description = "An event stream: each event's `data` is a ServerFrame as JSON", content_type = "text/event-stream", body = wire::SseEvent)))]
+    responses(
+        (status = 200, description = "An event stream: each event's `data` is a ServerFrame as JSON", content_type = "text/event-stream", body = wire::SseEvent),
+        (status = 429, description = "`quota_exceeded`: the tenant has its quota of open streams", body = ErrorBody),
+    ))]
 pub async fn sse(
     State(app): State<AppState>,
     caller: Caller,
@@ -680,8 +689,11 @@ pub async fn sse(
             })?),
             None => q.after_event_id,
         };
+    // Counted against the tenant's `streams` quota until the stream ends.
+    let held = app.services.quotas.stream(&caller.0.id).await?;
     let (tx, rx) = mpsc::channel::<Out>(64);
     tokio::spawn(async move {
+        let _held = held;
         let mut sink = tx;
         let followed = Followed {
             app: &app,

@@ -9,7 +9,8 @@ use chrono::{Datelike as _, NaiveDate, Utc};
 use super::AppState;
 use super::auth::Caller;
 use super::error::{ApiError, ErrorBody, Query, reply};
-use crate::wire::{Budget, ModelTokens, UsageQuery, UsageReport};
+use crate::quotas::Quota;
+use crate::wire::{Budget, ModelTokens, QuotaUse, UsageQuery, UsageReport};
 
 fn day(text: Option<&str>, name: &str, default: NaiveDate) -> Result<NaiveDate, ApiError> {
     match text {
@@ -78,6 +79,46 @@ pub async fn usage(
             }),
             from,
             to,
+            quotas: quotas(&app, &caller.0.id).await?,
         },
     ))
+}
+
+/// The tenant's quotas and what it holds.
+async fn quotas(
+    app: &AppState,
+    tenant_id: &str,
+) -> Result<std::collections::BTreeMap<&'static str, QuotaUse>, ApiError> {
+    let services = &app.services;
+    let mut held = services.quotas.held(tenant_id);
+    held.insert(
+        Quota::Conversations,
+        services.store.conversation_count(tenant_id).await?,
+    );
+    held.insert(
+        Quota::McpServers,
+        services.store.mcp_server_count(tenant_id).await?,
+    );
+    let turns = services
+        .registry
+        .running()
+        .into_iter()
+        .filter(|(_, live)| {
+            live.fixed.top_level
+                && live.fixed.tenant_id == tenant_id
+                && live.cancel.running_turn().is_some()
+        })
+        .count();
+    held.insert(Quota::ConcurrentTurns, turns as u64);
+    let mut out = std::collections::BTreeMap::new();
+    for quota in Quota::ALL {
+        out.insert(
+            quota.name(),
+            QuotaUse {
+                limit: services.quotas.limit(tenant_id, quota).await,
+                used: held.get(&quota).copied(),
+            },
+        );
+    }
+    Ok(out)
 }

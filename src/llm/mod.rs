@@ -132,6 +132,8 @@ struct Shared {
     /// The same HTTP client, for Anthropic's API (anthropic.rs).
     http: reqwest::Client,
     permits: Arc<Semaphore>,
+    /// Each tenant's share of the permits.
+    quotas: Arc<crate::quotas::Quotas>,
     /// The bytes every conversation's history holds, against `llm.history_cache_bytes`.
     held: Arc<history::Held>,
 }
@@ -145,6 +147,7 @@ pub struct GatewayArgs {
     pub store: Store,
     pub hub: Arc<EventHub>,
     pub metrics: Arc<Metrics>,
+    pub quotas: Arc<crate::quotas::Quotas>,
 }
 
 pub struct GatewayState {
@@ -198,6 +201,7 @@ impl Actor for LlmGateway {
                 backend,
                 http,
                 permits,
+                quotas: args.quotas,
                 held,
             }),
         })
@@ -304,6 +308,9 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
         }
         Provider::Openai | Provider::Anthropic => {}
     }
+    // The tenant's share first, so a tenant that floods the node waits behind its own
+    // requests and holds no more than its share of the node's slots.
+    let _tenant_permit = shared.quotas.llm_slot(&job.tenant_id).await;
     let _permit = shared
         .permits
         .acquire()

@@ -28,6 +28,7 @@ use crate::wire::{DurableFrame, ServerFrame, SystemEvent};
 #[derive(Clone, Debug)]
 pub struct TaskSpec {
     pub conversation_id: String,
+    pub tenant_id: String,
     pub tool_use_id: String,
     pub command: String,
     pub cwd: PathBuf,
@@ -49,6 +50,12 @@ impl BackgroundTasks {
 
     /// Starts a task; returns its id once its row is stored.
     pub async fn start(&self, services: &Arc<Services>, spec: TaskSpec) -> Result<String, String> {
+        // Counted against the tenant's quota from now until the task ends.
+        let held = services
+            .quotas
+            .background_task(&spec.tenant_id)
+            .await
+            .map_err(|e| format!("no background task was started: the {e}"))?;
         let id = uuid::Uuid::now_v7().to_string();
         let task = BackgroundTask {
             id: id.clone(),
@@ -71,7 +78,7 @@ impl BackgroundTasks {
         let cancel = CancellationToken::new();
         self.running()
             .insert(id.clone(), (spec.conversation_id.clone(), cancel.clone()));
-        tokio::spawn(run(services.clone(), id.clone(), spec, cancel));
+        tokio::spawn(run(services.clone(), id.clone(), spec, cancel, held));
         Ok(id)
     }
 
@@ -111,7 +118,13 @@ impl BackgroundTasks {
     }
 }
 
-async fn run(services: Arc<Services>, id: String, spec: TaskSpec, cancel: CancellationToken) {
+async fn run(
+    services: Arc<Services>,
+    id: String,
+    spec: TaskSpec,
+    cancel: CancellationToken,
+    _held: crate::quotas::Held,
+) {
     let progress: OnLine = {
         let (hub, conversation, task, tool_use_id) = (
             services.hub.clone(),
@@ -131,9 +144,19 @@ async fn run(services: Arc<Services>, id: String, spec: TaskSpec, cancel: Cancel
             hub.publish(&conversation, Arc::new(Frame::of(&frame)));
         })
     };
-    // The directory is opened as the task starts: one replaced by a link is refused.
-    let outcome = match spec.limits.workspaces.pin(&spec.cwd) {
-        Ok(cwd) => {
+    // A process slot of the tenant's (waiting at most the task's own time limit), then
+    // the directory, opened as the task starts: one replaced by a link is refused.
+    let admitted = super::tool_run::admit(
+        &services,
+        &spec.tenant_id,
+        &spec.limits,
+        spec.timeout,
+        &cancel,
+    )
+    .await;
+    let outcome = match (admitted, spec.limits.workspaces.pin(&spec.cwd)) {
+        (Err(refused), _) => BashOutcome::failed(refused.output),
+        (Ok(_slot), Ok(cwd)) => {
             run_bash(
                 &spec.command,
                 &cwd,
@@ -143,7 +166,7 @@ async fn run(services: Arc<Services>, id: String, spec: TaskSpec, cancel: Cancel
             )
             .await
         }
-        Err(e) => BashOutcome::failed(e.to_string()),
+        (Ok(_), Err(e)) => BashOutcome::failed(e.to_string()),
     };
     services.background.running().remove(&id);
     // Killed by a shutdown is an interruption, not a cancel anyone asked for.

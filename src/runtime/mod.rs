@@ -58,6 +58,8 @@ pub struct Services {
     pub hub: Arc<EventHub>,
     pub gateway: Gateway,
     pub registry: Registry,
+    /// What each tenant may hold of this node.
+    pub quotas: Arc<crate::quotas::Quotas>,
     pub tool_limits: ToolLimits,
     pub requests: RequestBroker,
     pub background: BackgroundTasks,
@@ -165,6 +167,10 @@ impl Runtime {
         )
         .await?;
         let hub = Arc::new(EventHub::new(settings.server.client_lag_frames));
+        let quotas = Arc::new(crate::quotas::Quotas::new(
+            settings.quotas.clone(),
+            store.clone(),
+        ));
         let (gateway, _) = Actor::spawn_linked(
             None,
             LlmGateway,
@@ -173,6 +179,7 @@ impl Runtime {
                 store: store.clone(),
                 hub: hub.clone(),
                 metrics: metrics.clone(),
+                quotas: quotas.clone(),
             },
             root.get_cell(),
         )
@@ -226,6 +233,7 @@ impl Runtime {
             ),
             gateway: Gateway::new(gateway),
             registry: Registry::default(),
+            quotas,
             requests: RequestBroker::default(),
             background: BackgroundTasks::default(),
             metrics,

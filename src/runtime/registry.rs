@@ -27,6 +27,8 @@ pub struct Live {
 pub struct Fixed {
     pub tenant_id: String,
     pub model: String,
+    /// A user's conversation, not a sub-agent.
+    pub top_level: bool,
 }
 
 impl From<&ConversationRecord> for Fixed {
@@ -34,6 +36,7 @@ impl From<&ConversationRecord> for Fixed {
         Fixed {
             tenant_id: record.tenant_id.clone(),
             model: record.model.clone(),
+            top_level: record.parent_id.is_none(),
         }
     }
 }

@@ -19,6 +19,7 @@ use super::background::TaskSpec;
 use super::conversation::ConvMsg;
 use super::requests::{Asked, emit};
 use crate::metrics::Metrics;
+use crate::quotas::{Quota, SlotWait};
 use crate::state_machine::{Event, ToolOutcome, ToolUse, TurnId};
 use crate::tools::{self, ASK_USER, ToolLimits, preview};
 use crate::wire::{DurableFrame, RequestType, SelectOption, SystemEvent};
@@ -185,8 +186,79 @@ async fn execute(run: Run) -> ToolOutcome {
         "bash" if input.get("background").and_then(Value::as_bool) == Some(true) => {
             background(&run).await
         }
+        "bash" => {
+            // A process slot of the tenant's, waiting behind its own processes only, at most
+            // the run's own default time limit.
+            let _slot = match admit(
+                &run.services,
+                &run.tenant_id,
+                &run.limits,
+                run.limits.bash_timeout,
+                &run.cancel,
+            )
+            .await
+            {
+                Ok(slot) => slot,
+                Err(refused) => return refused,
+            };
+            tools::run(&run.tool, run.cwd.clone(), &run.limits, run.cancel.clone()).await
+        }
+        "patch" => match workspace_full(&run.services, &run.tenant_id, &run.limits).await {
+            Some(refused) => refused,
+            None => tools::run(&run.tool, run.cwd.clone(), &run.limits, run.cancel.clone()).await,
+        },
         _ => tools::run(&run.tool, run.cwd.clone(), &run.limits, run.cancel.clone()).await,
     }
+}
+
+/// A failed result when the tenant's workspace is over its quota (measured at most every
+/// `quotas.measure_every_ms`).
+async fn workspace_full(
+    services: &Services,
+    tenant_id: &str,
+    limits: &ToolLimits,
+) -> Option<ToolOutcome> {
+    let workspaces = limits.workspaces.clone();
+    let tenant = tenant_id.to_owned();
+    let bytes = services
+        .quotas
+        .workspace_bytes(tenant_id, move || workspaces.tenant_bytes(&tenant).ok())
+        .await?;
+    services
+        .quotas
+        .check(tenant_id, Quota::WorkspaceBytes, bytes)
+        .await
+        .err()
+        .map(|exceeded| {
+            failed(format!(
+                "not run: the tenant's workspace holds {bytes} bytes; the {exceeded}"
+            ))
+        })
+}
+
+/// Admits one tool process of the tenant: room in its workspace, then one of its process
+/// slots (waiting behind its own processes only, at most `wait`, and not past a cancel).
+pub(super) async fn admit(
+    services: &Services,
+    tenant_id: &str,
+    limits: &ToolLimits,
+    wait: Duration,
+    cancel: &CancellationToken,
+) -> Result<tokio::sync::OwnedSemaphorePermit, ToolOutcome> {
+    if let Some(refused) = workspace_full(services, tenant_id, limits).await {
+        return Err(refused);
+    }
+    services
+        .quotas
+        .tool_slot(tenant_id, wait, cancel)
+        .await
+        .map_err(|why| match why {
+            SlotWait::Cancelled => failed("cancelled while waiting for a tool process slot"),
+            SlotWait::TimedOut { waited, limit } => failed(format!(
+                "not run: waited {} ms for one of the tenant's {limit} tool process slots (quota tool_processes); its other tools held them all",
+                waited.as_millis()
+            )),
+        })
 }
 
 /// A tool of the tenant's MCP server: called on the server registered under its name now
@@ -436,6 +508,7 @@ async fn background(run: &Run) -> ToolOutcome {
     };
     let spec = TaskSpec {
         conversation_id: run.conversation_id.clone(),
+        tenant_id: run.tenant_id.clone(),
         tool_use_id: run.tool.id.clone(),
         command: command.to_owned(),
         cwd: run.cwd.clone(),

@@ -10,6 +10,7 @@ mod error;
 mod limits;
 mod mcp;
 mod postgres;
+mod quotas;
 mod sqlite;
 
 use std::path::Path;

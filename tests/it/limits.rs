@@ -60,7 +60,15 @@ async fn a_spent_tenant_budget_ends_the_turn_before_any_request() {
         let last = messages.last().expect("messages");
         assert_eq!(last["message_type"], "error");
 
-        let usage = app.get("/v1/usage").await.expect(200);
+        let usage = crate::support::eventually(
+            "the answers' tokens settled",
+            crate::support::WAIT,
+            || async {
+                let usage = app.get("/v1/usage").await.expect(200);
+                (usage["input_tokens"] == 200).then_some(usage)
+            },
+        )
+        .await;
         assert_eq!(usage["input_tokens"], 200);
         assert_eq!(usage["output_tokens"], 20);
         assert_eq!(usage["by_model"]["fake-model"]["input_tokens"], 200);
@@ -97,7 +105,17 @@ async fn a_spent_tenant_budget_ends_the_turn_before_any_request() {
             .expect("the budget is set");
         app.send(&id, "four").await;
         app.wait_kind(&id, "idle").await;
-        let usage = app.get("/v1/usage").await.expect(200);
+        // An answer's tokens are settled in a task of their own, a moment after the turn
+        // ends (llm/budget.rs): under load the read can come first.
+        let usage = crate::support::eventually(
+            "the answer's tokens settled",
+            crate::support::WAIT,
+            || async {
+                let usage = app.get("/v1/usage").await.expect(200);
+                (usage["budget"]["used"] == 3 * PER_ANSWER).then_some(usage)
+            },
+        )
+        .await;
         assert_eq!(usage["budget"]["limit"], 1000);
         assert_eq!(usage["budget"]["period"], "day");
         assert_eq!(usage["budget"]["used"], 3 * PER_ANSWER);

@@ -228,3 +228,331 @@ async fn a_swapped_working_directory_is_never_followed() {
         app.cleanup(db).await;
     }
 }
+
+/// Asserts a 429 `quota_exceeded` naming `quota` and its `limit`.
+#[track_caller]
+fn over_quota(reply: crate::support::app::Reply, quota: &str, limit: u64) {
+    assert_eq!(reply.status, 429, "{}", reply.body);
+    assert_eq!(
+        reply.body["error"]["code"], "quota_exceeded",
+        "{}",
+        reply.body
+    );
+    assert_eq!(
+        reply.body["error"]["quota"]["name"], quota,
+        "{}",
+        reply.body
+    );
+    assert_eq!(
+        reply.body["error"]["quota"]["limit"], limit,
+        "{}",
+        reply.body
+    );
+}
+
+async fn usage(app: &TestApp, key: &str) -> Value {
+    app.request(reqwest::Method::GET, "/v1/usage", Some(key), None)
+        .await
+        .expect(200)
+}
+
+/// What one tenant may hold of the node (REQ-BED-010's sharing; docs/security.md,
+/// "Quotas"): conversations, running turns and open streams over their quotas are 429
+/// `quota_exceeded` naming the quota; tool processes wait behind the tenant's own and give
+/// up at the run's time limit, while another tenant's tools run at once; GET /v1/usage
+/// shows the limits and the use; `bedrock tenant quota` raises a tenant's own.
+#[tokio::test]
+async fn quotas_bound_what_one_tenant_holds() {
+    for db in TestDb::each().await {
+        let app = TestApp::spawn_with(
+            &db,
+            &[
+                ("BEDROCK_QUOTAS__CONVERSATIONS", "2"),
+                ("BEDROCK_QUOTAS__CONCURRENT_TURNS", "2"),
+                ("BEDROCK_QUOTAS__TOOL_PROCESSES", "1"),
+                ("BEDROCK_QUOTAS__STREAMS", "1"),
+                ("BEDROCK_QUOTAS__CACHE_MS", "0"),
+                ("BEDROCK_TOOLS__BASH_TIMEOUT_MS", "1500"),
+                ("BEDROCK_QUOTAS__MCP_SERVERS", "1"),
+                ("BEDROCK_EGRESS__ALLOW", "[\"127.0.0.1\"]"),
+            ],
+        )
+        .await;
+        let key = app.key_a.clone();
+        let first = app.conversation().await;
+        let second = app.conversation().await;
+        over_quota(create(&app, &key, json!({})).await, "conversations", 2);
+        // Another tenant is not held back by it.
+        let other = create(&app, &app.key_b, json!({})).await.expect(201);
+        let other = other["id"].as_str().expect("an id").to_owned();
+
+        // One tool process at a time: the second waits behind the first, at most its
+        // default time limit, then fails saying why; the other tenant's runs at once.
+        app.llm.route(
+            "sleep-first",
+            [
+                bedrock::testkit::Reply::tool(
+                    "sleeper",
+                    "bash",
+                    json!({"command": "touch started && sleep 6", "timeout_ms": 30000}),
+                ),
+                bedrock::testkit::Reply::text("slept"),
+            ],
+        );
+        app.send(&first, "sleep-first").await;
+        app.written(&first, "started").await;
+        let (ok, output) = bash_as(&app, &key, &second, json!({"command": "echo hi"})).await;
+        assert!(
+            !ok && output.contains("quota tool_processes"),
+            "waited for a slot: {output}"
+        );
+        let started = std::time::Instant::now();
+        let (ok, output) = bash_as(
+            &app,
+            &app.key_b,
+            &other,
+            json!({"command": "echo neighbour"}),
+        )
+        .await;
+        assert!(ok && output.contains("neighbour"), "{output}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "the other tenant did not wait for tenant a's slot"
+        );
+
+        // Running turns: two at once, not three (the first still sleeps).
+        let limits = usage(&app, &key).await;
+        assert_eq!(limits["quotas"]["conversations"]["limit"], 2, "{limits}");
+        assert_eq!(limits["quotas"]["conversations"]["used"], 2, "{limits}");
+        assert_eq!(limits["quotas"]["tool_processes"]["used"], 1, "{limits}");
+        assert_eq!(limits["quotas"]["concurrent_turns"]["used"], 1, "{limits}");
+        for quota in [
+            "background_tasks",
+            "streams",
+            "mcp_servers",
+            "llm_concurrency",
+            "workspace_bytes",
+        ] {
+            assert!(
+                limits["quotas"][quota]["limit"].as_u64().is_some(),
+                "{quota}: {limits}"
+            );
+        }
+
+        // Open streams: one; a second WebSocket or SSE stream is refused before upgrading.
+        let ws = crate::support::ws::Ws::connect(&app.ws_url(&second, "")).await;
+        let refused = app
+            .request(
+                reqwest::Method::GET,
+                &format!("/v1/conversations/{second}/stream"),
+                Some(&key),
+                None,
+            )
+            .await;
+        over_quota(refused, "streams", 1);
+        drop(ws);
+
+        // The command line raises the tenant's own quota; it applies at once here
+        // (quotas.cache_ms = 0).
+        let raised = bedrock::app::set_tenant_quotas(
+            &app.settings(),
+            "a",
+            &["conversations=3".to_owned(), "streams=default".to_owned()],
+        )
+        .await
+        .expect("set");
+        assert_eq!(raised["quotas"]["conversations"]["limit"], 3, "{raised}");
+        assert_eq!(raised["quotas"]["conversations"]["own"], true, "{raised}");
+        assert!(
+            bedrock::app::set_tenant_quotas(&app.settings(), "a", &["bogus=1".to_owned()])
+                .await
+                .is_err()
+        );
+        create(&app, &key, json!({})).await.expect(201);
+
+        // MCP servers: one.
+        let register = |name: &str| {
+            app.request(
+                reqwest::Method::POST,
+                "/v1/mcp_servers",
+                Some(&key),
+                Some(json!({"name": name, "url": "http://127.0.0.1:9/mcp"})),
+            )
+        };
+        register("one").await.expect(201);
+        over_quota(register("two").await, "mcp_servers", 1);
+        app.wait_kind(&first, "idle").await;
+        app.cleanup(db).await;
+    }
+}
+
+/// The turn quota: with one running turn allowed, a second conversation's message is 429
+/// with Retry-After until the first turn ends.
+#[tokio::test]
+async fn a_tenant_runs_at_most_its_quota_of_turns() {
+    let db = TestDb::sqlite();
+    let app = TestApp::spawn_with(&db, &[("BEDROCK_QUOTAS__CONCURRENT_TURNS", "1")]).await;
+    let (first, second) = (app.conversation().await, app.conversation().await);
+    app.llm.route(
+        "sleep-first",
+        [
+            bedrock::testkit::Reply::tool(
+                "sleeper",
+                "bash",
+                json!({"command": "touch started && sleep 3"}),
+            ),
+            bedrock::testkit::Reply::text("slept"),
+        ],
+    );
+    app.send(&first, "sleep-first").await;
+    app.written(&first, "started").await;
+    let refused = app
+        .request(
+            reqwest::Method::POST,
+            &format!("/v1/conversations/{second}/messages"),
+            Some(&app.key_a),
+            Some(json!({"text": "me too"})),
+        )
+        .await;
+    over_quota(refused, "concurrent_turns", 1);
+    // Another tenant's turn is not counted.
+    let other = create(&app, &app.key_b, json!({})).await.expect(201);
+    app.llm.push([bedrock::testkit::Reply::text("hello b")]);
+    app.request(
+        reqwest::Method::POST,
+        &format!(
+            "/v1/conversations/{}/messages",
+            other["id"].as_str().expect("id")
+        ),
+        Some(&app.key_b),
+        Some(json!({"text": "hi"})),
+    )
+    .await
+    .expect(202);
+    app.wait_kind(&first, "idle").await;
+    app.llm.push([bedrock::testkit::Reply::text("my turn")]);
+    // The turn's slot frees as its actor takes in its last commit, a moment after the
+    // state is stored: a client follows Retry-After.
+    crate::support::eventually("the turn quota frees", crate::support::WAIT, || async {
+        let sent = app
+            .request(
+                reqwest::Method::POST,
+                &format!("/v1/conversations/{second}/messages"),
+                Some(&app.key_a),
+                Some(json!({"text": "now"})),
+            )
+            .await;
+        (sent.status == 202).then_some(())
+    })
+    .await;
+    app.wait_kind(&second, "idle").await;
+    app.cleanup(db).await;
+}
+
+/// Deleting a conversation removes its directory unless another conversation works in it,
+/// above it or below it; a link a tool planted on the way never turns the removal
+/// elsewhere.
+#[tokio::test]
+async fn deleting_a_conversation_removes_its_own_directory_only() {
+    for db in TestDb::each().await {
+        let app = TestApp::spawn(&db).await;
+        let key = app.key_a.clone();
+        let delete = |id: String| {
+            let app = &app;
+            let key = key.clone();
+            async move {
+                app.request(
+                    reqwest::Method::DELETE,
+                    &format!("/v1/conversations/{id}"),
+                    Some(&key),
+                    None,
+                )
+                .await
+                .expect(204);
+            }
+        };
+        // Its own directory goes.
+        let (own, own_cwd) = conversation_in(&app, &key, "own").await;
+        let (ok, output) = bash_as(
+            &app,
+            &key,
+            &own,
+            json!({"command": "mkdir -p d && echo x > d/f"}),
+        )
+        .await;
+        assert!(ok, "{output}");
+        delete(own).await;
+        assert!(!own_cwd.exists(), "removed with its conversation");
+        // A shared one stays: a `share` fork, and a conversation at the tenant's root.
+        let (shared, shared_cwd) = conversation_in(&app, &key, "shared").await;
+        let fork = app
+            .request(
+                reqwest::Method::POST,
+                &format!("/v1/conversations/{shared}/fork"),
+                Some(&key),
+                Some(json!({"cwd": "share"})),
+            )
+            .await
+            .expect(201);
+        delete(shared).await;
+        assert!(shared_cwd.exists(), "the fork still works there");
+        delete(fork["id"].as_str().expect("an id").to_owned()).await;
+        assert!(!shared_cwd.exists(), "the last one out removes it");
+        // A link planted above a directory: the other tenant's files stay.
+        let (root, tenant_root) = conversation_in(&app, &key, ".").await;
+        let (victim, _) = conversation_in(&app, &key, "a/victim").await;
+        let other = create(&app, &app.key_b, json!({})).await.expect(201);
+        let other_cwd = PathBuf::from(other["cwd"].as_str().expect("a cwd"));
+        std::fs::create_dir_all(other_cwd.join("victim")).expect("a directory");
+        std::fs::write(other_cwd.join("victim/keep"), "b's").expect("written");
+        let (ok, output) = bash_as(
+            &app,
+            &key,
+            &root,
+            json!({"command": format!("mv a a.real && ln -s '{}' a", other_cwd.display())}),
+        )
+        .await;
+        assert!(ok, "{output}");
+        delete(victim).await;
+        assert_eq!(
+            std::fs::read_to_string(other_cwd.join("victim/keep")).expect("still there"),
+            "b's"
+        );
+        // The tenant's root is never removed.
+        delete(root).await;
+        assert!(tenant_root.exists());
+        app.cleanup(db).await;
+    }
+}
+
+/// Background tasks count against their own quota: over it, the call is a failed tool
+/// result that says so, and the conversation goes on.
+#[tokio::test]
+async fn background_tasks_are_bounded_per_tenant() {
+    let db = TestDb::sqlite();
+    let app = TestApp::spawn_with(&db, &[("BEDROCK_QUOTAS__BACKGROUND_TASKS", "1")]).await;
+    let key = app.key_a.clone();
+    let id = app.conversation().await;
+    let (ok, output) = bash_as(
+        &app,
+        &key,
+        &id,
+        json!({"command": "sleep 5", "background": true}),
+    )
+    .await;
+    assert!(ok && output.contains("started background task"), "{output}");
+    let (ok, output) = bash_as(
+        &app,
+        &key,
+        &id,
+        json!({"command": "sleep 5", "background": true}),
+    )
+    .await;
+    assert!(
+        !ok && output.contains("background_tasks quota of this tenant is 1"),
+        "{output}"
+    );
+    let (ok, output) = bash_as(&app, &key, &id, json!({"command": "echo foreground"})).await;
+    assert!(ok && output.contains("foreground"), "{output}");
+    app.cleanup(db).await;
+}

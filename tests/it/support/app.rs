@@ -128,6 +128,11 @@ impl TestApp {
         app
     }
 
+    /// The settings the server runs with (for the command line's functions).
+    pub fn settings(&self) -> Settings {
+        settings_for(&self.db_url, &self.llm, &self.workspace, &self.extra)
+    }
+
     /// Starts (again) on the same database and workspace.
     pub async fn start(&mut self) {
         let settings = settings_for(&self.db_url, &self.llm, &self.workspace, &self.extra);

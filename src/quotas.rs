@@ -1,0 +1,420 @@
+//! Per-tenant quotas (docs/security.md, "Quotas"): what one tenant may hold of a shared node,
+//! so that no tenant can starve the others.
+//!
+//! Counted things (conversations, MCP servers, open streams, running turns, background
+//! tasks) are refused over their quota with 429 `quota_exceeded`. Tool processes and LLM
+//! requests wait instead, each tenant behind its own work only: every tenant has its own
+//! fair (first come, first served) semaphore, so a tenant that floods the node queues behind
+//! itself and never takes another's place. A tenant's own values (`bedrock tenant quota`)
+//! are read from the database and cached for `quotas.cache_ms`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::QuotaSettings;
+use crate::store::Store;
+
+/// A quota, by the name the API and the command line use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Quota {
+    Conversations,
+    ConcurrentTurns,
+    ToolProcesses,
+    BackgroundTasks,
+    Streams,
+    McpServers,
+    LlmConcurrency,
+    WorkspaceBytes,
+}
+
+impl Quota {
+    pub const ALL: [Quota; 8] = [
+        Quota::Conversations,
+        Quota::ConcurrentTurns,
+        Quota::ToolProcesses,
+        Quota::BackgroundTasks,
+        Quota::Streams,
+        Quota::McpServers,
+        Quota::LlmConcurrency,
+        Quota::WorkspaceBytes,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Quota::Conversations => "conversations",
+            Quota::ConcurrentTurns => "concurrent_turns",
+            Quota::ToolProcesses => "tool_processes",
+            Quota::BackgroundTasks => "background_tasks",
+            Quota::Streams => "streams",
+            Quota::McpServers => "mcp_servers",
+            Quota::LlmConcurrency => "llm_concurrency",
+            Quota::WorkspaceBytes => "workspace_bytes",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Quota> {
+        Quota::ALL.into_iter().find(|q| q.name() == name)
+    }
+
+    fn default_in(self, settings: &QuotaSettings) -> u64 {
+        match self {
+            Quota::Conversations => settings.conversations,
+            Quota::ConcurrentTurns => settings.concurrent_turns,
+            Quota::ToolProcesses => settings.tool_processes,
+            Quota::BackgroundTasks => settings.background_tasks,
+            Quota::Streams => settings.streams,
+            Quota::McpServers => settings.mcp_servers,
+            Quota::LlmConcurrency => settings.llm_concurrency,
+            Quota::WorkspaceBytes => settings.workspace_bytes,
+        }
+    }
+}
+
+/// A request over a quota: 429 `quota_exceeded`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{} quota of this tenant is {limit} ({used} in use){}", quota.name(), hint(*quota))]
+pub struct Exceeded {
+    pub quota: Quota,
+    pub limit: u64,
+    pub used: u64,
+    /// When it may free up by itself (seconds), for Retry-After.
+    pub retry_after_secs: Option<u64>,
+}
+
+fn hint(quota: Quota) -> &'static str {
+    match quota {
+        Quota::Conversations => "; delete conversations to make room",
+        Quota::ConcurrentTurns => "; try again when a turn ends",
+        Quota::Streams => "; close a stream first",
+        Quota::McpServers => "; delete an MCP server first",
+        Quota::BackgroundTasks => "; wait for a background task to end",
+        Quota::WorkspaceBytes => "; remove files from the tenant's workspace",
+        Quota::ToolProcesses | Quota::LlmConcurrency => "",
+    }
+}
+
+/// A tenant's quotas and what it holds of this node.
+#[derive(Debug)]
+struct Tenant {
+    /// Its limits, and when they were read.
+    limits: Mutex<Option<(Instant, HashMap<Quota, u64>)>>,
+    tools: Pool,
+    llm: Pool,
+    streams: AtomicU64,
+    background: AtomicU64,
+    /// The last measurement of its workspace: when, and its bytes.
+    workspace: Mutex<Option<(Instant, u64)>>,
+}
+
+/// A fair semaphore whose size follows the quota.
+#[derive(Debug)]
+struct Pool {
+    permits: Arc<Semaphore>,
+    size: Mutex<u64>,
+}
+
+impl Pool {
+    fn new(size: u64) -> Pool {
+        Pool {
+            permits: Arc::new(Semaphore::new(to_usize(size))),
+            size: Mutex::new(size),
+        }
+    }
+
+    /// Makes the pool `size` big (a lowered quota takes effect as permits come back).
+    fn resize(&self, size: u64) {
+        let mut current = self
+            .size
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if size > *current {
+            self.permits.add_permits(to_usize(size - *current));
+        } else if size < *current {
+            let mut to_forget = to_usize(*current - size);
+            to_forget -= self.permits.forget_permits(to_forget);
+            // Permits in use now are forgotten as they come back.
+            if to_forget > 0 {
+                let permits = self.permits.clone();
+                tokio::spawn(async move {
+                    if let Ok(taken) = permits.acquire_many_owned(to_forget as u32).await {
+                        taken.forget();
+                    }
+                });
+            }
+        }
+        *current = size;
+    }
+
+    fn in_use(&self) -> u64 {
+        let size = *self
+            .size
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        size.saturating_sub(self.permits.available_permits() as u64)
+    }
+}
+
+fn to_usize(n: u64) -> usize {
+    usize::try_from(n)
+        .unwrap_or(usize::MAX)
+        .min(Semaphore::MAX_PERMITS)
+}
+
+/// Why a tool process did not get a slot.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SlotWait {
+    Cancelled,
+    TimedOut { waited: Duration, limit: u64 },
+}
+
+/// Every tenant's quotas on this node.
+#[derive(Debug)]
+pub struct Quotas {
+    defaults: QuotaSettings,
+    store: Store,
+    tenants: Mutex<HashMap<String, Arc<Tenant>>>,
+}
+
+/// A stream counted against its tenant's quota while it lives.
+#[derive(Debug)]
+pub struct Held(Arc<Tenant>, Counter);
+
+#[derive(Clone, Copy, Debug)]
+enum Counter {
+    Streams,
+    Background,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        match self.1 {
+            Counter::Streams => self.0.streams.fetch_sub(1, Ordering::AcqRel),
+            Counter::Background => self.0.background.fetch_sub(1, Ordering::AcqRel),
+        };
+    }
+}
+
+impl Quotas {
+    pub fn new(defaults: QuotaSettings, store: Store) -> Quotas {
+        Quotas {
+            defaults,
+            store,
+            tenants: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Every quota's configured default.
+    pub fn defaults(settings: &QuotaSettings) -> HashMap<Quota, u64> {
+        Quota::ALL
+            .into_iter()
+            .map(|q| (q, q.default_in(settings)))
+            .collect()
+    }
+
+    fn tenant(&self, tenant_id: &str) -> Arc<Tenant> {
+        let mut tenants = self
+            .tenants
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        tenants
+            .entry(tenant_id.to_owned())
+            .or_insert_with(|| {
+                Arc::new(Tenant {
+                    limits: Mutex::new(None),
+                    tools: Pool::new(self.defaults.tool_processes),
+                    llm: Pool::new(self.defaults.llm_concurrency),
+                    streams: AtomicU64::new(0),
+                    background: AtomicU64::new(0),
+                    workspace: Mutex::new(None),
+                })
+            })
+            .clone()
+    }
+
+    /// The tenant's limits: its own where it has them, else the defaults. Read from the
+    /// database at most every `cache_ms`; a database that does not answer keeps the last
+    /// values (or the defaults).
+    async fn limits(&self, tenant: &Tenant, tenant_id: &str) -> HashMap<Quota, u64> {
+        let ttl = Duration::from_millis(self.defaults.cache_ms);
+        if let Some((read, limits)) = &*tenant
+            .limits
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            && read.elapsed() < ttl
+        {
+            return limits.clone();
+        }
+        let mut limits = Self::defaults(&self.defaults);
+        match self.store.tenant_quotas(tenant_id).await {
+            Ok(own) => {
+                for (name, value) in own {
+                    if let Some(quota) = Quota::parse(&name) {
+                        limits.insert(quota, value);
+                    }
+                }
+            }
+            Err(error) => {
+                tracing::warn!(tenant = %tenant_id, %error, "cannot read the tenant's quotas; the last known apply");
+                if let Some((_, last)) = &*tenant
+                    .limits
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                {
+                    return last.clone();
+                }
+            }
+        }
+        tenant.tools.resize(limits[&Quota::ToolProcesses]);
+        tenant.llm.resize(limits[&Quota::LlmConcurrency]);
+        *tenant
+            .limits
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some((Instant::now(), limits.clone()));
+        limits
+    }
+
+    /// The tenant's limit of `quota`.
+    pub async fn limit(&self, tenant_id: &str, quota: Quota) -> u64 {
+        let tenant = self.tenant(tenant_id);
+        self.limits(&tenant, tenant_id).await[&quota]
+    }
+
+    /// Refuses one more of `quota` when `used` are already held.
+    pub async fn check(&self, tenant_id: &str, quota: Quota, used: u64) -> Result<(), Exceeded> {
+        let limit = self.limit(tenant_id, quota).await;
+        if used >= limit {
+            return Err(Exceeded {
+                quota,
+                limit,
+                used,
+                retry_after_secs: match quota {
+                    Quota::ConcurrentTurns | Quota::Streams | Quota::BackgroundTasks => Some(1),
+                    Quota::WorkspaceBytes => Some(self.defaults.measure_every_ms.div_ceil(1000)),
+                    Quota::Conversations
+                    | Quota::McpServers
+                    | Quota::ToolProcesses
+                    | Quota::LlmConcurrency => None,
+                },
+            });
+        }
+        Ok(())
+    }
+
+    /// One more open stream of the tenant, counted until the returned value is dropped.
+    pub async fn stream(&self, tenant_id: &str) -> Result<Held, Exceeded> {
+        self.hold(tenant_id, Quota::Streams, Counter::Streams).await
+    }
+
+    /// One more background task of the tenant, counted until the returned value is dropped.
+    pub async fn background_task(&self, tenant_id: &str) -> Result<Held, Exceeded> {
+        self.hold(tenant_id, Quota::BackgroundTasks, Counter::Background)
+            .await
+    }
+
+    async fn hold(
+        &self,
+        tenant_id: &str,
+        quota: Quota,
+        counter: Counter,
+    ) -> Result<Held, Exceeded> {
+        let tenant = self.tenant(tenant_id);
+        let limit = self.limits(&tenant, tenant_id).await[&quota];
+        let count = match counter {
+            Counter::Streams => &tenant.streams,
+            Counter::Background => &tenant.background,
+        };
+        let before = count.fetch_add(1, Ordering::AcqRel);
+        let held = Held(tenant.clone(), counter);
+        if before >= limit {
+            drop(held);
+            return Err(Exceeded {
+                quota,
+                limit,
+                used: before,
+                retry_after_secs: Some(1),
+            });
+        }
+        Ok(held)
+    }
+
+    /// A slot for one tool process of the tenant: waits behind the tenant's own processes
+    /// only, at most `wait`, and not past a cancel.
+    pub async fn tool_slot(
+        &self,
+        tenant_id: &str,
+        wait: Duration,
+        cancel: &CancellationToken,
+    ) -> Result<OwnedSemaphorePermit, SlotWait> {
+        let tenant = self.tenant(tenant_id);
+        let limit = self.limits(&tenant, tenant_id).await[&Quota::ToolProcesses];
+        let started = Instant::now();
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => Err(SlotWait::Cancelled),
+            permit = tenant.tools.permits.clone().acquire_owned() => {
+                permit.map_err(|_| SlotWait::Cancelled)
+            }
+            () = tokio::time::sleep(wait) => Err(SlotWait::TimedOut { waited: started.elapsed(), limit }),
+        }
+    }
+
+    /// A slot for one LLM request of the tenant (its share of the node's), waiting behind
+    /// the tenant's own requests only.
+    pub async fn llm_slot(&self, tenant_id: &str) -> Option<OwnedSemaphorePermit> {
+        let tenant = self.tenant(tenant_id);
+        self.limits(&tenant, tenant_id).await;
+        tenant.llm.permits.clone().acquire_owned().await.ok()
+    }
+
+    /// The tenant's workspace bytes, measured by `measure` when the last measurement is
+    /// older than `quotas.measure_every_ms` (at most one measurement at a time per tenant).
+    pub async fn workspace_bytes<F>(&self, tenant_id: &str, measure: F) -> Option<u64>
+    where
+        F: FnOnce() -> Option<u64> + Send + 'static,
+    {
+        let tenant = self.tenant(tenant_id);
+        let every = Duration::from_millis(self.defaults.measure_every_ms);
+        let last = *tenant
+            .workspace
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((at, bytes)) = last
+            && at.elapsed() < every
+        {
+            return Some(bytes);
+        }
+        let measured = tokio::task::spawn_blocking(measure).await.ok().flatten()?;
+        *tenant
+            .workspace
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((Instant::now(), measured));
+        Some(measured)
+    }
+
+    /// What the tenant holds now on this node (the quotas counted in memory), by quota.
+    pub fn held(&self, tenant_id: &str) -> HashMap<Quota, u64> {
+        let tenant = self.tenant(tenant_id);
+        let mut held = HashMap::new();
+        held.insert(Quota::ToolProcesses, tenant.tools.in_use());
+        held.insert(Quota::LlmConcurrency, tenant.llm.in_use());
+        held.insert(Quota::Streams, tenant.streams.load(Ordering::Acquire));
+        held.insert(
+            Quota::BackgroundTasks,
+            tenant.background.load(Ordering::Acquire),
+        );
+        if let Some((_, bytes)) = *tenant
+            .workspace
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        {
+            held.insert(Quota::WorkspaceBytes, bytes);
+        }
+        held
+    }
+}
