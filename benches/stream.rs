@@ -43,6 +43,7 @@ async fn main() {
     ));
     let env: Vec<(String, String)> = vec![
         ("BEDROCK_LISTEN".into(), "127.0.0.1:0".into()),
+        ("BEDROCK_METRICS__LISTEN".into(), "off".into()),
         ("BEDROCK_AUTH".into(), "dev".into()),
         ("BEDROCK_DATABASE_URL".into(), db.url.clone()),
         ("BEDROCK_LLM_BASE_URL".into(), llm.base_url.clone()),

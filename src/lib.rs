@@ -13,6 +13,7 @@ pub mod model;
 pub mod persistence;
 pub mod runtime;
 pub mod sandbox;
+pub mod server;
 pub mod state_machine;
 pub mod store;
 pub mod telemetry;
