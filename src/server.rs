@@ -77,7 +77,9 @@ pub fn raise_open_file_limit() -> u64 {
 }
 
 /// A log line for a kind of event that may come in bursts: the first of a burst is logged
-/// at once, the rest are counted and summed up at most once per `every`.
+/// at once; the ones after it within `every` are only counted, and the next line (at the
+/// first event after `every`) says how many there were since the line before. The exact
+/// counts are the metrics'.
 #[derive(Debug)]
 pub struct BurstLog {
     what: &'static str,
@@ -105,10 +107,10 @@ impl BurstLog {
         state.0 = Some(Instant::now());
         drop(state);
         tracing::warn!(
-            count,
-            window_s = self.every.as_secs(),
-            "{}: {detail} (logged at most once per window)",
-            self.what
+            since_last_line = count,
+            "{}: {detail} (logged at most once per {} s)",
+            self.what,
+            self.every.as_secs()
         );
     }
 }
