@@ -302,7 +302,7 @@ async fn database_bytes(db: &BenchDb) -> u64 {
         .sum()
 }
 
-/// A gauge's value from the Prometheus text of /metrics.
+/// A gauge's value from the Prometheus text of the operator listener's /metrics.
 async fn gauge(http: &reqwest::Client, base: &str, name: &str) -> u64 {
     let Ok(answer) = http.get(format!("{base}/metrics")).send().await else {
         return 0;
@@ -408,8 +408,8 @@ async fn main() {
                 sample.rss as f64 / (1 << 20) as f64,
                 sample.fds,
                 database_bytes(&db).await as f64 / (1 << 20) as f64,
-                gauge(&http, &server.base, "bedrock_runtime_tasks_alive").await,
-                gauge(&http, &server.base, "bedrock_conversations_running").await,
+                gauge(&http, &server.metrics_base, "bedrock_runtime_tasks_alive").await,
+                gauge(&http, &server.metrics_base, "bedrock_conversations_running").await,
             );
             samples.push(sample);
             last = (turns, errors, busy);

@@ -47,6 +47,7 @@ async fn main() {
         .collect();
     env.extend([
         ("BEDROCK_LISTEN".into(), "127.0.0.1:0".into()),
+        ("BEDROCK_METRICS__LISTEN".into(), "off".into()),
         ("BEDROCK_AUTH".into(), "dev".into()),
         ("BEDROCK_DATABASE_URL".into(), db.url.clone()),
         ("BEDROCK_LLM_BASE_URL".into(), llm.base_url.clone()),

@@ -49,7 +49,13 @@ pub struct Application {
     pub addr: SocketAddr,
     pub runtime: Runtime,
     pub recovery: RecoveryReport,
+    /// The operator listener's address (`[metrics] listen`), if it is on.
+    pub metrics_addr: Option<SocketAddr>,
+    /// The cap on open client connections in force (`server.max_connections`, or derived
+    /// from the open-file limit).
+    pub max_connections: usize,
     listener: tokio::net::TcpListener,
+    metrics_listener: Option<tokio::net::TcpListener>,
     state: AppState,
     shutdown: CancellationToken,
 }
@@ -79,6 +85,29 @@ impl Application {
             .await
             .with_context(|| format!("cannot listen on {}", settings.server.listen))?;
         let addr = listener.local_addr()?;
+        let nofile = crate::server::raise_open_file_limit();
+        let max_connections = settings.server.connection_cap(
+            nofile,
+            settings.database.max_connections,
+            settings.llm.max_concurrency,
+        );
+        anyhow::ensure!(
+            (max_connections as u64) < nofile,
+            "server.max_connections ({max_connections}) must be below the open-file limit ({nofile}), with room for the database, LLM connections and tools"
+        );
+        tracing::info!(max_connections, open_file_limit = nofile, "connection cap");
+        let metrics_listener = match settings.metrics.address()? {
+            Some(at) => Some(
+                tokio::net::TcpListener::bind(at)
+                    .await
+                    .with_context(|| format!("cannot listen on {at} (metrics.listen)"))?,
+            ),
+            None => None,
+        };
+        let metrics_addr = match &metrics_listener {
+            Some(listener) => Some(listener.local_addr()?),
+            None => None,
+        };
         // On Postgres every node is a node of a cluster, one node being the smallest.
         let cluster = (store.backend() == sea_orm::DbBackend::Postgres)
             .then(|| Arc::new(crate::cluster::Cluster::new(&settings.cluster, addr)));
@@ -94,6 +123,9 @@ impl Application {
         };
         if let Some(sandbox) = &runtime.services.tool_limits.sandbox {
             sandbox.check_port(addr.port(), "Bedrock's API (server.listen)")?;
+            if let Some(at) = metrics_addr {
+                sandbox.check_port(at.port(), "the operator listener (metrics.listen)")?;
+            }
             if let Some(port) = database_port(&settings.database_url()) {
                 sandbox.check_port(port, "the database (database.url)")?;
             }
@@ -109,7 +141,10 @@ impl Application {
             addr,
             runtime,
             recovery,
+            metrics_addr,
+            max_connections,
             listener,
+            metrics_listener,
             state,
             shutdown,
         })
@@ -123,17 +158,45 @@ impl Application {
     /// Serves until the shutdown token fires, then shuts down within the grace period: stop
     /// accepting, close live streams, interrupt running turns, let commits land.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        let grace = Duration::from_millis(self.state.settings.server.shutdown_grace_ms);
+        let settings = &self.state.settings.server;
+        let grace = Duration::from_millis(settings.shutdown_grace_ms);
+        let metrics = self.runtime.services.metrics.clone();
+        let limits = crate::server::Limits::of(settings, self.max_connections);
         let router = api::router(self.state.clone());
-        let token = self.shutdown.clone();
-        let server = axum::serve(no_delay(self.listener), router)
-            .with_graceful_shutdown(async move { token.cancelled().await });
-        let server = tokio::spawn(async move { server.await });
+        let server = tokio::spawn(crate::server::serve(
+            self.listener,
+            router,
+            limits.clone(),
+            metrics.clone(),
+            self.shutdown.clone(),
+            "api",
+        ));
+        let operator = self.metrics_listener.map(|listener| {
+            let limits = crate::server::Limits {
+                max_connections: OPERATOR_CONNECTIONS,
+                ..limits
+            };
+            tokio::spawn(crate::server::serve(
+                listener,
+                api::operator_router(self.state.clone()),
+                limits,
+                metrics,
+                self.shutdown.clone(),
+                "operator",
+            ))
+        });
         self.shutdown.cancelled().await;
         tracing::info!("shutting down");
         self.runtime.shutdown(grace).await;
-        match tokio::time::timeout(grace, server).await {
-            Ok(result) => result??,
+        let servers = async {
+            server.await?;
+            if let Some(operator) = operator {
+                operator.await?;
+            }
+            Ok::<_, tokio::task::JoinError>(())
+        };
+        match tokio::time::timeout(grace, servers).await {
+            Ok(result) => result?,
             Err(_) => {
                 tracing::warn!("connections still open after the grace period; exiting anyway")
             }
@@ -141,6 +204,9 @@ impl Application {
         Ok(())
     }
 }
+
+/// Connections the operator listener takes at once (scrapers and an operator's curl).
+const OPERATOR_CONNECTIONS: usize = 64;
 
 async fn dev_tenant(runtime: &Runtime, store: &Store) -> anyhow::Result<Tenant> {
     if let Some(tenant) = store.tenant_by_name(DEV_TENANT).await? {
@@ -297,6 +363,74 @@ pub async fn set_tenant_quotas(
     Ok(serde_json::json!({"tenant_id": tenant.id, "quotas": quotas}))
 }
 
+/// A key as `bedrock tenant key list` shows it: never the key itself.
+fn key_json(key: &entity::api_keys::Model) -> serde_json::Value {
+    serde_json::json!({
+        "key_id": key.id,
+        "prefix": key.prefix,
+        "created_at": key.created_at.to_rfc3339(),
+        "revoked_at": key.revoked_at.map(|at| at.to_rfc3339()),
+    })
+}
+
+async fn tenant_named(store: &Store, name: &str) -> anyhow::Result<Tenant> {
+    store
+        .tenant_by_name(name)
+        .await?
+        .with_context(|| format!("no tenant is named {name:?}"))
+}
+
+/// `bedrock tenant key create NAME`: a new API key for the tenant, shown once.
+pub async fn create_key(settings: &Settings, name: &str) -> anyhow::Result<serde_json::Value> {
+    let store = open_store(settings).await?;
+    let tenant = tenant_named(&store, name).await?;
+    let key = api::new_key();
+    let id = uuid::Uuid::now_v7().to_string();
+    store
+        .insert_api_key(
+            &tenant.id,
+            &id,
+            &api::hash_key(&key),
+            &api::key_prefix(&key),
+            Utc::now(),
+        )
+        .await?;
+    store.close().await?;
+    Ok(serde_json::json!({"tenant_id": tenant.id, "key_id": id, "api_key": key}))
+}
+
+/// `bedrock tenant key list NAME`: the tenant's keys (ids, prefixes, times; never the keys).
+pub async fn list_keys(settings: &Settings, name: &str) -> anyhow::Result<serde_json::Value> {
+    let store = open_store(settings).await?;
+    let tenant = tenant_named(&store, name).await?;
+    let keys = store.api_keys(&tenant.id).await?;
+    store.close().await?;
+    Ok(serde_json::json!({
+        "tenant_id": tenant.id,
+        "keys": keys.iter().map(key_json).collect::<Vec<_>>(),
+    }))
+}
+
+/// `bedrock tenant key revoke NAME KEY`: the key (by id or prefix) is refused from now on,
+/// by every node within `server.key_cache_ms`.
+pub async fn revoke_key(
+    settings: &Settings,
+    name: &str,
+    key: &str,
+) -> anyhow::Result<serde_json::Value> {
+    let store = open_store(settings).await?;
+    let tenant = tenant_named(&store, name).await?;
+    let revoked = match store.revoke_api_key(&tenant.id, key, Utc::now()).await {
+        Ok(revoked) => revoked,
+        Err(crate::store::StoreError::NotFound) => {
+            anyhow::bail!("tenant {name:?} has no key with the id or prefix {key:?}")
+        }
+        Err(error) => return Err(error.into()),
+    };
+    store.close().await?;
+    Ok(serde_json::json!({"tenant_id": tenant.id, "key": key_json(&revoked)}))
+}
+
 pub async fn create_tenant(settings: &Settings, name: &str) -> anyhow::Result<(Tenant, String)> {
     anyhow::ensure!(
         !name.trim().is_empty() && name.len() <= 100,
@@ -325,9 +459,10 @@ pub async fn create_tenant(settings: &Settings, name: &str) -> anyhow::Result<(T
     Ok((tenant, key))
 }
 
-/// The listener with TCP_NODELAY on every connection: frames are small and must go out at
-/// once, and Nagle's algorithm would hold one back until the client acknowledged the one
-/// before (up to 40 ms when the client delays its ACKs).
+/// The listener with TCP_NODELAY on every connection, for `axum::serve` (the fake LLM of
+/// the tests): frames are small and must go out at once, and Nagle's algorithm would hold
+/// one back until the client acknowledged the one before (up to 40 ms when the client
+/// delays its ACKs). The server's own listeners set it in `server::serve`.
 pub fn no_delay(
     listener: tokio::net::TcpListener,
 ) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = SocketAddr> {

@@ -40,6 +40,7 @@ pub struct Settings {
     pub sandbox: SandboxSettings,
     pub cluster: ClusterSettings,
     pub egress: EgressSettings,
+    pub metrics: MetricsSettings,
 }
 
 /// What the server may connect to on a tenant's behalf (tenants' MCP servers): everything
@@ -127,6 +128,69 @@ pub struct ServerSettings {
     pub max_images_per_message: usize,
     pub max_ws_frame_bytes: usize,
     pub client_lag_frames: usize,
+    /// How long a client has to send a request's head (request line and headers), from the
+    /// connection's accept or from the moment a kept-alive connection waits for its next
+    /// request.
+    pub header_read_timeout_ms: u64,
+    /// How long a client has to send a request's whole body, from the end of its head.
+    pub body_read_timeout_ms: u64,
+    /// How long a connection with no request in flight stays open (keep-alive).
+    pub keep_alive_timeout_ms: u64,
+    /// Open client connections (WebSockets included); more are closed at accept. 0: derived
+    /// from the open-file limit (see [`ServerSettings::connection_cap`]).
+    pub max_connections: usize,
+    /// A WebSocket that has sent nothing for this long is sent a ping.
+    pub ws_ping_interval_ms: u64,
+    /// A WebSocket that has sent nothing (no frame, no pong) for this long is closed.
+    pub ws_idle_timeout_ms: u64,
+    /// Browser origins, besides the server's own, allowed to open WebSockets and call /mcp
+    /// (`scheme://host[:port]`).
+    pub allowed_origins: Vec<String>,
+    /// The host name (optionally `host:port`) clients reach this server by, besides
+    /// loopback names: in dev mode any other `Host` is refused (DNS rebinding).
+    pub public_host: String,
+    /// How long a verified API key is trusted without asking the database again: a revoked
+    /// key is refused on every node within this bound.
+    pub key_cache_ms: u64,
+}
+
+impl ServerSettings {
+    /// The cap on open client connections: `max_connections`, or when that is 0 the
+    /// open-file limit `nofile` less room for everything else the process opens (the
+    /// database pool, LLM and MCP connections, tool pipes, log and database files): a fifth
+    /// of the limit, and at least 256 plus the pool and LLM concurrency.
+    pub fn connection_cap(&self, nofile: u64, database: u32, llm: usize) -> usize {
+        if self.max_connections > 0 {
+            return self.max_connections;
+        }
+        let reserve = (nofile / 5).max(256 + u64::from(database) + llm as u64);
+        let cap = nofile.saturating_sub(reserve).max(nofile / 2).max(1);
+        usize::try_from(cap).unwrap_or(usize::MAX)
+    }
+}
+
+/// The operator's listener: metrics and the detailed status, apart from the public API.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsSettings {
+    /// The address of the operator listener (`GET /metrics`, `GET /status`); `""` or
+    /// `"off"`: none.
+    pub listen: String,
+}
+
+impl MetricsSettings {
+    /// The operator listener's address, if it is on.
+    pub fn address(&self) -> Result<Option<SocketAddr>, ConfigError> {
+        let listen = self.listen.trim();
+        if listen.is_empty() || listen.eq_ignore_ascii_case("off") {
+            return Ok(None);
+        }
+        listen.parse().map(Some).map_err(|e| {
+            ConfigError(format!(
+                "metrics.listen must be an address such as 127.0.0.1:9464, \"\" or \"off\", got {listen:?}: {e}"
+            ))
+        })
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -530,6 +594,23 @@ impl Settings {
             ),
             ("cluster.lease_ttl_ms", self.cluster.lease_ttl_ms),
             ("cluster.heartbeat_ms", self.cluster.heartbeat_ms),
+            (
+                "server.header_read_timeout_ms",
+                self.server.header_read_timeout_ms,
+            ),
+            (
+                "server.body_read_timeout_ms",
+                self.server.body_read_timeout_ms,
+            ),
+            (
+                "server.keep_alive_timeout_ms",
+                self.server.keep_alive_timeout_ms,
+            ),
+            (
+                "server.ws_ping_interval_ms",
+                self.server.ws_ping_interval_ms,
+            ),
+            ("server.ws_idle_timeout_ms", self.server.ws_idle_timeout_ms),
         ];
         for (name, value) in positive {
             if value == 0 {
@@ -576,6 +657,27 @@ impl Settings {
                 "cluster.node_id must be at most 128 bytes".into(),
             ));
         }
+        if self.server.ws_idle_timeout_ms <= self.server.ws_ping_interval_ms {
+            return Err(ConfigError(format!(
+                "server.ws_idle_timeout_ms ({}) must be longer than server.ws_ping_interval_ms ({}): \
+                 a client needs time to answer the ping",
+                self.server.ws_idle_timeout_ms, self.server.ws_ping_interval_ms
+            )));
+        }
+        for origin in &self.server.allowed_origins {
+            if crate::api::guard::parse_origin(origin).is_none() {
+                return Err(ConfigError(format!(
+                    "server.allowed_origins: {origin:?} is not an origin such as \"https://app.example.com\" or \"http://localhost:3000\""
+                )));
+            }
+        }
+        let public = self.server.public_host.trim();
+        if !public.is_empty() && crate::api::guard::parse_host(public).is_none() {
+            return Err(ConfigError(format!(
+                "server.public_host must be a host name, optionally with :port (e.g. \"bedrock.example.com\"), got {public:?}"
+            )));
+        }
+        self.metrics.address()?;
         if !(0..=19).contains(&self.sandbox.nice) {
             return Err(ConfigError(format!(
                 "sandbox.nice must be 0 to 19, got {}",

@@ -15,6 +15,7 @@ pub mod persistence;
 pub mod quotas;
 pub mod runtime;
 pub mod sandbox;
+pub mod server;
 pub mod state_machine;
 pub mod store;
 pub mod telemetry;

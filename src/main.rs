@@ -7,7 +7,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use bedrock::app::{
-    Application, create_tenant, open_store, set_tenant_budget, set_tenant_quotas, set_tenant_rate,
+    Application, create_key, create_tenant, list_keys, open_store, revoke_key, set_tenant_budget,
+    set_tenant_quotas, set_tenant_rate,
 };
 use bedrock::config::BudgetPeriod;
 use bedrock::config::Settings;
@@ -90,6 +91,22 @@ enum TenantCommand {
         #[arg(value_name = "QUOTA=VALUE")]
         set: Vec<String>,
     },
+    /// A tenant's API keys: create another, list them, revoke one.
+    Key {
+        #[command(subcommand)]
+        command: KeyCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum KeyCommand {
+    /// A new key for the tenant; prints {"tenant_id", "key_id", "api_key"} once.
+    Create { name: String },
+    /// The tenant's keys: ids, prefixes, creation and revocation times (never the keys).
+    List { name: String },
+    /// Revoke a key, named by its id or prefix: every node refuses it (401) within
+    /// server.key_cache_ms.
+    Revoke { name: String, key: String },
 }
 
 fn main() -> std::process::ExitCode {
@@ -131,7 +148,12 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
                 &instance,
             )?;
             let app = Application::build_with(settings, telemetry.metrics()).await?;
-            tracing::info!(addr = %app.addr, "listening");
+            match app.metrics_addr {
+                Some(metrics) => {
+                    tracing::info!(addr = %app.addr, metrics_addr = %metrics, "listening")
+                }
+                None => tracing::info!(addr = %app.addr, "listening"),
+            }
             let token = app.shutdown_token();
             tokio::spawn(async move {
                 wait_for_signal().await;
@@ -196,6 +218,17 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
         } => {
             let quotas = set_tenant_quotas(&settings, &name, &set).await?;
             println!("{quotas}");
+            Ok(())
+        }
+        Command::Tenant {
+            command: TenantCommand::Key { command },
+        } => {
+            let answer = match command {
+                KeyCommand::Create { name } => create_key(&settings, &name).await?,
+                KeyCommand::List { name } => list_keys(&settings, &name).await?,
+                KeyCommand::Revoke { name, key } => revoke_key(&settings, &name, &key).await?,
+            };
+            println!("{answer}");
             Ok(())
         }
         Command::Config => {

@@ -1,5 +1,5 @@
-//! Metrics as OpenTelemetry instruments: exported over OTLP when configured, and always
-//! readable at GET /metrics in the Prometheus text format.
+//! Metrics as OpenTelemetry instruments: exported over OTLP when configured, and readable at
+//! GET /metrics on the operator listener (`[metrics] listen`) in the Prometheus text format.
 //!
 //! Names are chosen so the Prometheus names are `bedrock_*` (counters get `_total`,
 //! instruments in seconds `_seconds`).
@@ -35,6 +35,9 @@ pub struct Metrics {
     commit_latency: Histogram<f64>,
     commit_batch: Histogram<u64>,
     websocket_connections: UpDownCounter<i64>,
+    http_connections: UpDownCounter<i64>,
+    connections_refused: Counter<u64>,
+    connections_closed: Counter<u64>,
     conversations_active: UpDownCounter<i64>,
     conversations_running: Gauge<i64>,
     db_pool_connections: Gauge<u64>,
@@ -127,6 +130,24 @@ fn build(meter: &Meter, registry: prometheus::Registry, provider: SdkMeterProvid
         websocket_connections: meter
             .i64_up_down_counter("bedrock.websocket_connections")
             .with_description("Open WebSocket connections")
+            .build(),
+        http_connections: meter
+            .i64_up_down_counter("bedrock.http_connections")
+            .with_description("Open client connections (WebSockets and streams included)")
+            .build(),
+        connections_refused: meter
+            .u64_counter("bedrock.connections_refused")
+            .with_description(
+                "Connections closed at accept, by listener and reason (max_connections: over \
+                 the connection cap)",
+            )
+            .build(),
+        connections_closed: meter
+            .u64_counter("bedrock.connections_timed_out")
+            .with_description(
+                "Connections closed by the server for slowness, by listener and reason \
+                 (header_timeout, idle)",
+            )
             .build(),
         conversations_active: meter
             .i64_up_down_counter("bedrock.conversations_active")
@@ -247,6 +268,33 @@ impl Metrics {
     pub fn websocket(&self, opened: bool) {
         self.websocket_connections
             .add(if opened { 1 } else { -1 }, &[]);
+    }
+
+    /// A client connection opened or closed.
+    pub fn connection(&self, opened: bool) {
+        self.http_connections.add(if opened { 1 } else { -1 }, &[]);
+    }
+
+    /// A connection closed at accept (`reason`: `max_connections`).
+    pub fn connection_refused(&self, listener: &'static str, reason: &'static str) {
+        self.connections_refused.add(
+            1,
+            &[
+                KeyValue::new("listener", listener),
+                KeyValue::new("reason", reason),
+            ],
+        );
+    }
+
+    /// A connection closed for slowness (`reason`: `header_timeout`, `idle`).
+    pub fn connection_closed(&self, listener: &'static str, reason: &'static str) {
+        self.connections_closed.add(
+            1,
+            &[
+                KeyValue::new("listener", listener),
+                KeyValue::new("reason", reason),
+            ],
+        );
     }
 
     /// A conversation actor moved from state `from` to state `to` (`None`: started/stopped).

@@ -1009,10 +1009,10 @@ pub struct Health {
 pub struct Ready {
     /// `ready` or `unavailable`.
     pub status: &'static str,
-    /// `ok`, or why the database does not answer.
+    /// `ok` or `unavailable` (why is in the log, and at the operator listener's `/status`).
     pub database: String,
-    /// Whether tool processes are confined: `mode` (`enforce` or `off`), with the Landlock
-    /// ABI or a `warning` (docs/security.md).
+    /// Whether tool processes are confined: `mode` (`enforce` or `off`), with a `warning`
+    /// when off (docs/security.md). The details are at the operator listener's `/status`.
     #[schema(value_type = Object)]
     pub sandbox: Value,
     /// This node of a cluster (Postgres): its id and how many conversations' leases it holds.

@@ -37,6 +37,8 @@ llm_url="$(head -n1 "$work/llm.out")"
 
 port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 export BEDROCK_LISTEN="127.0.0.1:$port"
+# The operator listener (metrics) is not under test here.
+export BEDROCK_METRICS__LISTEN="off"
 export BEDROCK_DATABASE_URL="sqlite://$work/bedrock.db?mode=rwc"
 export BEDROCK_DATA_DIR="$work/data"
 export BEDROCK_WORKSPACE_ROOT="$work/ws"

@@ -78,6 +78,8 @@ impl Drop for Owned {
 pub struct ServerProcess {
     pub process: Owned,
     pub base: String,
+    /// The operator listener (`GET /metrics`), on a port of its own.
+    pub metrics_base: String,
 }
 
 impl ServerProcess {
@@ -119,6 +121,7 @@ impl ServerProcess {
             .env("BEDROCK_DATA_DIR", workspace.join("data"))
             .env("BEDROCK_AUTH", "dev")
             .env("BEDROCK_LISTEN", "127.0.0.1:0")
+            .env("BEDROCK_METRICS__LISTEN", "127.0.0.1:0")
             .env("BEDROCK_LOG_FORMAT", "json")
             .envs(env.iter().map(|(name, value)| (name, value)))
             .stdout(Stdio::null())
@@ -134,19 +137,21 @@ impl ServerProcess {
                     && let Ok(value) = serde_json::from_str::<Value>(&line)
                     && let Some(addr) = value["fields"]["addr"].as_str()
                 {
-                    let _ = tx.send(addr.to_owned());
+                    let metrics = value["fields"]["metrics_addr"].as_str().unwrap_or_default();
+                    let _ = tx.send((addr.to_owned(), metrics.to_owned()));
                     told = true;
                 } else if line.contains("\"ERROR\"") {
                     eprintln!("server: {line}");
                 }
             }
         });
-        let addr = rx
+        let (addr, metrics) = rx
             .recv_timeout(Duration::from_secs(60))
             .expect("the server logs its address");
         ServerProcess {
             process: Owned(child),
             base: format!("http://{addr}"),
+            metrics_base: format!("http://{metrics}"),
         }
     }
 

@@ -15,9 +15,6 @@ use super::AppState;
 use super::error::ApiError;
 use crate::model::Tenant;
 
-/// How long a verified key is trusted without asking the database again.
-const KEY_CACHE_TTL: Duration = Duration::from_secs(30);
-
 /// A new API key: `bk_` and 256 random bits.
 pub fn new_key() -> String {
     let mut bytes = [0u8; 32];
@@ -143,18 +140,29 @@ impl AppState {
             .await
     }
 
+    /// How long a verified key is trusted without asking the database again
+    /// (`server.key_cache_ms`): the bound on a revocation's reach.
+    fn key_cache_ttl(&self) -> Duration {
+        Duration::from_millis(self.settings.server.key_cache_ms)
+    }
+
     fn cached_key(&self, hash: &str) -> Option<Tenant> {
+        let ttl = self.key_cache_ttl();
         let cache = self.keys.lock().unwrap_or_else(|e| e.into_inner());
         cache
             .get(hash)
-            .filter(|(_, at)| at.elapsed() < KEY_CACHE_TTL)
+            .filter(|(_, at)| at.elapsed() < ttl)
             .map(|(tenant, _)| tenant.clone())
     }
 
     fn cache_key(&self, hash: String, tenant: Tenant) {
+        let ttl = self.key_cache_ttl();
+        if ttl.is_zero() {
+            return;
+        }
         let mut cache = self.keys.lock().unwrap_or_else(|e| e.into_inner());
         if cache.len() > 10_000 {
-            cache.retain(|_, (_, at)| at.elapsed() < KEY_CACHE_TTL);
+            cache.retain(|_, (_, at)| at.elapsed() < ttl);
         }
         cache.insert(hash, (tenant, Instant::now()));
     }

@@ -84,6 +84,15 @@ impl ApiError {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
     }
 
+    /// The body did not arrive within `server.body_read_timeout_ms`.
+    pub fn request_timeout() -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            "the request body did not arrive in time (server.body_read_timeout_ms)",
+        )
+    }
+
     pub fn unauthorized(message: impl Into<String>) -> Self {
         Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
     }
@@ -219,10 +228,47 @@ impl From<SendError> for ApiError {
     }
 }
 
-/// A JSON body, whatever its content type: malformed JSON or a missing field is a 400
-/// `invalid_request` naming the problem, an oversized body a 413.
+/// A JSON body: malformed JSON or a missing field is a 400 `invalid_request` naming the
+/// problem, an oversized body a 413, a body that does not arrive within
+/// `server.body_read_timeout_ms` a 408. A body needs a JSON content type (`application/json`
+/// or `application/*+json`, else 415), so that a web page cannot send one as a cross-site
+/// "simple" request; an empty body (every field optional) needs none.
 #[derive(Debug, Clone)]
 pub struct Body<T>(pub T);
+
+/// Whether a `Content-Type` is JSON: `application/json` or `application/<x>+json`, with any
+/// parameters.
+pub fn is_json(content_type: &str) -> bool {
+    let essence = content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || essence
+            .strip_prefix("application/")
+            .is_some_and(|sub| sub.ends_with("+json"))
+}
+
+fn not_json() -> ApiError {
+    ApiError::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_media_type",
+        "the request body must be JSON, sent with Content-Type: application/json",
+    )
+}
+
+/// The answer to a body that could not be read.
+pub fn unreadable(error: &BytesRejection) -> ApiError {
+    if error.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        return ApiError::too_large("the request body is larger than the server accepts");
+    }
+    if crate::server::timed_out(error) {
+        return ApiError::request_timeout();
+    }
+    ApiError::invalid(format!("the request body could not be read: {error}"))
+}
 
 impl<S, T> FromRequest<S> for Body<T>
 where
@@ -232,20 +278,28 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes =
-            axum::body::Bytes::from_request(req, state)
-                .await
-                .map_err(|e: BytesRejection| {
-                    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                        ApiError::too_large("the request body is larger than the server accepts")
-                    } else {
-                        ApiError::invalid(format!("the request body could not be read: {e}"))
-                    }
-                })?;
+        let headers = req.headers();
+        let json = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(is_json);
+        let declared = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if !json && declared.is_some_and(|length| length > 0) {
+            return Err(not_json());
+        }
+        let bytes = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(|e: BytesRejection| unreadable(&e))?;
         if bytes.is_empty() {
             return serde_json::from_slice(b"{}")
                 .map(Body)
                 .map_err(|e| ApiError::invalid(format!("a JSON body is required: {e}")));
+        }
+        if !json {
+            return Err(not_json());
         }
         // Every body of the API is an object; serde would also read a struct from an array
         // of its fields in order (found by schemathesis: `[null, null]` made a fork).

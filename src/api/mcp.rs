@@ -20,14 +20,15 @@
 //! turn ends, the tool returns the agent's final text, with the tool calls of the turn as
 //! structured content. A cancelled MCP request (`notifications/cancelled`) cancels the turn.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{FromRequestParts as _, State};
 use axum::http::request::Parts;
-use axum::http::{Method, Request, header};
+use axum::http::{Method, Request, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse as _, Response};
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -57,18 +58,68 @@ pub fn service(
     app: AppState,
     api: Router,
 ) -> StreamableHttpService<BedrockMcp, LocalSessionManager> {
-    let mut config =
-        StreamableHttpServerConfig::default().with_cancellation_token(app.shutdown.child_token());
-    // With keys required, any host may call (the key is the check); in dev mode (no key, on
-    // loopback) only loopback hosts, so that a web page cannot reach it by DNS rebinding.
-    if app.dev_tenant.is_none() {
-        config = config.disable_allowed_hosts();
-    }
+    // Host (dev mode) and Origin are checked for every route by `guard`, with the contract's
+    // errors and `server.public_host` / `allowed_origins`; rmcp's own checks would refuse
+    // what those settings allow.
+    let config = StreamableHttpServerConfig::default()
+        .with_cancellation_token(app.shutdown.child_token())
+        .disable_allowed_hosts()
+        .disable_allowed_origins();
+    let sessions = Arc::new(LocalSessionManager::default());
+    let _ = app.mcp_sessions.manager.set(sessions.clone());
     StreamableHttpService::new(
         move || Ok(BedrockMcp::new(app.clone(), api.clone())),
-        Arc::new(LocalSessionManager::default()),
+        sessions,
         config,
     )
+}
+
+/// The API key (its hash; dev mode's bucket for requests without one) that opened each MCP
+/// session: a session answers only to it.
+#[derive(Debug, Default)]
+pub struct Owners {
+    owners: Mutex<(HashMap<String, String>, usize)>,
+    manager: OnceLock<Arc<LocalSessionManager>>,
+}
+
+impl Owners {
+    fn owner(&self, session: &str) -> Option<String> {
+        let owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+        owners.0.get(session).cloned()
+    }
+
+    async fn bind(&self, session: String, key: String) {
+        let prune = {
+            let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+            owners.0.insert(session, key);
+            owners.0.len() >= owners.1.max(1024)
+        };
+        // Sessions rmcp ended by itself (expired, closed) go from the map now and then.
+        if prune && let Some(manager) = self.manager.get() {
+            let live: std::collections::HashSet<String> = manager
+                .sessions
+                .read()
+                .await
+                .keys()
+                .map(|id| id.to_string())
+                .collect();
+            let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+            owners.0.retain(|id, _| live.contains(id));
+            owners.1 = owners.0.len() * 2;
+        }
+    }
+
+    fn forget(&self, session: &str) {
+        let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+        owners.0.remove(session);
+    }
+}
+
+/// rmcp's answer to an unknown session, which another key's session looks like.
+fn unknown_session() -> Response {
+    let mut response = Response::new(Body::from("Not Found: Session not found"));
+    *response.status_mut() = StatusCode::NOT_FOUND;
+    response
 }
 
 /// The MCP server of one session.
@@ -81,18 +132,57 @@ pub struct BedrockMcp {
 }
 
 /// `/mcp` takes the REST API's keys: a request without a valid one is refused with 401 in
-/// the contract's shape before MCP sees it (and counts against the key's rate).
+/// the contract's shape before MCP sees it (and counts against the key's rate). A session
+/// belongs to the key that opened it: with another key its id is unknown (404), for GET,
+/// POST and DELETE alike.
 pub async fn authenticate(
     State(app): State<AppState>,
     request: Request<Body>,
     next: Next,
 ) -> Response {
     let (mut parts, body) = request.into_parts();
-    match super::auth::Caller::from_request_parts(&mut parts, &app).await {
-        Ok(_) => next.run(Request::from_parts(parts, body)).await,
-        Err(error) => error.into_response(),
+    if let Err(error) = super::auth::Caller::from_request_parts(&mut parts, &app).await {
+        return error.into_response();
     }
+    let key = match super::auth::Credential::from_request_parts(&mut parts, &app).await {
+        Ok(credential) => super::auth::key_id(&credential),
+        Err(error) => return error.into_response(),
+    };
+    let session = parts
+        .headers
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    if let Some(session) = &session
+        && app
+            .mcp_sessions
+            .owner(session)
+            .is_some_and(|owner| owner != key)
+    {
+        return unknown_session();
+    }
+    let method = parts.method.clone();
+    let response = next.run(Request::from_parts(parts, body)).await;
+    match &session {
+        None => {
+            if let Some(new) = response
+                .headers()
+                .get(SESSION_HEADER)
+                .and_then(|v| v.to_str().ok())
+            {
+                app.mcp_sessions.bind(new.to_owned(), key).await;
+            }
+        }
+        Some(session) if method == Method::DELETE && response.status().is_success() => {
+            app.mcp_sessions.forget(session);
+        }
+        Some(_) => {}
+    }
+    response
 }
+
+/// The header that names an MCP session.
+const SESSION_HEADER: &str = "mcp-session-id";
 
 impl std::fmt::Debug for BedrockMcp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -8,6 +8,7 @@ mod continuation;
 mod conversations;
 mod error;
 mod fork;
+pub mod guard;
 mod images;
 mod mcp;
 mod mcp_servers;
@@ -63,6 +64,10 @@ pub struct AppInner {
     keys: Mutex<HashMap<String, (Tenant, Instant)>>,
     /// Request rates per API key.
     pub rate: rate::RateLimits,
+    /// The checks of `Host` and `Origin` (guard.rs).
+    pub guard: guard::Guard,
+    /// Which API key opened each MCP session (mcp.rs).
+    pub mcp_sessions: mcp::Owners,
 }
 
 #[derive(Clone, Debug)]
@@ -97,7 +102,10 @@ impl AppState {
         shutdown: CancellationToken,
     ) -> AppState {
         let rate = rate::RateLimits::new(services.settings.rate_limits.clone());
+        let guard = guard::Guard::new(&services.settings, dev_tenant.is_some());
         AppState(Arc::new(AppInner {
+            guard,
+            mcp_sessions: mcp::Owners::default(),
             settings: services.settings.clone(),
             services,
             dev_tenant,
@@ -130,10 +138,23 @@ pub fn router(state: AppState) -> Router {
     let mcp = Router::new()
         .nest_service("/mcp", mcp::service(state.clone(), api.clone()))
         .layer(axum::middleware::from_fn_with_state(
-            state,
+            state.clone(),
             mcp::authenticate,
         ));
+    // Host (dev mode) and Origin (WebSockets, /mcp) over everything (guard.rs).
     api.merge(mcp)
+        .layer(axum::middleware::from_fn_with_state(state, guard::check))
+}
+
+/// The operator listener (`[metrics] listen`): metrics and this node's details, without
+/// keys. Not part of the API.
+pub fn operator_router(state: AppState) -> Router {
+    Router::new()
+        .route("/metrics", axum::routing::get(ops::metrics))
+        .route("/status", axum::routing::get(ops::status))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
 }
 
 /// Every route with its OpenAPI operation: the router and the document come from the same
@@ -164,7 +185,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .nest("/v1", v1)
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::readyz))
-        .routes(routes!(ops::metrics))
+        .routes(routes!(ops::public_metrics))
         .routes(routes!(ops::openapi))
 }
 

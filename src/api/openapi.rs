@@ -37,6 +37,25 @@ pub struct Document;
 
 /// The error replies every operation can give, by status, for those under /v1 (with a key)
 /// and the others.
+/// The errors of every route that takes a body.
+const BODY_ERRORS: [(&str, &str); 2] = [
+    (
+        "408",
+        "`request_timeout`: the body did not arrive within server.body_read_timeout_ms",
+    ),
+    (
+        "415",
+        "`unsupported_media_type`: a body without a JSON content type (`application/json`)",
+    ),
+];
+
+/// The errors of a WebSocket upgrade.
+const WEBSOCKET_ERRORS: [(&str, &str); 1] = [(
+    "403",
+    "`origin_not_allowed`: a browser Origin that is neither the server's own nor in \
+     server.allowed_origins",
+)];
+
 const V1_ERRORS: [(&str, &str); 5] = [
     (
         "400",
@@ -114,9 +133,16 @@ pub fn finish(mut document: OpenApi) -> OpenApi {
                 "api_key",
                 Vec::<String>::new(),
             )]);
-            for (status, description) in V1_ERRORS {
-                let has_body = operation.request_body.is_some() || status != "413";
-                if has_body && !operation.responses.responses.contains_key(status) {
+            let body = operation.request_body.is_some();
+            let websocket = path.ends_with("/ws");
+            let errors = V1_ERRORS
+                .iter()
+                .filter(|(status, _)| body || *status != "413")
+                .chain(BODY_ERRORS.iter().filter(|_| body))
+                .chain(WEBSOCKET_ERRORS.iter().filter(|_| websocket));
+            for (status, description) in errors {
+                let status = *status;
+                if !operation.responses.responses.contains_key(status) {
                     operation
                         .responses
                         .responses

@@ -1,4 +1,5 @@
-//! Ops routes: no /v1 prefix, no auth.
+//! Ops routes: no /v1 prefix, no auth. `/healthz`, `/readyz` and `/openapi.json` are on the
+//! public listener; `/metrics` and `/status` on the operator listener (`[metrics] listen`).
 
 use std::sync::LazyLock;
 
@@ -27,38 +28,52 @@ pub async fn healthz() -> Response {
     reply(StatusCode::OK, &Health { status: "ok" })
 }
 
-/// The database answers (and how tool processes are confined).
+/// Whether tool processes are confined, as the public `/readyz` says it: the mode, and the
+/// warning when they are not. The details (Landlock ABI, the tools' user) are the operator
+/// listener's (`GET /status`).
+fn sandbox_mode(app: &AppState) -> serde_json::Value {
+    match &app.services.tool_limits.sandbox {
+        Some(_) => json!({"mode": "enforce"}),
+        None => json!({
+            "mode": "off",
+            "warning": "sandbox.mode is off: tool processes run unconfined, with the server's view of the filesystem and network",
+        }),
+    }
+}
+
+/// The node's id and the leases it holds, on a cluster whose database answers.
+async fn node_info(app: &AppState, ready: bool) -> Option<crate::wire::NodeInfo> {
+    let cluster = app.services.cluster.as_ref().filter(|_| ready)?;
+    Some(crate::wire::NodeInfo {
+        id: cluster.node_id.clone(),
+        conversations_owned: app
+            .services
+            .store
+            .owned_count(cluster.node())
+            .await
+            .unwrap_or(0),
+    })
+}
+
+/// The database answers (and whether tool processes are confined).
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses(
         (status = 200, description = "Ready", body = Ready),
         (status = 503, description = "The database does not answer", body = Ready),
     ))]
 pub async fn readyz(State(app): State<AppState>) -> Response {
-    let sandbox = match &app.services.tool_limits.sandbox {
-        Some(sandbox) => sandbox.describe(),
-        None => json!({
-            "mode": "off",
-            "warning": "sandbox.mode is off: tool processes run unconfined, with the server's view of the filesystem and network",
-        }),
-    };
+    let sandbox = sandbox_mode(&app);
     let ready = match app.services.store.ping().await {
-        Ok(()) => Ok(()),
-        Err(e) => Err(e.to_string()),
+        Ok(()) => true,
+        Err(error) => {
+            // Why stays in the log: the public answer says only which check failed.
+            tracing::warn!(%error, "readyz: the database does not answer");
+            false
+        }
     };
-    let node = match (&app.services.cluster, &ready) {
-        (Some(cluster), Ok(())) => Some(crate::wire::NodeInfo {
-            id: cluster.node_id.clone(),
-            conversations_owned: app
-                .services
-                .store
-                .owned_count(cluster.node())
-                .await
-                .unwrap_or(0),
-        }),
-        _ => None,
-    };
-    match ready {
-        Ok(()) => reply(
+    let node = node_info(&app, ready).await;
+    if ready {
+        reply(
             StatusCode::OK,
             &Ready {
                 status: "ready",
@@ -66,34 +81,86 @@ pub async fn readyz(State(app): State<AppState>) -> Response {
                 sandbox,
                 node,
             },
-        ),
-        Err(database) => reply(
+        )
+    } else {
+        reply(
             StatusCode::SERVICE_UNAVAILABLE,
             &Ready {
                 status: "unavailable",
-                database,
+                database: "unavailable".to_owned(),
                 sandbox,
                 node,
             },
-        ),
+        )
     }
 }
 
-/// Metrics in the Prometheus text format.
+/// The operator listener's `GET /status`: what `/readyz` says, with the sandbox's details
+/// and the database's error, if any.
+pub async fn status(State(app): State<AppState>) -> Response {
+    let sandbox = match &app.services.tool_limits.sandbox {
+        Some(sandbox) => sandbox.describe(),
+        None => sandbox_mode(&app),
+    };
+    let database = match app.services.store.ping().await {
+        Ok(()) => Ok(()),
+        Err(e) => Err(e.to_string()),
+    };
+    let node = node_info(&app, database.is_ok()).await;
+    reply(
+        if database.is_ok() {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        },
+        &json!({
+            "status": if database.is_ok() { "ready" } else { "unavailable" },
+            "database": database.err().unwrap_or_else(|| "ok".to_owned()),
+            "sandbox": sandbox,
+            "node": node,
+        }),
+    )
+}
+
+/// The node's metrics in the Prometheus text format, as the contract has them on the public
+/// port, without what one tenant must not learn of another: every series labelled with a
+/// tenant is left out (the operator listener's `/metrics` has them all).
 #[utoipa::path(get, path = "/metrics", tag = "operations",
-    responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
-pub async fn metrics(State(app): State<AppState>) -> Response {
-    let metrics = &app.services.metrics;
-    metrics.gauges(
-        app.services.registry.running().len(),
-        app.services.store.pool_size(),
-    );
+    responses((status = 200, description = "Prometheus text format, without series per tenant (those are on the operator listener, `[metrics] listen`)", content_type = "text/plain", body = String)))]
+pub async fn public_metrics(State(app): State<AppState>) -> Response {
+    let text = encoded(&app);
+    let public: String = text
+        .lines()
+        .filter(|line| line.starts_with('#') || !line.contains("tenant=\""))
+        .flat_map(|line| [line, "\n"])
+        .collect();
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        metrics.encode(),
+        public,
+    )
+        .into_response()
+}
+
+fn encoded(app: &AppState) -> String {
+    let metrics = &app.services.metrics;
+    metrics.gauges(
+        app.services.registry.running().len(),
+        app.services.store.pool_size(),
+    );
+    metrics.encode()
+}
+
+/// Metrics in the Prometheus text format (the operator listener's `GET /metrics`).
+pub async fn metrics(State(app): State<AppState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        encoded(&app),
     )
         .into_response()
 }

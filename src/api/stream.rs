@@ -407,7 +407,18 @@ async fn serve_socket(
         // them: most clients only listen.
         let mut replies: Option<Replies> = None;
         let limit = app.settings.server.max_ws_frame_bytes;
+        // An idle socket is pinged, and closed when it answers nothing: a dead or silent
+        // client does not keep its connection (and its place under the cap) for ever.
+        let ping_after = Duration::from_millis(app.settings.server.ws_ping_interval_ms);
+        let idle_after = Duration::from_millis(app.settings.server.ws_idle_timeout_ms);
+        let mut heard = tokio::time::Instant::now();
+        let mut pinged = false;
         let close = loop {
+            let tick = tokio::time::sleep_until(if pinged {
+                heard + idle_after
+            } else {
+                heard + ping_after
+            });
             let reply = async {
                 match replies.as_mut() {
                     Some((_, rx)) => rx.recv().await,
@@ -416,6 +427,16 @@ async fn serve_socket(
             };
             tokio::select! {
                 () = app.shutdown.cancelled() => break Some((CLOSE_GOING_AWAY, GOING_AWAY.to_owned())),
+                () = tick => {
+                    if pinged {
+                        break Some((CLOSE_GOING_AWAY, format!("idle: nothing received for {} s", idle_after.as_secs())));
+                    }
+                    pinged = true;
+                    let ping = sink.send(Message::Ping(axum::body::Bytes::from_static(b"bedrock")));
+                    if !matches!(tokio::time::timeout(SEND_TIMEOUT, ping).await, Ok(Ok(()))) {
+                        break None;
+                    }
+                }
                 received = live.recv() => {
                     if let Err(close) = forward_ready(followed, received, &mut live, &mut last, &mut sink).await {
                         break close;
@@ -426,7 +447,10 @@ async fn serve_socket(
                         break None;
                     }
                 }
-                message = incoming.next() => match message {
+                message = incoming.next() => {
+                    heard = tokio::time::Instant::now();
+                    pinged = false;
+                    match message {
                     Some(Ok(Message::Text(text))) => {
                         let reply_tx = &replies.get_or_insert_with(|| mpsc::channel(64)).0;
                         if text.len() > limit {
@@ -441,7 +465,8 @@ async fn serve_socket(
                     }
                     Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
                     Some(Ok(Message::Close(_)) | Err(_)) | None => break None,
-                },
+                    }
+                }
             }
         };
         drop(live);

@@ -773,6 +773,51 @@ impl Store {
         insert_key(self.writer(), tenant_id, key_id, key_hash, key_prefix, at).await
     }
 
+    /// A tenant's API keys, oldest first (hashes and prefixes; the keys are never stored).
+    pub async fn api_keys(&self, tenant_id: &str) -> Result<Vec<api_keys::Model>> {
+        Ok(api_keys::Entity::find()
+            .filter(api_keys::Column::TenantId.eq(tenant_id))
+            .order_by_asc(api_keys::Column::CreatedAt)
+            .order_by_asc(api_keys::Column::Id)
+            .all(&self.db)
+            .await?)
+    }
+
+    /// Revokes a tenant's key named by its id or its prefix (which must name one key);
+    /// returns the key as it now is. Revoking a revoked key keeps its first revocation time.
+    pub async fn revoke_api_key(
+        &self,
+        tenant_id: &str,
+        key: &str,
+        at: DateTime<Utc>,
+    ) -> Result<api_keys::Model> {
+        let keys = self.api_keys(tenant_id).await?;
+        let found: Vec<&api_keys::Model> = keys
+            .iter()
+            .filter(|k| k.id == key || k.prefix == key)
+            .collect();
+        let found = match found.as_slice() {
+            [one] => (*one).clone(),
+            [] => return Err(StoreError::NotFound),
+            _ => {
+                return Err(StoreError::Conflict(format!(
+                    "{key:?} names {} keys; give the key's id",
+                    found.len()
+                )));
+            }
+        };
+        api_keys::Entity::update_many()
+            .col_expr(api_keys::Column::RevokedAt, Expr::value(at))
+            .filter(api_keys::Column::Id.eq(&found.id))
+            .filter(api_keys::Column::RevokedAt.is_null())
+            .exec(self.writer())
+            .await?;
+        Ok(api_keys::Entity::find_by_id(found.id.clone())
+            .one(self.writer())
+            .await?
+            .unwrap_or(found))
+    }
+
     /// Ensures a tenant with this id and name exists (the `dev` auth mode's tenant).
     pub(crate) async fn ensure_tenant(&self, tenant: &Tenant, at: DateTime<Utc>) -> Result<()> {
         tenants::Entity::insert(tenants::ActiveModel {

@@ -92,6 +92,7 @@ class Server:
         self.env = dict(
             os.environ,
             BEDROCK_LISTEN=f"127.0.0.1:{self.port}",
+            BEDROCK_METRICS__LISTEN="off",
             BEDROCK_DATABASE_URL=f"sqlite://{work}/bedrock.db?mode=rwc",
             BEDROCK_DATA_DIR=str(work / "data"),
             BEDROCK_WORKSPACE_ROOT=str(work / "ws"),

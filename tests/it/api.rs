@@ -178,9 +178,13 @@ async fn conversation_routes_succeed() {
             .await
             .expect(200);
         assert_eq!(openapi["openapi"], "3.1.0");
+        // Metrics are the operator listener's, not the public API's.
+        app.request(Method::GET, "/metrics", None, None)
+            .await
+            .expect_error(404, "not_found");
         let metrics = app
             .http
-            .get(format!("{}/metrics", app.base))
+            .get(format!("{}/metrics", app.metrics_base))
             .send()
             .await
             .expect("metrics");
@@ -208,6 +212,7 @@ async fn errors_have_the_contract_shape() {
             .http
             .request(method, format!("{}{path}", app.base))
             .bearer_auth(&app.key_a)
+            .header("content-type", "application/json")
             .body(body.to_owned());
         async move {
             let response = request.send().await.expect("an answer");
@@ -560,6 +565,7 @@ async fn a_flood_of_bad_input_leaves_the_server_healthy() {
                 .http
                 .post(format!("{}{path}", app.base))
                 .bearer_auth(&app.key_a)
+                .header("content-type", "application/json")
                 .body(body.to_owned())
                 .send()
                 .await

@@ -17,6 +17,7 @@ mod console;
 mod continuation;
 mod contract;
 mod control;
+mod hardening;
 mod hitl;
 mod limits;
 mod mcp;

@@ -1,5 +1,5 @@
 //! Traces and metrics reach a real OTLP receiver with the right names, attributes and
-//! parents, and /metrics serves what the dashboard queries (the operations issue). The
+//! parents, and the operator listener's /metrics serves what the dashboard queries (the operations issue). The
 //! receiver takes OTLP/HTTP with the protocol's JSON encoding.
 
 use std::sync::{Arc, Mutex};
@@ -310,7 +310,11 @@ async fn the_dashboard_queries_only_served_metrics() {
     }
     assert!(queried.len() >= 10, "{queried:?}");
     let text = eventually("the metrics to be served", WAIT, || async {
-        let response = app.http.get(format!("{}/metrics", app.base)).send().await;
+        let response = app
+            .http
+            .get(format!("{}/metrics", app.metrics_base))
+            .send()
+            .await;
         let text = response.ok()?.text().await.ok()?;
         text.contains("bedrock_cancel_latency_seconds_bucket")
             .then_some(text)
@@ -358,8 +362,8 @@ async fn the_service_name_comes_from_the_standard_variables() {
             cmd.env("OTEL_RESOURCE_ATTRIBUTES", attributes);
         }
         let server = Server::start_with(cmd);
-        // Something to export: /metrics sets the gauges.
-        let served = reqwest::get(format!("{}/metrics", server.base)).await;
+        // Something to export: /metrics (the operator listener's) sets the gauges.
+        let served = reqwest::get(format!("{}/metrics", server.metrics_base)).await;
         assert!(served.is_ok_and(|r| r.status() == 200));
         let resource = eventually("a metrics export", WAIT, || async {
             let batches = metrics.lock().unwrap_or_else(|e| e.into_inner()).clone();

@@ -15,6 +15,8 @@ use super::{TestDb, WAIT, eventually};
 pub struct TestApp {
     pub base: String,
     pub addr: std::net::SocketAddr,
+    /// The operator listener (`GET /metrics`, `GET /status`).
+    pub metrics_base: String,
     pub http: reqwest::Client,
     pub llm: FakeLlm,
     pub workspace: PathBuf,
@@ -84,6 +86,8 @@ fn settings_for(
     let mut env = super::rt::base_env(db_url, llm, workspace);
     env.extend([
         ("BEDROCK_LISTEN".into(), "127.0.0.1:0".into()),
+        // The operator listener, on a port of its own (many apps run in one process).
+        ("BEDROCK_METRICS__LISTEN".into(), "127.0.0.1:0".into()),
         ("BEDROCK_AUTH".into(), "required".into()),
         ("BEDROCK_SERVER__SHUTDOWN_GRACE_MS".into(), "5000".into()),
         // The same node after a restart: it takes its own conversations back at once.
@@ -110,6 +114,7 @@ impl TestApp {
         let (_, key_b) = create_tenant(&settings, "b").await.expect("tenant b");
         let mut app = TestApp {
             base: String::new(),
+            metrics_base: String::new(),
             addr: "127.0.0.1:0".parse().expect("an address"),
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(60))
@@ -128,7 +133,7 @@ impl TestApp {
         app
     }
 
-    /// The settings the server runs with (for the command line's functions).
+    /// The settings the server runs with (for the `bedrock` commands' functions).
     pub fn settings(&self) -> Settings {
         settings_for(&self.db_url, &self.llm, &self.workspace, &self.extra)
     }
@@ -141,6 +146,10 @@ impl TestApp {
             .expect("the application builds");
         self.addr = application.addr;
         self.base = format!("http://{}", application.addr);
+        self.metrics_base = application
+            .metrics_addr
+            .map(|at| format!("http://{at}"))
+            .unwrap_or_default();
         self.shutdown = application.shutdown_token();
         self.server = Some(tokio::spawn(application.run_until_stopped()));
     }

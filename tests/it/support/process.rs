@@ -12,6 +12,8 @@ use super::{TestDb, WAIT};
 pub struct Server {
     pub child: Child,
     pub base: String,
+    /// The operator listener (`GET /metrics`).
+    pub metrics_base: String,
     /// Every line the server wrote to stderr (its logs).
     pub logs: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
@@ -27,6 +29,7 @@ pub fn command(db: &TestDb, llm: &FakeLlm, workspace: &std::path::Path) -> Comma
         .env("BEDROCK_DATA_DIR", format!("{}-data", workspace.display()))
         .env("BEDROCK_AUTH", "dev")
         .env("BEDROCK_LISTEN", "127.0.0.1:0")
+        .env("BEDROCK_METRICS__LISTEN", "127.0.0.1:0")
         .env("BEDROCK_CLUSTER__NODE_ID", super::app::node_id(workspace))
         .env("BEDROCK_LOG_FORMAT", "json")
         .env("RUST_LOG", "info");
@@ -58,14 +61,16 @@ impl Server {
                 if let Ok(value) = serde_json::from_str::<Value>(&line)
                     && let Some(addr) = value["fields"]["addr"].as_str()
                 {
-                    let _ = tx.send(addr.to_owned());
+                    let metrics = value["fields"]["metrics_addr"].as_str().unwrap_or_default();
+                    let _ = tx.send((addr.to_owned(), metrics.to_owned()));
                 }
             }
         });
-        let addr = rx.recv_timeout(WAIT).expect("the server logs its address");
+        let (addr, metrics) = rx.recv_timeout(WAIT).expect("the server logs its address");
         Server {
             child,
             base: format!("http://{addr}"),
+            metrics_base: format!("http://{metrics}"),
             logs,
         }
     }
