@@ -446,9 +446,10 @@ function connect() {
   const gen = S.gen;
   const q = new URLSearchParams();
   if (S.lastEventId) q.set('after_event_id', String(S.lastEventId));
-  if (S.key) q.set('access_token', S.key);
   const proto = location.protocol === 'https:' ? 'wss' : 'ws';
-  const ws = new WebSocket(`${proto}://${location.host}${convPath(id, '/ws')}?${q}`);
+  // The key travels as a subprotocol, a header proxies do not log (never in the URL).
+  const ws = new WebSocket(`${proto}://${location.host}${convPath(id, '/ws')}?${q}`,
+    S.key ? ['bedrock', `bearer.${S.key}`] : undefined);
   S.ws = ws;
   S.wsFor = id;
   // A ping every 25 s keeps proxies from closing an idle socket, and a socket that no

@@ -1,6 +1,8 @@
 //! Tenants and API keys: keys are random, shown once, and stored as SHA-256 hashes. A request
-//! carries its key as `Authorization: Bearer <key>` (or `?access_token=` where a browser
-//! cannot set headers). In `dev` mode a request without a key acts as tenant `default`.
+//! carries its key as `Authorization: Bearer <key>`; a browser's WebSocket, which cannot set
+//! headers, as the subprotocol `bearer.<key>` beside `bedrock` (a header proxies do not log),
+//! or as `?access_token=` (kept for existing clients; proxies may log URLs). In `dev` mode a
+//! request without a key acts as tenant `default`.
 
 use std::time::{Duration, Instant};
 
@@ -55,11 +57,32 @@ fn bearer(parts: &Parts) -> Result<Option<String>, ApiError> {
                 ApiError::unauthorized("the Authorization header must be `Bearer <api key>`")
             });
     }
+    if let Some(key) = subprotocol_key(parts) {
+        return Ok(Some(key));
+    }
     Ok(parts
         .uri
         .query()
         .and_then(|query| url_param(query, "access_token"))
         .filter(|key| !key.is_empty()))
+}
+
+/// The subprotocol a WebSocket's key travels in, beside [`SUBPROTOCOL`].
+pub const KEY_SUBPROTOCOL: &str = "bearer.";
+/// The subprotocol the server answers a WebSocket with.
+pub const SUBPROTOCOL: &str = "bedrock";
+
+/// A key offered as the WebSocket subprotocol `bearer.<key>`.
+fn subprotocol_key(parts: &Parts) -> Option<String> {
+    parts
+        .headers
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .find_map(|protocol| protocol.trim().strip_prefix(KEY_SUBPROTOCOL))
+        .filter(|key| !key.is_empty())
+        .map(str::to_owned)
 }
 
 /// One decoded query parameter.

@@ -373,6 +373,9 @@ pub async fn websocket(
         // (128 KiB) that was a fifth of the server's CPU with many quiet clients. Larger
         // frames simply take more reads.
         .read_buffer_size(WS_READ_BUFFER)
+        // A browser that sent its key as the subprotocol `bearer.<key>` beside `bedrock` is
+        // answered `bedrock` (never the key).
+        .protocols([super::auth::SUBPROTOCOL])
         .max_message_size(limit.saturating_mul(4))
         .max_frame_size(limit.saturating_mul(4))
         .on_upgrade(move |socket| async move {

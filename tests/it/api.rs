@@ -178,10 +178,15 @@ async fn conversation_routes_succeed() {
             .await
             .expect(200);
         assert_eq!(openapi["openapi"], "3.1.0");
-        // Metrics are the operator listener's, not the public API's.
-        app.request(Method::GET, "/metrics", None, None)
+        // The contract's public metrics (without series per tenant), and all of them on the
+        // operator listener.
+        let public = app
+            .http
+            .get(format!("{}/metrics", app.base))
+            .send()
             .await
-            .expect_error(404, "not_found");
+            .expect("metrics");
+        assert_eq!(public.status(), 200);
         let metrics = app
             .http
             .get(format!("{}/metrics", app.metrics_base))

@@ -709,3 +709,51 @@ async fn a_revoked_key_is_refused() {
         app.cleanup(db).await;
     }
 }
+
+/// A browser's WebSocket carries its key as the subprotocol `bearer.<key>` beside `bedrock`,
+/// never in the URL: the server answers `bedrock` (not the key), and a wrong key is 401.
+#[tokio::test]
+async fn a_websocket_key_travels_as_a_subprotocol() {
+    let db = TestDb::sqlite();
+    let app = TestApp::spawn(&db).await;
+    let id = app.conversation().await;
+    let url = format!("ws://{}/v1/conversations/{id}/ws", app.addr);
+    let mut request = url.as_str().into_client_request().expect("a request");
+    request.headers_mut().insert(
+        http::header::SEC_WEBSOCKET_PROTOCOL,
+        http::HeaderValue::from_str(&format!("bedrock, bearer.{}", app.key_a)).expect("a value"),
+    );
+    let (socket, response) = tokio_tungstenite::connect_async(request)
+        .await
+        .expect("the WebSocket connects");
+    assert_eq!(
+        response
+            .headers()
+            .get(http::header::SEC_WEBSOCKET_PROTOCOL)
+            .and_then(|v| v.to_str().ok()),
+        Some("bedrock"),
+        "the server answers bedrock, never the key"
+    );
+    let mut ws = Ws { socket };
+    match ws.next(WAIT).await {
+        Some(Next::Frame(frame)) => assert_eq!(frame["type"], "snapshot", "{frame}"),
+        other => panic!("expected the snapshot, got {other:?}"),
+    }
+    // Another tenant's key over the same route: 404, as everywhere; a bad key: 401.
+    let (status, _) = ws_handshake(
+        &url,
+        &[(
+            "sec-websocket-protocol",
+            &format!("bedrock, bearer.{}", app.key_b),
+        )],
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, _) = ws_handshake(
+        &url,
+        &[("sec-websocket-protocol", "bedrock, bearer.bk_wrong")],
+    )
+    .await;
+    assert_eq!(status, 401);
+    app.cleanup(db).await;
+}

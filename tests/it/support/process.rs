@@ -32,6 +32,9 @@ pub fn command(db: &TestDb, llm: &FakeLlm, workspace: &std::path::Path) -> Comma
         .env("BEDROCK_METRICS__LISTEN", "127.0.0.1:0")
         .env("BEDROCK_CLUSTER__NODE_ID", super::app::node_id(workspace))
         .env("BEDROCK_LOG_FORMAT", "json")
+        // These tests drive one tenant (dev) through dozens of turns at once to test
+        // durability and failover, not quotas (tests/it/tenancy.rs tests those).
+        .env("BEDROCK_QUOTAS__CONCURRENT_TURNS", "100000")
         .env("RUST_LOG", "info");
     cmd
 }
