@@ -246,11 +246,30 @@ impl Metrics {
         self.rejections.add(1, &[KeyValue::new("reason", reason)]);
     }
 
+    /// A tool run, labelled by the built-in tool's name; tenants' MCP tools (names a tenant
+    /// chose) and unknown names are `mcp` and `other`, so that no tenant's names reach the
+    /// metrics and their number stays bounded.
     pub fn tool_run(&self, tool: &str, ok: bool) {
+        const BUILT_IN: [&str; 7] = [
+            "bash",
+            "patch",
+            "think",
+            "keyword_search",
+            "ask_user",
+            "spawn_sub_agents",
+            "submit_result",
+        ];
+        let label = if BUILT_IN.contains(&tool) {
+            tool
+        } else if tool.contains(crate::mcp_client::SEPARATOR) {
+            "mcp"
+        } else {
+            "other"
+        };
         self.tool_runs.add(
             1,
             &[
-                KeyValue::new("tool", tool.to_owned()),
+                KeyValue::new("tool", label.to_owned()),
                 KeyValue::new("outcome", if ok { "ok" } else { "failed" }),
             ],
         );

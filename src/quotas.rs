@@ -109,6 +109,8 @@ struct Tenant {
     background: AtomicU64,
     /// The last measurement of its workspace: when, and its bytes.
     workspace: Mutex<Option<(Instant, u64)>>,
+    /// Held while its workspace is measured: one measurement at a time.
+    measuring: tokio::sync::Mutex<()>,
 }
 
 /// A fair semaphore whose size follows the quota.
@@ -120,6 +122,7 @@ struct Pool {
 
 impl Pool {
     fn new(size: u64) -> Pool {
+        let size = size.min(MAX_POOL);
         Pool {
             permits: Arc::new(Semaphore::new(to_usize(size))),
             size: Mutex::new(size),
@@ -128,6 +131,7 @@ impl Pool {
 
     /// Makes the pool `size` big (a lowered quota takes effect as permits come back).
     fn resize(&self, size: u64) {
+        let size = size.min(MAX_POOL);
         let mut current = self
             .size
             .lock()
@@ -141,7 +145,8 @@ impl Pool {
             if to_forget > 0 {
                 let permits = self.permits.clone();
                 tokio::spawn(async move {
-                    if let Ok(taken) = permits.acquire_many_owned(to_forget as u32).await {
+                    let to_forget = u32::try_from(to_forget).unwrap_or(u32::MAX);
+                    if let Ok(taken) = permits.acquire_many_owned(to_forget).await {
                         taken.forget();
                     }
                 });
@@ -159,10 +164,12 @@ impl Pool {
     }
 }
 
+/// The largest pool: a quota above it is as good as none, and tokio's semaphores hold at most
+/// `Semaphore::MAX_PERMITS` permits.
+const MAX_POOL: u64 = 1 << 20;
+
 fn to_usize(n: u64) -> usize {
-    usize::try_from(n)
-        .unwrap_or(usize::MAX)
-        .min(Semaphore::MAX_PERMITS)
+    usize::try_from(n.min(MAX_POOL)).unwrap_or(1 << 20)
 }
 
 /// Why a tool process did not get a slot.
@@ -231,6 +238,7 @@ impl Quotas {
                     streams: AtomicU64::new(0),
                     background: AtomicU64::new(0),
                     workspace: Mutex::new(None),
+                    measuring: tokio::sync::Mutex::new(()),
                 })
             })
             .clone()
@@ -380,13 +388,20 @@ impl Quotas {
     {
         let tenant = self.tenant(tenant_id);
         let every = Duration::from_millis(self.defaults.measure_every_ms);
-        let last = *tenant
-            .workspace
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((at, bytes)) = last
-            && at.elapsed() < every
-        {
+        let recent = || {
+            tenant
+                .workspace
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .filter(|(at, _)| at.elapsed() < every)
+                .map(|(_, bytes)| bytes)
+        };
+        if let Some(bytes) = recent() {
+            return Some(bytes);
+        }
+        // One measurement at a time: those who waited take its result.
+        let _measuring = tenant.measuring.lock().await;
+        if let Some(bytes) = recent() {
             return Some(bytes);
         }
         let measured = tokio::task::spawn_blocking(measure).await.ok().flatten()?;

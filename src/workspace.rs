@@ -233,29 +233,7 @@ impl Workspaces {
         let relative: PathBuf = match given {
             None => PathBuf::from(default),
             Some(given) => {
-                let path = Path::new(given);
-                let path = if path.is_absolute() {
-                    path.strip_prefix(&tenant_root)
-                        .map_err(|_| outside(given))?
-                } else {
-                    path
-                };
-                let mut normal = PathBuf::new();
-                for component in path.components() {
-                    match component {
-                        Component::Normal(part) => normal.push(part),
-                        Component::CurDir => {}
-                        Component::ParentDir => {
-                            if !normal.pop() {
-                                return Err(outside(given));
-                            }
-                        }
-                        Component::RootDir | Component::Prefix(_) => {
-                            return Err(outside(given));
-                        }
-                    }
-                }
-                normal
+                plain_relative(&tenant_root, Path::new(given)).ok_or_else(|| outside(given))?
             }
         };
         let mut at = self.dir(&self.fd, tenant_part, &tenant_root)?;
@@ -284,9 +262,8 @@ impl Workspaces {
         Ok(pinned)
     }
 
-    /// The bytes of the files in `tenant`'s workspace (links not followed; at most
-    /// [`MAX_MEASURED`] entries are looked at, so a huge tree is measured in part).
-    /// Blocking.
+    /// The bytes of the files in `tenant`'s workspace (links not followed); `u64::MAX` past
+    /// [`MAX_MEASURED`] entries. Blocking.
     pub fn tenant_bytes(&self, tenant: &str) -> io::Result<u64> {
         let dir = rustix::fs::openat2(
             &self.fd,
@@ -295,8 +272,7 @@ impl Workspaces {
             Mode::empty(),
             PINNED,
         )?;
-        let mut seen = 0u64;
-        Ok(measure(&dir, 0, &mut seen))
+        Ok(measure(dir))
     }
 
     /// Removes a conversation's directory `cwd` and everything in it, by descriptor: its
@@ -319,7 +295,7 @@ impl Workspaces {
             path: cwd.display().to_string(),
             source,
         })?;
-        remove_entry(&dir, Path::new(name), 0).map_err(|errno| WorkspaceError::at(cwd, errno))
+        remove_entry(&dir, Path::new(name)).map_err(|errno| WorkspaceError::at(cwd, errno))
     }
 
     /// Makes the directory `name` in `parent` if missing (given to the tool user) and opens
@@ -352,85 +328,190 @@ impl Workspaces {
     }
 }
 
+/// `given` (relative to `base`, or absolute inside it) as a plain relative path under `base`,
+/// by its spelling alone: `None` when it leaves `base` (`..` above it, an absolute path
+/// elsewhere). Nothing is looked up: what keeps links from leading out is opening the result
+/// beneath `base`'s descriptor. Empty: `base` itself.
+pub fn plain_relative(base: &Path, given: &Path) -> Option<PathBuf> {
+    let relative = if given.is_absolute() {
+        given.strip_prefix(base).ok()?
+    } else {
+        given
+    };
+    let mut normal = PathBuf::new();
+    for component in relative.components() {
+        match component {
+            Component::Normal(part) => normal.push(part),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if !normal.pop() {
+                    return None;
+                }
+            }
+            Component::RootDir | Component::Prefix(_) => return None,
+        }
+    }
+    Some(normal)
+}
+
 /// The most entries one measurement of a tenant's workspace looks at.
 pub const MAX_MEASURED: u64 = 1_000_000;
 
 /// Removes `name` in the open directory `dir` (a directory with everything in it), by
-/// descriptor, never following a link.
-fn remove_entry(dir: &OwnedFd, name: &Path, depth: usize) -> Result<(), rustix::io::Errno> {
-    let stat = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-        Ok(stat) => stat,
-        Err(rustix::io::Errno::NOENT) => return Ok(()),
-        Err(errno) => return Err(errno),
-    };
-    if FileType::from_raw_mode(stat.st_mode) != FileType::Directory {
-        return match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
+/// descriptor, never following a link, however deep the tree: the walk keeps its place on
+/// the heap and at most two directories open (it climbs back through `..`, checking that it
+/// arrives where it came from), so a tree a tool made thousands of levels deep neither
+/// overflows the stack nor runs out of descriptors. Blocking.
+pub fn remove_entry(dir: &OwnedFd, name: &Path) -> Result<(), rustix::io::Errno> {
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let unlink =
+        |at: &OwnedFd, entry: &OsStr, how: AtFlags| match rustix::fs::unlinkat(at, entry, how) {
             Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
             Err(errno) => Err(errno),
         };
-    }
-    if depth > 4096 {
-        return Err(rustix::io::Errno::LOOP);
-    }
-    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    match rustix::fs::openat(dir, name, flags, Mode::empty()) {
-        Ok(sub) => {
-            let mut names = Vec::new();
-            let mut listing = Dir::read_from(&sub)?;
-            while let Some(entry) = listing.read() {
-                let entry = entry?;
-                let entry_name = entry.file_name();
-                if entry_name != c"." && entry_name != c".." {
-                    names.push(OsStr::from_bytes(entry_name.to_bytes()).to_owned());
-                }
-            }
-            for entry_name in names {
-                remove_entry(&sub, Path::new(&entry_name), depth + 1)?;
+    let is_dir = |at: &OwnedFd, entry: &OsStr| match rustix::fs::statat(
+        at,
+        entry,
+        AtFlags::SYMLINK_NOFOLLOW,
+    ) {
+        Ok(stat) => Ok(Some(
+            FileType::from_raw_mode(stat.st_mode) == FileType::Directory,
+        )),
+        Err(rustix::io::Errno::NOENT) => Ok(None),
+        Err(errno) => Err(errno),
+    };
+    let identity = |fd: &OwnedFd| rustix::fs::fstat(fd).map(|st| (st.st_dev, st.st_ino));
+    let listing = |fd: &OwnedFd| -> Result<Vec<std::ffi::OsString>, rustix::io::Errno> {
+        let mut names = Vec::new();
+        let mut entries = Dir::read_from(fd)?;
+        while let Some(entry) = entries.read() {
+            let entry = entry?;
+            let entry_name = entry.file_name();
+            if entry_name != c"." && entry_name != c".." {
+                names.push(OsStr::from_bytes(entry_name.to_bytes()).to_owned());
             }
         }
+        Ok(names)
+    };
+    let name = name.as_os_str();
+    match is_dir(dir, name)? {
+        None => return Ok(()),
+        Some(false) => return unlink(dir, name, AtFlags::empty()),
+        Some(true) => {}
+    }
+    let top = match rustix::fs::openat(dir, name, flags, Mode::empty()) {
+        Ok(fd) => fd,
         // Swapped for a link or a file meanwhile: removed as what it is now.
         Err(rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {
-            return remove_entry(dir, name, depth + 1);
+            return unlink(dir, name, AtFlags::empty());
         }
         Err(rustix::io::Errno::NOENT) => return Ok(()),
         Err(errno) => return Err(errno),
-    }
-    match rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR) {
-        Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
-        Err(errno) => Err(errno),
-    }
-}
-
-/// The bytes of the regular files under the open directory `dir`, by descriptor.
-fn measure(dir: &OwnedFd, depth: usize, seen: &mut u64) -> u64 {
-    let Ok(mut listing) = Dir::read_from(dir) else {
-        return 0;
     };
-    let mut bytes = 0u64;
-    while let Some(Ok(entry)) = listing.read() {
-        let name = entry.file_name();
-        if name == c"." || name == c".." {
+    // Each level: its name in its parent, its identity, the entries still to remove.
+    let mut levels = vec![(name.to_owned(), identity(&top)?, listing(&top)?)];
+    let mut current = top;
+    while let Some((_, _, remaining)) = levels.last_mut() {
+        if let Some(entry) = remaining.pop() {
+            match is_dir(&current, &entry)? {
+                None => {}
+                Some(false) => unlink(&current, &entry, AtFlags::empty())?,
+                Some(true) => match rustix::fs::openat(&current, &entry, flags, Mode::empty()) {
+                    Ok(sub) => {
+                        let entries = listing(&sub)?;
+                        levels.push((entry, identity(&sub)?, entries));
+                        current = sub;
+                    }
+                    Err(rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {
+                        unlink(&current, &entry, AtFlags::empty())?;
+                    }
+                    Err(rustix::io::Errno::NOENT) => {}
+                    Err(errno) => return Err(errno),
+                },
+            }
             continue;
         }
-        *seen += 1;
-        if *seen > MAX_MEASURED {
+        // This level is empty: climb to its parent and remove it there.
+        let Some((finished, _, _)) = levels.pop() else {
             break;
+        };
+        match levels.last() {
+            Some((_, parent_id, _)) => {
+                let parent = rustix::fs::openat(&current, "..", flags, Mode::empty())?;
+                if identity(&parent)? != *parent_id {
+                    // Moved meanwhile: do not remove anything where it now is.
+                    return Err(rustix::io::Errno::STALE);
+                }
+                unlink(&parent, &finished, AtFlags::REMOVEDIR)?;
+                current = parent;
+            }
+            None => unlink(dir, &finished, AtFlags::REMOVEDIR)?,
         }
-        let Ok(stat) = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) else {
+    }
+    Ok(())
+}
+
+/// The bytes of the regular files under the open directory `dir`, by descriptor, however
+/// deep (the walk keeps its place on the heap and two directories open, climbing back
+/// through `..`); `u64::MAX` past [`MAX_MEASURED`] entries, or when the tree moves under
+/// the walk, which counts as over any quota.
+fn measure(dir: OwnedFd) -> u64 {
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let identity = |fd: &OwnedFd| rustix::fs::fstat(fd).map(|st| (st.st_dev, st.st_ino)).ok();
+    let listing = |fd: &OwnedFd| -> Vec<std::ffi::OsString> {
+        let mut names = Vec::new();
+        if let Ok(mut entries) = Dir::read_from(fd) {
+            while let Some(Ok(entry)) = entries.read() {
+                let name = entry.file_name();
+                if name != c"." && name != c".." {
+                    names.push(OsStr::from_bytes(name.to_bytes()).to_owned());
+                }
+            }
+        }
+        names
+    };
+    let Some(top) = identity(&dir) else {
+        return 0;
+    };
+    let mut seen = 0u64;
+    let mut bytes = 0u64;
+    let mut levels = vec![(top, listing(&dir))];
+    let mut current = dir;
+    while let Some((_, remaining)) = levels.last_mut() {
+        let Some(name) = remaining.pop() else {
+            levels.pop();
+            let Some((parent_id, _)) = levels.last() else {
+                break;
+            };
+            match rustix::fs::openat(&current, "..", flags, Mode::empty()) {
+                Ok(parent) if identity(&parent).as_ref() == Some(parent_id) => current = parent,
+                Ok(_) | Err(_) => return u64::MAX,
+            }
+            continue;
+        };
+        seen += 1;
+        if seen > MAX_MEASURED {
+            return u64::MAX;
+        }
+        let Ok(stat) = rustix::fs::statat(&current, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW)
+        else {
             continue;
         };
         match FileType::from_raw_mode(stat.st_mode) {
             FileType::RegularFile => {
                 bytes = bytes.saturating_add(u64::try_from(stat.st_size).unwrap_or(0));
             }
-            FileType::Directory if depth < 256 => {
-                let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-                if let Ok(sub) = rustix::fs::openat(dir, name, flags, Mode::empty()) {
-                    bytes = bytes.saturating_add(measure(&sub, depth + 1, seen));
+            FileType::Directory => {
+                if let Ok(sub) =
+                    rustix::fs::openat(&current, name.as_os_str(), flags, Mode::empty())
+                    && let Some(id) = identity(&sub)
+                {
+                    let entries = listing(&sub);
+                    levels.push((id, entries));
+                    current = sub;
                 }
             }
-            FileType::Directory
-            | FileType::Symlink
+            FileType::Symlink
             | FileType::Fifo
             | FileType::Socket
             | FileType::CharacterDevice
@@ -440,6 +521,9 @@ fn measure(dir: &OwnedFd, depth: usize, seen: &mut u64) -> u64 {
     }
     bytes
 }
+
+/// The deepest directory one copy makes (each level holds descriptors and a stack frame).
+pub const MAX_DEPTH: usize = 256;
 
 /// The most entries (files, directories, links) one copy makes.
 pub const MAX_ENTRIES: u64 = 200_000;
@@ -451,6 +535,8 @@ pub enum CopyError {
     TooLarge { limit: u64 },
     #[error("the workspace holds more than {MAX_ENTRIES} files and directories")]
     TooManyEntries,
+    #[error("the workspace is more than {MAX_DEPTH} directories deep")]
+    TooDeep,
     #[error("the source workspace {} does not exist", .0.display())]
     SourceMissing(PathBuf),
     /// The source cannot be opened safely (a tool replaced it by a link).
@@ -467,6 +553,8 @@ struct Copy {
     /// The target directory, skipped should it lie inside the source.
     target: (u64, u64),
     owner: Option<(Uid, Gid)>,
+    /// How deep the copy is now.
+    depth: usize,
 }
 
 fn io_at(path: &Path) -> impl FnOnce(rustix::io::Errno) -> CopyError + '_ {
@@ -511,6 +599,7 @@ pub fn copy_tree(
         entries: 0,
         target: (stat.st_dev, stat.st_ino),
         owner: owner.map(|(uid, gid)| (Uid::from_raw(uid), Gid::from_raw(gid))),
+        depth: 0,
     };
     copy.dir(&source, &target, from.path())?;
     Ok(copy.bytes)
@@ -566,7 +655,13 @@ impl Copy {
                 let target =
                     rustix::fs::openat(to, name, flags, Mode::empty()).map_err(io_at(here))?;
                 self.give(&target, here)?;
-                self.dir(&source, &target, here)
+                if self.depth >= MAX_DEPTH {
+                    return Err(CopyError::TooDeep);
+                }
+                self.depth += 1;
+                let copied = self.dir(&source, &target, here);
+                self.depth -= 1;
+                copied
             }
             FileType::RegularFile => self.file(from, to, name, here),
             FileType::Symlink => self.link_or_skip(from, to, name, here),

@@ -165,6 +165,32 @@ impl AppState {
 
     /// How long a verified key is trusted without asking the database again
     /// (`server.key_cache_ms`): the bound on a revocation's reach.
+    /// Whether an open stream's key still stands (a revoked key's stream is closed within
+    /// `server.key_cache_ms`). No key (dev mode): yes; a database that does not answer: yes
+    /// (checked again at the next tick).
+    pub(super) async fn key_still_valid(&self, credential: &Credential) -> bool {
+        let Some(key) = &credential.0 else {
+            return true;
+        };
+        let hash = hash_key(key);
+        if self.cached_key(&hash).is_some() {
+            return true;
+        }
+        match self.services.store.tenant_by_key_hash(&hash).await {
+            Ok(Some(tenant)) => {
+                self.cache_key(hash, tenant);
+                true
+            }
+            Ok(None) => false,
+            Err(_) => true,
+        }
+    }
+
+    /// How often an open stream's key is checked again.
+    pub(super) fn key_recheck(&self) -> Duration {
+        self.key_cache_ttl().max(Duration::from_secs(1))
+    }
+
     fn key_cache_ttl(&self) -> Duration {
         Duration::from_millis(self.settings.server.key_cache_ms)
     }

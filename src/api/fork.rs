@@ -133,7 +133,9 @@ async fn create(
         .await;
     if let Err(error) = written {
         if cwd != source.cwd {
-            let _ = tokio::fs::remove_dir_all(&cwd).await;
+            let workspaces = app.services.tool_limits.workspaces.clone();
+            let copy = std::path::PathBuf::from(&cwd);
+            let _ = tokio::task::spawn_blocking(move || workspaces.remove(&copy)).await;
         }
         return Err(match error {
             // The source was deleted meanwhile.
@@ -188,8 +190,8 @@ async fn copy_workspace(
         match copy_tree(&from, &to, limit, workspaces.owner()) {
             Ok(_) => Ok(to.path().to_owned()),
             Err(error) => {
-                // What was made is removed (std's removal never follows a link).
-                let _ = std::fs::remove_dir_all(to.path());
+                // What was made is removed, by descriptor.
+                let _ = workspaces.remove(to.path());
                 Err(error)
             }
         }
@@ -201,9 +203,9 @@ async fn copy_workspace(
         Err(error @ CopyError::TooLarge { .. }) => Err(ApiError::too_large(format!(
             "{error} (workspace.fork_max_bytes); fork with cwd \"share\" to work in the same directory"
         ))),
-        Err(error @ CopyError::TooManyEntries) => Err(ApiError::too_large(format!(
-            "{error}; fork with cwd \"share\" to work in the same directory"
-        ))),
+        Err(error @ (CopyError::TooManyEntries | CopyError::TooDeep)) => Err(ApiError::too_large(
+            format!("{error}; fork with cwd \"share\" to work in the same directory"),
+        )),
         Err(error @ CopyError::SourceMissing(_)) => Err(ApiError::new(
             StatusCode::CONFLICT,
             "workspace_missing",

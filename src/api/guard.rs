@@ -13,7 +13,7 @@ use std::net::IpAddr;
 
 use axum::extract::{Request, State};
 use axum::http::uri::Authority;
-use axum::http::{HeaderMap, StatusCode, Uri, header};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -190,16 +190,19 @@ impl Guard {
             Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 "origin_not_allowed",
-                "this Origin may not open WebSockets or call /mcp: only the server's own origin and server.allowed_origins may",
+                "this Origin may not open WebSockets, call /mcp or, in dev mode, change anything: only the server's own origin and server.allowed_origins may",
             ))
         }
     }
 
-    /// Both checks, as they apply to a request.
-    pub fn admit(&self, headers: &HeaderMap, uri: &Uri) -> Result<(), ApiError> {
+    /// Both checks, as they apply to a request. In dev mode (no key needed) every request
+    /// that changes something is checked for its Origin too: a page elsewhere could post
+    /// a body-less request (a new conversation, a cancel) as a "simple" request.
+    pub fn admit(&self, method: &Method, headers: &HeaderMap, uri: &Uri) -> Result<(), ApiError> {
         let host = Self::host(headers, uri);
         self.check_host(host.as_ref())?;
-        if is_websocket(headers) || is_mcp(uri.path()) {
+        let changes = !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
+        if is_websocket(headers) || is_mcp(uri.path()) || (self.dev && changes) {
             self.check_origin(headers, host.as_ref())?;
         }
         Ok(())
@@ -219,7 +222,10 @@ fn is_mcp(path: &str) -> bool {
 
 /// The layer over every route.
 pub async fn check(State(app): State<AppState>, request: Request, next: Next) -> Response {
-    match app.guard.admit(request.headers(), request.uri()) {
+    match app
+        .guard
+        .admit(request.method(), request.headers(), request.uri())
+    {
         Ok(()) => next.run(request).await,
         Err(error) => error.into_response(),
     }

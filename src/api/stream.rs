@@ -34,6 +34,9 @@ use crate::wire::{self, ClientFrame, ServerFrame, StreamQuery, SystemEvent};
 pub const CLOSE_LAGGED: u16 = 4008;
 /// Close code: the server is going away.
 const CLOSE_GOING_AWAY: u16 = 1001;
+/// The stream's key was revoked (policy violation).
+const CLOSE_REVOKED: u16 = 1008;
+const REVOKED: &str = "the API key was revoked";
 /// A client whose socket takes no data for this long is dropped.
 const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -416,6 +419,8 @@ async fn serve_socket(
         let idle_after = Duration::from_millis(app.settings.server.ws_idle_timeout_ms);
         let mut heard = tokio::time::Instant::now();
         let mut pinged = false;
+        let mut recheck = tokio::time::interval(app.key_recheck());
+        recheck.reset();
         let close = loop {
             let tick = tokio::time::sleep_until(if pinged {
                 heard + idle_after
@@ -430,6 +435,11 @@ async fn serve_socket(
             };
             tokio::select! {
                 () = app.shutdown.cancelled() => break Some((CLOSE_GOING_AWAY, GOING_AWAY.to_owned())),
+                _ = recheck.tick() => {
+                    if !app.key_still_valid(&credential).await {
+                        break Some((CLOSE_REVOKED, REVOKED.to_owned()));
+                    }
+                }
                 () = tick => {
                     if pinged {
                         break Some((CLOSE_GOING_AWAY, format!("idle: nothing received for {} s", idle_after.as_secs())));
@@ -705,6 +715,7 @@ fn route(id: &str, segments: &[&str], query: Option<&str>) -> Option<Uri> {
 pub async fn sse(
     State(app): State<AppState>,
     caller: Caller,
+    credential: Credential,
     Path(id): Path<String>,
     headers: HeaderMap,
     Query(q): Query<StreamQuery>,
@@ -732,10 +743,17 @@ pub async fn sse(
             app.services.hub.release(&conv.id);
             return;
         };
+        let mut recheck = tokio::time::interval(app.key_recheck());
+        recheck.reset();
         let close = loop {
             tokio::select! {
                 () = app.shutdown.cancelled() => break Some((CLOSE_GOING_AWAY, GOING_AWAY.to_owned())),
                 () = sink.closed() => break None,
+                _ = recheck.tick() => {
+                    if !app.key_still_valid(&credential).await {
+                        break Some((CLOSE_REVOKED, REVOKED.to_owned()));
+                    }
+                }
                 received = live.recv() => {
                     if let Err(close) = forward_ready(followed, received, &mut live, &mut last, &mut sink).await {
                         break close;

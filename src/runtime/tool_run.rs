@@ -186,9 +186,11 @@ async fn execute(run: Run) -> ToolOutcome {
         "bash" if input.get("background").and_then(Value::as_bool) == Some(true) => {
             background(&run).await
         }
-        "bash" => {
-            // A process slot of the tenant's, waiting behind its own processes only, at most
-            // the run's own default time limit.
+        // Tools that work in the workspace (bash's process, patch and keyword_search on the
+        // server's blocking threads) take one of the tenant's slots.
+        "bash" | "patch" | "keyword_search" => {
+            // A slot of the tenant's, waiting behind its own tools only, at most the run's
+            // own default time limit.
             let _slot = match admit(
                 &run.services,
                 &run.tenant_id,
@@ -203,10 +205,6 @@ async fn execute(run: Run) -> ToolOutcome {
             };
             tools::run(&run.tool, run.cwd.clone(), &run.limits, run.cancel.clone()).await
         }
-        "patch" => match workspace_full(&run.services, &run.tenant_id, &run.limits).await {
-            Some(refused) => refused,
-            None => tools::run(&run.tool, run.cwd.clone(), &run.limits, run.cancel.clone()).await,
-        },
         _ => tools::run(&run.tool, run.cwd.clone(), &run.limits, run.cancel.clone()).await,
     }
 }
@@ -230,8 +228,13 @@ async fn workspace_full(
         .await
         .err()
         .map(|exceeded| {
+            let holds = if bytes == u64::MAX {
+                "more than 1,000,000 files and directories, past what is measured".to_owned()
+            } else {
+                format!("{bytes} bytes")
+            };
             failed(format!(
-                "not run: the tenant's workspace holds {bytes} bytes; the {exceeded}"
+                "not run: the tenant's workspace holds {holds}; the {exceeded}"
             ))
         })
 }

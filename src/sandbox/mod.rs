@@ -819,8 +819,19 @@ struct TempDir(PathBuf);
 impl Drop for TempDir {
     fn drop(&mut self) {
         let path = std::mem::take(&mut self.0);
+        // The tool wrote what is in it (a tree thousands of levels deep, say): removed by
+        // descriptor, iteratively (std's removal recurses, and a blocking thread's stack is
+        // small).
         let remove = move || {
-            let _ = std::fs::remove_dir_all(&path);
+            let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+                return;
+            };
+            let flags = rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC;
+            if let Ok(dir) = rustix::fs::open(parent, flags, rustix::fs::Mode::empty()) {
+                let _ = crate::workspace::remove_entry(&dir, Path::new(name));
+            }
         };
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {

@@ -55,17 +55,37 @@ impl Beneath {
         rustix::fs::openat2(at, path, flags | OFlags::CLOEXEC, mode, BENEATH).map_err(io)
     }
 
-    /// Opens a file for reading.
+    /// Opens a regular file for reading. `O_NONBLOCK`: a pipe a tool put there does not
+    /// hold the server's thread waiting for a writer; anything but a regular file is refused.
     pub fn file(&self, path: &Path) -> std::io::Result<std::fs::File> {
-        Ok(self
-            .open(&self.dir, path, OFlags::RDONLY, Mode::empty())?
-            .into())
+        let fd = self.open(
+            &self.dir,
+            path,
+            OFlags::RDONLY | OFlags::NONBLOCK,
+            Mode::empty(),
+        )?;
+        let stat = rustix::fs::fstat(&fd).map_err(io)?;
+        if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile {
+            return Err(std::io::Error::other("it is not a regular file"));
+        }
+        Ok(fd.into())
     }
 
-    /// Reads a file.
-    pub fn read(&self, path: &Path) -> std::io::Result<Vec<u8>> {
+    /// Reads a regular file of at most `limit` bytes.
+    pub fn read(&self, path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+        let file = self.file(path)?;
+        if file.metadata()?.len() > limit {
+            return Err(std::io::Error::other(format!(
+                "it is larger than {limit} bytes"
+            )));
+        }
         let mut bytes = Vec::new();
-        self.file(path)?.read_to_end(&mut bytes)?;
+        file.take(limit + 1).read_to_end(&mut bytes)?;
+        if bytes.len() as u64 > limit {
+            return Err(std::io::Error::other(format!(
+                "it is larger than {limit} bytes"
+            )));
+        }
         Ok(bytes)
     }
 
@@ -112,14 +132,17 @@ impl Beneath {
                 Mode::empty(),
             )?;
         }
-        let mut temp_name = name.to_owned();
-        temp_name.push(".bedrock-tmp");
+        let mut temp_name = std::ffi::OsString::from(".");
+        temp_name.push(name);
+        temp_name.push(format!(".bedrock-{}", uuid::Uuid::now_v7().simple()));
         let temp = Path::new(&temp_name);
         let written = (|| {
             let fd = self.open(
                 &dir,
                 temp,
-                OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW,
+                // A name of its own, made here: whatever a tool put beside the file (a pipe
+                // named like it, say) is never opened.
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW,
                 Mode::from_raw_mode(0o644),
             )?;
             if let Some((uid, gid)) = owner {
@@ -170,7 +193,7 @@ mod tests {
         let beneath =
             Beneath::new(&crate::workspace::Pinned::trusted(&cwd).expect("opens")).expect("opens");
         for path in ["abs", "rel", "../outside.txt", "sub/up/../outside.txt"] {
-            assert!(beneath.read(Path::new(path)).is_err(), "{path}");
+            assert!(beneath.read(Path::new(path), 1 << 20).is_err(), "{path}");
         }
         // Writing over a symlink replaces the link in cwd, never its target outside.
         beneath
@@ -190,7 +213,9 @@ mod tests {
             .write(Path::new("sub/inside/new/file.txt"), b"hello", None)
             .expect("writes");
         assert_eq!(
-            beneath.read(Path::new("sub/new/file.txt")).expect("reads"),
+            beneath
+                .read(Path::new("sub/new/file.txt"), 1 << 20)
+                .expect("reads"),
             b"hello"
         );
         let _ = std::fs::remove_dir_all(&base);

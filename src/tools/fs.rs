@@ -2,7 +2,7 @@
 //! spelling is checked here (`..`); links are the kernel's to refuse, at the moment of each
 //! open beneath the cwd's descriptor (beneath.rs).
 
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PathError {
@@ -21,30 +21,8 @@ pub fn relative_in(cwd: &Path, path: &str) -> Result<PathBuf, PathError> {
     if path.trim().is_empty() {
         return Err(PathError::Empty(path.to_owned()));
     }
-    let given = Path::new(path);
-    let relative = if given.is_absolute() {
-        given
-            .strip_prefix(cwd)
-            .map_err(|_| PathError::Escapes(path.to_owned()))?
-    } else {
-        given
-    };
-    let mut normal = PathBuf::new();
-    for component in relative.components() {
-        match component {
-            Component::Normal(part) => normal.push(part),
-            Component::CurDir => {}
-            Component::ParentDir => {
-                if !normal.pop() {
-                    return Err(PathError::Escapes(path.to_owned()));
-                }
-            }
-            Component::RootDir | Component::Prefix(_) => {
-                return Err(PathError::Escapes(path.to_owned()));
-            }
-        }
-    }
-    Ok(normal)
+    crate::workspace::plain_relative(cwd, Path::new(path))
+        .ok_or_else(|| PathError::Escapes(path.to_owned()))
 }
 
 #[cfg(test)]

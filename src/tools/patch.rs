@@ -9,6 +9,9 @@ use super::{failed, relative_in};
 use crate::state_machine::ToolOutcome;
 use crate::workspace::Pinned;
 
+/// The largest file patch edits: it holds the file in memory, in the server.
+const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
+
 /// Applies `{"path", "edits": [{"old_text", "new_text"}]}`.
 /// `owner`: who the file and directories it writes belong to (the sandbox's tool user when
 /// the server runs as root).
@@ -48,7 +51,7 @@ pub fn apply(cwd: &Pinned, input: &Map<String, Value>, owner: Option<(u32, u32)>
         Err(e) => return failed(format!("cannot open the working directory: {e}")),
     };
     let read = beneath
-        .read(&file)
+        .read(&file, MAX_FILE_BYTES)
         .and_then(|bytes| String::from_utf8(bytes).map_err(std::io::Error::other));
     let mut text = match read {
         Ok(text) => text,

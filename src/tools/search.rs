@@ -258,6 +258,14 @@ impl Search {
                     if self.ignored(&here, true) {
                         continue;
                     }
+                    // Directories count too: a tree of empty ones is work as well.
+                    self.files += 1;
+                    if self.files > MAX_FILES {
+                        self.out.push_str(&format!(
+                            "[stopped after {MAX_FILES} files and directories]\n"
+                        ));
+                        return Err(Stop);
+                    }
                     let flags =
                         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
                     if let Ok(sub) = rustix::fs::openat(dir, name, flags, Mode::empty()) {

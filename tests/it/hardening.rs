@@ -475,6 +475,25 @@ async fn dev_mode_refuses_foreign_hosts() {
         403
     );
     assert_eq!(ws_handshake(&url, &[]).await.0, 101);
+    // A body-less POST from another site (a "simple" request): refused by its Origin; the
+    // server's own origin may.
+    let (status, body) = raw(
+        app.addr,
+        &format!(
+            "POST /v1/conversations/{id}/cancel HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nOrigin: http://evil.example\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        ),
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("origin_not_allowed"), "{body}");
+    let (status, body) = raw(
+        app.addr,
+        &format!(
+            "POST /v1/conversations HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nOrigin: http://127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        ),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
     app.cleanup(db).await;
 }
 
@@ -658,6 +677,13 @@ async fn a_revoked_key_is_refused() {
             !listed.to_string().contains(&key) && !listed.to_string().contains(&app.key_a),
             "a listing never shows a key"
         );
+        // A WebSocket open with the key is closed when the key is revoked (1008).
+        let id = app.conversation().await;
+        let mut ws = Ws::connect(&format!(
+            "ws://{}/v1/conversations/{id}/ws?access_token={key}",
+            app.addr
+        ))
+        .await;
         // Revoke the new key by id; the old one by its prefix.
         let revoked = bedrock::app::revoke_key(&settings, "a", &key_id)
             .await
@@ -679,6 +705,16 @@ async fn a_revoked_key_is_refused() {
         app.request(Method::GET, "/v1/conversations", Some(&key), None)
             .await
             .expect_error(401, "unauthorized");
+        let closed = loop {
+            match ws.next(Duration::from_secs(10)).await {
+                Some(Next::Frame(_)) => {}
+                other => break other,
+            }
+        };
+        assert!(
+            matches!(&closed, Some(Next::Closed(Some(1008), reason)) if reason.contains("revoked")),
+            "the open WebSocket is closed: {closed:?}"
+        );
         app.get("/v1/conversations").await.expect(200);
         let prefix: String = app.key_a.chars().take(10).collect();
         bedrock::app::revoke_key(&settings, "a", &prefix)

@@ -556,3 +556,84 @@ async fn background_tasks_are_bounded_per_tenant() {
     assert!(ok && output.contains("foreground"), "{output}");
     app.cleanup(db).await;
 }
+
+/// What a tenant's tools can leave for the server to trip on: a pipe or a huge sparse file
+/// named to patch (the server must not wait on the pipe nor read the gigabyte), a pipe named
+/// like patch's own temp file, a tree tens of thousands of directories deep in the run's
+/// /tmp (removed after the run) and in the cwd (a fork refuses it; deleting the conversation
+/// removes it). The server neither hangs nor crashes, and the conversation goes on.
+#[tokio::test]
+async fn hostile_trees_neither_hang_nor_crash_the_server() {
+    let db = TestDb::sqlite();
+    let app = TestApp::spawn(&db).await;
+    let key = app.key_a.clone();
+    let (id, cwd) = conversation_in(&app, &key, "hostile").await;
+    let (ok, output) = bash_as(
+        &app,
+        &key,
+        &id,
+        json!({"command": "mkfifo pipe && truncate -s 900M sparse && echo made"}),
+    )
+    .await;
+    assert!(ok && output.contains("made"), "{output}");
+    for (file, expected) in [("pipe", "not a regular file"), ("sparse", "larger than")] {
+        let started = std::time::Instant::now();
+        let (ok, output) = tool_as(
+            &app,
+            &key,
+            &id,
+            "patch",
+            json!({"path": file, "edits": [{"old_text": "a", "new_text": "b"}]}),
+        )
+        .await;
+        assert!(!ok && output.contains(expected), "{file}: {output}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "{file}: no hang"
+        );
+    }
+    // A deep tree in the run's private /tmp, and one in the cwd.
+    let deep = "p=$(printf 'd/%.0s' $(seq 1000)); for i in $(seq 3); do mkdir -p $p && cd $p || exit 1; done; echo deep";
+    let (ok, output) = bash_as(
+        &app,
+        &key,
+        &id,
+        json!({"command": format!("cd /tmp && {deep}"), "timeout_ms": 120000}),
+    )
+    .await;
+    assert!(ok && output.contains("deep"), "{output}");
+    let (ok, output) = bash_as(
+        &app,
+        &key,
+        &id,
+        json!({"command": format!("rm -f sparse pipe && {deep}"), "timeout_ms": 120000}),
+    )
+    .await;
+    assert!(ok && output.contains("deep"), "{output}");
+    let refused = app
+        .request(
+            reqwest::Method::POST,
+            &format!("/v1/conversations/{id}/fork"),
+            Some(&key),
+            Some(json!({"cwd": "copy"})),
+        )
+        .await
+        .expect_error(413, "payload_too_large");
+    assert!(refused.contains("deep"), "{refused}");
+    let (ok, output) = bash_as(&app, &key, &id, json!({"command": "echo still-here"})).await;
+    assert!(ok && output.contains("still-here"), "{output}");
+    app.request(
+        reqwest::Method::DELETE,
+        &format!("/v1/conversations/{id}"),
+        Some(&key),
+        None,
+    )
+    .await
+    .expect(204);
+    crate::support::eventually("the deep tree removed", crate::support::WAIT, || async {
+        (!cwd.exists()).then_some(())
+    })
+    .await;
+    app.get("/healthz").await.expect(200);
+    app.cleanup(db).await;
+}
