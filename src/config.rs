@@ -176,6 +176,10 @@ pub struct MetricsSettings {
     /// The address of the operator listener (`GET /metrics`, `GET /status`); `""` or
     /// `"off"`: none.
     pub listen: String,
+    /// The token of the admin API on the operator listener (`Authorization: Bearer`); `""`:
+    /// no admin API.
+    #[serde(serialize_with = "masked")]
+    pub admin_token: SecretString,
 }
 
 impl MetricsSettings {

@@ -152,6 +152,14 @@ pub fn operator_router(state: AppState) -> Router {
     Router::new()
         .route("/metrics", axum::routing::get(ops::metrics))
         .route("/status", axum::routing::get(ops::status))
+        .route(
+            "/admin/tenants/{name}/keys",
+            axum::routing::get(ops::admin_list_keys).post(ops::admin_create_key),
+        )
+        .route(
+            "/admin/tenants/{name}/keys/{key}",
+            axum::routing::delete(ops::admin_revoke_key),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)

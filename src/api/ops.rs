@@ -4,12 +4,12 @@
 use std::sync::LazyLock;
 
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use super::AppState;
-use super::error::reply;
+use super::error::{ApiError, reply};
 use crate::wire::{Health, Ready};
 
 /// The OpenAPI document as served (and as docs/openapi.json holds it), made once.
@@ -174,4 +174,74 @@ pub async fn openapi() -> Response {
         OPENAPI.as_str(),
     )
         .into_response()
+}
+
+/// The admin API's check: `Authorization: Bearer <metrics.admin_token>`; without a token
+/// configured there is no admin API (404).
+fn admin(app: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    use secrecy::ExposeSecret as _;
+    use sha2::Digest as _;
+    let token = app.settings.metrics.admin_token.expose_secret();
+    if token.is_empty() {
+        return Err(ApiError::not_found("route"));
+    }
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    // Compared as digests, so the time taken says nothing of the token.
+    if sha2::Sha256::digest(given.as_bytes()) != sha2::Sha256::digest(token.as_bytes()) {
+        return Err(ApiError::unauthorized("the admin token is not valid"));
+    }
+    Ok(())
+}
+
+/// A command's refusal as the API says it: a missing tenant or key is 404.
+fn admin_error(error: &anyhow::Error) -> ApiError {
+    let message = format!("{error:#}");
+    if message.contains("no tenant is named") || message.contains("has no key") {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+    } else {
+        ApiError::internal(message)
+    }
+}
+
+/// `GET /admin/tenants/{name}/keys`: as `bedrock tenant key list NAME`.
+pub async fn admin_list_keys(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> Result<Response, ApiError> {
+    admin(&app, &headers)?;
+    let keys = crate::app::list_keys(&app.settings, &name)
+        .await
+        .map_err(|e| admin_error(&e))?;
+    Ok(axum::Json(keys).into_response())
+}
+
+/// `POST /admin/tenants/{name}/keys`: as `bedrock tenant key create NAME` (the key, once).
+pub async fn admin_create_key(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> Result<Response, ApiError> {
+    admin(&app, &headers)?;
+    let key = crate::app::create_key(&app.settings, &name)
+        .await
+        .map_err(|e| admin_error(&e))?;
+    Ok((StatusCode::CREATED, axum::Json(key)).into_response())
+}
+
+/// `DELETE /admin/tenants/{name}/keys/{key}`: as `bedrock tenant key revoke NAME KEY`.
+pub async fn admin_revoke_key(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    axum::extract::Path((name, key)): axum::extract::Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    admin(&app, &headers)?;
+    let revoked = crate::app::revoke_key(&app.settings, &name, &key)
+        .await
+        .map_err(|e| admin_error(&e))?;
+    Ok(axum::Json(revoked).into_response())
 }

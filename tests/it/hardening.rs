@@ -793,3 +793,111 @@ async fn a_websocket_key_travels_as_a_subprotocol() {
     assert_eq!(status, 401);
     app.cleanup(db).await;
 }
+
+/// The admin API on the operator listener: a tenant's keys listed, made and revoked over
+/// HTTP with the admin token; a wrong or missing token is 401; without a token configured
+/// there is no admin API.
+#[tokio::test]
+async fn keys_are_managed_over_the_admin_api() {
+    for db in TestDb::each().await {
+        let app = TestApp::spawn_with(
+            &db,
+            &[
+                ("BEDROCK_METRICS__ADMIN_TOKEN", "operator-secret"),
+                ("BEDROCK_SERVER__KEY_CACHE_MS", "300"),
+            ],
+        )
+        .await;
+        let http = reqwest::Client::new();
+        let admin = |method: Method, path: &str, token: Option<&str>| {
+            let mut request = http.request(method, format!("{}{path}", app.metrics_base));
+            if let Some(token) = token {
+                request = request.bearer_auth(token);
+            }
+            request.send()
+        };
+        let status = |r: reqwest::Response| r.status().as_u16();
+        assert_eq!(
+            status(
+                admin(Method::GET, "/admin/tenants/a/keys", None)
+                    .await
+                    .expect("answers")
+            ),
+            401
+        );
+        assert_eq!(
+            status(
+                admin(Method::GET, "/admin/tenants/a/keys", Some("wrong"))
+                    .await
+                    .expect("answers")
+            ),
+            401
+        );
+        let listed: Value = admin(
+            Method::GET,
+            "/admin/tenants/a/keys",
+            Some("operator-secret"),
+        )
+        .await
+        .expect("answers")
+        .json()
+        .await
+        .expect("JSON");
+        assert_eq!(listed["keys"].as_array().map(Vec::len), Some(1), "{listed}");
+        let created = admin(
+            Method::POST,
+            "/admin/tenants/a/keys",
+            Some("operator-secret"),
+        )
+        .await
+        .expect("answers");
+        assert_eq!(created.status().as_u16(), 201);
+        let created: Value = created.json().await.expect("JSON");
+        let key = created["api_key"]
+            .as_str()
+            .expect("the key, once")
+            .to_owned();
+        app.request(Method::GET, "/v1/conversations", Some(&key), None)
+            .await
+            .expect(200);
+        let key_id = created["key_id"].as_str().expect("an id");
+        let revoked = admin(
+            Method::DELETE,
+            &format!("/admin/tenants/a/keys/{key_id}"),
+            Some("operator-secret"),
+        )
+        .await
+        .expect("answers");
+        assert_eq!(revoked.status().as_u16(), 200);
+        eventually("the revoked key refused", WAIT, || async {
+            let reply = app
+                .request(Method::GET, "/v1/conversations", Some(&key), None)
+                .await;
+            (reply.status == 401).then_some(())
+        })
+        .await;
+        assert_eq!(
+            status(
+                admin(
+                    Method::GET,
+                    "/admin/tenants/nobody/keys",
+                    Some("operator-secret")
+                )
+                .await
+                .expect("answers")
+            ),
+            404
+        );
+        app.cleanup(db).await;
+    }
+    let db = TestDb::sqlite();
+    let app = TestApp::spawn(&db).await;
+    let off = reqwest::Client::new()
+        .get(format!("{}/admin/tenants/a/keys", app.metrics_base))
+        .bearer_auth("")
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(off.status().as_u16(), 404, "no admin API without a token");
+    app.cleanup(db).await;
+}
