@@ -463,11 +463,17 @@ fn convert(
                             id: tool.id.clone(),
                             function: FunctionCall {
                                 name: tool.name.clone(),
-                                // Arguments that were not JSON are sent back as they came.
-                                arguments: tool
-                                    .input
-                                    .as_str()
-                                    .map_or_else(|| tool.input.to_string(), str::to_owned),
+                                // A history must be valid for any backend, whatever one sent
+                                // before: arguments that are not a JSON object (a call cut at
+                                // the token limit, `{"command":`) go back as an object that
+                                // says so, as on the Anthropic path; the stored message keeps
+                                // them as they came. (llama-server refuses a whole request
+                                // whose past arguments do not parse.)
+                                arguments: if tool.input.is_object() {
+                                    tool.input.to_string()
+                                } else {
+                                    serde_json::json!({"invalid_arguments": tool.input}).to_string()
+                                },
                             },
                         })
                     })

@@ -549,8 +549,58 @@ enum Api {
 
 mod anthropic;
 
+/// The OpenAI-compatible API. A history whose past tool-call arguments do not parse as JSON
+/// is refused as llama-server refuses it (HTTP 500), so that every test holds the gateway to
+/// sending histories any backend accepts.
 async fn complete(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    if let Some(message) = unparsable_arguments(&body) {
+        let mut inner = shared.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner
+            .requests
+            .push(serde_json::from_slice(&body).unwrap_or(Value::Null));
+        drop(inner);
+        // As llama-server answers it.
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            axum::Json(json!({"error": {"code": 500, "message": message, "type": "server_error"}})),
+        )
+            .into_response();
+    }
     serve(shared, body, Api::OpenAi).await
+}
+
+/// llama-server's refusal of a history with tool-call arguments that are not JSON.
+fn unparsable_arguments(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Body {
+        #[serde(default)]
+        messages: Vec<Message>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Message {
+        #[serde(default)]
+        tool_calls: Option<Vec<Call>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Call {
+        function: Function,
+    }
+    #[derive(serde::Deserialize)]
+    struct Function {
+        #[serde(default)]
+        arguments: Value,
+    }
+    let parsed: Body = serde_json::from_slice(body).ok()?;
+    parsed
+        .messages
+        .iter()
+        .flat_map(|m| m.tool_calls.iter().flatten())
+        .find_map(|call| {
+            let text = call.function.arguments.as_str()?;
+            serde_json::from_str::<Value>(text)
+                .err()
+                .map(|e| format!("Failed to parse tool call arguments as JSON: {e}"))
+        })
 }
 
 /// Anthropic's Messages API: the same script, answered in its event stream. A request that
@@ -771,6 +821,38 @@ async fn reply_with(reply: Reply, prompt: u64, completion: u64, shared: Arc<Shar
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Past tool-call arguments that are not JSON are refused, as llama-server refuses
+    /// them; JSON ones (a string holding an object) are not.
+    #[test]
+    fn unparsable_past_arguments_are_refused() {
+        let with = |arguments: Value| {
+            json!({"messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                    "function": {"name": "bash", "arguments": arguments}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "failed"},
+            ]})
+            .to_string()
+        };
+        let refused = unparsable_arguments(with(json!("{\"command\":")).as_bytes());
+        assert!(
+            refused
+                .as_deref()
+                .is_some_and(|m| m.starts_with("Failed to parse tool call arguments as JSON")),
+            "{refused:?}"
+        );
+        assert_eq!(
+            unparsable_arguments(with(json!("{\"command\": \"ls\"}")).as_bytes()),
+            None
+        );
+        assert_eq!(
+            unparsable_arguments(
+                with(json!("{\"invalid_arguments\": \"{\\\"command\\\":\"}")).as_bytes()
+            ),
+            None
+        );
+    }
 
     /// The quick read of the routing keys agrees with the whole parse, and a body it cannot
     /// read quickly is parsed.

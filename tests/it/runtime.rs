@@ -688,7 +688,9 @@ async fn gateway_concurrency_limit() {
 }
 
 /// Tool arguments that are not JSON reach the tool as a failure the model can act on, and go
-/// back to the model as they came.
+/// back to the model as a JSON object that holds them (`{"invalid_arguments": ...}`): a
+/// backend that parses past arguments (llama-server) must not refuse every later request
+/// (issue 42). The stored message keeps them as they came.
 #[tokio::test]
 async fn invalid_tool_arguments_are_a_failed_result() {
     let db = TestDb::sqlite();
@@ -716,9 +718,13 @@ async fn invalid_tool_arguments_are_a_failed_result() {
         .iter()
         .find(|m| m["role"] == "assistant")
         .expect("the assistant message");
+    let sent = assistant["tool_calls"][0]["function"]["arguments"]
+        .as_str()
+        .expect("arguments are a string");
+    let parsed: Value = serde_json::from_str(sent).expect("valid JSON");
     assert_eq!(
-        assistant["tool_calls"][0]["function"]["arguments"],
-        "{\"command\": \"ls"
+        parsed,
+        serde_json::json!({"invalid_arguments": "{\"command\": \"ls"})
     );
     rt.assert_chain_valid(&conv).await;
     rt.stop().await;
