@@ -259,6 +259,20 @@ pub(super) async fn refused(response: reqwest::Response, idle: Duration) -> (Byt
     (body, retry_after)
 }
 
+/// Whether a server error's message says the request itself is malformed, in the words of the
+/// servers known to answer so with a 500: llama-server (its template and parsing errors) and
+/// Ollama (its JSON decoding errors).
+fn malformed_request(detail: &str) -> bool {
+    const SAID: [&str; 5] = [
+        "Failed to parse",
+        "Cannot have 2 or more assistant messages",
+        "Conversation roles must alternate",
+        "json: cannot unmarshal",
+        "invalid character",
+    ];
+    SAID.iter().any(|said| detail.contains(said))
+}
+
 /// The failure a non-success status means (OpenAI's error body or plain text).
 pub fn status_failure(status: u16, body: &[u8], retry_after_ms: Option<u64>) -> Failure {
     let detail = serde_json::from_slice::<serde_json::Value>(body)
@@ -275,6 +289,8 @@ pub fn status_failure(status: u16, body: &[u8], retry_after_ms: Option<u64>) -> 
         401 | 403 => ErrorKind::Auth,
         429 => ErrorKind::RateLimit,
         400 | 404 | 413 | 422 => ErrorKind::InvalidRequest,
+        // A server error that says the request itself is malformed is not worth another try.
+        500 if malformed_request(&detail) => ErrorKind::InvalidRequest,
         408 | 500..=599 => ErrorKind::Network,
         _ => ErrorKind::Unknown,
     };
@@ -316,6 +332,32 @@ pub fn classify(error: &OpenAIError, probe: &Probe) -> Failure {
 
 #[cfg(test)]
 mod tests {
+    /// A 500 whose message says the request is malformed (llama-server, Ollama) is not
+    /// retried; another 500 is (issue 42).
+    #[test]
+    fn a_malformed_request_is_not_retried() {
+        let llama = br#"{"error":{"code":500,"message":"Failed to parse tool call arguments as JSON: [json.exception.parse_error.101]","type":"server_error"}}"#;
+        let failure = status_failure(500, llama, None);
+        assert_eq!(failure.kind, ErrorKind::InvalidRequest);
+        assert!(
+            failure
+                .message
+                .contains("Failed to parse tool call arguments"),
+            "{}",
+            failure.message
+        );
+        let ollama = br#"{"error":"json: cannot unmarshal string into Go struct field"}"#;
+        assert_eq!(
+            status_failure(500, ollama, None).kind,
+            ErrorKind::InvalidRequest
+        );
+        assert_eq!(
+            status_failure(500, br#"{"error":{"message":"out of memory"}}"#, None).kind,
+            ErrorKind::Network
+        );
+        assert_eq!(status_failure(503, b"busy", None).kind, ErrorKind::Network);
+    }
+
     use super::*;
 
     /// `error:` fields are found whole, however the stream is cut; other lines are not kept.
