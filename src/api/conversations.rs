@@ -55,12 +55,7 @@ impl AppState {
         let quotas = &self.services.quotas;
         let count = self.services.store.conversation_count(tenant_id).await?;
         quotas.check(tenant_id, Quota::Conversations, count).await?;
-        let workspaces = self.services.tool_limits.workspaces.clone();
-        let tenant = tenant_id.to_owned();
-        if let Some(bytes) = quotas
-            .workspace_bytes(tenant_id, move || workspaces.tenant_bytes(&tenant).ok())
-            .await
-        {
+        if let Some(bytes) = self.services.workspace_bytes(tenant_id).await {
             quotas
                 .check(tenant_id, Quota::WorkspaceBytes, bytes)
                 .await?;
@@ -71,21 +66,10 @@ impl AppState {
     /// Room for one more running turn of the tenant on this node (`concurrent_turns`): the
     /// top-level conversations other than `id` that run a turn now.
     pub(super) async fn admit_turn(&self, tenant_id: &str, id: &str) -> Result<(), ApiError> {
-        let running = self
-            .services
-            .registry
-            .running()
-            .into_iter()
-            .filter(|(other, live)| {
-                other != id
-                    && live.fixed.top_level
-                    && live.fixed.tenant_id == tenant_id
-                    && live.cancel.running_turn().is_some()
-            })
-            .count();
+        let running = self.services.registry.running_turns(tenant_id, Some(id));
         self.services
             .quotas
-            .check(tenant_id, Quota::ConcurrentTurns, running as u64)
+            .check(tenant_id, Quota::ConcurrentTurns, running)
             .await?;
         Ok(())
     }

@@ -99,17 +99,10 @@ async fn quotas(
         Quota::McpServers,
         services.store.mcp_server_count(tenant_id).await?,
     );
-    let turns = services
-        .registry
-        .running()
-        .into_iter()
-        .filter(|(_, live)| {
-            live.fixed.top_level
-                && live.fixed.tenant_id == tenant_id
-                && live.cancel.running_turn().is_some()
-        })
-        .count();
-    held.insert(Quota::ConcurrentTurns, turns as u64);
+    held.insert(
+        Quota::ConcurrentTurns,
+        services.registry.running_turns(tenant_id, None),
+    );
     let mut out = std::collections::BTreeMap::new();
     for quota in Quota::ALL {
         out.insert(

@@ -87,6 +87,15 @@ impl Services {
         limits
     }
 
+    /// The bytes in `tenant`'s workspace, measured at most every `quotas.measure_every_ms`.
+    pub async fn workspace_bytes(&self, tenant: &str) -> Option<u64> {
+        let workspaces = self.tool_limits.workspaces.clone();
+        let owned = tenant.to_owned();
+        self.quotas
+            .workspace_bytes(tenant, move || workspaces.tenant_bytes(&owned).ok())
+            .await
+    }
+
     /// Once set, no new LLM request or tool run starts.
     pub fn is_shutting_down(&self) -> bool {
         self.shutdown.is_cancelled()

@@ -187,6 +187,20 @@ impl Registry {
     }
 
     /// Every running conversation.
+    /// How many of `tenant`'s top-level conversations other than `except` run a turn now.
+    pub fn running_turns(&self, tenant: &str, except: Option<&str>) -> u64 {
+        self.map()
+            .iter()
+            .filter(|(id, _)| except != Some(id.as_str()))
+            .filter_map(|(_, slot)| slot.get().filter(|l| l.is_running()))
+            .filter(|live| {
+                live.fixed.top_level
+                    && live.fixed.tenant_id == tenant
+                    && live.cancel.running_turn().is_some()
+            })
+            .count() as u64
+    }
+
     pub fn running(&self) -> Vec<(String, Live)> {
         self.map()
             .iter()

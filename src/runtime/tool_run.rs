@@ -194,7 +194,6 @@ async fn execute(run: Run) -> ToolOutcome {
             let _slot = match admit(
                 &run.services,
                 &run.tenant_id,
-                &run.limits,
                 run.limits.bash_timeout,
                 &run.cancel,
             )
@@ -211,17 +210,8 @@ async fn execute(run: Run) -> ToolOutcome {
 
 /// A failed result when the tenant's workspace is over its quota (measured at most every
 /// `quotas.measure_every_ms`).
-async fn workspace_full(
-    services: &Services,
-    tenant_id: &str,
-    limits: &ToolLimits,
-) -> Option<ToolOutcome> {
-    let workspaces = limits.workspaces.clone();
-    let tenant = tenant_id.to_owned();
-    let bytes = services
-        .quotas
-        .workspace_bytes(tenant_id, move || workspaces.tenant_bytes(&tenant).ok())
-        .await?;
+async fn workspace_full(services: &Services, tenant_id: &str) -> Option<ToolOutcome> {
+    let bytes = services.workspace_bytes(tenant_id).await?;
     services
         .quotas
         .check(tenant_id, Quota::WorkspaceBytes, bytes)
@@ -244,11 +234,10 @@ async fn workspace_full(
 pub(super) async fn admit(
     services: &Services,
     tenant_id: &str,
-    limits: &ToolLimits,
     wait: Duration,
     cancel: &CancellationToken,
 ) -> Result<tokio::sync::OwnedSemaphorePermit, ToolOutcome> {
-    if let Some(refused) = workspace_full(services, tenant_id, limits).await {
+    if let Some(refused) = workspace_full(services, tenant_id).await {
         return Err(refused);
     }
     services
