@@ -109,8 +109,13 @@ impl Application {
             None => None,
         };
         // On Postgres every node is a node of a cluster, one node being the smallest.
-        let cluster = (store.backend() == sea_orm::DbBackend::Postgres)
-            .then(|| Arc::new(crate::cluster::Cluster::new(&settings.cluster, addr)));
+        let cluster = (store.backend() == sea_orm::DbBackend::Postgres).then(|| {
+            Arc::new(crate::cluster::Cluster::new(
+                &settings.cluster,
+                addr,
+                &settings.data.dir,
+            ))
+        });
         let (runtime, recovery) =
             Runtime::start_node(settings.clone(), store.clone(), metrics, cluster).await?;
         if recovery != RecoveryReport::default() {

@@ -20,7 +20,7 @@ use rmcp::model::{CallToolRequestParams, ClientJsonRpcMessage, ErrorData};
 use rmcp::service::ClientInitializeError;
 use rmcp::transport::DynamicTransportError;
 use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::transport::common::client_side_sse::BoxedSseResponse;
+use rmcp::transport::common::client_side_sse::{BoxedSseResponse, SseRetryPolicy};
 use rmcp::transport::streamable_http_client::{
     StreamableHttpClient, StreamableHttpClientTransportConfig, StreamableHttpError,
     StreamableHttpPostResponse, StreamableHttpResponseLimits,
@@ -204,12 +204,32 @@ fn transport(
             ))
         })
         .collect();
+    let mut config = StreamableHttpClientTransportConfig::with_uri(server.url.clone())
+        .custom_headers(headers)
+        .max_error_response_size(0);
+    config.retry_config = Arc::new(BoundedReconnect);
     Ok(StreamableHttpClientTransport::with_client(
         http.clone(),
-        StreamableHttpClientTransportConfig::with_uri(server.url.clone())
-            .custom_headers(headers)
-            .max_error_response_size(0),
+        config,
     ))
+}
+
+/// How often a broken stream of an MCP server is reconnected: after 250 ms, 500 ms, 1 s and
+/// 2 s, then the call fails (rmcp's default tries for ever, so a server killed mid-call held
+/// its conversation until the tool time limit). A server that asks for longer waits (SSE
+/// `retry`) gets them, four at most, within the tool time limit.
+#[derive(Debug)]
+struct BoundedReconnect;
+
+impl BoundedReconnect {
+    const TRIES: usize = 4;
+    const FIRST: Duration = Duration::from_millis(250);
+}
+
+impl SseRetryPolicy for BoundedReconnect {
+    fn retry(&self, done: usize) -> Option<Duration> {
+        (done < Self::TRIES).then(|| Self::FIRST * 2u32.pow(done.min(8) as u32))
+    }
 }
 
 /// What went wrong with an MCP server, in Bedrock's words: a refusal of the egress policy, a

@@ -119,6 +119,10 @@ pub enum WriteJob {
         before: i64,
         limit: u64,
     },
+    /// An LLM response's tokens: written with the commits of a batch, in its transaction
+    /// (a transaction of its own per response cost a sync of the log each and, on SQLite,
+    /// the write lock beside the group commit's writer: issue 41).
+    RecordUsage(crate::store::UsageRecord),
 }
 
 /// What a write reports back.
@@ -373,11 +377,17 @@ where
     frames
 }
 
-/// Whether a job is written with the commits of a batch: a commit, or a new conversation.
+/// Whether a job is written with the commits of a batch: a commit, a new conversation, the
+/// usage of an LLM response.
 fn batched(job: &Job) -> bool {
     matches!(
         job,
-        Job::Commit(..) | Job::Urgent(..) | Job::Write(WriteJob::CreateConversation(_), _)
+        Job::Commit(..)
+            | Job::Urgent(..)
+            | Job::Write(
+                WriteJob::CreateConversation(_) | WriteJob::RecordUsage(_),
+                _
+            )
     )
 }
 
@@ -409,6 +419,8 @@ async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>, written: impl F
     let mut replies = Vec::with_capacity(jobs.len());
     let mut created = Vec::new();
     let mut created_replies = Vec::new();
+    let mut usage = Vec::new();
+    let mut usage_replies = Vec::new();
     for job in jobs {
         match job {
             Job::Commit(commit, reply) | Job::Urgent(commit, reply) => {
@@ -418,6 +430,10 @@ async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>, written: impl F
             Job::Write(WriteJob::CreateConversation(new), reply) => {
                 created.push(new);
                 created_replies.push(reply);
+            }
+            Job::Write(WriteJob::RecordUsage(record), reply) => {
+                usage.push(record);
+                usage_replies.push(reply);
             }
             Job::Write(job, reply) => {
                 let _ = reply.send(write(store, job).await);
@@ -429,22 +445,25 @@ async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>, written: impl F
             }
         }
     }
-    if batch.is_empty() && created.is_empty() {
+    if batch.is_empty() && created.is_empty() && usage.is_empty() {
         written();
         return;
     }
     let started = Instant::now();
-    let outcome = match store.write_batch(&batch, &created).await {
+    let outcome = match store.write_batch(&batch, &created, &usage).await {
         Ok(durable) => {
             written();
             durable.wait().await
         }
         // One bad commit (or a taken slug) must not fail its neighbours: write each alone
         // to find it.
-        Err(error) if batch.len() + created.len() > 1 && !error.is_unavailable() => {
+        Err(error) if batch.len() + created.len() + usage.len() > 1 && !error.is_unavailable() => {
             for (new, reply) in created.iter().zip(created_replies) {
                 let outcome = store.insert_conversation(new).await;
                 let _ = reply.send(outcome.map(|()| WriteOutcome::Done));
+            }
+            for (record, reply) in usage.iter().zip(usage_replies) {
+                let _ = reply.send(store.record(record).await.map(|()| WriteOutcome::Done));
             }
             for (commit, reply) in batch.chunks(1).zip(replies) {
                 let _ = reply.send(store.commit_batch(commit).await);
@@ -468,7 +487,7 @@ async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>, written: impl F
     for reply in replies {
         let _ = reply.send(outcome.clone());
     }
-    for reply in created_replies {
+    for reply in created_replies.into_iter().chain(usage_replies) {
         let _ = reply.send(outcome.clone().map(|()| WriteOutcome::Done));
     }
 }
@@ -553,6 +572,7 @@ async fn write(store: &Store, job: WriteJob) -> Result<WriteOutcome, StoreError>
                 store.prune_frames(before, limit).await?,
             ));
         }
+        WriteJob::RecordUsage(record) => store.record(&record).await?,
     }
     Ok(WriteOutcome::Done)
 }

@@ -134,6 +134,8 @@ struct Shared {
     permits: Arc<Semaphore>,
     /// Each tenant's share of the permits.
     quotas: Arc<crate::quotas::Quotas>,
+    /// Writes the usage of responses with the group commit.
+    persistence: crate::persistence::Persistence,
     /// The bytes every conversation's history holds, against `llm.history_cache_bytes`.
     held: Arc<history::Held>,
 }
@@ -148,6 +150,8 @@ pub struct GatewayArgs {
     pub hub: Arc<EventHub>,
     pub metrics: Arc<Metrics>,
     pub quotas: Arc<crate::quotas::Quotas>,
+    /// Where the usage of responses is written, with the group commit.
+    pub persistence: crate::persistence::Persistence,
 }
 
 pub struct GatewayState {
@@ -202,6 +206,7 @@ impl Actor for LlmGateway {
                 http,
                 permits,
                 quotas: args.quotas,
+                persistence: args.persistence,
                 held,
             }),
         })

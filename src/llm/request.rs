@@ -276,29 +276,87 @@ impl serde::Serialize for Messages<'_> {
         let mut seq = serializer.serialize_seq(None)?;
         seq.serialize_element(&self.system)?;
         let mut images = self.images.iter();
+        // The run of assistant messages in a row not yet written (see `merged`).
+        let mut run: Vec<&RawValue> = Vec::new();
         for (at, message) in self.history.iter().enumerate() {
-            match message {
-                Wire::Skip => {}
-                Wire::Json(json) => seq.serialize_element(json)?,
+            let json: &RawValue = match message {
+                Wire::Skip => continue,
+                Wire::Json(json) => json,
                 Wire::Thought {
                     plain,
                     with_reasoning,
                 } => {
                     if self.reasoning_from.is_some_and(|from| at >= from) {
-                        seq.serialize_element(with_reasoning)?;
+                        with_reasoning
                     } else {
-                        seq.serialize_element(plain)?;
+                        plain
                     }
                 }
-                Wire::Images(_) => {
-                    if let Some(json) = images.next() {
-                        seq.serialize_element(json)?;
-                    }
-                }
+                Wire::Images(_) => match images.next() {
+                    Some(json) => json,
+                    None => continue,
+                },
+            };
+            if is_assistant(json) {
+                run.push(json);
+                continue;
             }
+            write_run(&mut seq, &mut run)?;
+            seq.serialize_element(json)?;
         }
+        write_run(&mut seq, &mut run)?;
         seq.end()
     }
+}
+
+/// Whether a message's JSON is an assistant message (serde writes the role, the tag of
+/// async-openai's message type, first).
+fn is_assistant(json: &RawValue) -> bool {
+    json.get().starts_with(r#"{"role":"assistant""#)
+}
+
+/// Writes a run of assistant messages in a row as one, and empties it.
+fn write_run<S: serde::ser::SerializeSeq>(
+    seq: &mut S,
+    run: &mut Vec<&RawValue>,
+) -> Result<(), S::Error> {
+    match run.as_slice() {
+        [] => {}
+        [one] => seq.serialize_element(one)?,
+        several => seq.serialize_element(&merged(several))?,
+    }
+    run.clear();
+    Ok(())
+}
+
+/// Assistant messages in a row as the one message every backend accepts: an answer
+/// continued after `max_output_tokens` is stored a part at a time, and llama-server refuses
+/// a request that ends with two assistant messages ("Cannot have 2 or more assistant
+/// messages at the end of the list"), as chat templates that want the roles to alternate
+/// do anywhere. Texts are joined as they came (the parts of one answer), tool calls follow
+/// one another, and a reasoning field is joined like the text.
+fn merged(run: &[&RawValue]) -> serde_json::Value {
+    use serde_json::Value;
+    let mut out = serde_json::Map::new();
+    for json in run {
+        let Ok(Value::Object(message)) = serde_json::from_str::<Value>(json.get()) else {
+            continue;
+        };
+        for (field, value) in message {
+            match (out.get_mut(&field), value) {
+                (None | Some(Value::Null), value) => {
+                    out.insert(field, value);
+                }
+                (Some(_), Value::Null) => {}
+                (Some(Value::String(text)), Value::String(more)) if field != "role" => {
+                    text.push_str(&more);
+                }
+                (Some(Value::Array(list)), Value::Array(more)) => list.extend(more),
+                (Some(_), _) => {}
+            }
+        }
+    }
+    Value::Object(out)
 }
 
 /// The body of a streaming chat-completions request: the system prompt, the history, the
@@ -512,6 +570,88 @@ mod tests {
     use super::*;
     use crate::state_machine::{ImageRef, ToolResult, ToolUse};
     use async_openai::types::chat::CreateChatCompletionRequest;
+
+    fn agent(text: &str, tool_uses: Vec<ToolUse>) -> MessageContent {
+        MessageContent::Agent {
+            text: Some(text.into()),
+            tool_uses,
+            reasoning: None,
+        }
+    }
+
+    /// REQ-BED-003: an answer continued after the output limit is stored a part at a time;
+    /// the parts go to the backend as one assistant message (issue 42, item 2: llama-server
+    /// refuses two assistant messages at the end), tool calls and all, and a message of
+    /// another role ends the run.
+    #[test]
+    fn assistant_messages_in_a_row_go_as_one() {
+        let user = |text: &str| MessageContent::User {
+            text: text.into(),
+            images: vec![],
+        };
+        let call = ToolUse {
+            id: "call_1".into(),
+            name: "bash".into(),
+            input: serde_json::json!({"command": "ls"}),
+            extra: None,
+        };
+        let history = [
+            user("write a long answer"),
+            agent("part one, ", vec![]),
+            MessageContent::Error {
+                text: "not sent".into(),
+            },
+            agent("part two, ", vec![]),
+            agent("part three", vec![call]),
+            MessageContent::Tool(ToolResult {
+                tool_use_id: "call_1".into(),
+                name: "bash".into(),
+                ok: true,
+                output: "a b".into(),
+                cancelled: false,
+            }),
+            agent("after the tool, ", vec![]),
+            agent("continued", vec![]),
+        ];
+        let ctx = RequestContext {
+            model: "m",
+            cwd: "/w",
+            system_prompt: None,
+            is_sub_agent: false,
+            only_submit: false,
+            no_tools: false,
+            mcp_tools: &[],
+            max_output_tokens: 512,
+            echo_reasoning: false,
+        };
+        let wires: Vec<Wire> = history.iter().map(wire).collect();
+        let body = body(&ctx, &wires, 0, &[]).expect("encodes");
+        let text = serde_json::to_string(&body).expect("serialises");
+        assert_eq!(body.size().expect("counts"), text.len());
+        let sent: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+        let messages = sent["messages"].as_array().expect("messages");
+        let roles: Vec<&str> = messages.iter().filter_map(|m| m["role"].as_str()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "tool", "assistant"]);
+        assert_eq!(messages[2]["content"], "part one, part two, part three");
+        assert_eq!(messages[2]["tool_calls"][0]["id"], "call_1");
+        assert_eq!(messages[2]["tool_calls"].as_array().map(Vec::len), Some(1));
+        assert_eq!(messages[4]["content"], "after the tool, continued");
+        // One assistant message alone is sent as it was made.
+        let one: Vec<Wire> = history[..2].iter().map(wire).collect();
+        let sent: serde_json::Value =
+            serde_json::to_value(body_of(&ctx, &one)).expect("serialises");
+        let Wire::Json(made) = &one[1] else {
+            panic!("an agent message is JSON");
+        };
+        assert_eq!(
+            sent["messages"][2],
+            serde_json::from_str::<serde_json::Value>(made.get()).expect("JSON")
+        );
+    }
+
+    fn body_of<'a>(ctx: &RequestContext<'a>, wires: &'a [Wire]) -> Body<'a> {
+        body(ctx, wires, 0, &[]).expect("encodes")
+    }
 
     /// The body put together from cached pieces is exactly the typed request async-openai
     /// would send for the same history (REQ-BED-004's chain, REQ-BED-013's images).

@@ -175,6 +175,9 @@ impl Runtime {
             root.get_cell(),
         )
         .await?;
+        // How long a caller waits for a write before reporting the database unavailable.
+        let write_timeout =
+            Duration::from_millis(settings.database.acquire_timeout_ms.max(1000) * 2);
         let hub = Arc::new(EventHub::new(settings.server.client_lag_frames));
         let quotas = Arc::new(crate::quotas::Quotas::new(
             settings.quotas.clone(),
@@ -189,6 +192,7 @@ impl Runtime {
                 hub: hub.clone(),
                 metrics: metrics.clone(),
                 quotas: quotas.clone(),
+                persistence: Persistence::new(persistence.clone(), write_timeout),
             },
             root.get_cell(),
         )
@@ -236,10 +240,7 @@ impl Runtime {
                 network: Network::Off,
                 workspaces: Arc::new(workspaces),
             },
-            persistence: Persistence::new(
-                persistence,
-                Duration::from_millis(settings.database.acquire_timeout_ms.max(1000) * 2),
-            ),
+            persistence: Persistence::new(persistence, write_timeout),
             gateway: Gateway::new(gateway),
             registry: Registry::default(),
             quotas,

@@ -33,6 +33,22 @@ pub struct BudgetState {
     pub resets_at: DateTime<Utc>,
 }
 
+/// One LLM response's tokens, to be recorded: the day's usage of its tenant and model, and
+/// the tenant's budget spend in place of the request's reservation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UsageRecord {
+    pub tenant_id: String,
+    pub model: String,
+    /// Input and output tokens.
+    pub tokens: (u64, u64),
+    pub reservation: Reservation,
+    pub at: DateTime<Utc>,
+}
+
+/// How long a tenant found without a token budget is taken to have none. A budget set on
+/// this node applies at once; one set through another node of a cluster, within this.
+pub const NO_BUDGET_FOR: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// What a reservation found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reservation {
@@ -130,6 +146,59 @@ impl Store {
         Statement::from_sql_and_values(backend, sql, values)
     }
 
+    /// Whether the tenant was found without a budget less than [`NO_BUDGET_FOR`] ago: its
+    /// LLM requests then read nothing (a tenant that uses no budget pays nothing for them).
+    fn known_without_budget(&self, tenant_id: &str) -> bool {
+        let mut known = self
+            .no_budget
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match known.get(tenant_id) {
+            Some(at) if at.elapsed() < NO_BUDGET_FOR => true,
+            Some(_) => {
+                known.remove(tenant_id);
+                false
+            }
+            None => {
+                if known.len() > 100_000 {
+                    known.retain(|_, at| at.elapsed() < NO_BUDGET_FOR);
+                }
+                false
+            }
+        }
+    }
+
+    /// Forgets that the tenant had no budget (one was just given to it on this node).
+    fn budget_changed(&self, tenant_id: &str) {
+        self.no_budget
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(tenant_id);
+    }
+
+    /// `sql` written with `$1, $2, ...`, each once and in order, for this store's database
+    /// with anonymous parameters on SQLite (`?`), so that it can run in a batch of statements
+    /// whose arguments follow one another (SQLite's `?NNN` counts from the batch's first).
+    fn in_order(&self, sql: &str, values: Vec<sea_orm::Value>) -> Statement {
+        let backend = self.backend();
+        if backend != DbBackend::Sqlite {
+            return Statement::from_sql_and_values(backend, sql, values);
+        }
+        let mut out = String::with_capacity(sql.len());
+        let mut chars = sql.chars().peekable();
+        while let Some(c) = chars.next() {
+            if c == '$' {
+                out.push('?');
+                while chars.peek().is_some_and(char::is_ascii_digit) {
+                    chars.next();
+                }
+            } else {
+                out.push(c);
+            }
+        }
+        Statement::from_sql_and_values(backend, out, values)
+    }
+
     async fn limits_row(&self, tenant_id: &str) -> Result<Option<LimitsRow>> {
         Ok(LimitsRow::find_by_statement(self.statement(
             "SELECT budget_tokens, budget_period, rate_per_second, rate_burst, period_start, used \
@@ -188,6 +257,7 @@ impl Store {
                 ],
             ))
             .await?;
+        self.budget_changed(tenant_id);
         Ok(())
     }
 
@@ -262,12 +332,19 @@ impl Store {
         estimate: u64,
         now: DateTime<Utc>,
     ) -> Result<Reservation> {
+        if default.0 == 0 && self.known_without_budget(tenant_id) {
+            return Ok(Reservation::Unlimited);
+        }
         let row = self.limits_row(tenant_id).await?;
         let limit = row
             .as_ref()
             .and_then(|r| r.budget_tokens.map(to_u64))
             .unwrap_or(default.0);
         if limit == 0 {
+            self.no_budget
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(tenant_id.to_owned(), std::time::Instant::now());
             return Ok(Reservation::Unlimited);
         }
         let period = row
@@ -324,48 +401,50 @@ impl Store {
         })
     }
 
-    /// Records one LLM response's tokens: the day's usage row, and the tenant's budget
-    /// (its reservation replaced by the real spend), in one transaction.
-    pub async fn record_usage(
-        &self,
-        tenant_id: &str,
-        model: &str,
-        (input_tokens, output_tokens): (u64, u64),
-        reservation: &Reservation,
-        now: DateTime<Utc>,
-    ) -> Result<()> {
-        let day = now.date_naive().format("%Y-%m-%d").to_string();
-        let txn = self.writer().begin().await?;
-        txn.execute_raw(self.statement(
+    /// The statements that record `usage` (see [`UsageRecord`]), for this store's database:
+    /// the day's usage row, then the budget's spend in place of its reservation.
+    pub(super) fn usage_statements(&self, usage: &UsageRecord) -> Vec<Statement> {
+        let (input_tokens, output_tokens) = usage.tokens;
+        let mut statements = vec![self.in_order(
             "INSERT INTO usage_daily (tenant_id, model, day, input_tokens, output_tokens) \
              VALUES ($1, $2, $3, $4, $5) \
              ON CONFLICT (tenant_id, day, model) DO UPDATE SET \
              input_tokens = usage_daily.input_tokens + excluded.input_tokens, \
              output_tokens = usage_daily.output_tokens + excluded.output_tokens",
             vec![
-                tenant_id.into(),
-                model.into(),
-                day.into(),
+                usage.tenant_id.clone().into(),
+                usage.model.clone().into(),
+                usage.at.date_naive().format("%Y-%m-%d").to_string().into(),
                 to_i64(input_tokens).into(),
                 to_i64(output_tokens).into(),
             ],
-        ))
-        .await?;
+        )];
         // The spend counts in the period the reservation was made in; if that has ended
         // meanwhile, the new period's row already counts it from the usage rows.
-        if let Reservation::Reserved { tokens, period_key } = reservation {
-            txn.execute_raw(self.statement(
-                "UPDATE tenant_limits SET used = used + $3, \
-                 reserved = CASE WHEN reserved > $4 THEN reserved - $4 ELSE 0 END \
-                 WHERE tenant_id = $1 AND period_start = $2",
+        if let Reservation::Reserved { tokens, period_key } = &usage.reservation {
+            statements.push(self.in_order(
+                "UPDATE tenant_limits SET used = used + $1, \
+                 reserved = CASE WHEN reserved > $2 THEN reserved - $3 ELSE 0 END \
+                 WHERE tenant_id = $4 AND period_start = $5",
                 vec![
-                    tenant_id.into(),
-                    period_key.clone().into(),
                     to_i64(input_tokens + output_tokens).into(),
                     to_i64(*tokens).into(),
+                    to_i64(*tokens).into(),
+                    usage.tenant_id.clone().into(),
+                    period_key.clone().into(),
                 ],
-            ))
-            .await?;
+            ));
+        }
+        statements
+    }
+
+    /// Records one LLM response's tokens alone (see [`UsageRecord`]), in one transaction.
+    /// The persistence actor writes them with the group commit of its batch instead
+    /// (`WriteJob::RecordUsage`); this is for a write that must go on its own.
+    pub async fn record(&self, usage: &UsageRecord) -> Result<()> {
+        let txn = self.writer().begin().await?;
+        for statement in self.usage_statements(usage) {
+            txn.execute_raw(statement).await?;
         }
         txn.commit().await?;
         Ok(())

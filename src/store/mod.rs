@@ -32,7 +32,7 @@ use serde::Serialize;
 
 pub use cluster::{FRAMES_CHANNEL, Lease, Node, Owner, WATCH_CHANNEL};
 pub use error::StoreError;
-pub use limits::{BudgetState, ModelUsage, Reservation, TenantLimits, period_of};
+pub use limits::{BudgetState, ModelUsage, Reservation, TenantLimits, UsageRecord, period_of};
 pub use mcp::McpServer;
 pub(crate) use sqlite::Durable;
 
@@ -171,6 +171,8 @@ pub struct Store {
     /// Postgres: other nodes are live (as of the last heartbeat), so this node's frames
     /// are announced to them (see the cluster's `frames` module).
     peers: Arc<std::sync::atomic::AtomicBool>,
+    /// Tenants found without a token budget, and when (see `limits::NO_BUDGET_FOR`).
+    no_budget: Arc<std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>>,
 }
 
 /// An image to store.
@@ -257,6 +259,7 @@ impl Store {
             db,
             writer,
             peers: Arc::default(),
+            no_budget: Arc::default(),
         })
     }
 
@@ -1077,7 +1080,7 @@ impl Store {
     /// commit's guarded update must find its conversation's counters as it expects, or
     /// nothing of the batch is written ([`StoreError::Conflict`]).
     pub(crate) async fn commit_batch(&self, commits: &[Arc<ConversationCommit>]) -> Result<()> {
-        self.write_batch(commits, &[]).await?.wait().await
+        self.write_batch(commits, &[], &[]).await?.wait().await
     }
 
     /// [`Store::commit_batch`] in two steps: the batch is written (and visible) when this
@@ -1085,24 +1088,31 @@ impl Store {
     /// in between (SQLite syncs its log off the write lock; a Postgres commit is durable
     /// when it returns).
     /// New conversations in `created` are written in the batch's transaction.
+    /// The usage of LLM responses in `usage` is recorded in the batch's transaction too, so
+    /// that it costs no transaction (and no sync of the log) of its own.
     pub(crate) async fn write_batch(
         &self,
         commits: &[Arc<ConversationCommit>],
         created: &[NewConversation],
+        usage: &[UsageRecord],
     ) -> Result<Durable> {
+        let usage: Vec<sea_orm::Statement> = usage
+            .iter()
+            .flat_map(|u| self.usage_statements(u))
+            .collect();
         match &self.writer {
             Some(writer) => {
                 let rows = created
                     .iter()
                     .map(conversation_row)
                     .collect::<Result<Vec<_>>>()?;
-                writer.write(commits, rows).await
+                writer.write(commits, rows, usage).await
             }
-            None if created.is_empty() => {
+            None if created.is_empty() && usage.is_empty() => {
                 postgres::commit(&self.db, commits).await?;
                 Ok(Durable::default())
             }
-            // With new conversations, a transaction around their insert and the commit: the
+            // With new conversations or usage, a transaction around them and the commit: the
             // batch lands whole or not at all, as on SQLite.
             None => {
                 let rows = created
@@ -1110,11 +1120,16 @@ impl Store {
                     .map(conversation_row)
                     .collect::<Result<Vec<_>>>()?;
                 let transaction = self.db.begin().await?;
-                conversations::Entity::insert_many(rows)
-                    .exec(&transaction)
-                    .await?;
+                if !rows.is_empty() {
+                    conversations::Entity::insert_many(rows)
+                        .exec(&transaction)
+                        .await?;
+                }
                 if !commits.is_empty() {
                     postgres::commit(&transaction, commits).await?;
+                }
+                for statement in usage {
+                    transaction.execute_raw(statement).await?;
                 }
                 transaction.commit().await?;
                 Ok(Durable::default())
@@ -1700,7 +1715,7 @@ mod tests {
         let (store, dir) = sqlite_store("log-sync", &["c1"]).await;
         let first = row(&store, "c1").await.next_sequence_id;
         let durable = store
-            .write_batch(&[user_turn("c1", first, first)], &[])
+            .write_batch(&[user_turn("c1", first, first)], &[], &[])
             .await
             .expect("written");
         assert_eq!(
@@ -1735,7 +1750,7 @@ mod tests {
         if let Some((store, name)) = postgres_store(&["c1"]).await {
             let first = row(&store, "c1").await.next_sequence_id;
             let durable = store
-                .write_batch(&[user_turn("c1", first, first)], &[])
+                .write_batch(&[user_turn("c1", first, first)], &[], &[])
                 .await
                 .expect("written");
             assert!(!durable.syncs(), "nothing more to wait for");

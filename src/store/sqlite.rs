@@ -241,8 +241,9 @@ impl Writer {
         &self,
         commits: &[Arc<ConversationCommit>],
         created: Vec<conversations::ActiveModel>,
+        more: Vec<Statement>,
     ) -> Result<Durable> {
-        let (sql, values) = batch(commits, created)?;
+        let (sql, values) = batch(commits, created, more)?;
         let mut held = self.held.lock().await;
         let writer = match &mut *held {
             Some(writer) => writer,
@@ -273,10 +274,12 @@ impl Writer {
 
 /// The text of a batch, BEGIN to COMMIT, and its arguments. A few statements for the whole
 /// batch, not a few per commit; their row counts are powers of two, so the texts repeat and
-/// stay prepared (every new text is parsed and planned again).
+/// stay prepared (every new text is parsed and planned again). `more` (the usage of LLM
+/// responses) goes last, in the same transaction.
 fn batch(
     commits: &[Arc<ConversationCommit>],
     created: Vec<conversations::ActiveModel>,
+    more: Vec<Statement>,
 ) -> Result<(String, Vec<Value>)> {
     let mut sql = String::from("BEGIN");
     let mut values = Vec::new();
@@ -308,6 +311,9 @@ fn batch(
     let frames: Vec<NewFrames<'_>> = commits.iter().flat_map(|c| frame_rows(c)).collect();
     for chunk in shaped_chunks(&frames) {
         append(insert_frames(chunk));
+    }
+    for statement in more {
+        append(statement);
     }
     sql.push_str(";\nCOMMIT");
     Ok((sql, values))

@@ -549,24 +549,69 @@ enum Api {
 
 mod anthropic;
 
-/// The OpenAI-compatible API. A history whose past tool-call arguments do not parse as JSON
-/// is refused as llama-server refuses it (HTTP 500), so that every test holds the gateway to
-/// sending histories any backend accepts.
+/// The OpenAI-compatible API. A history a strict backend refuses is refused as llama-server
+/// refuses it (`strict_refusal`), so that every test holds the gateway to sending histories
+/// any backend accepts.
 async fn complete(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
-    if let Some(message) = unparsable_arguments(&body) {
+    if let Some((status, message)) = strict_refusal(&body) {
         let mut inner = shared.inner.lock().unwrap_or_else(|e| e.into_inner());
         inner
             .requests
             .push(serde_json::from_slice(&body).unwrap_or(Value::Null));
         drop(inner);
         // As llama-server answers it.
+        let kind = if status == StatusCode::BAD_REQUEST {
+            "invalid_request_error"
+        } else {
+            "server_error"
+        };
         return (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            axum::Json(json!({"error": {"code": 500, "message": message, "type": "server_error"}})),
+            status,
+            axum::Json(
+                json!({"error": {"code": status.as_u16(), "message": message, "type": kind}}),
+            ),
         )
             .into_response();
     }
     serve(shared, body, Api::OpenAi).await
+}
+
+/// What llama-server refuses of a history, with its status and words: past tool-call
+/// arguments that do not parse (HTTP 500), and two or more assistant messages at the end of
+/// the list (HTTP 400).
+fn strict_refusal(body: &[u8]) -> Option<(StatusCode, String)> {
+    if let Some(message) = unparsable_arguments(body) {
+        return Some((StatusCode::INTERNAL_SERVER_ERROR, message));
+    }
+    assistants_at_the_end(body).then(|| {
+        (
+            StatusCode::BAD_REQUEST,
+            "Cannot have 2 or more assistant messages at the end of the list.".to_owned(),
+        )
+    })
+}
+
+/// Whether the request's messages end with two assistant messages or more.
+fn assistants_at_the_end(body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Body {
+        #[serde(default)]
+        messages: Vec<Message>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Message {
+        #[serde(default)]
+        role: String,
+    }
+    serde_json::from_slice::<Body>(body).is_ok_and(|parsed| {
+        parsed
+            .messages
+            .iter()
+            .rev()
+            .take_while(|m| m.role == "assistant")
+            .count()
+            >= 2
+    })
 }
 
 /// llama-server's refusal of a history with tool-call arguments that are not JSON.
@@ -852,6 +897,31 @@ mod tests {
             ),
             None
         );
+    }
+
+    /// Two assistant messages at the end are refused as llama-server refuses them (400); one
+    /// is not, nor two apart.
+    #[test]
+    fn two_assistant_messages_at_the_end_are_refused() {
+        let with = |roles: &[&str]| {
+            let messages: Vec<Value> = roles
+                .iter()
+                .map(|role| json!({"role": role, "content": "x"}))
+                .collect();
+            json!({ "messages": messages }).to_string()
+        };
+        let refused = strict_refusal(with(&["user", "assistant", "assistant"]).as_bytes());
+        assert_eq!(
+            refused.map(|(status, _)| status),
+            Some(StatusCode::BAD_REQUEST)
+        );
+        for fine in [
+            &["user", "assistant"][..],
+            &["user", "assistant", "user", "assistant"][..],
+            &["assistant", "assistant", "user"][..],
+        ] {
+            assert_eq!(strict_refusal(with(fine).as_bytes()), None, "{fine:?}");
+        }
     }
 
     /// The quick read of the routing keys agrees with the whole parse, and a body it cannot

@@ -324,3 +324,53 @@ async fn reasoning_streams_to_clients_and_is_stored() {
     assert_eq!(stored["message"]["content"]["reasoning"], "Here we go.");
     app.cleanup(db).await;
 }
+
+/// REQ-BED-003: an answer cut at the output limit (`finish_reason: "length"`) is asked for
+/// again, three times here, and each request sends the parts so far as one assistant message
+/// at the end: the fake refuses two assistant messages at the end as llama-server does
+/// (issue 42, item 2), so a fourth request is made only if the parts were sent as one.
+#[tokio::test]
+async fn an_answer_continued_three_times_is_sent_as_one_message() {
+    for db in TestDb::each().await {
+        let app = TestApp::spawn(&db).await;
+        let id = app.conversation().await;
+        let part = |text: &str| Llm::Text {
+            text: text.to_owned(),
+            finish: "length",
+        };
+        app.llm.push([
+            part("one, "),
+            part("two, "),
+            part("three, "),
+            Llm::text("four."),
+        ]);
+        app.send(&id, "a long answer, please").await;
+        app.wait_kind(&id, "idle").await;
+        let requests = app.llm.requests();
+        assert_eq!(requests.len(), 4, "{requests:?}");
+        for (n, expected) in [(1, "one, "), (2, "one, two, "), (3, "one, two, three, ")] {
+            let messages = requests[n]["messages"].as_array().expect("messages");
+            let roles: Vec<&str> = messages.iter().filter_map(|m| m["role"].as_str()).collect();
+            assert_eq!(roles, ["system", "user", "assistant"], "request {n}");
+            assert_eq!(messages[2]["content"], expected, "request {n}");
+        }
+        let agent: String = app
+            .messages(&id)
+            .await
+            .iter()
+            .filter(|m| m["message_type"] == "agent")
+            .filter_map(|m| m["content"]["text"].as_str())
+            .collect();
+        assert_eq!(agent, "one, two, three, four.");
+        // The next turn sends the whole answer as one message too.
+        app.llm.push([Llm::text("ok")]);
+        app.send(&id, "thanks").await;
+        app.wait_kind(&id, "idle").await;
+        let last = app.llm.requests().pop().expect("a fifth request");
+        let messages = last["messages"].as_array().expect("messages");
+        let roles: Vec<&str> = messages.iter().filter_map(|m| m["role"].as_str()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "user"]);
+        assert_eq!(messages[2]["content"], "one, two, three, four.");
+        app.cleanup(db).await;
+    }
+}

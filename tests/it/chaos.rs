@@ -292,8 +292,12 @@ impl Chaos {
             .map(|l| l.clone())
             .unwrap_or_default();
         let tail = logs[logs.len().saturating_sub(40)..].join("\n");
+        // The whole log, for what the last lines do not show.
+        let file = std::env::temp_dir().join(format!("bedrock-chaos-{id}.log"));
+        let _ = std::fs::write(&file, logs.join("\n"));
         panic!(
-            "{id} did not come to rest after {after}: {conversation:?}\n--- server log (last 40 lines)\n{tail}"
+            "{id} did not come to rest after {after}: {conversation:?}\n--- server log (last 40 lines; all of it in {})\n{tail}",
+            file.display()
         );
     }
 

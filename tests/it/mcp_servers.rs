@@ -199,6 +199,75 @@ async fn gated_kit() -> (String, Arc<Seen>, CancellationToken, Arc<Gate>) {
     (format!("http://{addr}/mcp"), seen, stop, switch)
 }
 
+/// [`kit`] on a runtime of its own, and what kills it: its tasks and sockets go at once,
+/// as when a server's process is killed (the connections reset, every reconnect refused).
+fn killable_kit() -> (String, Arc<Seen>, impl FnOnce()) {
+    let (ready, told) = std::sync::mpsc::channel();
+    let (kill, killed) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let (url, seen, _stop) = runtime.block_on(kit());
+        let _ = ready.send((url, seen));
+        let _ = runtime.block_on(killed);
+        // Dropping the runtime drops every task: the listener and the connections close.
+        runtime.shutdown_background();
+    });
+    let (url, seen) = told.recv().expect("the server starts");
+    (url, seen, move || {
+        let _ = kill.send(());
+        let _ = thread.join();
+    })
+}
+
+/// A tenant's MCP server killed in the middle of a call (issue 42, item 5): the call fails
+/// within seconds with a result that names the server and what happened (the client's
+/// reconnects are bounded), not at the tool time limit, and the conversation goes on.
+#[tokio::test]
+async fn a_server_killed_mid_call_fails_the_call_within_seconds() {
+    for db in TestDb::each().await {
+        let app = TestApp::spawn_with(&db, &[ALLOW_LOOPBACK]).await;
+        let (url, seen, kill) = killable_kit();
+        app.post("/v1/mcp_servers", json!({"name": "kit", "url": url}))
+            .await
+            .expect(201);
+        let conv = app.post("/v1/conversations", json!({})).await.expect(201);
+        let id = conv["id"].as_str().expect("an id").to_owned();
+        app.llm.push([
+            Reply::tool("call_slow", "kit__slow", json!({})),
+            Reply::text("the server died"),
+        ]);
+        app.send(&id, "slow please").await;
+        eventually("the slow tool to start", WAIT, || async {
+            (seen.slow_started.load(Ordering::SeqCst) == 1).then_some(())
+        })
+        .await;
+        let killed_at = std::time::Instant::now();
+        tokio::task::spawn_blocking(kill).await.expect("killed");
+        eventually("the call to fail", Duration::from_secs(30), || async {
+            let out = tool_output(&app.messages(&id).await, "call_slow");
+            (!out.is_null()).then_some(())
+        })
+        .await;
+        let failed_after = killed_at.elapsed();
+        app.wait_kind(&id, "idle").await;
+        let out = tool_output(&app.messages(&id).await, "call_slow");
+        assert_eq!(out["ok"], false, "{out}");
+        let text = out["output"].as_str().unwrap_or_default();
+        assert!(text.contains("kit"), "names the server: {out}");
+        // Seconds, not the tool time limit (120 s): bounded reconnects, a margin for a busy
+        // machine.
+        assert!(
+            failed_after < Duration::from_secs(20),
+            "failed after {failed_after:?}: {out}"
+        );
+        app.cleanup(db).await;
+    }
+}
+
 fn tool_output(messages: &[Value], id: &str) -> Value {
     messages
         .iter()

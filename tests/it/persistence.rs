@@ -9,15 +9,37 @@ use serde_json::{Value, json};
 use crate::support::process::{Server, command};
 use crate::support::{TestApp, TestDb, WAIT, eventually, roles};
 
+/// The node id `/readyz` shows (null on SQLite).
+async fn readyz_node(server: &Server) -> Value {
+    let ready: Value = reqwest::get(format!("{}/readyz", server.base))
+        .await
+        .expect("readyz answers")
+        .json()
+        .await
+        .expect("a JSON answer");
+    ready["node"]["id"].clone()
+}
+
+/// The server with the default settings of `[cluster]`: no node id configured.
+fn start_default_node(db: &TestDb, llm: &FakeLlm, workspace: &std::path::Path) -> Server {
+    let mut cmd = command(db, llm, workspace);
+    cmd.env_remove("BEDROCK_CLUSTER__NODE_ID");
+    Server::start_with(cmd)
+}
+
 /// A real kill -9 in the middle of a tool, then a restart on the same database: the turn is
 /// closed with a synthetic result, the conversation is idle, and the next LLM request is valid.
+/// With the default settings (no `cluster.node_id`): on Postgres the restarted process is
+/// the same node (its id kept in the data directory), so it ends its previous run's leases
+/// at once instead of waiting out the lease TTL (issue 42, item 3).
 #[tokio::test]
 async fn killed_mid_tool_recovers_on_restart() {
     for db in TestDb::each().await {
         let llm = FakeLlm::start().await;
         let workspace = crate::support::db::temp_dir("ws");
         bedrock::install_crypto();
-        let server = Server::start(&db, &llm, &workspace);
+        let server = start_default_node(&db, &llm, &workspace);
+        let node_before = readyz_node(&server).await;
         let created = server.conversation().await;
         let id = created["id"].as_str().expect("an id").to_owned();
         let cwd = std::path::PathBuf::from(created["cwd"].as_str().expect("a cwd"));
@@ -52,7 +74,7 @@ async fn killed_mid_tool_recovers_on_restart() {
         )
         .await;
 
-        let server = Server::start(&db, &llm, &workspace);
+        let server = start_default_node(&db, &llm, &workspace);
         let state = server
             .get(&format!("/conversations/{id}"))
             .await
@@ -62,6 +84,16 @@ async fn killed_mid_tool_recovers_on_restart() {
             json!({"kind": "idle"}),
             "recovered to idle at start"
         );
+        let node_after = readyz_node(&server).await;
+        assert_eq!(node_before, node_after, "the same node after a restart");
+        if db.backend == "postgres" {
+            assert!(
+                node_after
+                    .as_str()
+                    .is_some_and(|id| id.starts_with("node-")),
+                "{node_after}"
+            );
+        }
         let messages = server
             .get(&format!("/conversations/{id}/messages"))
             .await
