@@ -1096,23 +1096,23 @@ impl Store {
         created: &[NewConversation],
         usage: &[UsageRecord],
     ) -> Result<Durable> {
-        let usage: Vec<sea_orm::Statement> = usage
-            .iter()
-            .flat_map(|u| self.usage_statements(u))
-            .collect();
         match &self.writer {
             Some(writer) => {
                 let rows = created
                     .iter()
                     .map(conversation_row)
                     .collect::<Result<Vec<_>>>()?;
+                let usage = usage
+                    .iter()
+                    .flat_map(|u| self.usage_statements(u))
+                    .collect();
                 writer.write(commits, rows, usage).await
             }
-            None if created.is_empty() && usage.is_empty() => {
-                postgres::commit(&self.db, commits).await?;
+            None if created.is_empty() => {
+                postgres::commit(&self.db, commits, usage).await?;
                 Ok(Durable::default())
             }
-            // With new conversations or usage, a transaction around them and the commit: the
+            // With new conversations, a transaction around their insert and the commit: the
             // batch lands whole or not at all, as on SQLite.
             None => {
                 let rows = created
@@ -1120,16 +1120,11 @@ impl Store {
                     .map(conversation_row)
                     .collect::<Result<Vec<_>>>()?;
                 let transaction = self.db.begin().await?;
-                if !rows.is_empty() {
-                    conversations::Entity::insert_many(rows)
-                        .exec(&transaction)
-                        .await?;
-                }
-                if !commits.is_empty() {
-                    postgres::commit(&transaction, commits).await?;
-                }
-                for statement in usage {
-                    transaction.execute_raw(statement).await?;
+                conversations::Entity::insert_many(rows)
+                    .exec(&transaction)
+                    .await?;
+                if !commits.is_empty() || !usage.is_empty() {
+                    postgres::commit(&transaction, commits, usage).await?;
                 }
                 transaction.commit().await?;
                 Ok(Durable::default())

@@ -16,7 +16,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use sea_orm::{ConnectionTrait, DbBackend, Statement, Value};
 use serde::Serialize;
 
-use super::{Result, StoreError, to_i64};
+use super::{Reservation, Result, StoreError, UsageRecord, to_i64};
 use crate::model::ConversationCommit;
 use crate::state_machine::ConvState;
 use crate::wire;
@@ -27,23 +27,88 @@ const COMMIT: &str = "SELECT bedrock_commit($1::json, $2::json, $3::json)";
 /// The SQLSTATE `bedrock_commit` raises when a guarded update finds nothing to change.
 pub(super) const GUARD_FAILED: &str = "BR409";
 
-/// Writes `commits` in one statement.
+/// [`COMMIT`] and the usage of LLM responses in one statement (one round trip, one
+/// transaction): the day's usage rows, then the budgets' spend in place of their
+/// reservations. Rows are summed per key first (one statement may not change a row twice).
+const COMMIT_WITH_USAGE: &str = "WITH c AS (SELECT bedrock_commit($1::json, $2::json, $3::json) AS done), \
+     u AS (INSERT INTO usage_daily (tenant_id, model, day, input_tokens, output_tokens) \
+       SELECT tenant_id, model, day, input_tokens, output_tokens FROM \
+       json_to_recordset($4::json) AS x(tenant_id text, model text, day text, input_tokens bigint, output_tokens bigint) \
+       ON CONFLICT (tenant_id, day, model) DO UPDATE SET \
+       input_tokens = usage_daily.input_tokens + excluded.input_tokens, \
+       output_tokens = usage_daily.output_tokens + excluded.output_tokens), \
+     b AS (UPDATE tenant_limits SET used = used + x.spent, \
+       reserved = CASE WHEN reserved > x.held THEN reserved - x.held ELSE 0 END \
+       FROM json_to_recordset($5::json) AS x(tenant_id text, period_start text, spent bigint, held bigint) \
+       WHERE tenant_limits.tenant_id = x.tenant_id AND tenant_limits.period_start = x.period_start) \
+     SELECT done FROM c";
+
+/// Writes `commits` in one statement, with the usage in `usage` (if any).
 pub(super) async fn commit(
     db: &impl ConnectionTrait,
     commits: &[Arc<ConversationCommit>],
+    usage: &[UsageRecord],
 ) -> Result<()> {
     let [conversations, messages, frames] = documents(commits)?;
-    let statement = Statement::from_sql_and_values(
+    let mut values = vec![
+        Value::from(conversations),
+        Value::from(messages),
+        Value::from(frames),
+    ];
+    let sql = if usage.is_empty() {
+        COMMIT
+    } else {
+        let (days, spends) = usage_documents(usage);
+        values.extend([Value::from(days), Value::from(spends)]);
+        COMMIT_WITH_USAGE
+    };
+    db.query_one_raw(Statement::from_sql_and_values(
         DbBackend::Postgres,
-        COMMIT,
-        [
-            Value::from(conversations),
-            Value::from(messages),
-            Value::from(frames),
-        ],
-    );
-    db.query_one_raw(statement).await?;
+        sql,
+        values,
+    ))
+    .await?;
     Ok(())
+}
+
+/// The usage rows of a batch, summed per (tenant, model, day), and the budgets' spends,
+/// summed per (tenant, period), as JSON documents.
+fn usage_documents(usage: &[UsageRecord]) -> (String, String) {
+    use std::collections::BTreeMap;
+    let mut days: BTreeMap<(&str, &str, String), (u64, u64)> = BTreeMap::new();
+    let mut spends: BTreeMap<(&str, &str), (u64, u64)> = BTreeMap::new();
+    for record in usage {
+        let (input, output) = record.tokens;
+        let day = record.at.date_naive().format("%Y-%m-%d").to_string();
+        let sum = days
+            .entry((&record.tenant_id, &record.model, day))
+            .or_default();
+        sum.0 += input;
+        sum.1 += output;
+        if let Reservation::Reserved { tokens, period_key } = &record.reservation {
+            let spend = spends.entry((&record.tenant_id, period_key)).or_default();
+            spend.0 += input + output;
+            spend.1 += tokens;
+        }
+    }
+    let days: Vec<serde_json::Value> = days
+        .into_iter()
+        .map(|((tenant_id, model, day), (input, output))| {
+            serde_json::json!({"tenant_id": tenant_id, "model": model, "day": day,
+                "input_tokens": to_i64(input), "output_tokens": to_i64(output)})
+        })
+        .collect();
+    let spends: Vec<serde_json::Value> = spends
+        .into_iter()
+        .map(|((tenant_id, period_start), (spent, held))| {
+            serde_json::json!({"tenant_id": tenant_id, "period_start": period_start,
+                "spent": to_i64(spent), "held": to_i64(held)})
+        })
+        .collect();
+    (
+        serde_json::Value::Array(days).to_string(),
+        serde_json::Value::Array(spends).to_string(),
+    )
 }
 
 /// The batch's three documents: its conversations' guarded updates, its messages, its
