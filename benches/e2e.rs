@@ -31,7 +31,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::process::{ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -45,7 +45,7 @@ const ROLE: &str = "BEDROCK_E2E_ROLE";
 
 fn main() {
     match std::env::var(ROLE).as_deref() {
-        Ok("fake-llm") => fake_llm(),
+        Ok("fake-llm") => common::live::serve_fake_llm(),
         Ok("load") => load(),
         _ => conduct(),
     }
@@ -60,25 +60,6 @@ fn runtime() -> tokio::runtime::Runtime {
 
 // ---------------------------------------------------------------------------------------
 // The fake LLM process.
-
-/// Serves the fake on a loopback port, prints its base URL, and runs until stdin closes
-/// (the conductor going away, whatever the way).
-fn fake_llm() {
-    bedrock::install_crypto();
-    runtime().block_on(async {
-        let llm = bedrock::testkit::FakeLlm::start().await;
-        llm.forget_requests();
-        llm.auto_tool_turns("think", json!({"thoughts": "one tool call per turn"}));
-        println!("{}", llm.base_url);
-        std::io::stdout().flush().unwrap();
-        tokio::task::spawn_blocking(|| {
-            let mut line = String::new();
-            while std::io::stdin().read_line(&mut line).is_ok_and(|n| n > 0) {}
-        })
-        .await
-        .unwrap();
-    });
-}
 
 // ---------------------------------------------------------------------------------------
 // The load generator process.

@@ -28,7 +28,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -65,7 +65,7 @@ const WAITING: [&str; 8] = [
 
 fn main() {
     match std::env::var(ROLE).as_deref() {
-        Ok("fake-llm") => fake_llm(),
+        Ok("fake-llm") => common::live::serve_fake_llm(),
         Ok("workload") => workload(),
         _ => conduct(),
     }
@@ -73,27 +73,6 @@ fn main() {
 
 // ---------------------------------------------------------------------------------------
 // The fake LLM process.
-
-fn fake_llm() {
-    bedrock::install_crypto();
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(async {
-            let llm = bedrock::testkit::FakeLlm::start().await;
-            llm.forget_requests();
-            llm.auto_tool_turns("think", json!({"thoughts": "one tool call per turn"}));
-            println!("{}", llm.base_url);
-            std::io::stdout().flush().unwrap();
-            tokio::task::spawn_blocking(|| {
-                let mut line = String::new();
-                while std::io::stdin().read_line(&mut line).is_ok_and(|n| n > 0) {}
-            })
-            .await
-            .unwrap();
-        });
-}
 
 // ---------------------------------------------------------------------------------------
 // The workload: `TURNCOST_CONVERSATIONS` conversations of `TURNS` turns, one turn at a time.

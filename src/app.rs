@@ -378,17 +378,27 @@ fn key_json(key: &entity::api_keys::Model) -> serde_json::Value {
     })
 }
 
-async fn tenant_named(store: &Store, name: &str) -> anyhow::Result<Tenant> {
+/// Why a command on a tenant's keys was refused: a tenant or key that does not exist (404
+/// on the admin API), or the database.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+}
+
+async fn key_tenant(store: &Store, name: &str) -> Result<Tenant, KeyError> {
     store
         .tenant_by_name(name)
         .await?
-        .with_context(|| format!("no tenant is named {name:?}"))
+        .ok_or_else(|| KeyError::NotFound(format!("no tenant is named {name:?}")))
 }
 
-/// `bedrock tenant key create NAME`: a new API key for the tenant, shown once.
-pub async fn create_key(settings: &Settings, name: &str) -> anyhow::Result<serde_json::Value> {
-    let store = open_store(settings).await?;
-    let tenant = tenant_named(&store, name).await?;
+/// A new API key for the tenant named `name`, shown once (`bedrock tenant key create`, and
+/// the admin API on the server's own store).
+pub async fn create_key_in(store: &Store, name: &str) -> Result<serde_json::Value, KeyError> {
+    let tenant = key_tenant(store, name).await?;
     let key = api::new_key();
     let id = uuid::Uuid::now_v7().to_string();
     store
@@ -400,40 +410,70 @@ pub async fn create_key(settings: &Settings, name: &str) -> anyhow::Result<serde
             Utc::now(),
         )
         .await?;
-    store.close().await?;
     Ok(serde_json::json!({"tenant_id": tenant.id, "key_id": id, "api_key": key}))
 }
 
-/// `bedrock tenant key list NAME`: the tenant's keys (ids, prefixes, times; never the keys).
-pub async fn list_keys(settings: &Settings, name: &str) -> anyhow::Result<serde_json::Value> {
-    let store = open_store(settings).await?;
-    let tenant = tenant_named(&store, name).await?;
+/// The tenant's keys (ids, prefixes, times; never the keys).
+pub async fn list_keys_in(store: &Store, name: &str) -> Result<serde_json::Value, KeyError> {
+    let tenant = key_tenant(store, name).await?;
     let keys = store.api_keys(&tenant.id).await?;
-    store.close().await?;
     Ok(serde_json::json!({
         "tenant_id": tenant.id,
         "keys": keys.iter().map(key_json).collect::<Vec<_>>(),
     }))
 }
 
-/// `bedrock tenant key revoke NAME KEY`: the key (by id or prefix) is refused from now on,
-/// by every node within `server.key_cache_ms`.
+/// Revokes a key (by id or prefix): refused from now on, by every node within
+/// `server.key_cache_ms`.
+pub async fn revoke_key_in(
+    store: &Store,
+    name: &str,
+    key: &str,
+) -> Result<serde_json::Value, KeyError> {
+    let tenant = key_tenant(store, name).await?;
+    let revoked = match store.revoke_api_key(&tenant.id, key, Utc::now()).await {
+        Ok(revoked) => revoked,
+        Err(crate::store::StoreError::NotFound) => {
+            return Err(KeyError::NotFound(format!(
+                "tenant {name:?} has no key with the id or prefix {key:?}"
+            )));
+        }
+        Err(error) => return Err(error.into()),
+    };
+    Ok(serde_json::json!({"tenant_id": tenant.id, "key": key_json(&revoked)}))
+}
+
+/// Runs a key command on a store of its own (the command line's).
+async fn with_store<T>(
+    settings: &Settings,
+    command: impl AsyncFnOnce(&Store) -> Result<T, KeyError>,
+) -> anyhow::Result<T> {
+    let store = open_store(settings).await?;
+    let done = command(&store).await;
+    store.close().await?;
+    Ok(done?)
+}
+
+/// `bedrock tenant key create NAME`.
+pub async fn create_key(settings: &Settings, name: &str) -> anyhow::Result<serde_json::Value> {
+    with_store(settings, async |store| create_key_in(store, name).await).await
+}
+
+/// `bedrock tenant key list NAME`.
+pub async fn list_keys(settings: &Settings, name: &str) -> anyhow::Result<serde_json::Value> {
+    with_store(settings, async |store| list_keys_in(store, name).await).await
+}
+
+/// `bedrock tenant key revoke NAME KEY`.
 pub async fn revoke_key(
     settings: &Settings,
     name: &str,
     key: &str,
 ) -> anyhow::Result<serde_json::Value> {
-    let store = open_store(settings).await?;
-    let tenant = tenant_named(&store, name).await?;
-    let revoked = match store.revoke_api_key(&tenant.id, key, Utc::now()).await {
-        Ok(revoked) => revoked,
-        Err(crate::store::StoreError::NotFound) => {
-            anyhow::bail!("tenant {name:?} has no key with the id or prefix {key:?}")
-        }
-        Err(error) => return Err(error.into()),
-    };
-    store.close().await?;
-    Ok(serde_json::json!({"tenant_id": tenant.id, "key": key_json(&revoked)}))
+    with_store(settings, async |store| {
+        revoke_key_in(store, name, key).await
+    })
+    .await
 }
 
 pub async fn create_tenant(settings: &Settings, name: &str) -> anyhow::Result<(Tenant, String)> {

@@ -188,3 +188,31 @@ pub fn cpu_time(pid: u32) -> (Duration, Duration) {
         |field: &str| Duration::from_secs_f64(field.parse::<u64>().unwrap() as f64 / per_second);
     (time(fields[11]), time(fields[12]))
 }
+
+/// The fake LLM as a process of its own (the benches' `fake-llm` role): serves it on a
+/// loopback port, asking for one `think` call per turn, prints its base URL, and runs until
+/// stdin closes (the conductor going away, whatever the way).
+pub fn serve_fake_llm() {
+    use std::io::Write as _;
+    bedrock::install_crypto();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let llm = bedrock::testkit::FakeLlm::start().await;
+            llm.forget_requests();
+            llm.auto_tool_turns(
+                "think",
+                serde_json::json!({"thoughts": "one tool call per turn"}),
+            );
+            println!("{}", llm.base_url);
+            std::io::stdout().flush().unwrap();
+            tokio::task::spawn_blocking(|| {
+                let mut line = String::new();
+                while std::io::stdin().read_line(&mut line).is_ok_and(|n| n > 0) {}
+            })
+            .await
+            .unwrap();
+        });
+}

@@ -197,13 +197,13 @@ fn admin(app: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// A command's refusal as the API says it: a missing tenant or key is 404.
-fn admin_error(error: &anyhow::Error) -> ApiError {
-    let message = format!("{error:#}");
-    if message.contains("no tenant is named") || message.contains("has no key") {
-        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
-    } else {
-        ApiError::internal(message)
+/// A key command's refusal as the API says it: a missing tenant or key is 404.
+fn admin_error(error: crate::app::KeyError) -> ApiError {
+    match error {
+        crate::app::KeyError::NotFound(message) => {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+        }
+        crate::app::KeyError::Store(error) => error.into(),
     }
 }
 
@@ -214,9 +214,9 @@ pub async fn admin_list_keys(
     axum::extract::Path(name): axum::extract::Path<String>,
 ) -> Result<Response, ApiError> {
     admin(&app, &headers)?;
-    let keys = crate::app::list_keys(&app.settings, &name)
+    let keys = crate::app::list_keys_in(&app.services.store, &name)
         .await
-        .map_err(|e| admin_error(&e))?;
+        .map_err(admin_error)?;
     Ok(axum::Json(keys).into_response())
 }
 
@@ -227,9 +227,9 @@ pub async fn admin_create_key(
     axum::extract::Path(name): axum::extract::Path<String>,
 ) -> Result<Response, ApiError> {
     admin(&app, &headers)?;
-    let key = crate::app::create_key(&app.settings, &name)
+    let key = crate::app::create_key_in(&app.services.store, &name)
         .await
-        .map_err(|e| admin_error(&e))?;
+        .map_err(admin_error)?;
     Ok((StatusCode::CREATED, axum::Json(key)).into_response())
 }
 
@@ -240,8 +240,8 @@ pub async fn admin_revoke_key(
     axum::extract::Path((name, key)): axum::extract::Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     admin(&app, &headers)?;
-    let revoked = crate::app::revoke_key(&app.settings, &name, &key)
+    let revoked = crate::app::revoke_key_in(&app.services.store, &name, &key)
         .await
-        .map_err(|e| admin_error(&e))?;
+        .map_err(admin_error)?;
     Ok(axum::Json(revoked).into_response())
 }

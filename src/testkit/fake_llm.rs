@@ -578,21 +578,8 @@ async fn complete(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
 
 /// What llama-server refuses of a history, with its status and words: past tool-call
 /// arguments that do not parse (HTTP 500), and two or more assistant messages at the end of
-/// the list (HTTP 400).
+/// the list (HTTP 400). The body is read once, for both.
 fn strict_refusal(body: &[u8]) -> Option<(StatusCode, String)> {
-    if let Some(message) = unparsable_arguments(body) {
-        return Some((StatusCode::INTERNAL_SERVER_ERROR, message));
-    }
-    assistants_at_the_end(body).then(|| {
-        (
-            StatusCode::BAD_REQUEST,
-            "Cannot have 2 or more assistant messages at the end of the list.".to_owned(),
-        )
-    })
-}
-
-/// Whether the request's messages end with two assistant messages or more.
-fn assistants_at_the_end(body: &[u8]) -> bool {
     #[derive(serde::Deserialize)]
     struct Body {
         #[serde(default)]
@@ -602,27 +589,6 @@ fn assistants_at_the_end(body: &[u8]) -> bool {
     struct Message {
         #[serde(default)]
         role: String,
-    }
-    serde_json::from_slice::<Body>(body).is_ok_and(|parsed| {
-        parsed
-            .messages
-            .iter()
-            .rev()
-            .take_while(|m| m.role == "assistant")
-            .count()
-            >= 2
-    })
-}
-
-/// llama-server's refusal of a history with tool-call arguments that are not JSON.
-fn unparsable_arguments(body: &[u8]) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Body {
-        #[serde(default)]
-        messages: Vec<Message>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Message {
         #[serde(default)]
         tool_calls: Option<Vec<Call>>,
     }
@@ -636,7 +602,7 @@ fn unparsable_arguments(body: &[u8]) -> Option<String> {
         arguments: Value,
     }
     let parsed: Body = serde_json::from_slice(body).ok()?;
-    parsed
+    let unparsable = parsed
         .messages
         .iter()
         .flat_map(|m| m.tool_calls.iter().flatten())
@@ -645,7 +611,22 @@ fn unparsable_arguments(body: &[u8]) -> Option<String> {
             serde_json::from_str::<Value>(text)
                 .err()
                 .map(|e| format!("Failed to parse tool call arguments as JSON: {e}"))
-        })
+        });
+    if let Some(message) = unparsable {
+        return Some((StatusCode::INTERNAL_SERVER_ERROR, message));
+    }
+    let assistants_at_the_end = parsed
+        .messages
+        .iter()
+        .rev()
+        .take_while(|m| m.role == "assistant")
+        .count();
+    (assistants_at_the_end >= 2).then(|| {
+        (
+            StatusCode::BAD_REQUEST,
+            "Cannot have 2 or more assistant messages at the end of the list.".to_owned(),
+        )
+    })
 }
 
 /// Anthropic's Messages API: the same script, answered in its event stream. A request that
@@ -880,7 +861,7 @@ mod tests {
             ]})
             .to_string()
         };
-        let refused = unparsable_arguments(with(json!("{\"command\":")).as_bytes());
+        let refused = strict_refusal(with(json!("{\"command\":")).as_bytes()).map(|(_, m)| m);
         assert!(
             refused
                 .as_deref()
@@ -888,11 +869,11 @@ mod tests {
             "{refused:?}"
         );
         assert_eq!(
-            unparsable_arguments(with(json!("{\"command\": \"ls\"}")).as_bytes()),
+            strict_refusal(with(json!("{\"command\": \"ls\"}")).as_bytes()),
             None
         );
         assert_eq!(
-            unparsable_arguments(
+            strict_refusal(
                 with(json!("{\"invalid_arguments\": \"{\\\"command\\\":\"}")).as_bytes()
             ),
             None

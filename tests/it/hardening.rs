@@ -888,6 +888,50 @@ async fn keys_are_managed_over_the_admin_api() {
             ),
             404
         );
+        // What a tenant tries first: its own key as the admin token, the admin routes on the
+        // public listener, and another tenant's key revoked under its own name.
+        assert_eq!(
+            status(
+                admin(Method::GET, "/admin/tenants/b/keys", Some(&app.key_a))
+                    .await
+                    .expect("answers")
+            ),
+            401
+        );
+        let public = http
+            .get(format!("{}/admin/tenants/a/keys", app.base))
+            .bearer_auth("operator-secret")
+            .send()
+            .await
+            .expect("answers");
+        assert_eq!(public.status().as_u16(), 404, "not on the public listener");
+        let b_keys: Value = admin(
+            Method::GET,
+            "/admin/tenants/b/keys",
+            Some("operator-secret"),
+        )
+        .await
+        .expect("answers")
+        .json()
+        .await
+        .expect("JSON");
+        let b_key = b_keys["keys"][0]["key_id"].as_str().expect("b's key id");
+        assert_eq!(
+            status(
+                admin(
+                    Method::DELETE,
+                    &format!("/admin/tenants/a/keys/{b_key}"),
+                    Some("operator-secret")
+                )
+                .await
+                .expect("answers")
+            ),
+            404,
+            "a key is revoked only under its own tenant"
+        );
+        app.request(Method::GET, "/v1/conversations", Some(&app.key_b), None)
+            .await
+            .expect(200);
         app.cleanup(db).await;
     }
     let db = TestDb::sqlite();
