@@ -10,19 +10,26 @@
 //!
 //! `send_message` runs one turn. It follows the conversation's frames while the turn runs:
 //! - state changes and tool progress go out as MCP progress notifications;
-//! - a server-to-client request (confirm, prompt, select, custom, or an approval) goes out as
-//!   an MCP elicitation when the client declared that capability, and the answer is posted
-//!   as the request's reply;
+//! - a server-to-client request (confirm, prompt, select, custom, or an approval) goes to a
+//!   client that declared elicitation as an elicitation form, and the answer is posted as the
+//!   request's reply. Both protocol eras are served, each its own way:
+//!   - 2025-11-25 and older (`initialize`, a session): an `elicitation/create` sent on the
+//!     call's stream, in the middle of the call;
+//!   - 2026-07-28 (`server/discover`, no session): the call answers with an input-required
+//!     result (SEP-2322) carrying the elicitations and a `requestState`, and the client
+//!     retries the call with the answers and that state; the turn goes on meanwhile, and the
+//!     retry follows it on (see [`Rounds`]);
 //! - without that capability, the request goes out as a notification naming it, and the
 //!   client answers with the `respond` tool.
 //!
 //! Either way it is the same stored request a WebSocket client sees, answered once. When the
 //! turn ends, the tool returns the agent's final text, with the tool calls of the turn as
-//! structured content. A cancelled MCP request (`notifications/cancelled`) cancels the turn.
+//! structured content. A cancelled MCP request cancels the turn: `notifications/cancelled`,
+//! or on 2026-07-28 the call's response stream closed by the client.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
@@ -32,14 +39,16 @@ use axum::http::{Method, Request, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse as _, Response};
 use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::handler::server::tool::Extension;
+use rmcp::handler::server::tool::{Extension, InputResponses as Answers, RequestState};
 use rmcp::handler::server::wrapper::Parameters;
 // Logging notifications carry the fallback of a request for a client without elicitation:
 // every client shows them. SEP-2577 deprecates them for a protocol after 2025-11-25; the same
 // text goes out as a progress notification too.
 use rmcp::model::{
-    CallToolResult, ContentBlock, ElicitRequestParams, ElicitationAction, ElicitationSchema,
-    Implementation, ProgressNotificationParam, ServerCapabilities, ServerConfig,
+    CallToolResponse, CallToolResult, ContentBlock, ElicitRequest, ElicitRequestParams,
+    ElicitResult, ElicitationAction, ElicitationSchema, Implementation, InputRequest,
+    InputRequests, InputRequiredResult, InputResponses as ModelInputResponses,
+    ProgressNotificationParam, ProtocolVersion, ServerCapabilities, ServerConfig,
 };
 #[allow(deprecated)]
 use rmcp::model::{LoggingLevel, LoggingMessageNotificationParam};
@@ -96,7 +105,7 @@ impl Owners {
         };
         // Sessions rmcp ended by itself (expired, closed) go from the map now and then.
         if prune && let Some(manager) = self.manager.get() {
-            let live: std::collections::HashSet<String> = manager
+            let live: HashSet<String> = manager
                 .sessions
                 .read()
                 .await
@@ -112,6 +121,110 @@ impl Owners {
     fn forget(&self, session: &str) {
         let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
         owners.0.remove(session);
+    }
+}
+
+/// How long a round waits for the client's retry after its longest question expired (by
+/// then the turn has gone on without the answer; the retry still follows it to its end).
+const ROUND_GRACE: Duration = Duration::from_secs(300);
+
+/// The timeout of a question that does not say its own (the longest of `[requests]`).
+const QUESTION_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// Rounds one API key may leave waiting; past that its oldest is dropped.
+const ROUNDS_PER_KEY: usize = 64;
+
+/// The calls of the 2026-07-28 protocol that wait for the client's next round (SEP-2322).
+///
+/// A `send_message` whose turn asks the client something answers with an input-required
+/// result, and the client retries the call with the answers and the `requestState` it was
+/// given. That state comes back from the client and is not trusted: it is only a handle (256
+/// random bits) to the round kept here, which holds everything the call needs: the API key
+/// that made it, the conversation, the questions and the turn's subscription. A handle is
+/// good once, for the key that made the call and the conversation it named, until the round
+/// expires. Anything else (a forged, replayed or expired handle, another key's, another
+/// conversation's) is the same invalid-params error, which does not say whether the handle
+/// exists, and the round is left as it was.
+#[derive(Default)]
+pub struct Rounds {
+    waiting: Mutex<HashMap<String, (Instant, Round)>>,
+}
+
+impl std::fmt::Debug for Rounds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let waiting = self.waiting.lock().map_or(0, |w| w.len());
+        f.debug_struct("Rounds").field("waiting", &waiting).finish()
+    }
+}
+
+/// A call that answered with an input-required result, until the client's retry.
+struct Round {
+    /// The API key (its hash; dev mode's bucket) that made the call.
+    key: String,
+    /// The conversation's REST path.
+    path: String,
+    /// The sequence id of the call's user message.
+    after: u64,
+    followed: Followed,
+    /// The questions put to the client (their `client_request` frames).
+    asks: Vec<Value>,
+}
+
+impl Rounds {
+    /// Keeps a round until the client's retry; its handle, the `requestState`.
+    fn put(&self, hub: &crate::hub::EventHub, round: Round) -> String {
+        let handle = format!("bkr_{}", hex::encode(rand::random::<[u8; 32]>()));
+        let longest = round
+            .asks
+            .iter()
+            .filter_map(|a| a["timeout_ms"].as_u64())
+            .max()
+            .map_or(QUESTION_TIMEOUT, Duration::from_millis);
+        let now = Instant::now();
+        let expires = now + longest + ROUND_GRACE;
+        let dropped: Vec<Round> = {
+            let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+            let mut dropped: Vec<Round> = waiting
+                .extract_if(|_, (at, _)| *at <= now)
+                .map(|(_, (_, round))| round)
+                .collect();
+            let mut mine: Vec<(Instant, String)> = waiting
+                .iter()
+                .filter(|(_, (_, r))| r.key == round.key)
+                .map(|(handle, (at, _))| (*at, handle.clone()))
+                .collect();
+            if mine.len() >= ROUNDS_PER_KEY {
+                mine.sort();
+                for (_, handle) in &mine[..=mine.len() - ROUNDS_PER_KEY] {
+                    dropped.extend(waiting.remove(handle).map(|(_, round)| round));
+                }
+            }
+            waiting.insert(handle.clone(), (expires, round));
+            dropped
+        };
+        for round in dropped {
+            let conversation = round.followed.conversation.clone();
+            drop(round);
+            hub.release(&conversation);
+        }
+        handle
+    }
+
+    /// The round a retried call names, if it is this key's, for this conversation, and
+    /// still waiting; it is the call's from then on.
+    fn take(&self, handle: &str, key: &str, conversation: &str) -> Result<Round, ErrorData> {
+        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        let fits = waiting.get(handle).is_some_and(|(at, round)| {
+            *at > Instant::now() && round.key == key && round.followed.conversation == conversation
+        });
+        // Another caller's attempt leaves the round to its owner.
+        if fits && let Some((_, round)) = waiting.remove(handle) {
+            return Ok(round);
+        }
+        Err(ErrorData::invalid_params(
+            "requestState is not valid: this server did not give it to this caller for this conversation's send_message, or it was used already, or it expired. The turn goes on: read it with get_messages, or cancel it",
+            None,
+        ))
     }
 }
 
@@ -272,6 +385,15 @@ impl BedrockMcp {
         }
     }
 
+    /// The API key (its hash; dev mode's bucket) of the MCP request.
+    async fn caller_key(&self, parts: &Parts) -> Result<String, ErrorData> {
+        let mut parts = parts.clone();
+        super::auth::Credential::from_request_parts(&mut parts, &self.app)
+            .await
+            .map(|credential| super::auth::key_id(&credential))
+            .map_err(|_| ErrorData::invalid_request("the request's key cannot be read", None))
+    }
+
     /// Calls the REST API in process, as the MCP request's key: (status, body).
     async fn rest(
         &self,
@@ -356,55 +478,99 @@ impl BedrockMcp {
     }
 
     #[tool(
-        description = "Send a message and run the agent's turn to its end: returns the agent's final text, with the tool calls it made as structured content. Progress notifications carry the turn's states and tool progress. Questions the agent asks come as elicitations, or, for a client without elicitation, as notifications answered with the respond tool."
+        description = "Send a message and run the agent's turn to its end: returns the agent's final text, with the tool calls it made as structured content. Progress notifications carry the turn's states and tool progress. Questions the agent asks come as elicitations (on the 2026-07-28 protocol, as an input-required result: retry the call with the answers and the requestState), or, for a client without elicitation, as notifications answered with the respond tool."
     )]
     async fn send_message(
         &self,
         Parameters(args): Parameters<SendArgs>,
         Extension(parts): Extension<Parts>,
+        RequestState(request_state): RequestState,
+        Answers(answers): Answers,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<CallToolResult, ErrorData> {
+    ) -> Result<CallToolResponse, ErrorData> {
         let path = format!("/v1/conversations/{}", segment(&args.conversation_id));
         let (status, conversation) = self.rest(&parts, Method::GET, &path, None).await?;
         if status != 200 {
-            return Ok(api_error(status, &conversation));
+            return Ok(api_error(status, &conversation).into());
         }
         let id = conversation["id"].as_str().unwrap_or_default().to_owned();
-        // Subscribed before the send, so no frame of the turn is missed.
-        let mut frames = self.app.services.hub.subscribe(&id);
-        let (status, sent) = self
-            .rest(
-                &parts,
-                Method::POST,
-                &format!("{path}/messages"),
-                Some(json!({"text": args.text})),
-            )
-            .await?;
-        if !(200..300).contains(&status) {
-            self.app.services.hub.release(&id);
-            return Ok(api_error(status, &sent));
-        }
-        let after = sent["message"]["sequence_id"].as_u64().unwrap_or(0);
+        let key = self.caller_key(&parts).await?;
+        // A retried call of the 2026-07-28 protocol: the round it continues, whose message
+        // was sent already.
+        let (mut followed, after, path) = match request_state {
+            Some(handle) => {
+                let round = self.app.mcp_rounds.take(&handle, &key, &id)?;
+                let turn = Turn {
+                    server: self,
+                    parts: &parts,
+                    ctx: &ctx,
+                    path: &round.path,
+                    rounds: false,
+                };
+                let mut followed = round.followed;
+                turn.answer(&round.asks, answers.unwrap_or_default(), &mut followed)
+                    .await;
+                (followed, round.after, round.path)
+            }
+            None => {
+                // Subscribed before the send, so no frame of the turn is missed.
+                let frames = self.app.services.hub.subscribe(&id);
+                let (status, sent) = self
+                    .rest(
+                        &parts,
+                        Method::POST,
+                        &format!("{path}/messages"),
+                        Some(json!({"text": args.text})),
+                    )
+                    .await?;
+                if !(200..300).contains(&status) {
+                    drop(frames);
+                    self.app.services.hub.release(&id);
+                    return Ok(api_error(status, &sent).into());
+                }
+                let after = sent["message"]["sequence_id"].as_u64().unwrap_or(0);
+                (Followed::new(id.clone(), frames), after, path)
+            }
+        };
         let turn = Turn {
             server: self,
             parts: &parts,
             ctx: &ctx,
             path: &path,
+            rounds: asks_in_rounds(&ctx),
         };
-        let ended = turn.follow(&mut frames).await;
-        self.app.services.hub.release(&id);
-        let state = match ended {
-            Ok(state) => state,
-            Err(Cancelled) => {
+        let stop = turn.follow(&mut followed).await;
+        let state = match stop {
+            Stop::Ended(state) => state,
+            Stop::Cancelled => {
+                drop(followed);
+                self.app.services.hub.release(&id);
                 let _ = self
                     .rest(&parts, Method::POST, &format!("{path}/cancel"), None)
                     .await;
                 return Ok(CallToolResult::error(vec![ContentBlock::text(
                     "cancelled: the turn was cancelled",
-                )]));
+                )])
+                .into());
+            }
+            Stop::Asks(asks) => {
+                let requests = input_requests(&asks);
+                let handle = self.app.mcp_rounds.put(
+                    &self.app.services.hub,
+                    Round {
+                        key,
+                        path,
+                        after,
+                        followed,
+                        asks,
+                    },
+                );
+                return Ok(InputRequiredResult::new(Some(requests), Some(handle)).into());
             }
         };
-        turn.result(after, state).await
+        drop(followed);
+        self.app.services.hub.release(&id);
+        turn.result(after, state).await.map(Into::into)
     }
 
     #[tool(
@@ -490,8 +656,42 @@ impl ServerHandler for BedrockMcp {
     }
 }
 
-/// The MCP request was cancelled.
-struct Cancelled;
+/// How following a turn stopped.
+enum Stop {
+    /// The turn ended in this state.
+    Ended(Value),
+    /// The MCP request was cancelled: `notifications/cancelled`, or (2026-07-28) its
+    /// response stream closed.
+    Cancelled,
+    /// (2026-07-28) The turn asks the client these requests (their `client_request` frames):
+    /// the call answers with an input-required result.
+    Asks(Vec<Value>),
+}
+
+/// What a `send_message` follows of its conversation; kept between the rounds of a call of
+/// the 2026-07-28 protocol, so that no frame of the turn is missed meanwhile.
+struct Followed {
+    conversation: String,
+    frames: crate::hub::Subscription,
+    /// Frames taken from the subscription and not handled yet: (kind, JSON).
+    backlog: VecDeque<(String, Value)>,
+    /// The requests already put to the client.
+    asked: HashSet<String>,
+    /// Progress notifications sent so far.
+    progress: u32,
+}
+
+impl Followed {
+    fn new(conversation: String, frames: crate::hub::Subscription) -> Self {
+        Followed {
+            conversation,
+            frames,
+            backlog: VecDeque::new(),
+            asked: HashSet::new(),
+            progress: 0,
+        }
+    }
+}
 
 /// A turn being followed for one `send_message`.
 struct Turn<'a> {
@@ -499,54 +699,108 @@ struct Turn<'a> {
     parts: &'a Parts,
     ctx: &'a RequestContext<RoleServer>,
     path: &'a str,
+    /// Questions with a form go to the client as an input-required result (the 2026-07-28
+    /// protocol, to a client that declared elicitation), rather than as elicitations sent
+    /// in the middle of the call.
+    rounds: bool,
 }
 
 /// States in which a turn has ended.
 const REST: [&str; 4] = ["idle", "error", "completed", "context_exhausted"];
 
+/// Whether this call's questions go in rounds (SEP-2322): its protocol is 2026-07-28 or later,
+/// where a server does not send requests in the middle of a call, and its client declared
+/// elicitation.
+fn asks_in_rounds(ctx: &RequestContext<RoleServer>) -> bool {
+    let modern = ctx
+        .protocol_version()
+        .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str());
+    modern
+        && ctx
+            .client_capabilities()
+            .and_then(|c| c.elicitation)
+            .is_some()
+}
+
 impl Turn<'_> {
-    /// Follows the conversation's frames until its turn ends; its last state.
-    async fn follow(&self, frames: &mut crate::hub::Subscription) -> Result<Value, Cancelled> {
-        let mut progress = 0u32;
+    /// Follows the conversation's frames until its turn ends, the call is cancelled, or (in
+    /// rounds) the turn asks the client something.
+    async fn follow(&self, followed: &mut Followed) -> Stop {
         let mut asked = tokio::task::JoinSet::new();
         loop {
-            let frame = tokio::select! {
-                () = self.ctx.ct.cancelled() => return Err(Cancelled),
-                frame = frames.recv() => frame,
-                // A safety net for a lagged or closed subscription: the state as stored.
-                () = tokio::time::sleep(Duration::from_secs(2)) => {
-                    if let Ok((200, c)) = self.server.rest(self.parts, Method::GET, self.path, None).await
-                        && REST.contains(&c["state"]["kind"].as_str().unwrap_or_default())
-                    {
-                        return Ok(c["state"].clone());
+            let (kind, value) = if let Some(frame) = followed.backlog.pop_front() {
+                frame
+            } else {
+                let frame = tokio::select! {
+                    () = self.ctx.ct.cancelled() => return Stop::Cancelled,
+                    frame = followed.frames.recv() => frame,
+                    // A safety net: the state as stored.
+                    () = tokio::time::sleep(Duration::from_secs(2)) => {
+                        if let Some(state) = self.rested().await {
+                            return Stop::Ended(state);
+                        }
+                        continue;
                     }
-                    continue;
+                };
+                match frame {
+                    Ok(frame) => (
+                        frame.kind.clone(),
+                        serde_json::from_str(&frame.json).unwrap_or(Value::Null),
+                    ),
+                    // Lagged or closed: a new subscription, and the stored state and pending
+                    // requests stand for the frames missed.
+                    Err(_) => {
+                        self.resubscribe(followed).await;
+                        if let Some(state) = self.rested().await {
+                            return Stop::Ended(state);
+                        }
+                        continue;
+                    }
                 }
             };
-            let Ok(frame) = frame else {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                continue;
-            };
-            let value: Value = serde_json::from_str(&frame.json).unwrap_or(Value::Null);
-            match frame.kind.as_str() {
+            match kind.as_str() {
                 "state" => {
                     let kind = value["state"]["kind"].as_str().unwrap_or_default();
-                    progress += 1;
-                    self.progress(progress, &format!("state: {kind}")).await;
+                    followed.progress += 1;
+                    self.progress(followed.progress, &format!("state: {kind}"))
+                        .await;
                     if REST.contains(&kind) {
-                        return Ok(value["state"].clone());
+                        return Stop::Ended(value["state"].clone());
                     }
                 }
                 "tool_progress" => {
-                    progress += 1;
+                    followed.progress += 1;
                     let message = format!(
                         "{}: {}",
                         value["tool_name"].as_str().unwrap_or_default(),
                         value["message"].as_str().unwrap_or_default()
                     );
-                    self.progress(progress, &message).await;
+                    self.progress(followed.progress, &message).await;
                 }
                 "client_request" => {
+                    let request_id = value["request_id"].as_str().unwrap_or_default();
+                    if !followed.asked.insert(request_id.to_owned()) {
+                        continue;
+                    }
+                    if self.rounds && elicitation(&value["request_type"]).is_some() {
+                        // The requests already waiting go in the same round; other frames
+                        // wait for the next.
+                        let mut asks = vec![value];
+                        while let Ok(frame) = followed.frames.try_recv() {
+                            let value: Value =
+                                serde_json::from_str(&frame.json).unwrap_or(Value::Null);
+                            let request_id = value["request_id"].as_str().unwrap_or_default();
+                            if frame.kind == "client_request"
+                                && elicitation(&value["request_type"]).is_some()
+                                && followed.asked.insert(request_id.to_owned())
+                            {
+                                asks.push(value);
+                            } else {
+                                followed.backlog.push_back((frame.kind.clone(), value));
+                            }
+                        }
+                        return Stop::Asks(asks);
+                    }
                     let (server, parts, ctx, path) = (
                         self.server.clone(),
                         self.parts.clone(),
@@ -557,6 +811,77 @@ impl Turn<'_> {
                 }
                 _ => {}
             }
+        }
+    }
+
+    /// The turn's last state if it has ended, as stored.
+    async fn rested(&self) -> Option<Value> {
+        match self
+            .server
+            .rest(self.parts, Method::GET, self.path, None)
+            .await
+        {
+            Ok((200, c)) if REST.contains(&c["state"]["kind"].as_str().unwrap_or_default()) => {
+                Some(c["state"].clone())
+            }
+            _ => None,
+        }
+    }
+
+    /// Subscribes again after the subscription lagged or closed; the requests still pending
+    /// go to the backlog (those already asked are not asked again).
+    async fn resubscribe(&self, followed: &mut Followed) {
+        let hub = &self.server.app.services.hub;
+        followed.frames = hub.subscribe(&followed.conversation);
+        hub.release(&followed.conversation);
+        if let Ok(pending) = self
+            .server
+            .app
+            .services
+            .store
+            .pending_requests(&followed.conversation)
+            .await
+        {
+            for request in &pending {
+                let value = serde_json::to_value(crate::wire::pending_request(request))
+                    .unwrap_or(Value::Null);
+                followed
+                    .backlog
+                    .push_back(("client_request".to_owned(), value));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    /// Posts the client's answers to a round's questions (`answers`, by request id); a
+    /// question it left unanswered is asked again.
+    async fn answer(&self, asks: &[Value], answers: ModelInputResponses, followed: &mut Followed) {
+        for request in asks {
+            let request_id = request["request_id"].as_str().unwrap_or_default();
+            let answer = answers
+                .get(request_id)
+                .and_then(|a| serde_json::from_value::<ElicitResult>(a.clone()).ok());
+            let (Some(answer), Some((_, _, reply))) =
+                (answer, elicitation(&request["request_type"]))
+            else {
+                followed.asked.remove(request_id);
+                followed
+                    .backlog
+                    .push_front(("client_request".to_owned(), request.clone()));
+                continue;
+            };
+            let payload = reply_payload(&request["request_type"], reply, answer);
+            let path = format!("{}/requests/{}", self.path, segment(request_id));
+            // Already answered by another client, expired or cancelled: nothing to do.
+            let _ = self
+                .server
+                .rest(
+                    self.parts,
+                    Method::POST,
+                    &path,
+                    Some(json!({"payload": payload})),
+                )
+                .await;
         }
     }
 
@@ -652,15 +977,7 @@ async fn ask(
         };
         match ctx.peer.create_elicitation(params).await {
             Ok(answer) => {
-                let payload = match answer.action {
-                    ElicitationAction::Accept => reply(answer.content.unwrap_or(Value::Null)),
-                    ElicitationAction::Decline => match request_type.get("confirm") {
-                        Some(_) => json!({"confirmed": false}),
-                        None => json!({"cancelled": true}),
-                    },
-                    // Cancel, and whatever later protocols add (the enum is non-exhaustive).
-                    ElicitationAction::Cancel | _ => json!({"cancelled": true}),
-                };
+                let payload = reply_payload(request_type, reply, answer);
                 let path = format!("{path}/requests/{}", segment(request_id));
                 let _ = server
                     .rest(
@@ -703,6 +1020,43 @@ async fn ask(
 }
 
 type ReplyOf = fn(Value) -> Value;
+
+/// The reply to a request that an elicitation's answer makes: accepted, the form's content
+/// as `reply` makes it; declined, a confirm's no, else a cancel; cancelled, a cancel.
+fn reply_payload(request_type: &Value, reply: ReplyOf, answer: ElicitResult) -> Value {
+    match answer.action {
+        ElicitationAction::Accept => reply(answer.content.unwrap_or(Value::Null)),
+        ElicitationAction::Decline => match request_type.get("confirm") {
+            Some(_) => json!({"confirmed": false}),
+            None => json!({"cancelled": true}),
+        },
+        // Cancel, and whatever later protocols add (the enum is non-exhaustive).
+        ElicitationAction::Cancel | _ => json!({"cancelled": true}),
+    }
+}
+
+/// A round's questions as the input requests of an input-required result: an elicitation
+/// each, under its request id.
+fn input_requests(asks: &[Value]) -> InputRequests {
+    let mut requests = InputRequests::new();
+    for request in asks {
+        if let Some((message, schema, _)) = elicitation(&request["request_type"]) {
+            let params = ElicitRequestParams::FormElicitationParams {
+                meta: None,
+                message,
+                requested_schema: schema,
+            };
+            requests.insert(
+                request["request_id"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                InputRequest::Elicitation(ElicitRequest::new(params)),
+            );
+        }
+    }
+    requests
+}
 
 /// The elicitation of a request kind: its message, its form's schema, and how the form's
 /// content becomes the reply. `None` when the kind has no form (the fallback is used).

@@ -68,6 +68,8 @@ pub struct AppInner {
     pub guard: guard::Guard,
     /// Which API key opened each MCP session (mcp.rs).
     pub mcp_sessions: mcp::Owners,
+    /// MCP calls of the 2026-07-28 protocol waiting for the client's next round.
+    pub mcp_rounds: mcp::Rounds,
 }
 
 #[derive(Clone, Debug)]
@@ -106,6 +108,7 @@ impl AppState {
         AppState(Arc::new(AppInner {
             guard,
             mcp_sessions: mcp::Owners::default(),
+            mcp_rounds: mcp::Rounds::default(),
             settings: services.settings.clone(),
             services,
             dev_tenant,

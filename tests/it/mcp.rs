@@ -3,6 +3,12 @@
 //! notifications, questions answered by elicitation (accept, decline, a choice) and by the
 //! respond tool for a client without elicitation, a cancel from the MCP side, tenant
 //! isolation, bad arguments, and keys.
+//!
+//! Both protocol eras (issue 42): rmcp's client with the `initialize` handshake (2025-11-25)
+//! and with `server/discover` (2026-07-28, where questions come as input-required results),
+//! and the official Python SDK's client (PyPI `mcp` 2.x, tests/it/fixtures/) in its default
+//! mode (2026-07-28) and forced to the handshake; a `requestState` that is not the caller's
+//! is refused.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,17 +17,20 @@ use bedrock::testkit::Reply;
 #[allow(deprecated)]
 use rmcp::model::LoggingMessageNotificationParam;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ElicitRequestParams,
-    ElicitResult, ElicitationAction, Implementation, NumberOrString, ProgressNotificationParam,
-    ProgressToken, RequestMetaObject,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ClientCapabilities, ClientConfig,
+    ElicitRequestParams, ElicitResult, ElicitationAction, Implementation, InputResponses,
+    NumberOrString, ProgressNotificationParam, ProgressToken, ProtocolVersion, RequestMetaObject,
 };
-use rmcp::service::{NotificationContext, RequestContext, RoleClient, RunningService};
+use rmcp::service::{
+    ClientLifecycleMode, ClientServiceExt as _, NotificationContext, RequestContext, RoleClient,
+    RunningService, ServiceError,
+};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{ClientHandler, ErrorData, ServiceExt as _};
 use serde_json::{Value, json};
 
-use crate::support::{TestApp, TestDb, WAIT, eventually, unique_sleep, wait_running};
+use crate::support::{TestApp, TestDb, WAIT, eventually, running, unique_sleep, wait_running};
 
 /// How the test client answers elicitations.
 #[derive(Clone, Copy, Debug)]
@@ -130,6 +139,39 @@ async fn connect(app: &TestApp, key: &str, client: Client) -> RunningService<Rol
         .serve(StreamableHttpClientTransport::from_config(config))
         .await
         .expect("the MCP session starts")
+}
+
+/// The protocol eras rmcp's client can speak.
+#[derive(Clone, Copy, Debug)]
+enum Era {
+    /// The `initialize` handshake and a session (2025-11-25).
+    Handshake,
+    /// `server/discover`, no session (2026-07-28).
+    Discover,
+}
+
+async fn connect_in(
+    era: Era,
+    app: &TestApp,
+    key: &str,
+    client: Client,
+) -> RunningService<RoleClient, Client> {
+    match era {
+        Era::Handshake => connect(app, key, client).await,
+        Era::Discover => {
+            let config = StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", app.base))
+                .auth_header(key.to_owned());
+            client
+                .serve_with_lifecycle(
+                    StreamableHttpClientTransport::from_config(config),
+                    ClientLifecycleMode::Discover {
+                        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+                    },
+                )
+                .await
+                .expect("the MCP client discovers the server")
+        }
+    }
 }
 
 fn params(tool: &str, arguments: Value) -> CallToolRequestParams {
@@ -260,11 +302,20 @@ async fn an_mcp_client_runs_a_tool_using_turn() {
     }
 }
 
-/// Questions during a turn become elicitations: accepted (a confirm, a choice), declined.
+/// Questions during a turn become elicitations: accepted (a confirm, a choice), declined. In
+/// both eras: sent in the middle of the call (2025-11-25), or as input-required results that
+/// rmcp's client answers and retries (2026-07-28).
 #[tokio::test]
 async fn questions_are_elicitations() {
     let db = TestDb::sqlite();
     let app = TestApp::spawn(&db).await;
+    for era in [Era::Handshake, Era::Discover] {
+        questions_are_elicitations_in(era, &app).await;
+    }
+    app.cleanup(db).await;
+}
+
+async fn questions_are_elicitations_in(era: Era, app: &TestApp) {
     for (answer, question, expected) in [
         (
             Answer::Accept,
@@ -288,7 +339,7 @@ async fn questions_are_elicitations() {
         ),
     ] {
         let handler = Client::new(answer);
-        let client = connect(&app, &app.key_a, handler.clone()).await;
+        let client = connect_in(era, app, &app.key_a, handler.clone()).await;
         let id = create(&client).await;
         app.llm.push([
             Reply::tool("call_ask", "ask_user", question.clone()),
@@ -305,19 +356,21 @@ async fn questions_are_elicitations() {
             .as_str()
             .unwrap_or_default()
             .to_owned();
-        assert!(output.contains(expected), "{answer:?} {question}: {output}");
+        assert!(
+            output.contains(expected),
+            "{era:?} {answer:?} {question}: {output}"
+        );
         let asked = question["question"].as_str().unwrap_or_default();
         assert!(
             handler
                 .seen()
                 .iter()
                 .any(|s| s == &format!("elicit: {asked}")),
-            "{:?}",
+            "{era:?}: {:?}",
             handler.seen()
         );
         client.cancel().await.expect("closes");
     }
-    app.cleanup(db).await;
 }
 
 /// A client without elicitation gets a notification naming the request, and answers it with
@@ -386,13 +439,21 @@ async fn the_respond_tool_answers_for_a_client_without_elicitation() {
     app.cleanup(db).await;
 }
 
-/// A send_message the MCP client cancels (notifications/cancelled, sent when its call is
-/// dropped) cancels the turn: the tool's process is killed.
+/// REQ-BED-005: a send_message the MCP client cancels cancels the turn: the tool's process
+/// is killed. In both eras: notifications/cancelled (2025-11-25, sent when the call is
+/// dropped), the call's response stream closed (2026-07-28).
 #[tokio::test]
 async fn cancelling_the_call_cancels_the_turn() {
     let db = TestDb::sqlite();
     let app = TestApp::spawn(&db).await;
-    let client = connect(&app, &app.key_a, Client::new(Answer::Accept)).await;
+    for era in [Era::Handshake, Era::Discover] {
+        cancelling_the_call_cancels_the_turn_in(era, &app).await;
+    }
+    app.cleanup(db).await;
+}
+
+async fn cancelling_the_call_cancels_the_turn_in(era: Era, app: &TestApp) {
+    let client = connect_in(era, app, &app.key_a, Client::new(Answer::Accept)).await;
     let id = create(&client).await;
     let sleep = unique_sleep();
     app.llm.push([Reply::bash("call_sleep", &sleep)]);
@@ -408,15 +469,20 @@ async fn cancelling_the_call_cancels_the_turn() {
     })
     .await;
     assert!(outcome.is_ok());
-    // The call future is dropped here: the client sends notifications/cancelled.
+    // The call future is dropped here: the client sends notifications/cancelled, or closes
+    // the call's stream.
     app.wait_kind(&id, "idle").await;
     let messages = app.messages(&id).await;
     assert_eq!(
         messages.last().expect("messages")["content"]["cancelled"],
-        true
+        true,
+        "{era:?}"
     );
+    eventually("the tool's process to be killed", WAIT, || async {
+        (!running(&sleep)).then_some(())
+    })
+    .await;
     client.cancel().await.expect("closes");
-    app.cleanup(db).await;
 }
 
 /// `/mcp` takes the API's keys: none, or a bad one, is the contract's 401.
@@ -442,4 +508,457 @@ async fn mcp_needs_a_key() {
         .await;
     assert!(refused.is_err());
     app.cleanup(db).await;
+}
+
+/// A `requestState` is good only for the caller it was given to, once, on its conversation
+/// (issue 42): a forged one, another tenant's, one on another conversation and a replayed one
+/// are refused with an MCP error (or, for another tenant's conversation, `not_found`), and
+/// none of them answers the question or touches the turn; the owner's own retry still works.
+#[tokio::test]
+async fn a_request_state_is_refused_unless_it_is_the_callers() {
+    let db = TestDb::sqlite();
+    let app = TestApp::spawn(&db).await;
+    let a = connect_in(Era::Discover, &app, &app.key_a, Client::new(Answer::Accept)).await;
+    let b = connect_in(Era::Discover, &app, &app.key_b, Client::new(Answer::Accept)).await;
+    let id = create(&a).await;
+    let other = create(&a).await;
+    let id_b = create(&b).await;
+    app.llm.push([
+        Reply::tool(
+            "call_ask",
+            "ask_user",
+            json!({"question": "Your name?", "kind": "prompt"}),
+        ),
+        Reply::text("hello"),
+    ]);
+    let first = a
+        .call_tool_once(params(
+            "send_message",
+            json!({"conversation_id": id, "text": "ask me"}),
+        ))
+        .await
+        .expect("the call answers");
+    let CallToolResponse::InputRequired(asked) = first else {
+        panic!("not an input-required result: {first:?}");
+    };
+    let state = asked.request_state.clone().expect("a requestState");
+    let requests = asked.input_requests.clone().expect("input requests");
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    let request_id = requests.keys().next().expect("a request").clone();
+    let mut answers = InputResponses::new();
+    answers.insert(
+        request_id.clone(),
+        json!({"action": "accept", "content": {"text": "Mallory"}}),
+    );
+    let retry = |conversation: &str, state: &str| {
+        params(
+            "send_message",
+            json!({"conversation_id": conversation, "text": "ask me"}),
+        )
+        .with_input_responses(answers.clone())
+        .with_request_state(state.to_owned())
+    };
+    let refused = |outcome: Result<CallToolResponse, ServiceError>, what: &str| match outcome {
+        Err(ServiceError::McpError(error)) => {
+            assert_eq!(error.code.0, -32602, "{what}: {error:?}");
+            assert!(
+                error.message.contains("requestState is not valid"),
+                "{what}: {error:?}"
+            );
+        }
+        other => panic!("{what} was not refused: {other:?}"),
+    };
+    // Forged: a handle of the right shape that the server never gave.
+    let forged = format!("bkr_{}", "0".repeat(64));
+    refused(
+        a.call_tool_once(retry(&id, &forged)).await,
+        "a forged requestState",
+    );
+    refused(
+        a.call_tool_once(retry(&id, "")).await,
+        "an empty requestState",
+    );
+    // Tenant b with a's state: a's conversation is not found for b; on b's own conversation
+    // the state is refused.
+    match b.call_tool_once(retry(&id, &state)).await {
+        Ok(CallToolResponse::Complete(result)) => {
+            assert_eq!(result.is_error, Some(true));
+            assert!(text(&result).starts_with("not_found"), "{}", text(&result));
+        }
+        other => panic!("another tenant's call was not refused: {other:?}"),
+    }
+    refused(
+        b.call_tool_once(retry(&id_b, &state)).await,
+        "another tenant's requestState",
+    );
+    // a's state on another conversation of a's.
+    refused(
+        a.call_tool_once(retry(&other, &state)).await,
+        "a requestState on another conversation",
+    );
+    // None of that answered the question: it is still pending, and the turn waits.
+    let pending = app
+        .get(&format!("/v1/conversations/{id}"))
+        .await
+        .expect(200);
+    assert_eq!(pending["state"]["kind"], "tool_executing", "{pending}");
+    // The owner's retry answers it, once.
+    let mut answers = InputResponses::new();
+    answers.insert(
+        request_id.clone(),
+        json!({"action": "accept", "content": {"text": "Ada"}}),
+    );
+    let done = a
+        .call_tool_once(
+            params(
+                "send_message",
+                json!({"conversation_id": id, "text": "ask me"}),
+            )
+            .with_input_responses(answers)
+            .with_request_state(state.clone()),
+        )
+        .await
+        .expect("the retry answers");
+    let CallToolResponse::Complete(done) = done else {
+        panic!("the turn did not end: {done:?}");
+    };
+    assert_eq!(text(&done), "hello");
+    let output = done.structured_content.expect("structured")["tool_calls"][0]["output"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(output.contains("the user answered: Ada"), "{output}");
+    // One user message: the retries did not send it again.
+    let users = app
+        .messages(&id)
+        .await
+        .iter()
+        .filter(|m| m["message_type"] == "user")
+        .count();
+    assert_eq!(users, 1);
+    // Replayed.
+    refused(
+        a.call_tool_once(retry(&id, &state)).await,
+        "a replayed requestState",
+    );
+    a.cancel().await.expect("closes");
+    b.cancel().await.expect("closes");
+    app.cleanup(db).await;
+}
+
+/// Whether the official Python MCP SDK (its 2.x API) is installed; a test that needs it says
+/// loudly that it is skipped when it is not.
+fn python_sdk(test: &str) -> bool {
+    let found = std::process::Command::new("python3")
+        .args(["-c", "import mcp, mcp_types; from mcp import Client"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        #[allow(clippy::print_stderr)]
+        {
+            eprintln!(
+                "SKIPPED {test}: the official Python MCP SDK is missing (pip install \"mcp==2.3.0\")"
+            );
+        }
+    }
+    found
+}
+
+/// The official Python SDK's client (tests/it/fixtures/mcp_python_client.py): a process
+/// driven one JSON command a line, answering one JSON line each.
+struct PyClient {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    stderr: Arc<Mutex<String>>,
+    /// The protocol version it negotiated.
+    protocol: String,
+}
+
+impl PyClient {
+    /// `mode`: the SDK's `mode` setting, "auto" (2026-07-28) or "legacy" (2025-11-25).
+    async fn start(app: &TestApp, key: &str, mode: &str) -> PyClient {
+        use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _};
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/it/fixtures/mcp_python_client.py"
+        );
+        let mut child = tokio::process::Command::new("python3")
+            .arg(script)
+            .arg(format!("{}/mcp", app.base))
+            .arg(key)
+            .arg(mode)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python3 starts");
+        let stdin = child.stdin.take().expect("stdin");
+        let lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut from = child.stderr.take().expect("stderr");
+        let into = stderr.clone();
+        tokio::spawn(async move {
+            let mut text = String::new();
+            let _ = from.read_to_string(&mut text).await;
+            if let Ok(mut into) = into.lock() {
+                into.push_str(&text);
+            }
+        });
+        let mut client = PyClient {
+            child,
+            stdin,
+            lines,
+            stderr,
+            protocol: String::new(),
+        };
+        let first = client.line().await;
+        client.protocol = first["protocol"].as_str().unwrap_or_default().to_owned();
+        client
+    }
+
+    async fn write(&mut self, line: &str) {
+        use tokio::io::AsyncWriteExt as _;
+        self.stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .expect("the Python client reads");
+        self.stdin.flush().await.expect("the Python client reads");
+    }
+
+    /// Its next answer; generous, as a turn may take long on a busy machine.
+    async fn line(&mut self) -> Value {
+        let next = tokio::time::timeout(Duration::from_secs(240), self.lines.next_line()).await;
+        match next {
+            Ok(Ok(Some(line))) => serde_json::from_str(&line).expect("a JSON line"),
+            other => {
+                let _ = self.child.start_kill();
+                let _ = self.child.wait().await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let stderr = self.stderr.lock().map(|s| s.clone()).unwrap_or_default();
+                panic!("the Python client did not answer ({other:?}); its stderr:\n{stderr}");
+            }
+        }
+    }
+
+    async fn run(&mut self, command: Value) -> Value {
+        self.write(&command.to_string()).await;
+        self.line().await
+    }
+
+    /// Calls a tool; its result (a failed call fails the test).
+    async fn call(&mut self, tool: &str, arguments: Value, extra: Value) -> Value {
+        let mut command = json!({"op": "call", "tool": tool, "arguments": arguments});
+        if let (Some(command), Some(extra)) = (command.as_object_mut(), extra.as_object()) {
+            command.extend(extra.clone());
+        }
+        let answer = self.run(command).await;
+        assert!(answer.get("result").is_some(), "{tool}: {answer}");
+        answer
+    }
+
+    async fn quit(mut self) {
+        self.write(r#"{"op": "quit"}"#).await;
+        let _ = tokio::time::timeout(WAIT, self.child.wait()).await;
+    }
+}
+
+/// The text of a CallToolResult as the Python client prints it.
+fn py_text(answer: &Value) -> String {
+    answer["result"]["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["text"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn py_tool_output(answer: &Value) -> String {
+    answer["result"]["structuredContent"]["tool_calls"][0]["output"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The official Python SDK's client in its default mode negotiates 2026-07-28 and gets the
+/// agent's questions as input-required results: a prompt answered, a select, a declined
+/// approval (its command does not run), progress, and a cancel (REQ-BED-005: the call's
+/// stream closed). A forged requestState is refused.
+#[tokio::test]
+async fn the_python_sdk_on_2026_07_28() {
+    if python_sdk("the_python_sdk_on_2026_07_28") {
+        python_scenarios("auto", "2026-07-28").await;
+    }
+}
+
+/// The same client forced to the handshake (`mode="legacy"`, 2025-11-25) gets the questions
+/// as elicitations in the middle of the call, and cancels with notifications/cancelled
+/// (REQ-BED-005).
+#[tokio::test]
+async fn the_python_sdk_on_2025_11_25() {
+    if python_sdk("the_python_sdk_on_2025_11_25") {
+        python_scenarios("legacy", "2025-11-25").await;
+    }
+}
+
+async fn python_scenarios(mode: &str, protocol: &str) {
+    for db in TestDb::each().await {
+        let app = TestApp::spawn(&db).await;
+        let mut py = PyClient::start(&app, &app.key_a, mode).await;
+        assert_eq!(py.protocol, protocol, "{mode}");
+        let tools = py.run(json!({"op": "tools"})).await;
+        assert_eq!(
+            tools["tools"],
+            json!([
+                "cancel",
+                "create_conversation",
+                "get_messages",
+                "respond",
+                "send_message"
+            ])
+        );
+        let created = py.call("create_conversation", json!({}), json!({})).await;
+        let id = created["result"]["structuredContent"]["id"]
+            .as_str()
+            .expect("an id")
+            .to_owned();
+
+        // A prompt, answered.
+        app.llm.push([
+            Reply::tool(
+                "call_prompt",
+                "ask_user",
+                json!({"question": "Your name?", "kind": "prompt"}),
+            ),
+            Reply::text("hello Ada"),
+        ]);
+        let sent = py
+            .call(
+                "send_message",
+                json!({"conversation_id": id, "text": "ask my name"}),
+                json!({"answer": "accept", "text": "Ada"}),
+            )
+            .await;
+        assert_eq!(py_text(&sent), "hello Ada", "{mode}: {sent}");
+        assert!(
+            py_tool_output(&sent).contains("the user answered: Ada"),
+            "{mode}: {sent}"
+        );
+        assert_eq!(sent["elicited"], json!(["Your name?"]), "{mode}");
+        assert!(
+            sent["progress"]
+                .as_array()
+                .is_some_and(|p| p.iter().any(|m| m == "state: idle")),
+            "{mode}: {sent}"
+        );
+
+        // A select: the client picks the last choice.
+        app.llm.push([
+            Reply::tool(
+                "call_select",
+                "ask_user",
+                json!({"question": "Colour?", "kind": "select", "options": ["red", "green"]}),
+            ),
+            Reply::text("green it is"),
+        ]);
+        let sent = py
+            .call(
+                "send_message",
+                json!({"conversation_id": id, "text": "pick a colour"}),
+                json!({"answer": "accept"}),
+            )
+            .await;
+        assert_eq!(py_text(&sent), "green it is", "{mode}: {sent}");
+        assert!(
+            py_tool_output(&sent).contains("the user answered: green"),
+            "{mode}: {sent}"
+        );
+
+        // A declined approval: the command does not run.
+        let gated = app
+            .post("/v1/conversations", json!({"require_approval": ["bash"]}))
+            .await
+            .expect(201);
+        let gated_id = gated["id"].as_str().expect("an id").to_owned();
+        let cwd = std::path::PathBuf::from(gated["cwd"].as_str().expect("a cwd"));
+        app.llm.push([
+            Reply::bash("call_gated", "touch approved.txt"),
+            Reply::text("it did not run"),
+        ]);
+        let sent = py
+            .call(
+                "send_message",
+                json!({"conversation_id": gated_id, "text": "touch it"}),
+                json!({"answer": "decline"}),
+            )
+            .await;
+        assert_eq!(py_text(&sent), "it did not run", "{mode}: {sent}");
+        assert_eq!(
+            sent["result"]["structuredContent"]["tool_calls"][0]["ok"], false,
+            "{mode}: {sent}"
+        );
+        assert!(
+            sent["elicited"].as_array().is_some_and(|e| e.len() == 1
+                && e[0]
+                    .as_str()
+                    .is_some_and(|m| m.contains("touch approved.txt"))),
+            "{mode}: {sent}"
+        );
+        assert!(!cwd.join("approved.txt").exists());
+
+        if mode == "auto" {
+            // A forged requestState is refused before anything is sent or answered.
+            let forged = py
+                .run(json!({
+                    "op": "call",
+                    "tool": "send_message",
+                    "arguments": {"conversation_id": id, "text": "forged"},
+                    "request_state": format!("bkr_{}", "f".repeat(64)),
+                }))
+                .await;
+            assert_eq!(forged["code"], -32602, "{forged}");
+            assert!(
+                forged["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("requestState is not valid")),
+                "{forged}"
+            );
+        }
+
+        // Cancel: the call is cancelled while its tool runs.
+        let sleep = unique_sleep();
+        app.llm.push([Reply::bash("call_sleep", &sleep)]);
+        let started = py
+            .run(json!({
+                "op": "call",
+                "tool": "send_message",
+                "arguments": {"conversation_id": id, "text": "sleep"},
+                "cancel": true,
+            }))
+            .await;
+        assert_eq!(started, json!({"started": true}));
+        wait_running(&sleep).await;
+        py.write("cancel").await;
+        assert_eq!(py.line().await, json!({"cancelled": true}));
+        app.wait_kind(&id, "idle").await;
+        let messages = app.messages(&id).await;
+        assert_eq!(
+            messages.last().expect("messages")["content"]["cancelled"],
+            true,
+            "{mode}: {messages:?}"
+        );
+        eventually("the tool's process to be killed", WAIT, || async {
+            (!running(&sleep)).then_some(())
+        })
+        .await;
+        let users = messages
+            .iter()
+            .filter(|m| m["message_type"] == "user")
+            .count();
+        assert_eq!(users, 3, "{mode}: one user message a send");
+        py.quit().await;
+        app.cleanup(db).await;
+    }
 }
