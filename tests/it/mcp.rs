@@ -513,7 +513,8 @@ async fn mcp_needs_a_key() {
 /// A `requestState` is good only for the caller it was given to, once, on its conversation
 /// (issue 42): a forged one, another tenant's, one on another conversation and a replayed one
 /// are refused with an MCP error (or, for another tenant's conversation, `not_found`), and
-/// none of them answers the question or touches the turn; the owner's own retry still works.
+/// none of them answers the question or touches the turn; the owner's retry without the answer
+/// is asked again, and its retry with it ends the turn.
 #[tokio::test]
 async fn a_request_state_is_refused_unless_it_is_the_callers() {
     let db = TestDb::sqlite();
@@ -602,6 +603,34 @@ async fn a_request_state_is_refused_unless_it_is_the_callers() {
         .await
         .expect(200);
     assert_eq!(pending["state"]["kind"], "tool_executing", "{pending}");
+    // A retry without the answer is asked the question again, under a new requestState.
+    let again = a
+        .call_tool_once(
+            params(
+                "send_message",
+                json!({"conversation_id": id, "text": "ask me"}),
+            )
+            .with_request_state(state.clone()),
+        )
+        .await
+        .expect("the retry answers");
+    let CallToolResponse::InputRequired(again) = again else {
+        panic!("not asked again: {again:?}");
+    };
+    assert_eq!(
+        again
+            .input_requests
+            .as_ref()
+            .map(|r| r.keys().cloned().collect::<Vec<_>>()),
+        Some(vec![request_id.clone()])
+    );
+    let first_state = state;
+    let state = again.request_state.expect("a new requestState");
+    assert_ne!(state, first_state);
+    refused(
+        a.call_tool_once(retry(&id, &first_state)).await,
+        "a used requestState",
+    );
     // The owner's retry answers it, once.
     let mut answers = InputResponses::new();
     answers.insert(
