@@ -58,6 +58,12 @@ pub enum Reply {
         content_type: String,
         pieces: Vec<Bytes>,
     },
+    /// The request, byte for byte, to a real OpenAI-compatible server at this `/v1` base
+    /// URL (a llama.cpp `llama-server` in the tests that have one), and its answer back as
+    /// it comes: status, content type and body. `extra` (a JSON object, or null) is merged
+    /// into the request's top level first, for sampling settings a test needs (e.g.
+    /// llama-server's `ignore_eos`); with null the body is forwarded untouched.
+    Forward { base_url: String, extra: Value },
 }
 
 impl Reply {
@@ -253,6 +259,15 @@ impl FakeLlm {
     /// The most requests that were in flight at once.
     pub fn max_in_flight(&self) -> usize {
         self.shared.max_in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Every request after the script is used up goes to the real OpenAI-compatible server
+    /// at `base_url` (see [`Reply::Forward`]); the fake still records them.
+    pub fn forward_to(&self, base_url: &str, extra: Value) {
+        self.fallback(Reply::Forward {
+            base_url: base_url.to_owned(),
+            extra,
+        });
     }
 
     /// The reply once the script is used up (default: a short text).
@@ -553,7 +568,16 @@ mod anthropic;
 /// refuses it (`strict_refusal`), so that every test holds the gateway to sending histories
 /// any backend accepts.
 async fn complete(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
-    if let Some((status, message)) = strict_refusal(&body) {
+    // A fake that forwards to a real server leaves the judging of histories to it.
+    let forwarding = matches!(
+        shared
+            .inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .fallback,
+        Some(Reply::Forward { .. })
+    );
+    if let Some((status, message)) = strict_refusal(&body).filter(|_| !forwarding) {
         let mut inner = shared.inner.lock().unwrap_or_else(|e| e.into_inner());
         inner
             .requests
@@ -715,9 +739,15 @@ async fn serve(shared: Arc<Shared>, body: Bytes, api: Api) -> Response {
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
-    let response = match api {
-        Api::OpenAi => reply_with(reply, prompt, completion, shared.clone()).await,
-        Api::Anthropic => anthropic::reply_with(reply, prompt, completion, shared.clone()),
+    let response = match (api, reply) {
+        (Api::OpenAi, Reply::Forward { base_url, extra }) => forward(&base_url, &extra, body).await,
+        (_, Reply::Forward { .. }) => (
+            StatusCode::NOT_IMPLEMENTED,
+            "the fake forwards only chat completions",
+        )
+            .into_response(),
+        (Api::OpenAi, reply) => reply_with(reply, prompt, completion, shared.clone()).await,
+        (Api::Anthropic, reply) => anthropic::reply_with(reply, prompt, completion, shared.clone()),
     };
     drop(in_flight);
     let mut inner = shared.inner.lock().unwrap_or_else(|e| e.into_inner());
@@ -726,6 +756,53 @@ async fn serve(shared: Arc<Shared>, body: Bytes, api: Api) -> Response {
             .entry(keys.first_user)
             .or_default()
             .push(started.elapsed());
+    }
+    response
+}
+
+/// [`Reply::Forward`]: `body` (with `extra` merged in) to `{base_url}/chat/completions`,
+/// the answer streamed back as it arrives. A server that cannot be reached is a 502.
+async fn forward(base_url: &str, extra: &Value, body: Bytes) -> Response {
+    let body = match extra.as_object() {
+        Some(extra) if !extra.is_empty() => {
+            match serde_json::from_slice::<serde_json::Map<String, Value>>(&body) {
+                Ok(mut request) => {
+                    request.extend(extra.clone());
+                    Bytes::from(Value::Object(request).to_string())
+                }
+                Err(_) => body,
+            }
+        }
+        _ => body,
+    };
+    let client = reqwest::Client::builder().no_proxy().build();
+    let sent = match client {
+        Ok(client) => {
+            client
+                .post(format!(
+                    "{}/chat/completions",
+                    base_url.trim_end_matches('/')
+                ))
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(body)
+                .send()
+                .await
+        }
+        Err(e) => return (StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
+    };
+    let upstream = match sent {
+        Ok(upstream) => upstream,
+        Err(e) => return (StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
+    };
+    let status =
+        StatusCode::from_u16(upstream.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let content_type = upstream.headers().get(header::CONTENT_TYPE).cloned();
+    let mut response = Response::new(Body::from_stream(upstream.bytes_stream()));
+    *response.status_mut() = status;
+    if let Some(content_type) = content_type {
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, content_type);
     }
     response
 }
@@ -841,6 +918,8 @@ async fn reply_with(reply: Reply, prompt: u64, completion: u64, shared: Arc<Shar
             chunks.push(Bytes::from_static(b"data: [DONE]\n\n"));
             stream_response(chunks, false, shared)
         }
+        // Answered by `serve`, which has the request's body.
+        Reply::Forward { .. } => StatusCode::NOT_IMPLEMENTED.into_response(),
     }
 }
 

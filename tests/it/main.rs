@@ -20,6 +20,7 @@ mod control;
 mod hardening;
 mod hitl;
 mod limits;
+mod llama;
 mod mcp;
 mod mcp_servers;
 mod persistence;

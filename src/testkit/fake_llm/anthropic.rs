@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use axum::http::HeaderMap;
-use axum::response::Response;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{Value, json};
 
@@ -177,6 +177,7 @@ pub(super) fn reply_with(
             text_block(&mut out, 0, ["cut".to_owned()]);
             stream_response(cut(&out), false, shared)
         }
+        Reply::Forward { .. } => StatusCode::NOT_IMPLEMENTED.into_response(),
         Reply::Huge { size } => {
             let piece = "x".repeat(1024);
             text_block(&mut out, 0, (0..size.div_ceil(1024)).map(|_| piece.clone()));
