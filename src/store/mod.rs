@@ -1102,10 +1102,7 @@ impl Store {
                     .iter()
                     .map(conversation_row)
                     .collect::<Result<Vec<_>>>()?;
-                let usage = usage
-                    .iter()
-                    .flat_map(|u| self.usage_statements(u))
-                    .collect();
+                let usage = Store::sqlite_usage_statements(usage);
                 writer.write(commits, rows, usage).await
             }
             None if created.is_empty() => {
@@ -1699,6 +1696,97 @@ mod tests {
             assert_eq!(store.count_messages(id).await.expect("counts"), 1, "{id}");
             assert_eq!(row(store, id).await.next_sequence_id, first + 1, "{id}");
         }
+    }
+
+    /// Issue 41: a batch's usage is summed per key and written in the batch's transaction,
+    /// in statements whose text does not depend on how many responses the batch holds (on
+    /// SQLite each count made a new text, parsed again and cached); the budget's spend
+    /// replaces the reservations, on both databases.
+    #[tokio::test]
+    async fn a_batch_records_its_usage_summed() {
+        let (store, dir) = sqlite_store("batch-usage", &["c1"]).await;
+        batch_usage(&store).await;
+        let _ = std::fs::remove_dir_all(&dir);
+        if let Some((store, name)) = postgres_store(&["c1"]).await {
+            batch_usage(&store).await;
+            drop_postgres(store, &name).await;
+        }
+    }
+
+    async fn batch_usage(store: &Store) {
+        use crate::config::BudgetPeriod;
+        let now = Utc::now();
+        let default = (0, BudgetPeriod::Month);
+        store
+            .set_tenant_budget("t", Some(10_000), None, BudgetPeriod::Month, now)
+            .await
+            .expect("a budget");
+        let mut reservations = Vec::new();
+        for _ in 0..3 {
+            let reservation = store
+                .reserve_budget("t", default, 1_000, now)
+                .await
+                .expect("reserves");
+            assert!(matches!(reservation, Reservation::Reserved { .. }), "{reservation:?}");
+            reservations.push(reservation);
+        }
+        let record = |model: &str, tokens: (u64, u64), reservation: &Reservation| UsageRecord {
+            tenant_id: "t".into(),
+            model: model.into(),
+            tokens,
+            reservation: reservation.clone(),
+            at: now,
+        };
+        let usage = [
+            record("m1", (100, 10), &reservations[0]),
+            record("m1", (200, 20), &reservations[1]),
+            record("m2", (300, 30), &reservations[2]),
+            record("m2", (5, 5), &Reservation::Unlimited),
+        ];
+        if store.backend() == DbBackend::Sqlite {
+            // One statement for the days, one for the spends, whatever the batch's size.
+            let one = Store::sqlite_usage_statements(&usage[..1]);
+            let all = Store::sqlite_usage_statements(&usage);
+            assert_eq!(one.len(), 2);
+            assert_eq!(all.len(), 2);
+            assert_eq!(one[1].sql, all[1].sql, "one spend key in both");
+        }
+        let first = row(store, "c1").await.next_sequence_id;
+        store
+            .write_batch(&[user_turn("c1", first, first)], &[], &usage)
+            .await
+            .expect("written")
+            .wait()
+            .await
+            .expect("durable");
+        let day = now.date_naive().format("%Y-%m-%d").to_string();
+        let mut used = store.usage("t", &day, &day).await.expect("reads");
+        used.sort_by(|a, b| a.model.cmp(&b.model));
+        let used: Vec<(String, u64, u64)> = used
+            .into_iter()
+            .map(|u| (u.model, u.input_tokens, u.output_tokens))
+            .collect();
+        assert_eq!(
+            used,
+            [("m1".to_owned(), 300, 30), ("m2".to_owned(), 305, 35)]
+        );
+        let state = store
+            .budget_state("t", default, now)
+            .await
+            .expect("reads")
+            .expect("a budget");
+        assert_eq!(state.used, 660, "the three reserved responses' tokens");
+        // Nothing is held any more: with 30 tokens left (the usage rows count 670), a
+        // request may still reserve; a reservation left behind would hold them.
+        store
+            .set_tenant_budget("t", Some(700), None, BudgetPeriod::Month, now)
+            .await
+            .expect("a smaller budget");
+        let rest = store
+            .reserve_budget("t", default, 1_000, now)
+            .await
+            .expect("reserves");
+        assert!(matches!(rest, Reservation::Reserved { .. }), "{rest:?}");
     }
 
     /// SQLite: a group commit is written (and readable) before its log is synced, on the

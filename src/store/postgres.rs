@@ -16,7 +16,8 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use sea_orm::{ConnectionTrait, DbBackend, Statement, Value};
 use serde::Serialize;
 
-use super::{Reservation, Result, StoreError, UsageRecord, to_i64};
+use super::limits::SummedUsage;
+use super::{Result, StoreError, UsageRecord, to_i64};
 use crate::model::ConversationCommit;
 use crate::state_machine::ConvState;
 use crate::wire;
@@ -74,31 +75,17 @@ pub(super) async fn commit(
 /// The usage rows of a batch, summed per (tenant, model, day), and the budgets' spends,
 /// summed per (tenant, period), as JSON documents.
 fn usage_documents(usage: &[UsageRecord]) -> (String, String) {
-    use std::collections::BTreeMap;
-    let mut days: BTreeMap<(&str, &str, String), (u64, u64)> = BTreeMap::new();
-    let mut spends: BTreeMap<(&str, &str), (u64, u64)> = BTreeMap::new();
-    for record in usage {
-        let (input, output) = record.tokens;
-        let day = record.at.date_naive().format("%Y-%m-%d").to_string();
-        let sum = days
-            .entry((&record.tenant_id, &record.model, day))
-            .or_default();
-        sum.0 += input;
-        sum.1 += output;
-        if let Reservation::Reserved { tokens, period_key } = &record.reservation {
-            let spend = spends.entry((&record.tenant_id, period_key)).or_default();
-            spend.0 += input + output;
-            spend.1 += tokens;
-        }
-    }
-    let days: Vec<serde_json::Value> = days
+    let summed = SummedUsage::of(usage);
+    let days: Vec<serde_json::Value> = summed
+        .days
         .into_iter()
         .map(|((tenant_id, model, day), (input, output))| {
             serde_json::json!({"tenant_id": tenant_id, "model": model, "day": day,
                 "input_tokens": to_i64(input), "output_tokens": to_i64(output)})
         })
         .collect();
-    let spends: Vec<serde_json::Value> = spends
+    let spends: Vec<serde_json::Value> = summed
+        .spends
         .into_iter()
         .map(|((tenant_id, period_start), (spent, held))| {
             serde_json::json!({"tenant_id": tenant_id, "period_start": period_start,

@@ -62,7 +62,7 @@ pub enum Reply {
     /// URL (a llama.cpp `llama-server` in the tests that have one), and its answer back as
     /// it comes: status, content type and body. `extra` (a JSON object, or null) is merged
     /// into the request's top level first, for sampling settings a test needs (e.g.
-    /// llama-server's `ignore_eos`); with null the body is forwarded untouched.
+    /// a stop string); with null the body is forwarded untouched.
     Forward { base_url: String, extra: Value },
 }
 

@@ -100,6 +100,14 @@ async fn llama(test: &str) -> Option<LlamaServer> {
     Some(server)
 }
 
+/// What the tests add to each forwarded request: the template's end-of-turn marker as a
+/// stop string. The model is a base model: it writes `<|im_end|>` as text and would go on
+/// to the output limit every time, where an instruct model ends its turn; the stop makes
+/// it end as one does. Bedrock's request is otherwise forwarded as it is.
+fn end_of_turn() -> Value {
+    json!({"stop": ["<|im_end|>"]})
+}
+
 /// A runtime on SQLite whose fake forwards to `llama` (after any scripted replies), with
 /// answers cut at `max_output_tokens` and at most `max_llm_steps` LLM steps a turn.
 async fn runtime(
@@ -117,12 +125,12 @@ async fn runtime(
                 "BEDROCK_MODELS__DEFAULT__MAX_OUTPUT_TOKENS",
                 tokens.as_str(),
             ),
-            ("BEDROCK_MODELS__DEFAULT__CONTEXT_WINDOW", "4096"),
+            ("BEDROCK_MODELS__DEFAULT__CONTEXT_WINDOW", "8192"),
             ("BEDROCK_TURN__MAX_LLM_STEPS", steps.as_str()),
         ],
     )
     .await;
-    rt.llm.forward_to(&llama.base_url, Value::Null);
+    rt.llm.forward_to(&llama.base_url, end_of_turn());
     (rt, db)
 }
 
@@ -250,8 +258,9 @@ async fn a_cut_tool_call_then_more_turns_against_llama_server() {
 }
 
 /// Issue 42, item 2, REQ-BED-003: an answer cut at the output limit four times in a row
-/// (llama-server's `ignore_eos` on those four requests) is asked for more each time; every
-/// continuation request ends with one assistant message, which llama-server continues.
+/// (those four requests forwarded without the stop string: the model writes on to the
+/// limit) is asked for more each time; every continuation request ends with one assistant
+/// message, which llama-server continues.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_continued_three_times_against_llama_server() {
     let Some(llama) = llama("an_answer_continued_three_times_against_llama_server").await else {
@@ -260,7 +269,7 @@ async fn an_answer_continued_three_times_against_llama_server() {
     let (rt, db) = runtime(&llama, 8, 32).await;
     let forced = Llm::Forward {
         base_url: llama.base_url.clone(),
-        extra: json!({"ignore_eos": true}),
+        extra: Value::Null,
     };
     rt.llm.push(std::iter::repeat_n(forced, 4));
     let id = rt.create_conversation().await;
@@ -293,10 +302,10 @@ async fn a_cancel_mid_answer_against_llama_server() {
         return;
     };
     let (rt, db) = runtime(&llama, 3000, 16).await;
-    // A long answer: about 3,000 tokens, many seconds on two cores.
+    // A long answer: up to 3,000 tokens (no stop string), many seconds on two cores.
     rt.llm.push([Llm::Forward {
         base_url: llama.base_url.clone(),
-        extra: json!({"ignore_eos": true}),
+        extra: Value::Null,
     }]);
     let id = rt.create_conversation().await;
     rt.send(&id, "Tell me a long story.")
