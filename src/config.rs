@@ -32,6 +32,8 @@ pub struct Settings {
     pub tools: ToolSettings,
     pub sub_agents: SubAgentSettings,
     pub requests: RequestSettings,
+    /// Bedrock's own MCP endpoint, `/mcp`.
+    pub mcp: McpSettings,
     pub conversations: ConversationSettings,
     pub budgets: BudgetSettings,
     pub rate_limits: RateLimitSettings,
@@ -95,6 +97,9 @@ pub struct RequestSettings {
     pub select_timeout_ms: u64,
     pub custom_timeout_ms: u64,
     pub approval_timeout_ms: u64,
+    /// The longest timeout a request may have: what the model asks for (`ask_user`'s
+    /// `timeout_ms`) is cut to it, and the defaults above may not pass it.
+    pub max_timeout_ms: u64,
 }
 
 impl RequestSettings {
@@ -107,6 +112,32 @@ impl RequestSettings {
             _ => self.custom_timeout_ms,
         })
     }
+
+    /// The timeout of a request whose asker chose `ms` (the model, say): at most
+    /// `max_timeout_ms`, whatever it asked.
+    pub fn clamped(&self, ms: u64) -> Duration {
+        Duration::from_millis(ms.min(self.max_timeout_ms))
+    }
+
+    /// The longest timeout a request may have.
+    pub fn max_timeout(&self) -> Duration {
+        Duration::from_millis(self.max_timeout_ms)
+    }
+}
+
+/// Bedrock's own MCP endpoint (`/mcp`, docs/api.md "MCP"). On the 2026-07-28 protocol a
+/// `send_message` whose turn asks the client something answers with an input-required result
+/// and keeps a round in the node's memory until the client retries; these cap the rounds
+/// kept. Past a cap the oldest round (of the key, of the tenant, of the node) is dropped.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpSettings {
+    /// Rounds one API key may leave waiting.
+    pub rounds_per_key: u64,
+    /// Rounds one tenant's keys may leave waiting together.
+    pub rounds_per_tenant: u64,
+    /// Rounds the node keeps in all.
+    pub rounds_per_node: u64,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
@@ -574,6 +605,10 @@ impl Settings {
                 u64::from(self.database.max_connections),
             ),
             ("llm.max_concurrency", self.llm.max_concurrency as u64),
+            ("requests.max_timeout_ms", self.requests.max_timeout_ms),
+            ("mcp.rounds_per_key", self.mcp.rounds_per_key),
+            ("mcp.rounds_per_tenant", self.mcp.rounds_per_tenant),
+            ("mcp.rounds_per_node", self.mcp.rounds_per_node),
             ("quotas.conversations", self.quotas.conversations),
             ("quotas.concurrent_turns", self.quotas.concurrent_turns),
             ("quotas.tool_processes", self.quotas.tool_processes),
@@ -639,6 +674,30 @@ impl Settings {
                     )));
                 }
             }
+        }
+        let requests = &self.requests;
+        for (name, value) in [
+            ("confirm_timeout_ms", requests.confirm_timeout_ms),
+            ("prompt_timeout_ms", requests.prompt_timeout_ms),
+            ("select_timeout_ms", requests.select_timeout_ms),
+            ("custom_timeout_ms", requests.custom_timeout_ms),
+            ("approval_timeout_ms", requests.approval_timeout_ms),
+        ] {
+            if value > requests.max_timeout_ms {
+                return Err(ConfigError(format!(
+                    "requests.{name} ({value}) must be at most requests.max_timeout_ms ({})",
+                    requests.max_timeout_ms
+                )));
+            }
+        }
+        // A timestamp a timeout away must stay a date (chrono's bound is some 292 million
+        // years; a year is far more than any question waits).
+        const YEAR_MS: u64 = 366 * 24 * 3600 * 1000;
+        if requests.max_timeout_ms > YEAR_MS {
+            return Err(ConfigError(format!(
+                "requests.max_timeout_ms ({}) must be at most a year ({YEAR_MS})",
+                requests.max_timeout_ms
+            )));
         }
         if self.cluster.heartbeat_ms * 2 > self.cluster.lease_ttl_ms {
             return Err(ConfigError(format!(

@@ -102,6 +102,12 @@ impl Subscription {
         }
     }
 
+    /// Stops taking frames: from now on the hub counts it as gone (see
+    /// [`EventHub::release`]), even before it is dropped.
+    pub fn close(&mut self) {
+        self.frames.close();
+    }
+
     /// The next frame if one is waiting.
     pub fn try_recv(&mut self) -> Result<Arc<Frame>, TryRecvError> {
         match self.frames.try_recv() {

@@ -27,7 +27,7 @@
 //! structured content. A cancelled MCP request cancels the turn: `notifications/cancelled`,
 //! or on 2026-07-28 the call's response stream closed by the client.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -128,104 +128,289 @@ impl Owners {
 /// then the turn has gone on without the answer; the retry still follows it to its end).
 const ROUND_GRACE: Duration = Duration::from_secs(300);
 
-/// The timeout of a question that does not say its own (the longest of `[requests]`).
-const QUESTION_TIMEOUT: Duration = Duration::from_secs(900);
-
-/// Rounds one API key may leave waiting; past that its oldest is dropped.
-const ROUNDS_PER_KEY: usize = 64;
+/// Expired rounds one `put` or `take` forgets at most; the rest go at the next.
+const SWEEP_BATCH: usize = 256;
 
 /// The calls of the 2026-07-28 protocol that wait for the client's next round (SEP-2322).
 ///
 /// A `send_message` whose turn asks the client something answers with an input-required
 /// result, and the client retries the call with the answers and the `requestState` it was
 /// given. That state comes back from the client and is not trusted: it is only a handle (256
-/// random bits) to the round kept here, which holds everything the call needs: the API key
-/// that made it, the conversation, the questions and the turn's subscription. A handle is
-/// good once, for the key that made the call and the conversation it named, until the round
-/// expires. Anything else (a forged, replayed or expired handle, another key's, another
+/// random bits) to the round kept here, which holds what the retry needs: the API key that
+/// made the call (and its tenant), the conversation, the turn (its user message), and the
+/// questions. It holds no subscription: a waiting round costs the conversation nothing (it
+/// may rest, and no node hears of a client for it); the retry subscribes again and reads the
+/// requests still pending from the store. A handle is good for the key that made the call and
+/// the conversation it named, until the round expires, and is used up once the retry's
+/// answers are posted (a retry refused for its answers, or failing inside, leaves the round
+/// as it was). Anything else (a forged, replayed or expired handle, another key's, another
 /// conversation's) is the same invalid-params error, which does not say whether the handle
 /// exists, and the round is left as it was.
+///
+/// Rounds expire when their longest question does (at most `requests.max_timeout_ms` away)
+/// and [`ROUND_GRACE`] later; expired ones are forgotten as rounds are put and taken. A key,
+/// a tenant and the node keep at most `[mcp] rounds_per_key`, `rounds_per_tenant` and
+/// `rounds_per_node`; past one, the oldest round of that key, tenant or node is dropped.
 #[derive(Default)]
 pub struct Rounds {
-    waiting: Mutex<HashMap<String, (Instant, Round)>>,
+    waiting: Mutex<Waiting>,
 }
 
 impl std::fmt::Debug for Rounds {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let waiting = self.waiting.lock().map_or(0, |w| w.len());
+        let waiting = self.waiting.lock().map_or(0, |w| w.rounds.len());
         f.debug_struct("Rounds").field("waiting", &waiting).finish()
     }
 }
 
+/// The rounds kept, and their indexes: by age (a round's number, lower is older) for the
+/// node, each key and each tenant, and by expiry.
+#[derive(Default)]
+struct Waiting {
+    rounds: HashMap<String, Kept>,
+    oldest: BTreeMap<u64, String>,
+    by_key: HashMap<String, BTreeMap<u64, String>>,
+    by_tenant: HashMap<String, BTreeMap<u64, String>>,
+    expiries: BTreeSet<(Instant, u64)>,
+    /// The next round's number.
+    next: u64,
+}
+
+/// A round as kept: its number (its age) and its expiry.
+struct Kept {
+    number: u64,
+    expires: Instant,
+    round: Round,
+}
+
+/// How many rounds a key, a tenant and the node may keep (`[mcp]`).
+#[derive(Clone, Copy, Debug)]
+struct Caps {
+    per_key: usize,
+    per_tenant: usize,
+    per_node: usize,
+}
+
+impl Caps {
+    fn of(settings: &crate::config::Settings) -> Caps {
+        let cap = |n: u64| usize::try_from(n).unwrap_or(usize::MAX).max(1);
+        Caps {
+            per_key: cap(settings.mcp.rounds_per_key),
+            per_tenant: cap(settings.mcp.rounds_per_tenant),
+            per_node: cap(settings.mcp.rounds_per_node),
+        }
+    }
+}
+
 /// A call that answered with an input-required result, until the client's retry.
+#[derive(Clone, Debug)]
 struct Round {
     /// The API key (its hash; dev mode's bucket) that made the call.
     key: String,
+    /// The key's tenant.
+    tenant: String,
+    /// The conversation's id.
+    conversation: String,
     /// The conversation's REST path.
     path: String,
-    /// The sequence id of the call's user message.
+    /// The sequence id of the call's user message: the turn.
     after: u64,
-    followed: Followed,
-    /// The questions put to the client (their `client_request` frames).
+    /// The questions put to the client (pending requests, as the store has them).
     asks: Vec<Value>,
+    /// The requests already put to the client in this call.
+    asked: HashSet<String>,
+    /// Progress notifications sent so far.
+    progress: u32,
+}
+
+/// A round taken for a retry: what gives it back under its handle if the retry fails.
+struct Taken {
+    handle: String,
+    number: u64,
+    expires: Instant,
+}
+
+impl Waiting {
+    fn remove(&mut self, handle: &str) -> Option<Kept> {
+        let kept = self.rounds.remove(handle)?;
+        self.oldest.remove(&kept.number);
+        for (index, owner) in [
+            (&mut self.by_key, &kept.round.key),
+            (&mut self.by_tenant, &kept.round.tenant),
+        ] {
+            if let Some(rounds) = index.get_mut(owner) {
+                rounds.remove(&kept.number);
+                if rounds.is_empty() {
+                    index.remove(owner);
+                }
+            }
+        }
+        self.expiries.remove(&(kept.expires, kept.number));
+        Some(kept)
+    }
+
+    /// Forgets expired rounds, at most [`SWEEP_BATCH`] of them.
+    fn sweep(&mut self, now: Instant) {
+        for _ in 0..SWEEP_BATCH {
+            let Some(&(at, number)) = self.expiries.first() else {
+                return;
+            };
+            if at > now {
+                return;
+            }
+            self.expiries.pop_first();
+            if let Some(handle) = self.oldest.get(&number).cloned() {
+                self.remove(&handle);
+            }
+        }
+    }
+
+    /// Drops the oldest rounds of the node, then of the round's tenant and key, until one
+    /// more fits under each cap.
+    fn make_room(&mut self, caps: Caps, key: &str, tenant: &str) {
+        while self.rounds.len() >= caps.per_node {
+            let Some(handle) = self.oldest.values().next().cloned() else {
+                break;
+            };
+            self.remove(&handle);
+        }
+        for (cap, by_tenant, owner) in [(caps.per_tenant, true, tenant), (caps.per_key, false, key)]
+        {
+            loop {
+                let index = if by_tenant {
+                    &self.by_tenant
+                } else {
+                    &self.by_key
+                };
+                let Some(rounds) = index.get(owner).filter(|r| r.len() >= cap) else {
+                    break;
+                };
+                let Some(handle) = rounds.values().next().cloned() else {
+                    break;
+                };
+                self.remove(&handle);
+            }
+        }
+    }
+
+    fn insert(&mut self, handle: String, kept: Kept) {
+        let number = kept.number;
+        self.oldest.insert(number, handle.clone());
+        self.by_key
+            .entry(kept.round.key.clone())
+            .or_default()
+            .insert(number, handle.clone());
+        self.by_tenant
+            .entry(kept.round.tenant.clone())
+            .or_default()
+            .insert(number, handle.clone());
+        self.expiries.insert((kept.expires, number));
+        self.rounds.insert(handle, kept);
+    }
 }
 
 impl Rounds {
-    /// Keeps a round until the client's retry; its handle, the `requestState`.
-    fn put(&self, hub: &crate::hub::EventHub, round: Round) -> String {
+    fn waiting(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps a round until the client's retry or `expires`; its handle, the `requestState`.
+    fn put(&self, caps: Caps, round: Round, expires: Instant) -> String {
         let handle = format!("bkr_{}", hex::encode(rand::random::<[u8; 32]>()));
-        let longest = round
-            .asks
-            .iter()
-            .filter_map(|a| a["timeout_ms"].as_u64())
-            .max()
-            .map_or(QUESTION_TIMEOUT, Duration::from_millis);
-        let now = Instant::now();
-        let expires = now + longest + ROUND_GRACE;
-        let dropped: Vec<Round> = {
-            let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
-            let mut dropped: Vec<Round> = waiting
-                .extract_if(|_, (at, _)| *at <= now)
-                .map(|(_, (_, round))| round)
-                .collect();
-            let mut mine: Vec<(Instant, String)> = waiting
-                .iter()
-                .filter(|(_, (_, r))| r.key == round.key)
-                .map(|(handle, (at, _))| (*at, handle.clone()))
-                .collect();
-            if mine.len() >= ROUNDS_PER_KEY {
-                mine.sort();
-                for (_, handle) in &mine[..=mine.len() - ROUNDS_PER_KEY] {
-                    dropped.extend(waiting.remove(handle).map(|(_, round)| round));
-                }
-            }
-            waiting.insert(handle.clone(), (expires, round));
-            dropped
-        };
-        for round in dropped {
-            let conversation = round.followed.conversation.clone();
-            drop(round);
-            hub.release(&conversation);
-        }
+        let mut waiting = self.waiting();
+        waiting.sweep(Instant::now());
+        waiting.make_room(caps, &round.key, &round.tenant);
+        let number = waiting.next;
+        waiting.next += 1;
+        waiting.insert(
+            handle.clone(),
+            Kept {
+                number,
+                expires,
+                round,
+            },
+        );
         handle
     }
 
+    /// Gives a taken round back under its handle, as it was (its age and expiry), for a
+    /// retry that failed before it was done with it.
+    fn restore(&self, caps: Caps, taken: Taken, round: Round) {
+        let mut waiting = self.waiting();
+        let now = Instant::now();
+        waiting.sweep(now);
+        if taken.expires <= now {
+            return;
+        }
+        waiting.make_room(caps, &round.key, &round.tenant);
+        waiting.insert(
+            taken.handle,
+            Kept {
+                number: taken.number,
+                expires: taken.expires,
+                round,
+            },
+        );
+    }
+
     /// The round a retried call names, if it is this key's, for this conversation, and
-    /// still waiting; it is the call's from then on.
-    fn take(&self, handle: &str, key: &str, conversation: &str) -> Result<Round, ErrorData> {
-        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
-        let fits = waiting.get(handle).is_some_and(|(at, round)| {
-            *at > Instant::now() && round.key == key && round.followed.conversation == conversation
+    /// still waiting; it is the call's from then on (see [`Rounds::restore`]).
+    fn take(
+        &self,
+        handle: &str,
+        key: &str,
+        conversation: &str,
+    ) -> Result<(Round, Taken), ErrorData> {
+        let mut waiting = self.waiting();
+        let now = Instant::now();
+        waiting.sweep(now);
+        let fits = waiting.rounds.get(handle).is_some_and(|kept| {
+            kept.expires > now && kept.round.key == key && kept.round.conversation == conversation
         });
         // Another caller's attempt leaves the round to its owner.
-        if fits && let Some((_, round)) = waiting.remove(handle) {
-            return Ok(round);
+        if fits && let Some(kept) = waiting.remove(handle) {
+            let taken = Taken {
+                handle: handle.to_owned(),
+                number: kept.number,
+                expires: kept.expires,
+            };
+            return Ok((kept.round, taken));
         }
         Err(ErrorData::invalid_params(
             "requestState is not valid: this server did not give it to this caller for this conversation's send_message, or it was used already, or it expired. The turn goes on: read it with get_messages, or cancel it",
             None,
         ))
     }
+}
+
+/// When a round expires: [`ROUND_GRACE`] after its longest question does, as the store has
+/// it (not a new full timeout at each round), and never more than `max` (the longest a
+/// request may wait) and the grace from now.
+fn round_expiry(asks: &[Value], max: Duration) -> Instant {
+    let now = Instant::now();
+    let wall = chrono::Utc::now();
+    let longest = asks
+        .iter()
+        .map(|ask| {
+            match ask["expires_at"]
+                .as_str()
+                .and_then(|at| chrono::DateTime::parse_from_rfc3339(at).ok())
+            {
+                // Past already: the grace alone.
+                Some(at) => (at.with_timezone(&chrono::Utc) - wall)
+                    .to_std()
+                    .unwrap_or(Duration::ZERO),
+                None => ask["timeout_ms"]
+                    .as_u64()
+                    .map_or(max, Duration::from_millis),
+            }
+        })
+        .max()
+        .unwrap_or(Duration::ZERO)
+        .min(max);
+    now.checked_add(longest.saturating_add(ROUND_GRACE))
+        .or_else(|| now.checked_add(ROUND_GRACE))
+        .unwrap_or(now)
 }
 
 /// rmcp's answer to an unknown session, which another key's session looks like.
@@ -385,13 +570,19 @@ impl BedrockMcp {
         }
     }
 
-    /// The API key (its hash; dev mode's bucket) of the MCP request.
-    async fn caller_key(&self, parts: &Parts) -> Result<String, ErrorData> {
+    /// The API key (its hash; dev mode's bucket) of the MCP request, and its tenant's id.
+    async fn caller(&self, parts: &Parts) -> Result<(String, String), ErrorData> {
+        let unread = |_| ErrorData::invalid_request("the request's key cannot be read", None);
         let mut parts = parts.clone();
-        super::auth::Credential::from_request_parts(&mut parts, &self.app)
+        let key = super::auth::Credential::from_request_parts(&mut parts, &self.app)
             .await
             .map(|credential| super::auth::key_id(&credential))
-            .map_err(|_| ErrorData::invalid_request("the request's key cannot be read", None))
+            .map_err(unread)?;
+        let super::auth::Caller(tenant) =
+            super::auth::Caller::from_request_parts(&mut parts, &self.app)
+                .await
+                .map_err(unread)?;
+        Ok((key, tenant.id))
     }
 
     /// Calls the REST API in process, as the MCP request's key: (status, body).
@@ -437,6 +628,98 @@ impl BedrockMcp {
             return Ok(api_error(status, &body));
         }
         Ok(structured(text(&body), body))
+    }
+
+    /// A retried call with `round`'s handle: posts the answers, then follows the turn on
+    /// from where the round stopped, unless it has ended meanwhile. An error leaves the
+    /// round to be given back (the answers posted before it are not posted again: their
+    /// requests are resolved).
+    async fn retry(
+        &self,
+        round: &Round,
+        answers: ModelInputResponses,
+        parts: &Parts,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let hub = &self.app.services.hub;
+        // Subscribed before anything is posted, so no frame of the turn is missed from here.
+        let frames = hub.subscribe(&round.conversation);
+        let mut followed =
+            Followed::new(hub.clone(), round.conversation.clone(), round.after, frames);
+        followed.asked.clone_from(&round.asked);
+        followed.progress = round.progress;
+        let turn = Turn {
+            server: self,
+            parts,
+            ctx,
+            path: &round.path,
+            rounds: asks_in_rounds(ctx),
+        };
+        turn.answer(&round.asks, &answers, &mut followed).await?;
+        let identity = (round.key.clone(), round.tenant.clone());
+        // The turn ended while the round waited (answered elsewhere, cancelled, failed, or a
+        // later message started another): its result, not the next turn's questions.
+        if let Some(state) = turn.ended(&round.conversation, round.after).await {
+            return self
+                .finish(&turn, &mut followed, identity, Some(state))
+                .await;
+        }
+        // What the round missed: the requests pending now (those not put to this client
+        // yet, and those it left unanswered, are asked).
+        turn.reload_pending(&mut followed).await;
+        self.finish(&turn, &mut followed, identity, None).await
+    }
+
+    /// Follows the turn (unless it has `ended` already) to what ends this call: the turn's
+    /// result, a cancel, or (in rounds) an input-required result under a new handle.
+    async fn finish(
+        &self,
+        turn: &Turn<'_>,
+        followed: &mut Followed,
+        (key, tenant): (String, String),
+        ended: Option<Value>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let stop = match ended {
+            Some(state) => Stop::Ended(state),
+            None => turn.follow(followed).await,
+        };
+        match stop {
+            Stop::Ended(state) => turn.result(followed.after, state).await.map(Into::into),
+            Stop::Cancelled => {
+                let _ = self
+                    .rest(
+                        turn.parts,
+                        Method::POST,
+                        &format!("{}/cancel", turn.path),
+                        None,
+                    )
+                    .await;
+                Ok(CallToolResult::error(vec![ContentBlock::text(
+                    "cancelled: the turn was cancelled",
+                )])
+                .into())
+            }
+            Stop::Asks(asks) => {
+                let settings = &self.app.services.settings;
+                let requests = input_requests(&asks);
+                let expires = round_expiry(&asks, settings.requests.max_timeout());
+                let handle = self.app.mcp_rounds.put(
+                    Caps::of(settings),
+                    Round {
+                        key,
+                        tenant,
+                        conversation: followed.conversation.clone(),
+                        path: turn.path.to_owned(),
+                        after: followed.after,
+                        asks,
+                        asked: std::mem::take(&mut followed.asked),
+                        progress: followed.progress,
+                    },
+                    expires,
+                );
+                Ok(InputRequiredResult::new(Some(requests), Some(handle)).into())
+            }
+        }
     }
 }
 
@@ -494,83 +777,50 @@ impl BedrockMcp {
             return Ok(api_error(status, &conversation).into());
         }
         let id = conversation["id"].as_str().unwrap_or_default().to_owned();
-        let key = self.caller_key(&parts).await?;
+        let (key, tenant) = self.caller(&parts).await?;
+        let hub = &self.app.services.hub;
         // A retried call of the 2026-07-28 protocol: the round it continues, whose message
-        // was sent already.
-        let (mut followed, after, path) = match request_state {
-            Some(handle) => {
-                let round = self.app.mcp_rounds.take(&handle, &key, &id)?;
-                let turn = Turn {
-                    server: self,
-                    parts: &parts,
-                    ctx: &ctx,
-                    path: &round.path,
-                    rounds: false,
-                };
-                let mut followed = round.followed;
-                turn.answer(&round.asks, answers.unwrap_or_default(), &mut followed)
-                    .await;
-                (followed, round.after, round.path)
+        // was sent already. Until the retry is done with it (its answers posted), a failure
+        // gives the round back under the same handle.
+        let Some(handle) = request_state else {
+            // Subscribed before the send, so no frame of the turn is missed.
+            let frames = hub.subscribe(&id);
+            let (status, sent) = self
+                .rest(
+                    &parts,
+                    Method::POST,
+                    &format!("{path}/messages"),
+                    Some(json!({"text": args.text})),
+                )
+                .await?;
+            if !(200..300).contains(&status) {
+                drop(frames);
+                hub.release(&id);
+                return Ok(api_error(status, &sent).into());
             }
-            None => {
-                // Subscribed before the send, so no frame of the turn is missed.
-                let frames = self.app.services.hub.subscribe(&id);
-                let (status, sent) = self
-                    .rest(
-                        &parts,
-                        Method::POST,
-                        &format!("{path}/messages"),
-                        Some(json!({"text": args.text})),
-                    )
-                    .await?;
-                if !(200..300).contains(&status) {
-                    drop(frames);
-                    self.app.services.hub.release(&id);
-                    return Ok(api_error(status, &sent).into());
-                }
-                let after = sent["message"]["sequence_id"].as_u64().unwrap_or(0);
-                (Followed::new(id.clone(), frames), after, path)
-            }
+            let after = sent["message"]["sequence_id"].as_u64().unwrap_or(0);
+            let mut followed = Followed::new(hub.clone(), id.clone(), after, frames);
+            let turn = Turn {
+                server: self,
+                parts: &parts,
+                ctx: &ctx,
+                path: &path,
+                rounds: asks_in_rounds(&ctx),
+            };
+            return self.finish(&turn, &mut followed, (key, tenant), None).await;
         };
-        let turn = Turn {
-            server: self,
-            parts: &parts,
-            ctx: &ctx,
-            path: &path,
-            rounds: asks_in_rounds(&ctx),
-        };
-        let stop = turn.follow(&mut followed).await;
-        let state = match stop {
-            Stop::Ended(state) => state,
-            Stop::Cancelled => {
-                drop(followed);
-                self.app.services.hub.release(&id);
-                let _ = self
-                    .rest(&parts, Method::POST, &format!("{path}/cancel"), None)
-                    .await;
-                return Ok(CallToolResult::error(vec![ContentBlock::text(
-                    "cancelled: the turn was cancelled",
-                )])
-                .into());
+        let (round, taken) = self.app.mcp_rounds.take(&handle, &key, &id)?;
+        let caps = Caps::of(&self.app.services.settings);
+        let retried = self
+            .retry(&round, answers.unwrap_or_default(), &parts, &ctx)
+            .await;
+        match retried {
+            Ok(response) => Ok(response),
+            Err(error) => {
+                self.app.mcp_rounds.restore(caps, taken, round);
+                Err(error)
             }
-            Stop::Asks(asks) => {
-                let requests = input_requests(&asks);
-                let handle = self.app.mcp_rounds.put(
-                    &self.app.services.hub,
-                    Round {
-                        key,
-                        path,
-                        after,
-                        followed,
-                        asks,
-                    },
-                );
-                return Ok(InputRequiredResult::new(Some(requests), Some(handle)).into());
-            }
-        };
-        drop(followed);
-        self.app.services.hub.release(&id);
-        turn.result(after, state).await.map(Into::into)
+        }
     }
 
     #[tool(
@@ -663,33 +913,55 @@ enum Stop {
     /// The MCP request was cancelled: `notifications/cancelled`, or (2026-07-28) its
     /// response stream closed.
     Cancelled,
-    /// (2026-07-28) The turn asks the client these requests (their `client_request` frames):
-    /// the call answers with an input-required result.
+    /// (2026-07-28) The turn asks the client these requests (pending, as the store has
+    /// them): the call answers with an input-required result.
     Asks(Vec<Value>),
 }
 
-/// What a `send_message` follows of its conversation; kept between the rounds of a call of
-/// the 2026-07-28 protocol, so that no frame of the turn is missed meanwhile.
+/// What one `send_message` call (one round of it, on 2026-07-28) follows of its turn. Its
+/// subscription is the call's only: dropped, it is released at once, so the conversation
+/// may rest.
 struct Followed {
+    hub: Arc<crate::hub::EventHub>,
     conversation: String,
+    /// The sequence id of the turn's user message: a user message after it starts another
+    /// turn, which is not this call's.
+    after: u64,
     frames: crate::hub::Subscription,
     /// Frames taken from the subscription and not handled yet: (kind, JSON).
     backlog: VecDeque<(String, Value)>,
     /// The requests already put to the client.
     asked: HashSet<String>,
+    /// The requests resolved since this call followed the turn (`client_request_resolved`).
+    resolved: HashSet<String>,
     /// Progress notifications sent so far.
     progress: u32,
 }
 
 impl Followed {
-    fn new(conversation: String, frames: crate::hub::Subscription) -> Self {
+    fn new(
+        hub: Arc<crate::hub::EventHub>,
+        conversation: String,
+        after: u64,
+        frames: crate::hub::Subscription,
+    ) -> Self {
         Followed {
+            hub,
             conversation,
+            after,
             frames,
             backlog: VecDeque::new(),
             asked: HashSet::new(),
+            resolved: HashSet::new(),
             progress: 0,
         }
+    }
+}
+
+impl Drop for Followed {
+    fn drop(&mut self) {
+        self.frames.close();
+        self.hub.release(&self.conversation);
     }
 }
 
@@ -708,6 +980,12 @@ struct Turn<'a> {
 /// States in which a turn has ended.
 const REST: [&str; 4] = ["idle", "error", "completed", "context_exhausted"];
 
+/// The state a call reports for its turn when a later user message started another turn
+/// before the call saw its own end.
+fn superseded(by: u64) -> Value {
+    json!({"kind": "superseded", "by_sequence_id": by})
+}
+
 /// Whether this call's questions go in rounds (SEP-2322): its protocol is 2026-07-28 or later,
 /// where a server does not send requests in the middle of a call, and its client declared
 /// elicitation.
@@ -722,9 +1000,19 @@ fn asks_in_rounds(ctx: &RequestContext<RoleServer>) -> bool {
             .is_some()
 }
 
+/// The MCP error of an answer the retry cannot post: it names the request and says why.
+fn refused(request_id: &str, why: &str) -> ErrorData {
+    ErrorData::invalid_params(
+        format!(
+            "the answer to request {request_id} is not valid: {why}. Nothing of this call was answered past it; retry with a valid answer and the same requestState"
+        ),
+        Some(json!({"request_id": request_id})),
+    )
+}
+
 impl Turn<'_> {
     /// Follows the conversation's frames until its turn ends, the call is cancelled, or (in
-    /// rounds) the turn asks the client something.
+    /// rounds) the turn asks the client something still pending.
     async fn follow(&self, followed: &mut Followed) -> Stop {
         let mut asked = tokio::task::JoinSet::new();
         loop {
@@ -736,7 +1024,7 @@ impl Turn<'_> {
                     frame = followed.frames.recv() => frame,
                     // A safety net: the state as stored.
                     () = tokio::time::sleep(Duration::from_secs(2)) => {
-                        if let Some(state) = self.rested().await {
+                        if let Some(state) = self.ended(&followed.conversation, followed.after).await {
                             return Stop::Ended(state);
                         }
                         continue;
@@ -751,7 +1039,9 @@ impl Turn<'_> {
                     // requests stand for the frames missed.
                     Err(_) => {
                         self.resubscribe(followed).await;
-                        if let Some(state) = self.rested().await {
+                        if let Some(state) =
+                            self.ended(&followed.conversation, followed.after).await
+                        {
                             return Stop::Ended(state);
                         }
                         continue;
@@ -768,6 +1058,14 @@ impl Turn<'_> {
                         return Stop::Ended(value["state"].clone());
                     }
                 }
+                // A user message after the turn's own: the turn has ended and another runs.
+                "message" => {
+                    let message = &value["message"];
+                    let sequence = message["sequence_id"].as_u64().unwrap_or_default();
+                    if message["message_type"] == "user" && sequence > followed.after {
+                        return Stop::Ended(superseded(sequence));
+                    }
+                }
                 "tool_progress" => {
                     followed.progress += 1;
                     let message = format!(
@@ -777,9 +1075,16 @@ impl Turn<'_> {
                     );
                     self.progress(followed.progress, &message).await;
                 }
+                "client_request_resolved" => {
+                    if let Some(request_id) = value["request_id"].as_str() {
+                        followed.resolved.insert(request_id.to_owned());
+                    }
+                }
                 "client_request" => {
                     let request_id = value["request_id"].as_str().unwrap_or_default();
-                    if !followed.asked.insert(request_id.to_owned()) {
+                    if followed.resolved.contains(request_id)
+                        || !followed.asked.insert(request_id.to_owned())
+                    {
                         continue;
                     }
                     if self.rounds && elicitation(&value["request_type"]).is_some() {
@@ -792,6 +1097,7 @@ impl Turn<'_> {
                             let request_id = value["request_id"].as_str().unwrap_or_default();
                             if frame.kind == "client_request"
                                 && elicitation(&value["request_type"]).is_some()
+                                && !followed.resolved.contains(request_id)
                                 && followed.asked.insert(request_id.to_owned())
                             {
                                 asks.push(value);
@@ -799,7 +1105,19 @@ impl Turn<'_> {
                                 followed.backlog.push_back((frame.kind.clone(), value));
                             }
                         }
+                        // Only what is still pending is asked: a question answered
+                        // elsewhere, expired or cancelled (with its turn) is not.
+                        let asks = self.still_pending(followed, asks).await;
+                        if asks.is_empty() {
+                            continue;
+                        }
                         return Stop::Asks(asks);
+                    }
+                    if self.rounds {
+                        // A request without a form, in rounds: its notification goes out
+                        // now, before the call may answer with the next round.
+                        ask(self.server, self.parts, self.ctx, self.path, &value).await;
+                        continue;
                     }
                     let (server, parts, ctx, path) = (
                         self.server.clone(),
@@ -814,8 +1132,18 @@ impl Turn<'_> {
         }
     }
 
-    /// The turn's last state if it has ended, as stored.
-    async fn rested(&self) -> Option<Value> {
+    /// The state this call reports if its turn (the one of user message `after`) has ended:
+    /// [`superseded`] when a later user message started another, else the conversation's
+    /// stored state when it is at rest.
+    async fn ended(&self, conversation: &str, after: u64) -> Option<Value> {
+        let services = &self.server.app.services;
+        if let Ok(Some(next)) = services
+            .store
+            .next_user_message(conversation, i64::try_from(after).unwrap_or(i64::MAX))
+            .await
+        {
+            return Some(superseded(u64::try_from(next).unwrap_or_default()));
+        }
         match self
             .server
             .rest(self.parts, Method::GET, self.path, None)
@@ -828,12 +1156,35 @@ impl Turn<'_> {
         }
     }
 
-    /// Subscribes again after the subscription lagged or closed; the requests still pending
-    /// go to the backlog (those already asked are not asked again).
-    async fn resubscribe(&self, followed: &mut Followed) {
-        let hub = &self.server.app.services.hub;
-        followed.frames = hub.subscribe(&followed.conversation);
-        hub.release(&followed.conversation);
+    /// The requests of `asks` still pending, as the store has them (with `expires_at`); all
+    /// of them when the store cannot say.
+    async fn still_pending(&self, followed: &Followed, asks: Vec<Value>) -> Vec<Value> {
+        let Ok(pending) = self
+            .server
+            .app
+            .services
+            .store
+            .pending_requests(&followed.conversation)
+            .await
+        else {
+            return asks;
+        };
+        let now = chrono::Utc::now();
+        asks.into_iter()
+            .filter_map(|ask| {
+                let request = pending
+                    .iter()
+                    .find(|r| r.id == ask["request_id"].as_str().unwrap_or_default())?;
+                (request.expires_at > now)
+                    .then(|| serde_json::to_value(crate::wire::pending_request(request)).ok())
+                    .flatten()
+            })
+            .collect()
+    }
+
+    /// Puts the requests pending now in the backlog (those already asked are not asked
+    /// again).
+    async fn reload_pending(&self, followed: &mut Followed) {
         if let Ok(pending) = self
             .server
             .app
@@ -850,30 +1201,47 @@ impl Turn<'_> {
                     .push_back(("client_request".to_owned(), value));
             }
         }
+    }
+
+    /// Subscribes again after the subscription lagged or closed; the requests still pending
+    /// go to the backlog (those already asked are not asked again).
+    async fn resubscribe(&self, followed: &mut Followed) {
+        let hub = &self.server.app.services.hub;
+        followed.frames = hub.subscribe(&followed.conversation);
+        hub.release(&followed.conversation);
+        self.reload_pending(followed).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
     /// Posts the client's answers to a round's questions (`answers`, by request id); a
-    /// question it left unanswered is asked again.
-    async fn answer(&self, asks: &[Value], answers: ModelInputResponses, followed: &mut Followed) {
+    /// question it left unanswered is asked again. Every answer is read and checked before
+    /// any is posted: one that does not fit its question (not an elicitation result, content
+    /// that does not fit the form or the request) is an invalid-params error naming the
+    /// request. A question resolved meanwhile (answered elsewhere, expired, cancelled) is
+    /// dropped; an answer the API refuses is the same invalid-params error, and one it fails
+    /// to store an internal error.
+    async fn answer(
+        &self,
+        asks: &[Value],
+        answers: &ModelInputResponses,
+        followed: &mut Followed,
+    ) -> Result<(), ErrorData> {
+        let mut replies = Vec::new();
+        let mut unanswered = Vec::new();
         for request in asks {
             let request_id = request["request_id"].as_str().unwrap_or_default();
-            let answer = answers
-                .get(request_id)
-                .and_then(|a| serde_json::from_value::<ElicitResult>(a.clone()).ok());
-            let (Some(answer), Some((_, _, reply))) =
-                (answer, elicitation(&request["request_type"]))
-            else {
-                followed.asked.remove(request_id);
-                followed
-                    .backlog
-                    .push_front(("client_request".to_owned(), request.clone()));
-                continue;
-            };
-            let payload = reply_payload(&request["request_type"], reply, answer);
+            match answers.get(request_id) {
+                Some(answer) => {
+                    let payload =
+                        reply_to(request, answer).map_err(|why| refused(request_id, &why))?;
+                    replies.push((request_id, payload));
+                }
+                None => unanswered.push(request),
+            }
+        }
+        for (request_id, payload) in replies {
             let path = format!("{}/requests/{}", self.path, segment(request_id));
-            // Already answered by another client, expired or cancelled: nothing to do.
-            let _ = self
+            let (status, body) = self
                 .server
                 .rest(
                     self.parts,
@@ -881,8 +1249,40 @@ impl Turn<'_> {
                     &path,
                     Some(json!({"payload": payload})),
                 )
-                .await;
+                .await?;
+            let why = || {
+                format!(
+                    "{} (HTTP {status})",
+                    body["error"]["message"].as_str().unwrap_or_default()
+                )
+            };
+            match status {
+                200..=299 => {}
+                // Resolved meanwhile (already answered, expired, cancelled) or gone: there is
+                // nothing left to answer, and it is not asked again.
+                404 | 409 => {
+                    followed.resolved.insert(request_id.to_owned());
+                }
+                400 | 413 | 422 => return Err(refused(request_id, &why())),
+                _ => {
+                    return Err(ErrorData::internal_error(
+                        format!(
+                            "the answer to request {request_id} could not be stored: {}; retry with the same requestState",
+                            why()
+                        ),
+                        Some(json!({"request_id": request_id})),
+                    ));
+                }
+            }
         }
+        for request in unanswered.into_iter().rev() {
+            let request_id = request["request_id"].as_str().unwrap_or_default();
+            followed.asked.remove(request_id);
+            followed
+                .backlog
+                .push_front(("client_request".to_owned(), request.clone()));
+        }
+        Ok(())
     }
 
     async fn progress(&self, n: u32, message: &str) {
@@ -897,8 +1297,9 @@ impl Turn<'_> {
         }
     }
 
-    /// The tool's result once the turn ended in `state`: the agent's last text, and the
-    /// turn's tool calls with their outcomes.
+    /// The tool's result once the turn (of user message `after`) ended in `state`: the
+    /// agent's last text, and the turn's tool calls with their outcomes. Messages of a later
+    /// turn are not the call's.
     async fn result(&self, after: u64, state: Value) -> Result<CallToolResult, ErrorData> {
         let path = format!("{}/messages?after={after}&limit=1000", self.path);
         let (_, body) = self
@@ -911,6 +1312,7 @@ impl Turn<'_> {
         for message in &messages {
             let content = &message["content"];
             match message["message_type"].as_str() {
+                Some("user") => break,
                 Some("agent") => {
                     if let Some(t) = content["text"].as_str().filter(|t| !t.is_empty()) {
                         t.clone_into(&mut text);
@@ -973,22 +1375,28 @@ async fn ask(
         let params = ElicitRequestParams::FormElicitationParams {
             meta: None,
             message,
-            requested_schema: schema,
+            requested_schema: schema.clone(),
         };
         match ctx.peer.create_elicitation(params).await {
-            Ok(answer) => {
-                let payload = reply_payload(request_type, reply, answer);
-                let path = format!("{path}/requests/{}", segment(request_id));
-                let _ = server
-                    .rest(
-                        parts,
-                        Method::POST,
-                        &path,
-                        Some(json!({"payload": payload})),
-                    )
-                    .await;
-                return;
-            }
+            Ok(answer) => match reply_payload(request_type, &schema, reply, answer) {
+                Ok(payload) => {
+                    let path = format!("{path}/requests/{}", segment(request_id));
+                    let _ = server
+                        .rest(
+                            parts,
+                            Method::POST,
+                            &path,
+                            Some(json!({"payload": payload})),
+                        )
+                        .await;
+                    return;
+                }
+                // Content that does not fit the form answers nothing: the request stays
+                // pending, and the fallback tells the client how to answer it.
+                Err(why) => {
+                    tracing::debug!(%why, request_id, "an elicitation's answer does not fit its form; falling back to a notification");
+                }
+            },
             // The session cannot carry it (a protocol where elicitation is not sent
             // mid-call, say): the fallback.
             Err(error) => {
@@ -1019,19 +1427,121 @@ async fn ask(
         .await;
 }
 
-type ReplyOf = fn(Value) -> Value;
+/// How a form's content becomes a reply (`None`: the content lacks the form's field).
+type ReplyOf = fn(&Value) -> Option<Value>;
 
 /// The reply to a request that an elicitation's answer makes: accepted, the form's content
-/// as `reply` makes it; declined, a confirm's no, else a cancel; cancelled, a cancel.
-fn reply_payload(request_type: &Value, reply: ReplyOf, answer: ElicitResult) -> Value {
-    match answer.action {
-        ElicitationAction::Accept => reply(answer.content.unwrap_or(Value::Null)),
+/// as `reply` makes it, once it fits the form (`schema`) and the request; declined, a
+/// confirm's no, else a cancel; cancelled, a cancel. Content that does not fit is refused,
+/// never taken for a default, saying why.
+fn reply_payload(
+    request_type: &Value,
+    schema: &ElicitationSchema,
+    reply: ReplyOf,
+    answer: ElicitResult,
+) -> Result<Value, String> {
+    let payload = match answer.action {
+        ElicitationAction::Accept => {
+            let content = answer
+                .content
+                .ok_or("an accepted answer needs the form's content")?;
+            fits_form(
+                &serde_json::to_value(schema).unwrap_or(Value::Null),
+                &content,
+            )?;
+            reply(&content).ok_or("the content lacks the form's field")?
+        }
         ElicitationAction::Decline => match request_type.get("confirm") {
             Some(_) => json!({"confirmed": false}),
             None => json!({"cancelled": true}),
         },
         // Cancel, and whatever later protocols add (the enum is non-exhaustive).
         ElicitationAction::Cancel | _ => json!({"cancelled": true}),
+    };
+    crate::runtime::check_reply(request_type, &payload)?;
+    Ok(payload)
+}
+
+/// The reply a round's answer (an elicitation result, as JSON) makes to its request.
+fn reply_to(request: &Value, answer: &Value) -> Result<Value, String> {
+    let answer = serde_json::from_value::<ElicitResult>(answer.clone())
+        .map_err(|e| format!("it is not an elicitation result ({e})"))?;
+    let request_type = &request["request_type"];
+    let (_, schema, reply) = elicitation(request_type).ok_or("the request has no form")?;
+    reply_payload(request_type, &schema, reply, answer)
+}
+
+/// Whether a form's content fits its schema (MCP forms: an object of primitive fields):
+/// every required field is there, and every field of the form it has is of its type and,
+/// for a choice, one of the choices. Fields the form does not have are left alone.
+fn fits_form(schema: &Value, content: &Value) -> Result<(), String> {
+    let content = content
+        .as_object()
+        .ok_or_else(|| format!("the content must be an object, not {content}"))?;
+    for field in schema["required"].as_array().into_iter().flatten() {
+        let field = field.as_str().unwrap_or_default();
+        if !content.contains_key(field) {
+            return Err(format!("the field {field:?} is required"));
+        }
+    }
+    let Some(properties) = schema["properties"].as_object() else {
+        return Ok(());
+    };
+    for (field, value) in content {
+        let Some(property) = properties.get(field) else {
+            continue;
+        };
+        fits_field(property, value).map_err(|why| format!("the field {field:?} {why}"))?;
+    }
+    Ok(())
+}
+
+/// The choices a field (or an array's items) offers, if it is a choice: `enum`, or the
+/// `const`s of `oneOf` / `anyOf`.
+fn choices(property: &Value) -> Option<Vec<&Value>> {
+    if let Some(values) = property["enum"].as_array() {
+        return Some(values.iter().collect());
+    }
+    ["oneOf", "anyOf"].iter().find_map(|of| {
+        property[*of]
+            .as_array()
+            .map(|options| options.iter().map(|o| &o["const"]).collect())
+    })
+}
+
+fn fits_field(property: &Value, value: &Value) -> Result<(), String> {
+    let typed = match property["type"].as_str() {
+        Some("string") => value.is_string(),
+        Some("boolean") => value.is_boolean(),
+        Some("number") => value.is_number(),
+        Some("integer") => value.is_i64() || value.is_u64(),
+        Some("array") => value.is_array(),
+        _ => true,
+    };
+    if !typed {
+        return Err(format!(
+            "must be of type {}, not {value}",
+            property["type"].as_str().unwrap_or_default()
+        ));
+    }
+    let one_of = |value: &Value, choices: &[&Value]| {
+        if choices.contains(&value) {
+            Ok(())
+        } else {
+            Err(format!("takes one of {choices:?}, not {value}"))
+        }
+    };
+    if let Some(values) = value.as_array() {
+        if let Some(choices) = choices(&property["items"]) {
+            for value in values {
+                one_of(value, &choices)?;
+            }
+        }
+        return Ok(());
+    }
+    match choices(property) {
+        Some(choices) => one_of(value, &choices),
+        None => Ok(()),
     }
 }
 
@@ -1069,11 +1579,11 @@ fn elicitation(request_type: &Value) -> Option<(String, ElicitationSchema, Reply
     let (schema, reply): (Value, ReplyOf) = match kind.as_str() {
         "confirm" => (
             json!({"type": "object", "properties": {"confirmed": {"type": "boolean", "title": "Confirm", "default": spec["default"].as_bool().unwrap_or(false)}}, "required": ["confirmed"]}),
-            |c| json!({"confirmed": c["confirmed"].as_bool().unwrap_or(false)}),
+            |c| Some(json!({"confirmed": c["confirmed"].as_bool()?})),
         ),
         "prompt" => (
             json!({"type": "object", "properties": {"text": {"type": "string", "title": "Answer", "default": spec["default"].as_str().unwrap_or_default()}}, "required": ["text"]}),
-            |c| json!({"text": c["text"].as_str().unwrap_or_default()}),
+            |c| Some(json!({"text": c["text"].as_str()?})),
         ),
         "select" if spec["multi_select"].as_bool() != Some(true) => {
             let values: Vec<&Value> = spec["options"]
@@ -1088,7 +1598,7 @@ fn elicitation(request_type: &Value) -> Option<(String, ElicitationSchema, Reply
                 .collect();
             (
                 json!({"type": "object", "properties": {"selected": {"type": "string", "title": "Choice", "enum": values, "enumNames": names}}, "required": ["selected"]}),
-                |c| json!({"selected": [c["selected"].as_str().unwrap_or_default()]}),
+                |c| Some(json!({"selected": [c["selected"].as_str()?]})),
             )
         }
         "select" => {
@@ -1099,12 +1609,12 @@ fn elicitation(request_type: &Value) -> Option<(String, ElicitationSchema, Reply
                 .collect();
             (
                 json!({"type": "object", "properties": {"selected": {"type": "array", "title": "Choices", "items": {"type": "string", "enum": values}}}, "required": ["selected"]}),
-                |c| json!({"selected": c["selected"].as_array().cloned().unwrap_or_default()}),
+                |c| Some(json!({"selected": c["selected"].as_array()?})),
             )
         }
         // A custom request's own schema, when it is one MCP forms can show (an object of
         // primitive fields); else the fallback.
-        "custom" => (spec["schema"].clone(), |c| json!({"custom": c})),
+        "custom" => (spec["schema"].clone(), |c| Some(json!({"custom": c}))),
         _ => return None,
     };
     let schema: ElicitationSchema = serde_json::from_value(schema).ok()?;
@@ -1131,5 +1641,217 @@ fn reply_shape(request_type: &Value) -> &'static str {
         Some("prompt") => r#"{"text": "..."}"#,
         Some("select") => r#"{"selected": ["value", ...]}"#,
         _ => r#"{"custom": ...}"#,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round(key: &str, tenant: &str, conversation: &str) -> Round {
+        Round {
+            key: key.to_owned(),
+            tenant: tenant.to_owned(),
+            conversation: conversation.to_owned(),
+            path: format!("/v1/conversations/{conversation}"),
+            after: 1,
+            asks: Vec::new(),
+            asked: HashSet::new(),
+            progress: 0,
+        }
+    }
+
+    fn later() -> Instant {
+        Instant::now() + Duration::from_secs(3600)
+    }
+
+    const CAPS: Caps = Caps {
+        per_key: 2,
+        per_tenant: 3,
+        per_node: 5,
+    };
+
+    fn kept(rounds: &Rounds, handle: &str) -> bool {
+        rounds.waiting().rounds.contains_key(handle)
+    }
+
+    /// Past a key's cap its oldest round goes, past a tenant's the tenant's oldest (of any
+    /// of its keys), past the node's the node's oldest; the indexes stay in step.
+    #[test]
+    fn the_oldest_round_goes_past_each_cap() {
+        let rounds = Rounds::default();
+        // Key k1 of tenant t: its third round drops its first.
+        let a1 = rounds.put(CAPS, round("k1", "t", "c"), later());
+        // The soonest to expire is not the one dropped: the oldest is.
+        let a2 = rounds.put(
+            CAPS,
+            round("k1", "t", "c"),
+            Instant::now() + Duration::from_secs(60),
+        );
+        let a3 = rounds.put(CAPS, round("k1", "t", "c"), later());
+        assert!(!kept(&rounds, &a1) && kept(&rounds, &a2) && kept(&rounds, &a3));
+        // Key k2 of the same tenant: the tenant's cap (3) drops the tenant's oldest, k1's.
+        let b1 = rounds.put(CAPS, round("k2", "t", "c"), later());
+        assert!(kept(&rounds, &a2) && kept(&rounds, &a3) && kept(&rounds, &b1));
+        let b2 = rounds.put(CAPS, round("k2", "t", "c"), later());
+        assert!(!kept(&rounds, &a2) && kept(&rounds, &a3));
+        assert!(kept(&rounds, &b1) && kept(&rounds, &b2));
+        // Other tenants fill the node (5): the node's oldest goes, whoever's it is.
+        let c1 = rounds.put(CAPS, round("k3", "u", "d"), later());
+        let c2 = rounds.put(CAPS, round("k4", "v", "e"), later());
+        assert_eq!(rounds.waiting().rounds.len(), 5);
+        let c3 = rounds.put(CAPS, round("k5", "w", "f"), later());
+        assert!(!kept(&rounds, &a3), "the node's oldest");
+        for handle in [&b1, &b2, &c1, &c2, &c3] {
+            assert!(kept(&rounds, handle));
+        }
+        let waiting = rounds.waiting();
+        assert_eq!(waiting.rounds.len(), 5);
+        assert_eq!(waiting.oldest.len(), 5);
+        assert_eq!(waiting.expiries.len(), 5);
+        assert_eq!(waiting.by_key.values().map(BTreeMap::len).sum::<usize>(), 5);
+        assert_eq!(
+            waiting.by_tenant.values().map(BTreeMap::len).sum::<usize>(),
+            5
+        );
+        assert!(
+            !waiting.by_key.contains_key("k1"),
+            "an empty index entry goes"
+        );
+    }
+
+    /// A handle is taken only by its key on its conversation; anyone else's try leaves it.
+    /// Taken, it is gone; given back, it is there again under the same handle.
+    #[test]
+    fn a_round_is_taken_by_its_owner_only_and_can_be_given_back() {
+        let rounds = Rounds::default();
+        let handle = rounds.put(CAPS, round("k1", "t", "c"), later());
+        assert!(rounds.take(&handle, "k2", "c").is_err(), "another key");
+        assert!(
+            rounds.take(&handle, "k1", "other").is_err(),
+            "another conversation"
+        );
+        assert!(rounds.take("bkr_00", "k1", "c").is_err(), "a forged handle");
+        let (taken, ticket) = rounds.take(&handle, "k1", "c").expect("the owner's");
+        assert!(rounds.take(&handle, "k1", "c").is_err(), "used");
+        rounds.restore(CAPS, ticket, taken);
+        let (_, _) = rounds.take(&handle, "k1", "c").expect("given back");
+    }
+
+    /// An expired round is refused and forgotten by the next put or take, without waiting.
+    #[test]
+    fn expired_rounds_are_refused_and_swept() {
+        let rounds = Rounds::default();
+        let past = Instant::now();
+        let gone = rounds.put(CAPS, round("k1", "t", "c"), past);
+        let other = rounds.put(CAPS, round("k9", "t9", "c9"), past);
+        assert!(rounds.take(&gone, "k1", "c").is_err());
+        assert!(!kept(&rounds, &gone) && !kept(&rounds, &other));
+        let waiting = rounds.waiting();
+        assert!(waiting.rounds.is_empty() && waiting.oldest.is_empty());
+        assert!(waiting.expiries.is_empty() && waiting.by_key.is_empty());
+    }
+
+    /// A round lives until its longest question expires, as stored (a question asked again
+    /// does not get a new full timeout), and the grace; never past the longest a request
+    /// may wait and the grace, whatever `timeout_ms` says.
+    #[test]
+    fn a_rounds_expiry_comes_from_its_questions_and_is_bounded() {
+        let max = Duration::from_secs(3600);
+        let in_ten = (chrono::Utc::now() + chrono::TimeDelta::minutes(10)).to_rfc3339();
+        let before = Instant::now();
+        let at = round_expiry(
+            &[json!({"expires_at": in_ten, "timeout_ms": 3_000_000_u64})],
+            max,
+        );
+        assert!(at <= Instant::now() + Duration::from_secs(600) + ROUND_GRACE);
+        assert!(at >= before + Duration::from_secs(590) + ROUND_GRACE);
+        // Expired already: the grace alone.
+        let past = (chrono::Utc::now() - chrono::TimeDelta::minutes(10)).to_rfc3339();
+        let at = round_expiry(&[json!({"expires_at": past})], max);
+        assert!(at <= Instant::now() + ROUND_GRACE);
+        // A huge timeout is cut to the longest a request may wait.
+        let at = round_expiry(&[json!({"timeout_ms": u64::MAX})], max);
+        assert!(at <= Instant::now() + max + ROUND_GRACE);
+        let far = (chrono::DateTime::<chrono::Utc>::MAX_UTC).to_rfc3339();
+        let at = round_expiry(&[json!({"expires_at": far})], max);
+        assert!(at <= Instant::now() + max + ROUND_GRACE);
+    }
+
+    fn request(request_type: Value) -> Value {
+        json!({"request_id": "r1", "request_type": request_type})
+    }
+
+    /// An answer is refused, saying why, when it is not an elicitation result or its content
+    /// does not fit the form or the request; it is never taken for a default.
+    #[test]
+    fn answers_that_do_not_fit_are_refused_not_defaulted() {
+        let confirm = request(json!({"confirm": {"message": "ok?", "default": false}}));
+        let prompt = request(json!({"prompt": {"message": "name?"}}));
+        let select = request(
+            json!({"select": {"message": "pick", "options": [{"value": "a", "label": "A"}, {"value": "b", "label": "B"}], "multi_select": false}}),
+        );
+        let multi = request(
+            json!({"select": {"message": "pick", "options": [{"value": "a", "label": "A"}, {"value": "b", "label": "B"}], "multi_select": true}}),
+        );
+        let custom = request(
+            json!({"custom": {"type_name": "t", "schema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}),
+        );
+        let accept = |content: Value| json!({"action": "accept", "content": content});
+        for (request, answer) in [
+            (&prompt, accept(json!({"text": 42}))),
+            (&prompt, json!({"text": "not an elicitation result"})),
+            (&prompt, json!({"action": "accept"})),
+            (&confirm, accept(json!({"confirmed": "true"}))),
+            (&confirm, accept(json!({}))),
+            (&select, accept(json!({"selected": "z"}))),
+            (&select, accept(json!({"selected": ["a"]}))),
+            (&multi, accept(json!({"selected": ["a", "z"]}))),
+            (&multi, accept(json!({"selected": []}))),
+            (&custom, accept(json!({"n": "seven"}))),
+            (&custom, accept(json!({"m": 1}))),
+        ] {
+            let refused = reply_to(request, &answer);
+            assert!(refused.is_err(), "{request} {answer}: {refused:?}");
+        }
+        for (request, answer, reply) in [
+            (
+                &prompt,
+                accept(json!({"text": "Ada"})),
+                json!({"text": "Ada"}),
+            ),
+            (
+                &confirm,
+                accept(json!({"confirmed": true})),
+                json!({"confirmed": true}),
+            ),
+            (
+                &confirm,
+                json!({"action": "decline"}),
+                json!({"confirmed": false}),
+            ),
+            (
+                &select,
+                accept(json!({"selected": "b"})),
+                json!({"selected": ["b"]}),
+            ),
+            (
+                &select,
+                json!({"action": "cancel"}),
+                json!({"cancelled": true}),
+            ),
+            (
+                &multi,
+                accept(json!({"selected": ["a", "b"]})),
+                json!({"selected": ["a", "b"]}),
+            ),
+            (
+                &custom,
+                accept(json!({"n": 7})),
+                json!({"custom": {"n": 7}}),
+            ),
+        ] {
+            assert_eq!(reply_to(request, &answer), Ok(reply), "{request} {answer}");
+        }
     }
 }

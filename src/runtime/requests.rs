@@ -143,7 +143,7 @@ impl RequestBroker {
     ) -> (String, Asked) {
         let id = uuid::Uuid::now_v7().to_string();
         let now = Utc::now();
-        let timeout_ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
+        let (timeout_ms, expires_at) = expiry(now, timeout);
         let request = ClientRequest {
             id: id.clone(),
             conversation_id: conversation_id.to_owned(),
@@ -152,7 +152,7 @@ impl RequestBroker {
             status: "pending".into(),
             response: None,
             timeout_ms,
-            expires_at: now + chrono::Duration::milliseconds(timeout_ms),
+            expires_at,
             created_at: now,
         };
         if let Err(e) = services
@@ -244,6 +244,18 @@ impl RequestBroker {
     }
 }
 
+/// A request's `timeout_ms` and when it expires, asked at `now` with `timeout`. Callers cut a
+/// timeout to `requests.max_timeout_ms`; this never panics whatever it is given (chrono's
+/// `Duration::milliseconds` does past some 292 million years): the time is saturated at
+/// the latest date chrono has.
+pub fn expiry(now: chrono::DateTime<Utc>, timeout: Duration) -> (i64, chrono::DateTime<Utc>) {
+    let timeout_ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
+    let expires_at = chrono::TimeDelta::try_milliseconds(timeout_ms)
+        .and_then(|delta| now.checked_add_signed(delta))
+        .unwrap_or(chrono::DateTime::<Utc>::MAX_UTC);
+    (timeout_ms, expires_at)
+}
+
 /// Stores durable frames through the conversation actor, which owns the event ids.
 pub async fn emit(
     conversation: &ActorRef<ConvMsg>,
@@ -290,6 +302,23 @@ mod tests {
             .is_ok()
         );
         assert_eq!(kind_of(&json!({"nope": {}})), None);
+    }
+
+    /// A timeout no caller should pass (a model's `ask_user` timeout_ms of 9e15 ms crashed
+    /// chrono) gives the latest date rather than a panic; a sane one is exact.
+    #[test]
+    fn a_huge_timeout_does_not_panic() {
+        let now = Utc::now();
+        for ms in [9_000_000_000_000_000_u64, u64::MAX] {
+            let (timeout_ms, at) = expiry(now, Duration::from_millis(ms));
+            assert!(timeout_ms > 0);
+            assert!(at > now);
+        }
+        let (_, at) = expiry(now, Duration::MAX);
+        assert_eq!(at, chrono::DateTime::<Utc>::MAX_UTC);
+        let (timeout_ms, at) = expiry(now, Duration::from_millis(1500));
+        assert_eq!(timeout_ms, 1500);
+        assert_eq!(at - now, chrono::TimeDelta::milliseconds(1500));
     }
 }
 

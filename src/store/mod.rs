@@ -490,6 +490,26 @@ impl Store {
             .collect()
     }
 
+    /// The sequence id of the first user message above `after`: when `after` is a turn's
+    /// own user message, the message that started the next turn, if one did.
+    pub async fn next_user_message(
+        &self,
+        conversation_id: &str,
+        after: i64,
+    ) -> Result<Option<i64>> {
+        Ok(messages::Entity::find()
+            .filter(of_conversation(
+                messages::Column::ConversationKey,
+                conversation_id,
+            ))
+            .filter(messages::Column::SequenceId.gt(after))
+            .filter(messages::Column::MessageType.eq("user"))
+            .order_by_asc(messages::Column::SequenceId)
+            .one(&self.db)
+            .await?
+            .map(|row| row.sequence_id))
+    }
+
     /// The last `limit` messages, ascending.
     pub async fn recent_messages(
         &self,

@@ -154,6 +154,41 @@ async fn wrong_kind_timeout_and_late_answer() {
     app.cleanup(db).await;
 }
 
+/// The model chooses ask_user's timeout_ms, so a tenant does: a huge one (9e15 ms crashed the
+/// tool's task inside chrono) is cut to `requests.max_timeout_ms`, and the question works.
+#[tokio::test]
+async fn a_huge_timeout_is_cut_to_the_longest_allowed() {
+    for db in TestDb::each().await {
+        let app =
+            TestApp::spawn_with(&db, &[("BEDROCK_REQUESTS__MAX_TIMEOUT_MS", "1234567")]).await;
+        let id = app.conversation().await;
+        app.llm.push([
+            ask(
+                "q1",
+                "prompt",
+                json!({"timeout_ms": 9_000_000_000_000_000_u64}),
+            ),
+            Llm::text("ok"),
+        ]);
+        let mut ws = Ws::connect(&app.ws_url(&id, "")).await;
+        ws.frame().await;
+        app.send(&id, "ask").await;
+        let request = ws.frame_of("client_request").await;
+        assert_eq!(request["timeout_ms"], 1_234_567, "{request}");
+        let request_id = request["request_id"].as_str().expect("an id").to_owned();
+        app.post(
+            &format!("/v1/conversations/{id}/requests/{request_id}"),
+            json!({"payload": {"text": "Ada"}}),
+        )
+        .await
+        .expect(200);
+        app.wait_kind(&id, "idle").await;
+        let output = tool_output(&app.messages(&id).await, "q1");
+        assert_eq!(output["output"], "the user answered: Ada", "{output}");
+        app.cleanup(db).await;
+    }
+}
+
 /// A cancel resolves the pending request (cancelled) so nothing waits forever.
 #[tokio::test]
 async fn cancel_with_a_request_pending() {

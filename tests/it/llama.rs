@@ -29,6 +29,8 @@ struct LlamaServer {
 }
 
 impl Drop for LlamaServer {
+    // The server's log tail, for a failed test.
+    #[allow(clippy::print_stderr)]
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -46,6 +48,7 @@ impl Drop for LlamaServer {
 
 /// Starts llama-server on a free loopback port and waits until its model is loaded; None
 /// (having said SKIPPED) where `.ci/llama-server` has not provided one.
+#[allow(clippy::print_stderr)]
 async fn llama(test: &str) -> Option<LlamaServer> {
     let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     let (Some(binary), Some(model), Some(template)) = (

@@ -48,6 +48,9 @@ struct Client {
     seen: Arc<Mutex<Vec<String>>>,
     /// The data of logging notifications.
     notices: Arc<Mutex<Vec<Value>>>,
+    /// Elicitations that came in input-required results (rmcp's client hands them over
+    /// under their input key, a request id, rather than a JSON-RPC request's number).
+    in_rounds: Arc<Mutex<Vec<String>>>,
 }
 
 impl Client {
@@ -56,11 +59,16 @@ impl Client {
             answer,
             seen: Arc::default(),
             notices: Arc::default(),
+            in_rounds: Arc::default(),
         }
     }
 
     fn seen(&self) -> Vec<String> {
         self.seen.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    fn in_rounds(&self) -> Vec<String> {
+        self.in_rounds.lock().map(|s| s.clone()).unwrap_or_default()
     }
 }
 
@@ -78,8 +86,13 @@ impl ClientHandler for Client {
     async fn create_elicitation(
         &self,
         request: ElicitRequestParams,
-        _: RequestContext<RoleClient>,
+        context: RequestContext<RoleClient>,
     ) -> Result<ElicitResult, ErrorData> {
+        if let NumberOrString::String(key) = &context.id
+            && let Ok(mut in_rounds) = self.in_rounds.lock()
+        {
+            in_rounds.push(key.to_string());
+        }
         let (message, schema) = match &request {
             ElicitRequestParams::FormElicitationParams {
                 message,
@@ -340,6 +353,12 @@ async fn questions_are_elicitations_in(era: Era, app: &TestApp) {
     ] {
         let handler = Client::new(answer);
         let client = connect_in(era, app, &app.key_a, handler.clone()).await;
+        let negotiated = client.peer_info().map(|info| info.protocol_version.clone());
+        let expected_version = match era {
+            Era::Handshake => ProtocolVersion::V_2025_11_25,
+            Era::Discover => ProtocolVersion::V_2026_07_28,
+        };
+        assert_eq!(negotiated, Some(expected_version), "{era:?}");
         let id = create(&client).await;
         app.llm.push([
             Reply::tool("call_ask", "ask_user", question.clone()),
@@ -369,6 +388,13 @@ async fn questions_are_elicitations_in(era: Era, app: &TestApp) {
             "{era:?}: {:?}",
             handler.seen()
         );
+        // 2026-07-28: the question came in an input-required result (a round), keyed by its
+        // request id; 2025-11-25: as a request in the middle of the call, never in a round.
+        let in_rounds = handler.in_rounds();
+        match era {
+            Era::Discover => assert_eq!(in_rounds.len(), 1, "{in_rounds:?}"),
+            Era::Handshake => assert!(in_rounds.is_empty(), "{in_rounds:?}"),
+        }
         client.cancel().await.expect("closes");
     }
 }
@@ -511,13 +537,18 @@ async fn mcp_needs_a_key() {
 }
 
 /// A `requestState` is good only for the caller it was given to, once, on its conversation
-/// (issue 42): a forged one, another tenant's, one on another conversation and a replayed one
-/// are refused with an MCP error (or, for another tenant's conversation, `not_found`), and
+/// (issue 42): a forged one, another tenant's, another key's of the same tenant, one on
+/// another conversation and a replayed one are refused with an MCP error (or, for another tenant's conversation, `not_found`), and
 /// none of them answers the question or touches the turn; the owner's retry without the answer
 /// is asked again, and its retry with it ends the turn.
 #[tokio::test]
 async fn a_request_state_is_refused_unless_it_is_the_callers() {
-    let db = TestDb::sqlite();
+    for db in TestDb::each().await {
+        a_request_state_is_refused_unless_it_is_the_callers_on(db).await;
+    }
+}
+
+async fn a_request_state_is_refused_unless_it_is_the_callers_on(db: TestDb) {
     let app = TestApp::spawn(&db).await;
     let a = connect_in(Era::Discover, &app, &app.key_a, Client::new(Answer::Accept)).await;
     let b = connect_in(Era::Discover, &app, &app.key_b, Client::new(Answer::Accept)).await;
@@ -597,6 +628,15 @@ async fn a_request_state_is_refused_unless_it_is_the_callers() {
         a.call_tool_once(retry(&other, &state)).await,
         "a requestState on another conversation",
     );
+    // Another key of the same tenant, on the same conversation (which it may read): the
+    // round is the key's that made the call, not the tenant's.
+    let a2 = second_key(&app).await;
+    let a2 = connect_in(Era::Discover, &app, &a2, Client::new(Answer::Accept)).await;
+    refused(
+        a2.call_tool_once(retry(&id, &state)).await,
+        "a requestState of another key of the same tenant",
+    );
+    a2.cancel().await.expect("closes");
     // None of that answered the question: it is still pending, and the turn waits.
     let pending = app
         .get(&format!("/v1/conversations/{id}"))
@@ -673,6 +713,332 @@ async fn a_request_state_is_refused_unless_it_is_the_callers() {
     a.cancel().await.expect("closes");
     b.cancel().await.expect("closes");
     app.cleanup(db).await;
+}
+
+/// A second API key of tenant a (`bedrock tenant key create a`).
+async fn second_key(app: &TestApp) -> String {
+    let created = bedrock::app::create_key(&app.settings(), "a")
+        .await
+        .expect("a new key");
+    created["api_key"].as_str().expect("a key").to_owned()
+}
+
+/// How many conversations have a live actor on the node (`bedrock_conversations_running`,
+/// on the operator listener).
+async fn conversations_running(app: &TestApp) -> u64 {
+    let text = reqwest::get(format!("{}/metrics", app.metrics_base))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let counts: Vec<u64> = text
+        .lines()
+        .filter(|line| line.starts_with("bedrock_conversations_running"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|n| n as u64)
+        .collect();
+    assert!(
+        !counts.is_empty(),
+        "no bedrock_conversations_running in\n{text}"
+    );
+    counts.iter().sum()
+}
+
+/// Sends `text` on 2026-07-28 and expects the turn to ask (the fake LLM's `ask`): the
+/// input-required result's requestState and its one request id.
+async fn asked_in_a_round(
+    client: &RunningService<RoleClient, Client>,
+    app: &TestApp,
+    id: &str,
+    ask: Value,
+) -> (String, String) {
+    app.llm.push([Reply::tool("call_ask", "ask_user", ask)]);
+    let first = client
+        .call_tool_once(params(
+            "send_message",
+            json!({"conversation_id": id, "text": "ask me"}),
+        ))
+        .await
+        .expect("the call answers");
+    let CallToolResponse::InputRequired(asked) = first else {
+        panic!("not an input-required result: {first:?}");
+    };
+    let requests = asked.input_requests.expect("input requests");
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    (
+        asked.request_state.expect("a requestState"),
+        requests.keys().next().expect("a request").clone(),
+    )
+}
+
+/// A retry of `send_message` on `id` with `state` and `answers` (request id, elicitation
+/// result).
+fn retried(id: &str, state: &str, answers: &[(&str, Value)]) -> CallToolRequestParams {
+    let mut params = params(
+        "send_message",
+        json!({"conversation_id": id, "text": "ask me"}),
+    )
+    .with_request_state(state.to_owned());
+    if !answers.is_empty() {
+        let mut responses = InputResponses::new();
+        for (request_id, answer) in answers {
+            responses.insert((*request_id).to_owned(), answer.clone());
+        }
+        params = params.with_input_responses(responses);
+    }
+    params
+}
+
+/// The MCP error of a refused call, or a failed test.
+fn mcp_error(outcome: Result<CallToolResponse, ServiceError>, what: &str) -> ErrorData {
+    match outcome {
+        Err(ServiceError::McpError(error)) => error,
+        other => panic!("{what} was not refused: {other:?}"),
+    }
+}
+
+fn complete(outcome: Result<CallToolResponse, ServiceError>, what: &str) -> CallToolResult {
+    match outcome {
+        Ok(CallToolResponse::Complete(result)) => result,
+        other => panic!("{what} did not end the call: {other:?}"),
+    }
+}
+
+/// A round waiting for its retry holds nothing of the conversation: when the turn is
+/// cancelled meanwhile (over REST) the conversation rests, its actor stopped, while the
+/// round still waits; the retry without answers then ends with the cancelled turn's result
+/// rather than asking the dead question again, and the handle is used up.
+#[tokio::test]
+async fn a_round_does_not_hold_a_cancelled_turn() {
+    for db in TestDb::each().await {
+        let app =
+            TestApp::spawn_with(&db, &[("BEDROCK_CONVERSATIONS__IDLE_TIMEOUT_MS", "300")]).await;
+        let client = connect_in(Era::Discover, &app, &app.key_a, Client::new(Answer::Accept)).await;
+        let id = create(&client).await;
+        let (state, _) = asked_in_a_round(
+            &client,
+            &app,
+            &id,
+            json!({"question": "Your name?", "kind": "prompt"}),
+        )
+        .await;
+        app.post(&format!("/v1/conversations/{id}/cancel"), json!({}))
+            .await
+            .expect(202);
+        app.wait_kind(&id, "idle").await;
+        eventually(
+            "the conversation to rest while its round waits",
+            WAIT,
+            || async { (conversations_running(&app).await == 0).then_some(()) },
+        )
+        .await;
+        let done = complete(
+            client.call_tool_once(retried(&id, &state, &[])).await,
+            "the retry after the cancel",
+        );
+        let data = done.structured_content.expect("structured");
+        assert_eq!(data["state"]["kind"], "idle", "{data}");
+        assert_eq!(data["tool_calls"][0]["name"], "ask_user", "{data}");
+        assert_eq!(data["tool_calls"][0]["ok"], false, "{data}");
+        mcp_error(
+            client.call_tool_once(retried(&id, &state, &[])).await,
+            "a used requestState",
+        );
+        client.cancel().await.expect("closes");
+        app.cleanup(db).await;
+    }
+}
+
+/// A round belongs to its turn: when the question was answered elsewhere and a later message
+/// started another turn that asks its own, the retry ends with its own turn's result and
+/// does not take the next turn's question.
+#[tokio::test]
+async fn a_retry_after_its_turn_ended_does_not_take_the_next_turns_questions() {
+    for db in TestDb::each().await {
+        let app = TestApp::spawn(&db).await;
+        let client = connect_in(Era::Discover, &app, &app.key_a, Client::new(Answer::Accept)).await;
+        let id = create(&client).await;
+        let (state, request_id) = asked_in_a_round(
+            &client,
+            &app,
+            &id,
+            json!({"question": "Your name?", "kind": "prompt"}),
+        )
+        .await;
+        // Answered over REST; the turn ends.
+        app.llm.push([Reply::text("hello Ada")]);
+        app.post(
+            &format!("/v1/conversations/{id}/requests/{request_id}"),
+            json!({"payload": {"text": "Ada"}}),
+        )
+        .await
+        .expect(200);
+        app.wait_kind(&id, "idle").await;
+        // Another turn, which asks.
+        app.llm.push([Reply::tool(
+            "call_next",
+            "ask_user",
+            json!({"question": "Your age?", "kind": "prompt"}),
+        )]);
+        app.send(&id, "and now?").await;
+        app.wait_kind(&id, "tool_executing").await;
+        let done = complete(
+            client.call_tool_once(retried(&id, &state, &[])).await,
+            "the retry of an ended turn",
+        );
+        assert_eq!(text(&done), "hello Ada");
+        let data = done.structured_content.expect("structured");
+        assert_eq!(data["state"]["kind"], "superseded", "{data}");
+        assert_eq!(
+            data["tool_calls"].as_array().map(Vec::len),
+            Some(1),
+            "{data}"
+        );
+        assert_eq!(data["tool_calls"][0]["id"], "call_ask", "{data}");
+        // The next turn's question is still waiting for its own client.
+        assert_eq!(app.state(&id).await["kind"], "tool_executing");
+        app.post(&format!("/v1/conversations/{id}/cancel"), json!({}))
+            .await
+            .expect(202);
+        app.wait_kind(&id, "idle").await;
+        client.cancel().await.expect("closes");
+        app.cleanup(db).await;
+    }
+}
+
+/// An answer that does not fit its question (a number for a prompt's text, a choice that is
+/// not an option, something that is not an elicitation result) is refused at once with
+/// -32602 naming the request, not posted and not taken for a default; the question still
+/// waits, and a retry with a right answer under the same requestState ends the turn.
+#[tokio::test]
+async fn a_wrong_answer_is_refused_naming_its_request() {
+    for db in TestDb::each().await {
+        let app = TestApp::spawn(&db).await;
+        let client = connect_in(Era::Discover, &app, &app.key_a, Client::new(Answer::Accept)).await;
+        let id = create(&client).await;
+        let (state, request_id) = asked_in_a_round(
+            &client,
+            &app,
+            &id,
+            json!({"question": "Colour?", "kind": "select", "options": ["red", "green"]}),
+        )
+        .await;
+        for wrong in [
+            json!({"action": "accept", "content": {"selected": 42}}),
+            json!({"action": "accept", "content": {"selected": "blue"}}),
+            json!({"action": "accept"}),
+            json!({"selected": "red"}),
+        ] {
+            let error = mcp_error(
+                client
+                    .call_tool_once(retried(&id, &state, &[(&request_id, wrong.clone())]))
+                    .await,
+                &format!("the answer {wrong}"),
+            );
+            assert_eq!(error.code.0, -32602, "{wrong}: {error:?}");
+            assert!(error.message.contains(&request_id), "{wrong}: {error:?}");
+            assert_eq!(app.state(&id).await["kind"], "tool_executing", "{wrong}");
+        }
+        app.llm.push([Reply::text("green it is")]);
+        let done = complete(
+            client
+                .call_tool_once(retried(
+                    &id,
+                    &state,
+                    &[(
+                        &request_id,
+                        json!({"action": "accept", "content": {"selected": "green"}}),
+                    )],
+                ))
+                .await,
+            "a right answer",
+        );
+        assert_eq!(text(&done), "green it is");
+        let output = done.structured_content.expect("structured")["tool_calls"][0]["output"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(output.contains("the user answered: green"), "{output}");
+        client.cancel().await.expect("closes");
+        app.cleanup(db).await;
+    }
+}
+
+/// Rounds are capped per key and per tenant, and past a cap the OLDEST round goes: a key
+/// keeps 2 here, so its first handle is refused once it has a third; tenant a keeps 3 over
+/// its two keys, so the second key's rounds drop the first key's oldest. The rounds kept work,
+/// and once every turn has ended nothing keeps a conversation from resting.
+#[tokio::test]
+async fn rounds_are_capped_per_key_and_per_tenant_oldest_first() {
+    for db in TestDb::each().await {
+        let app = TestApp::spawn_with(
+            &db,
+            &[
+                ("BEDROCK_MCP__ROUNDS_PER_KEY", "2"),
+                ("BEDROCK_MCP__ROUNDS_PER_TENANT", "3"),
+                ("BEDROCK_CONVERSATIONS__IDLE_TIMEOUT_MS", "300"),
+            ],
+        )
+        .await;
+        let a = connect_in(Era::Discover, &app, &app.key_a, Client::new(Answer::Accept)).await;
+        let a2 = second_key(&app).await;
+        let a2 = connect_in(Era::Discover, &app, &a2, Client::new(Answer::Accept)).await;
+        let question = json!({"question": "Your name?", "kind": "prompt"});
+        let mut rounds = Vec::new();
+        for client in [&a, &a, &a, &a2, &a2] {
+            let id = create(client).await;
+            let (state, request_id) = asked_in_a_round(client, &app, &id, question.clone()).await;
+            rounds.push((id, state, request_id));
+        }
+        let clients = [&a, &a, &a, &a2, &a2];
+        // The key's oldest (its cap), then the tenant's oldest (its cap), were dropped.
+        for (what, n) in [
+            ("the key's oldest round", 0),
+            ("the tenant's oldest round", 1),
+        ] {
+            let (id, state, _) = &rounds[n];
+            let error = mcp_error(
+                clients[n].call_tool_once(retried(id, state, &[])).await,
+                what,
+            );
+            assert_eq!(error.code.0, -32602, "{what}: {error:?}");
+            assert!(
+                error.message.contains("requestState is not valid"),
+                "{what}"
+            );
+            // Its turn goes on, its question pending: cancelled here.
+            app.post(&format!("/v1/conversations/{id}/cancel"), json!({}))
+                .await
+                .expect(202);
+            app.wait_kind(id, "idle").await;
+        }
+        for n in 2..5 {
+            let (id, state, request_id) = &rounds[n];
+            app.llm.push([Reply::text("hello Ada")]);
+            let done = complete(
+                clients[n]
+                    .call_tool_once(retried(
+                        id,
+                        state,
+                        &[(
+                            request_id,
+                            json!({"action": "accept", "content": {"text": "Ada"}}),
+                        )],
+                    ))
+                    .await,
+                "a round kept",
+            );
+            assert_eq!(text(&done), "hello Ada", "round {n}");
+        }
+        eventually("every conversation to rest", WAIT, || async {
+            (conversations_running(&app).await == 0).then_some(())
+        })
+        .await;
+        a.cancel().await.expect("closes");
+        a2.cancel().await.expect("closes");
+        app.cleanup(db).await;
+    }
 }
 
 /// Whether the official Python MCP SDK (its 2.x API) is installed; a test that needs it says
