@@ -1747,7 +1747,10 @@ mod tests {
                 .reserve_budget("t", default, 1_000, now)
                 .await
                 .expect("reserves");
-            assert!(matches!(reservation, Reservation::Reserved { .. }), "{reservation:?}");
+            assert!(
+                matches!(reservation, Reservation::Reserved { .. }),
+                "{reservation:?}"
+            );
             reservations.push(reservation);
         }
         let record = |model: &str, tokens: (u64, u64), reservation: &Reservation| UsageRecord {
