@@ -775,6 +775,7 @@ async fn forward(base_url: &str, extra: &Value, body: Bytes) -> Response {
         }
         _ => body,
     };
+    crate::install_crypto();
     let client = reqwest::Client::builder().no_proxy().build();
     let sent = match client {
         Ok(client) => {

@@ -62,6 +62,7 @@ async fn llama(test: &str) -> Option<LlamaServer> {
         );
         return None;
     };
+    bedrock::install_crypto();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
