@@ -20,6 +20,12 @@ use crate::store::{NewAttachment, Store, StoreError};
 /// The most commits written in one transaction.
 const MAX_BATCH: usize = 512;
 
+/// How long the usage of LLM responses may wait for a commit to go with. A response's usage
+/// reaches the actor just before the commit that stores the response, so a flush started
+/// for the usage alone was a transaction (and, on SQLite, a sync of the log) of its own;
+/// it waits for that commit instead, and flushes alone only after this.
+const USAGE_WAITS_FOR_A_COMMIT: Duration = Duration::from_millis(5);
+
 /// How often SQLite's write-ahead log is copied back into the database under load. Often, so
 /// each pass copies little: passes every 500 ms held up the commits beside them for up to
 /// 17 ms, passes every 100 ms for up to 8 ms (5,000 transitions/s offered).
@@ -157,6 +163,8 @@ pub enum PersistenceMsg {
     Checkpoint,
     /// A flush finished.
     Flushed,
+    /// Usage queued alone has waited long enough for a commit: flush it.
+    UsageDue,
 }
 
 impl std::fmt::Debug for PersistenceMsg {
@@ -168,6 +176,7 @@ impl std::fmt::Debug for PersistenceMsg {
             PersistenceMsg::Write(job, _) => write!(f, "Write({job:?})"),
             PersistenceMsg::Checkpoint => f.write_str("Checkpoint"),
             PersistenceMsg::Flushed => f.write_str("Flushed"),
+            PersistenceMsg::UsageDue => f.write_str("UsageDue"),
         }
     }
 }
@@ -188,6 +197,10 @@ pub struct PersistenceState {
     parallel: usize,
     /// A checkpoint waits in the queue.
     checkpoint_queued: bool,
+    /// A [`PersistenceMsg::UsageDue`] is on its way.
+    usage_timer: bool,
+    /// Usage queued alone has waited [`USAGE_WAITS_FOR_A_COMMIT`]: it goes without a commit.
+    usage_due: bool,
 }
 
 impl std::fmt::Debug for PersistenceState {
@@ -250,6 +263,8 @@ impl Actor for PersistenceActor {
             flushing: 0,
             parallel,
             checkpoint_queued: false,
+            usage_timer: false,
+            usage_due: false,
         })
     }
 
@@ -273,8 +288,19 @@ impl Actor for PersistenceActor {
                 }
             }
             PersistenceMsg::Flushed => state.flushing -= 1,
+            PersistenceMsg::UsageDue => {
+                state.usage_timer = false;
+                state.usage_due = !state.queue.is_empty();
+            }
         }
         while state.flushing < state.parallel && !state.queue.is_empty() {
+            if !state.usage_due && state.queue.iter().all(is_usage) {
+                if !std::mem::replace(&mut state.usage_timer, true) {
+                    myself.send_after(USAGE_WAITS_FOR_A_COMMIT, || PersistenceMsg::UsageDue);
+                }
+                break;
+            }
+            state.usage_due = false;
             let jobs = take_batch(&mut state.queue);
             if matches!(jobs.first(), Some(Job::Checkpoint)) {
                 state.checkpoint_queued = false;
@@ -375,6 +401,11 @@ where
         }
     }
     frames
+}
+
+/// Whether a job is the usage of an LLM response.
+fn is_usage(job: &Job) -> bool {
+    matches!(job, Job::Write(WriteJob::RecordUsage(_), _))
 }
 
 /// Whether a job is written with the commits of a batch: a commit, a new conversation, the
@@ -697,6 +728,53 @@ mod tests {
 
     /// The writer is handed the next batch as soon as a batch is written, before it is
     /// durable and answered; every kind of flush frees the writer exactly once.
+    /// Issue 41: the usage of an LLM response waits for a commit to go with (it arrives just
+    /// before the response's own commit) instead of taking a transaction, and a sync of the
+    /// log, of its own; alone, it is written after a short wait all the same.
+    #[tokio::test]
+    async fn usage_waits_for_a_commit_and_is_written_without_one() {
+        use crate::store::{Reservation, UsageRecord};
+        let (store, dir) = sqlite_store("usage-waits", &["c1"]).await;
+        let metrics = Arc::new(Metrics::default());
+        let (actor, handle) =
+            ractor::Actor::spawn(None, PersistenceActor, (store.clone(), metrics))
+                .await
+                .expect("the actor starts");
+        let persistence = Persistence::new(actor.clone(), Duration::from_secs(30));
+        let usage = |tokens| {
+            WriteJob::RecordUsage(UsageRecord {
+                tenant_id: "t".into(),
+                model: "m".into(),
+                tokens: (tokens, 0),
+                reservation: Reservation::Unlimited,
+                at: chrono::Utc::now(),
+            })
+        };
+        let day = chrono::Utc::now()
+            .date_naive()
+            .format("%Y-%m-%d")
+            .to_string();
+        // Alone: written after the wait.
+        persistence.write(usage(10)).await.expect("recorded");
+        let used = store.usage("t", &day, &day).await.expect("reads");
+        assert_eq!(used.first().map(|u| u.input_tokens), Some(10));
+        // With a commit that follows at once: both land (in one batch when the commit comes
+        // within the wait).
+        let before = row(&store, "c1").await;
+        let commit = to_error("c1", "x", before.next_sequence_id, before.next_event_id);
+        let (recorded, committed) = tokio::join!(
+            persistence.write(usage(5)),
+            persistence.commit(Arc::new(commit))
+        );
+        recorded.expect("recorded");
+        committed.expect("committed");
+        let used = store.usage("t", &day, &day).await.expect("reads");
+        assert_eq!(used.first().map(|u| u.input_tokens), Some(15));
+        actor.stop(None);
+        let _ = handle.await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[tokio::test]
     async fn the_writer_is_freed_once_before_the_answers() {
         let (store, dir) = sqlite_store("freed", &["c1"]).await;
