@@ -736,10 +736,9 @@ mod tests {
         use crate::store::{Reservation, UsageRecord};
         let (store, dir) = sqlite_store("usage-waits", &["c1"]).await;
         let metrics = Arc::new(Metrics::default());
-        let (actor, handle) =
-            ractor::Actor::spawn(None, PersistenceActor, (store.clone(), metrics))
-                .await
-                .expect("the actor starts");
+        let (actor, handle) = Actor::spawn(None, PersistenceActor, (store.clone(), metrics))
+            .await
+            .expect("the actor starts");
         let persistence = Persistence::new(actor.clone(), Duration::from_secs(30));
         let usage = |tokens| {
             WriteJob::RecordUsage(UsageRecord {
@@ -747,13 +746,10 @@ mod tests {
                 model: "m".into(),
                 tokens: (tokens, 0),
                 reservation: Reservation::Unlimited,
-                at: chrono::Utc::now(),
+                at: Utc::now(),
             })
         };
-        let day = chrono::Utc::now()
-            .date_naive()
-            .format("%Y-%m-%d")
-            .to_string();
+        let day = Utc::now().date_naive().format("%Y-%m-%d").to_string();
         // Alone: written after the wait.
         persistence.write(usage(10)).await.expect("recorded");
         let used = store.usage("t", &day, &day).await.expect("reads");
