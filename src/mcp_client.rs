@@ -207,7 +207,7 @@ fn transport(
     let mut config = StreamableHttpClientTransportConfig::with_uri(server.url.clone())
         .custom_headers(headers)
         .max_error_response_size(0);
-    config.retry_config = Arc::new(BoundedReconnect);
+    config.retry_config = Arc::new(BoundedReconnect::default());
     Ok(StreamableHttpClientTransport::with_client(
         http.clone(),
         config,
@@ -217,18 +217,28 @@ fn transport(
 /// How often a broken stream of an MCP server is reconnected: after 250 ms, 500 ms, 1 s and
 /// 2 s, then the call fails (rmcp's default tries for ever, so a server killed mid-call held
 /// its conversation until the tool time limit). A server that asks for longer waits (SSE
-/// `retry`) gets them, four at most, within the tool time limit.
-#[derive(Debug)]
-struct BoundedReconnect;
+/// `retry`) gets them, within the tool time limit. rmcp counts failed reconnects from 0
+/// again after every stream that ends cleanly, so a server that keeps ending its streams
+/// would be reconnected for ever: the reconnects of the whole call (one transport) are
+/// counted too, [`BoundedReconnect::IN_ALL`] at most.
+#[derive(Debug, Default)]
+struct BoundedReconnect {
+    started: std::sync::atomic::AtomicUsize,
+}
 
 impl BoundedReconnect {
     const TRIES: usize = 4;
+    const IN_ALL: usize = 32;
     const FIRST: Duration = Duration::from_millis(250);
 }
 
 impl SseRetryPolicy for BoundedReconnect {
     fn retry(&self, done: usize) -> Option<Duration> {
-        (done < Self::TRIES).then(|| Self::FIRST * 2u32.pow(done.min(8) as u32))
+        let in_all = self
+            .started
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        (done < Self::TRIES && in_all < Self::IN_ALL)
+            .then(|| Self::FIRST * 2u32.pow(done.min(8) as u32))
     }
 }
 
@@ -527,4 +537,27 @@ pub async fn call(
     };
     let _ = client.cancel().await;
     outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server that ends its streams cleanly again and again (rmcp then asks with 0 failed
+    /// tries each time) is reconnected a bounded number of times in all; failed reconnects
+    /// back off 250 ms, 500 ms, 1 s, 2 s, then give up.
+    #[test]
+    fn reconnects_are_bounded_in_all() {
+        let policy = BoundedReconnect::default();
+        let granted = (0..1000).filter(|_| policy.retry(0).is_some()).count();
+        assert_eq!(granted, BoundedReconnect::IN_ALL);
+        let fresh = BoundedReconnect::default();
+        let waits: Vec<Option<Duration>> = (0..6).map(|done| fresh.retry(done)).collect();
+        let expected: Vec<Option<Duration>> = [250, 500, 1000, 2000]
+            .into_iter()
+            .map(|ms| Some(Duration::from_millis(ms)))
+            .chain([None, None])
+            .collect();
+        assert_eq!(waits, expected);
+    }
 }

@@ -1156,17 +1156,21 @@ impl Turn<'_> {
         }
     }
 
-    /// The requests of `asks` still pending, as the store has them (with `expires_at`); all
-    /// of them when the store cannot say.
-    async fn still_pending(&self, followed: &Followed, asks: Vec<Value>) -> Vec<Value> {
-        let Ok(pending) = self
-            .server
+    /// The conversation's pending requests, as the store has them; None when it cannot say.
+    async fn pending(&self, conversation: &str) -> Option<Vec<crate::model::ClientRequest>> {
+        self.server
             .app
             .services
             .store
-            .pending_requests(&followed.conversation)
+            .pending_requests(conversation)
             .await
-        else {
+            .ok()
+    }
+
+    /// The requests of `asks` still pending, as the store has them (with `expires_at`); all
+    /// of them when the store cannot say.
+    async fn still_pending(&self, followed: &Followed, asks: Vec<Value>) -> Vec<Value> {
+        let Some(pending) = self.pending(&followed.conversation).await else {
             return asks;
         };
         let now = chrono::Utc::now();
@@ -1185,14 +1189,7 @@ impl Turn<'_> {
     /// Puts the requests pending now in the backlog (those already asked are not asked
     /// again).
     async fn reload_pending(&self, followed: &mut Followed) {
-        if let Ok(pending) = self
-            .server
-            .app
-            .services
-            .store
-            .pending_requests(&followed.conversation)
-            .await
-        {
+        if let Some(pending) = self.pending(&followed.conversation).await {
             for request in &pending {
                 let value = serde_json::to_value(crate::wire::pending_request(request))
                     .unwrap_or(Value::Null);

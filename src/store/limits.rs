@@ -271,12 +271,7 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<()> {
         let (key, _) = period_of(effective, now);
-        let spent = self
-            .usage(tenant_id, &first_day(effective, now), "9999-12-31")
-            .await?
-            .iter()
-            .map(|u| u.input_tokens + u.output_tokens)
-            .sum::<u64>();
+        let spent = self.spent_this_period(tenant_id, effective, now).await?;
         self.writer()
             .execute_raw(self.statement(
                 "INSERT INTO tenant_limits (tenant_id, budget_tokens, budget_period, period_start, used) \
@@ -297,6 +292,21 @@ impl Store {
         Ok(())
     }
 
+    /// The tokens the tenant's usage rows count in the period `now` lies in.
+    async fn spent_this_period(
+        &self,
+        tenant_id: &str,
+        period: BudgetPeriod,
+        now: DateTime<Utc>,
+    ) -> Result<u64> {
+        Ok(self
+            .usage(tenant_id, &first_day(period, now), "9999-12-31")
+            .await?
+            .iter()
+            .map(|u| u.input_tokens + u.output_tokens)
+            .sum())
+    }
+
     /// The row that counts a tenant's spend under the configured default budget, made if
     /// there is none yet (a row already there is left as it is): it starts with what the
     /// tenant used this period.
@@ -307,12 +317,7 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<()> {
         let (key, _) = period_of(period, now);
-        let spent = self
-            .usage(tenant_id, &first_day(period, now), "9999-12-31")
-            .await?
-            .iter()
-            .map(|u| u.input_tokens + u.output_tokens)
-            .sum::<u64>();
+        let spent = self.spent_this_period(tenant_id, period, now).await?;
         self.writer()
             .execute_raw(self.statement(
                 "INSERT INTO tenant_limits (tenant_id, period_start, used) VALUES ($1, $2, $3) \

@@ -268,6 +268,48 @@ async fn a_server_killed_mid_call_fails_the_call_within_seconds() {
     }
 }
 
+/// What a hostile tenant tries first with its own MCP server: one that never answers a
+/// call. The call is cut at the tool time limit (here 2 s), the server is told to cancel,
+/// and the conversation goes on: a tenant's server holds its own conversation no longer
+/// than a slow command would.
+#[tokio::test]
+async fn a_server_that_never_answers_is_cut_at_the_tool_time_limit() {
+    for db in TestDb::each().await {
+        let app = TestApp::spawn_with(
+            &db,
+            &[ALLOW_LOOPBACK, ("BEDROCK_TOOLS__BASH_TIMEOUT_MS", "2000")],
+        )
+        .await;
+        let (url, seen, stop) = kit().await;
+        app.post("/v1/mcp_servers", json!({"name": "kit", "url": url}))
+            .await
+            .expect(201);
+        let conv = app.post("/v1/conversations", json!({})).await.expect(201);
+        let id = conv["id"].as_str().expect("an id").to_owned();
+        app.llm.push([
+            Reply::tool("call_slow", "kit__slow", json!({})),
+            Reply::text("it never answered"),
+        ]);
+        app.send(&id, "slow please").await;
+        app.wait_kind(&id, "idle").await;
+        let out = tool_output(&app.messages(&id).await, "call_slow");
+        assert_eq!(out["ok"], false, "{out}");
+        assert!(
+            out["output"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("did not answer within 2 s"),
+            "{out}"
+        );
+        eventually("the server to be told to cancel", WAIT, || async {
+            (seen.slow_cancelled.load(Ordering::SeqCst) == 1).then_some(())
+        })
+        .await;
+        stop.cancel();
+        app.cleanup(db).await;
+    }
+}
+
 fn tool_output(messages: &[Value], id: &str) -> Value {
     messages
         .iter()
