@@ -18,12 +18,10 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bedrock::config::Settings;
 use bedrock::model::{NewConversation, Tenant};
 use bedrock::persistence::WriteJob;
 use bedrock::runtime::{ConvMsg, Runtime};
 use bedrock::state_machine::IfBusy;
-use bedrock::store::{Store, StoreOptions};
 use bedrock::testkit::{FakeLlm, Reply};
 use common::{BenchDb, heap_held_by, ms, percentile, rss_bytes, seconds};
 use serde_json::{Value, json};
@@ -44,35 +42,26 @@ async fn start(db: &BenchDb) -> Bench {
         uuid::Uuid::now_v7().simple()
     ));
     std::fs::create_dir_all(&workspace).unwrap();
-    let mut env: Vec<(String, String)> = common::OPEN_QUOTAS
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-    env.extend([
-        ("BEDROCK_DATABASE_URL".into(), db.url.clone()),
-        ("BEDROCK_LLM_BASE_URL".into(), llm.base_url.clone()),
-        ("BEDROCK_LLM_API_KEY".into(), "k".into()),
-        (
-            "BEDROCK_WORKSPACE_ROOT".into(),
-            workspace.display().to_string(),
-        ),
-        ("BEDROCK_LLM__MAX_CONCURRENCY".into(), "4096".into()),
-        (
-            "BEDROCK_CONVERSATIONS__IDLE_TIMEOUT_MS".into(),
-            "3600000".into(),
-        ),
-        ("BEDROCK_DATABASE__MAX_CONNECTIONS".into(), "16".into()),
-    ]);
-    let settings = Arc::new(Settings::load_from(None, env).unwrap());
-    let store = Store::connect(&StoreOptions {
-        url: settings.database_url(),
-        max_connections: 16,
-        acquire_timeout: Duration::from_secs(30),
-    })
-    .await
-    .unwrap();
-    store.migrate().await.unwrap();
-    let (runtime, _) = Runtime::start(settings, store).await.unwrap();
+    let runtime = common::start_runtime(
+        [
+            ("BEDROCK_DATABASE_URL".into(), db.url.clone()),
+            ("BEDROCK_LLM_BASE_URL".into(), llm.base_url.clone()),
+            ("BEDROCK_LLM_API_KEY".into(), "k".into()),
+            (
+                "BEDROCK_WORKSPACE_ROOT".into(),
+                workspace.display().to_string(),
+            ),
+            ("BEDROCK_LLM__MAX_CONCURRENCY".into(), "4096".into()),
+            (
+                "BEDROCK_CONVERSATIONS__IDLE_TIMEOUT_MS".into(),
+                "3600000".into(),
+            ),
+            ("BEDROCK_DATABASE__MAX_CONNECTIONS".into(), "16".into()),
+        ],
+        16,
+        Duration::from_secs(30),
+    )
+    .await;
     let tenant = uuid::Uuid::now_v7().to_string();
     runtime
         .services

@@ -31,15 +31,12 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
 
-use bedrock::config::Settings;
 use bedrock::model::{NewConversation, Tenant};
 use bedrock::persistence::WriteJob;
-use bedrock::runtime::{ConvMsg, Runtime};
+use bedrock::runtime::ConvMsg;
 use bedrock::state_machine::IfBusy;
-use bedrock::store::{Store, StoreOptions};
 use common::live::Owned;
 use serde_json::{Value, json};
 
@@ -92,42 +89,33 @@ fn workload() {
         .block_on(async move {
             let workspace = dir.join("ws");
             std::fs::create_dir_all(&workspace).unwrap();
-            let mut env: Vec<(String, String)> = common::OPEN_QUOTAS
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect();
-            env.extend([
-                (
-                    "BEDROCK_DATABASE_URL".into(),
-                    format!("sqlite://{}?mode=rwc", dir.join("bedrock.db").display()),
-                ),
-                (
-                    "BEDROCK_DATA_DIR".into(),
-                    dir.join("data").display().to_string(),
-                ),
-                ("BEDROCK_LLM_BASE_URL".into(), llm),
-                ("BEDROCK_LLM_API_KEY".into(), "k".into()),
-                (
-                    "BEDROCK_WORKSPACE_ROOT".into(),
-                    workspace.display().to_string(),
-                ),
-                (
-                    "BEDROCK_CONVERSATIONS__IDLE_TIMEOUT_MS".into(),
-                    "3600000".into(),
-                ),
-                // valgrind knows no Landlock system calls; the `think` tool runs no process.
-                ("BEDROCK_SANDBOX__MODE".into(), "off".into()),
-            ]);
-            let settings = Arc::new(Settings::load_from(None, env).unwrap());
-            let store = Store::connect(&StoreOptions {
-                url: settings.database_url(),
-                max_connections: 4,
-                acquire_timeout: Duration::from_secs(60),
-            })
-            .await
-            .unwrap();
-            store.migrate().await.unwrap();
-            let (runtime, _) = Runtime::start(settings, store).await.unwrap();
+            let runtime = common::start_runtime(
+                [
+                    (
+                        "BEDROCK_DATABASE_URL".into(),
+                        format!("sqlite://{}?mode=rwc", dir.join("bedrock.db").display()),
+                    ),
+                    (
+                        "BEDROCK_DATA_DIR".into(),
+                        dir.join("data").display().to_string(),
+                    ),
+                    ("BEDROCK_LLM_BASE_URL".into(), llm),
+                    ("BEDROCK_LLM_API_KEY".into(), "k".into()),
+                    (
+                        "BEDROCK_WORKSPACE_ROOT".into(),
+                        workspace.display().to_string(),
+                    ),
+                    (
+                        "BEDROCK_CONVERSATIONS__IDLE_TIMEOUT_MS".into(),
+                        "3600000".into(),
+                    ),
+                    // valgrind knows no Landlock system calls; the `think` tool runs no process.
+                    ("BEDROCK_SANDBOX__MODE".into(), "off".into()),
+                ],
+                4,
+                Duration::from_secs(60),
+            )
+            .await;
             let services = runtime.services.clone();
             let tenant = "turncost".to_owned();
             services

@@ -23,6 +23,33 @@ pub const OPEN_QUOTAS: [(&str, &str); 8] = [
     ("BEDROCK_QUOTAS__WORKSPACE_BYTES", "1000000000000000"),
 ];
 
+/// An in-process runtime on `settings` (over [`OPEN_QUOTAS`]), its database migrated, with
+/// a pool of `max_connections` that waits `acquire_timeout` for one.
+pub async fn start_runtime(
+    settings: impl IntoIterator<Item = (String, String)>,
+    max_connections: u32,
+    acquire_timeout: Duration,
+) -> bedrock::runtime::Runtime {
+    let mut env: Vec<(String, String)> = OPEN_QUOTAS
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    env.extend(settings);
+    let settings = std::sync::Arc::new(bedrock::config::Settings::load_from(None, env).unwrap());
+    let store = bedrock::store::Store::connect(&bedrock::store::StoreOptions {
+        url: settings.database_url(),
+        max_connections,
+        acquire_timeout,
+    })
+    .await
+    .unwrap();
+    store.migrate().await.unwrap();
+    let (runtime, _) = bedrock::runtime::Runtime::start(settings, store)
+        .await
+        .unwrap();
+    runtime
+}
+
 /// The server's allocator (src/main.rs), so the figures are the server's; it can also
 /// count the bytes Rust code holds (SQLite allocates outside it).
 #[global_allocator]
