@@ -113,12 +113,6 @@ impl RequestSettings {
         })
     }
 
-    /// The timeout of a request whose asker chose `ms` (the model, say): at most
-    /// `max_timeout_ms`, whatever it asked.
-    pub fn clamped(&self, ms: u64) -> Duration {
-        Duration::from_millis(ms.min(self.max_timeout_ms))
-    }
-
     /// The longest timeout a request may have.
     pub fn max_timeout(&self) -> Duration {
         Duration::from_millis(self.max_timeout_ms)

@@ -429,6 +429,13 @@ pub struct BedrockMcp {
     tool_router: ToolRouter<Self>,
 }
 
+/// Who makes an MCP request: its API key (hash) and tenant, found once by [`authenticate`].
+#[derive(Clone, Debug)]
+struct McpCaller {
+    key: String,
+    tenant_id: String,
+}
+
 /// `/mcp` takes the REST API's keys: a request without a valid one is refused with 401 in
 /// the contract's shape before MCP sees it (and counts against the key's rate). A session
 /// belongs to the key that opened it: with another key its id is unknown (404), for GET,
@@ -439,13 +446,20 @@ pub async fn authenticate(
     next: Next,
 ) -> Response {
     let (mut parts, body) = request.into_parts();
-    if let Err(error) = super::auth::Caller::from_request_parts(&mut parts, &app).await {
-        return error.into_response();
-    }
+    let tenant_id = match super::auth::Caller::from_request_parts(&mut parts, &app).await {
+        Ok(super::auth::Caller(tenant)) => tenant.id,
+        Err(error) => return error.into_response(),
+    };
     let key = match super::auth::Credential::from_request_parts(&mut parts, &app).await {
         Ok(credential) => super::auth::key_id(&credential),
         Err(error) => return error.into_response(),
     };
+    // The tools read who calls from here (authenticating again would count the request
+    // against the key's rate twice).
+    parts.extensions.insert(McpCaller {
+        key: key.clone(),
+        tenant_id,
+    });
     let session = parts
         .headers
         .get(SESSION_HEADER)
@@ -570,19 +584,14 @@ impl BedrockMcp {
         }
     }
 
-    /// The API key (its hash; dev mode's bucket) of the MCP request, and its tenant's id.
-    async fn caller(&self, parts: &Parts) -> Result<(String, String), ErrorData> {
-        let unread = |_| ErrorData::invalid_request("the request's key cannot be read", None);
-        let mut parts = parts.clone();
-        let key = super::auth::Credential::from_request_parts(&mut parts, &self.app)
-            .await
-            .map(|credential| super::auth::key_id(&credential))
-            .map_err(unread)?;
-        let super::auth::Caller(tenant) =
-            super::auth::Caller::from_request_parts(&mut parts, &self.app)
-                .await
-                .map_err(unread)?;
-        Ok((key, tenant.id))
+    /// The API key (its hash; dev mode's bucket) of the MCP request, and its tenant's id, as
+    /// [`authenticate`] found them.
+    fn caller(parts: &Parts) -> Result<(String, String), ErrorData> {
+        parts
+            .extensions
+            .get::<McpCaller>()
+            .map(|caller| (caller.key.clone(), caller.tenant_id.clone()))
+            .ok_or_else(|| ErrorData::invalid_request("the request's key cannot be read", None))
     }
 
     /// Calls the REST API in process, as the MCP request's key: (status, body).
@@ -777,7 +786,7 @@ impl BedrockMcp {
             return Ok(api_error(status, &conversation).into());
         }
         let id = conversation["id"].as_str().unwrap_or_default().to_owned();
-        let (key, tenant) = self.caller(&parts).await?;
+        let (key, tenant) = Self::caller(&parts)?;
         let hub = &self.app.services.hub;
         // A retried call of the 2026-07-28 protocol: the round it continues, whose message
         // was sent already. Until the retry is done with it (its answers posted), a failure

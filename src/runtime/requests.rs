@@ -143,6 +143,8 @@ impl RequestBroker {
     ) -> (String, Asked) {
         let id = uuid::Uuid::now_v7().to_string();
         let now = Utc::now();
+        // Whoever chose it (a model may ask for any), a request waits at most this long.
+        let timeout = timeout.min(services.settings.requests.max_timeout());
         let (timeout_ms, expires_at) = expiry(now, timeout);
         let request = ClientRequest {
             id: id.clone(),

@@ -432,9 +432,9 @@ async fn ask_user(run: &Run) -> ToolOutcome {
         }
     };
     let services = &run.services;
-    // The model chooses its timeout: at most `requests.max_timeout_ms`.
+    // The model chooses its timeout (the broker keeps it within `requests.max_timeout_ms`).
     let timeout = match input.get("timeout_ms").and_then(Value::as_u64) {
-        Some(ms) if ms > 0 => services.settings.requests.clamped(ms),
+        Some(ms) if ms > 0 => Duration::from_millis(ms),
         _ => services.settings.requests.timeout(kind),
     };
     let (_, asked) = services

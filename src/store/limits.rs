@@ -10,7 +10,7 @@
 //! request of a new period finds the old period's key and starts from zero.
 
 use chrono::{DateTime, Datelike as _, NaiveDate, TimeZone as _, Utc};
-use sea_orm::{ConnectionTrait as _, DbBackend, FromQueryResult, Statement, TransactionTrait as _};
+use sea_orm::{ConnectionTrait as _, DbBackend, FromQueryResult, Statement};
 
 use super::{Result, Store};
 use crate::config::BudgetPeriod;
@@ -210,29 +210,6 @@ impl Store {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(tenant_id);
-    }
-
-    /// `sql` written with `$1, $2, ...`, each once and in order, for this store's database
-    /// with anonymous parameters on SQLite (`?`), so that it can run in a batch of statements
-    /// whose arguments follow one another (SQLite's `?NNN` counts from the batch's first).
-    fn in_order(&self, sql: &str, values: Vec<sea_orm::Value>) -> Statement {
-        let backend = self.backend();
-        if backend != DbBackend::Sqlite {
-            return Statement::from_sql_and_values(backend, sql, values);
-        }
-        let mut out = String::with_capacity(sql.len());
-        let mut chars = sql.chars().peekable();
-        while let Some(c) = chars.next() {
-            if c == '$' {
-                out.push('?');
-                while chars.peek().is_some_and(char::is_ascii_digit) {
-                    chars.next();
-                }
-            } else {
-                out.push(c);
-            }
-        }
-        Statement::from_sql_and_values(backend, out, values)
     }
 
     async fn limits_row(&self, tenant_id: &str) -> Result<Option<LimitsRow>> {
@@ -470,43 +447,6 @@ impl Store {
         })
     }
 
-    /// The statements that record `usage` (see [`UsageRecord`]), for this store's database:
-    /// the day's usage row, then the budget's spend in place of its reservation.
-    pub(super) fn usage_statements(&self, usage: &UsageRecord) -> Vec<Statement> {
-        let (input_tokens, output_tokens) = usage.tokens;
-        let mut statements = vec![self.in_order(
-            "INSERT INTO usage_daily (tenant_id, model, day, input_tokens, output_tokens) \
-             VALUES ($1, $2, $3, $4, $5) \
-             ON CONFLICT (tenant_id, day, model) DO UPDATE SET \
-             input_tokens = usage_daily.input_tokens + excluded.input_tokens, \
-             output_tokens = usage_daily.output_tokens + excluded.output_tokens",
-            vec![
-                usage.tenant_id.clone().into(),
-                usage.model.clone().into(),
-                usage.at.date_naive().format("%Y-%m-%d").to_string().into(),
-                to_i64(input_tokens).into(),
-                to_i64(output_tokens).into(),
-            ],
-        )];
-        // The spend counts in the period the reservation was made in; if that has ended
-        // meanwhile, the new period's row already counts it from the usage rows.
-        if let Reservation::Reserved { tokens, period_key } = &usage.reservation {
-            statements.push(self.in_order(
-                "UPDATE tenant_limits SET used = used + $1, \
-                 reserved = CASE WHEN reserved > $2 THEN reserved - $3 ELSE 0 END \
-                 WHERE tenant_id = $4 AND period_start = $5",
-                vec![
-                    to_i64(input_tokens + output_tokens).into(),
-                    to_i64(*tokens).into(),
-                    to_i64(*tokens).into(),
-                    usage.tenant_id.clone().into(),
-                    period_key.clone().into(),
-                ],
-            ));
-        }
-        statements
-    }
-
     /// The statements that record a batch's `usage` on SQLite, to run inside the batch's
     /// transaction: the usage summed per key ([`SummedUsage`]), in multi-row statements of
     /// power-of-two sizes with anonymous parameters, so that the batch's text repeats and
@@ -568,16 +508,14 @@ impl Store {
         statements
     }
 
-    /// Records one LLM response's tokens alone (see [`UsageRecord`]), in one transaction.
-    /// The persistence actor writes them with the group commit of its batch instead
-    /// (`WriteJob::RecordUsage`); this is for a write that must go on its own.
+    /// Records one LLM response's tokens alone (see [`UsageRecord`]), in one transaction:
+    /// a batch of its own. The persistence actor writes them with the group commit of its
+    /// batch instead (`WriteJob::RecordUsage`); this is for a write that must go on its own.
     pub async fn record(&self, usage: &UsageRecord) -> Result<()> {
-        let txn = self.writer().begin().await?;
-        for statement in self.usage_statements(usage) {
-            txn.execute_raw(statement).await?;
-        }
-        txn.commit().await?;
-        Ok(())
+        self.write_batch(&[], &[], std::slice::from_ref(usage))
+            .await?
+            .wait()
+            .await
     }
 
     /// Gives back a reservation whose request spent nothing it was told of (failed,

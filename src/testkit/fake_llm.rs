@@ -139,6 +139,8 @@ pub(super) struct Shared {
     hangups: AtomicUsize,
     in_flight: AtomicUsize,
     max_in_flight: AtomicUsize,
+    /// The HTTP client of [`Reply::Forward`], made at the first forwarded request.
+    forward_client: std::sync::OnceLock<Option<reqwest::Client>>,
 }
 
 /// A running fake backend.
@@ -160,6 +162,7 @@ impl FakeLlm {
             hangups: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
             max_in_flight: AtomicUsize::new(0),
+            forward_client: std::sync::OnceLock::new(),
         });
         let app = Router::new()
             .route("/v1/chat/completions", post(complete))
@@ -738,7 +741,9 @@ async fn serve(shared: Arc<Shared>, body: Bytes, api: Api) -> Response {
         tokio::time::sleep(latency).await;
     }
     let response = match (api, reply) {
-        (Api::OpenAi, Reply::Forward { base_url, extra }) => forward(&base_url, &extra, body).await,
+        (Api::OpenAi, Reply::Forward { base_url, extra }) => {
+            forward(&shared, &base_url, &extra, body).await
+        }
         (_, Reply::Forward { .. }) => (
             StatusCode::NOT_IMPLEMENTED,
             "the fake forwards only chat completions",
@@ -760,7 +765,7 @@ async fn serve(shared: Arc<Shared>, body: Bytes, api: Api) -> Response {
 
 /// [`Reply::Forward`]: `body` (with `extra` merged in) to `{base_url}/chat/completions`,
 /// the answer streamed back as it arrives. A server that cannot be reached is a 502.
-async fn forward(base_url: &str, extra: &Value, body: Bytes) -> Response {
+async fn forward(shared: &Shared, base_url: &str, extra: &Value, body: Bytes) -> Response {
     let body = match extra.as_object() {
         Some(extra) if !extra.is_empty() => {
             match serde_json::from_slice::<serde_json::Map<String, Value>>(&body) {
@@ -773,22 +778,24 @@ async fn forward(base_url: &str, extra: &Value, body: Bytes) -> Response {
         }
         _ => body,
     };
-    crate::install_crypto();
-    let client = reqwest::Client::builder().no_proxy().build();
-    let sent = match client {
-        Ok(client) => {
-            client
-                .post(format!(
-                    "{}/chat/completions",
-                    base_url.trim_end_matches('/')
-                ))
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(body)
-                .send()
-                .await
-        }
-        Err(e) => return (StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
+    // One client for the fake's forwarded requests, its connections kept (a fake lives in
+    // one runtime; a client shared between runtimes would reuse dead connections).
+    let client = shared.forward_client.get_or_init(|| {
+        crate::install_crypto();
+        reqwest::Client::builder().no_proxy().build().ok()
+    });
+    let Some(client) = client else {
+        return (StatusCode::BAD_GATEWAY, "no HTTP client").into_response();
     };
+    let sent = client
+        .post(format!(
+            "{}/chat/completions",
+            base_url.trim_end_matches('/')
+        ))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(body)
+        .send()
+        .await;
     let upstream = match sent {
         Ok(upstream) => upstream,
         Err(e) => return (StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
