@@ -98,11 +98,28 @@ fn hint(quota: Quota) -> &'static str {
     }
 }
 
+/// A tenant's limit of every quota, by `Quota as usize` (copied, not cloned, per lookup).
+#[derive(Clone, Copy, Debug)]
+struct Limits([u64; Quota::ALL.len()]);
+
+impl std::ops::Index<Quota> for Limits {
+    type Output = u64;
+    fn index(&self, quota: Quota) -> &u64 {
+        &self.0[quota as usize]
+    }
+}
+
+impl Limits {
+    fn defaults(settings: &QuotaSettings) -> Limits {
+        Limits(Quota::ALL.map(|q| q.default_in(settings)))
+    }
+}
+
 /// A tenant's quotas and what it holds of this node.
 #[derive(Debug)]
 struct Tenant {
     /// Its limits, and when they were read.
-    limits: Mutex<Option<(Instant, HashMap<Quota, u64>)>>,
+    limits: Mutex<Option<(Instant, Limits)>>,
     tools: Pool,
     llm: Pool,
     streams: AtomicU64,
@@ -228,6 +245,9 @@ impl Quotas {
             .tenants
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(tenant) = tenants.get(tenant_id) {
+            return tenant.clone();
+        }
         tenants
             .entry(tenant_id.to_owned())
             .or_insert_with(|| {
@@ -247,7 +267,7 @@ impl Quotas {
     /// The tenant's limits: its own where it has them, else the defaults. Read from the
     /// database at most every `cache_ms`; a database that does not answer keeps the last
     /// values (or the defaults).
-    async fn limits(&self, tenant: &Tenant, tenant_id: &str) -> HashMap<Quota, u64> {
+    async fn limits(&self, tenant: &Tenant, tenant_id: &str) -> Limits {
         let ttl = Duration::from_millis(self.defaults.cache_ms);
         if let Some((read, limits)) = &*tenant
             .limits
@@ -255,14 +275,14 @@ impl Quotas {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             && read.elapsed() < ttl
         {
-            return limits.clone();
+            return *limits;
         }
-        let mut limits = Self::defaults(&self.defaults);
+        let mut limits = Limits::defaults(&self.defaults);
         match self.store.tenant_quotas(tenant_id).await {
             Ok(own) => {
                 for (name, value) in own {
                     if let Some(quota) = Quota::parse(&name) {
-                        limits.insert(quota, value);
+                        limits.0[quota as usize] = value;
                     }
                 }
             }
@@ -273,24 +293,23 @@ impl Quotas {
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                 {
-                    return last.clone();
+                    return *last;
                 }
             }
         }
-        tenant.tools.resize(limits[&Quota::ToolProcesses]);
-        tenant.llm.resize(limits[&Quota::LlmConcurrency]);
+        tenant.tools.resize(limits[Quota::ToolProcesses]);
+        tenant.llm.resize(limits[Quota::LlmConcurrency]);
         *tenant
             .limits
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) =
-            Some((Instant::now(), limits.clone()));
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((Instant::now(), limits));
         limits
     }
 
     /// The tenant's limit of `quota`.
     pub async fn limit(&self, tenant_id: &str, quota: Quota) -> u64 {
         let tenant = self.tenant(tenant_id);
-        self.limits(&tenant, tenant_id).await[&quota]
+        self.limits(&tenant, tenant_id).await[quota]
     }
 
     /// Refuses one more of `quota` when `used` are already held.
@@ -332,7 +351,7 @@ impl Quotas {
         counter: Counter,
     ) -> Result<Held, Exceeded> {
         let tenant = self.tenant(tenant_id);
-        let limit = self.limits(&tenant, tenant_id).await[&quota];
+        let limit = self.limits(&tenant, tenant_id).await[quota];
         let count = match counter {
             Counter::Streams => &tenant.streams,
             Counter::Background => &tenant.background,
@@ -360,7 +379,7 @@ impl Quotas {
         cancel: &CancellationToken,
     ) -> Result<OwnedSemaphorePermit, SlotWait> {
         let tenant = self.tenant(tenant_id);
-        let limit = self.limits(&tenant, tenant_id).await[&Quota::ToolProcesses];
+        let limit = self.limits(&tenant, tenant_id).await[Quota::ToolProcesses];
         let started = Instant::now();
         tokio::select! {
             biased;

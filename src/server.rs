@@ -442,6 +442,10 @@ async fn connection(
     let mut closing: Option<tokio::time::Instant> = None;
     // Why the server closed the connection, counted once.
     let mut closed_for: Option<&'static str> = None;
+    // One timer for the connection's life, moved when its deadline moves.
+    let wake = tokio::time::sleep_until(tokio::time::Instant::now());
+    tokio::pin!(wake);
+    let mut armed: Option<tokio::time::Instant> = None;
     loop {
         let idle_deadline = match closing {
             Some(at) => Some(at),
@@ -449,12 +453,12 @@ async fn connection(
                 .deadline(&limits)
                 .map(tokio::time::Instant::from_std),
         };
-        let wake = async {
-            match idle_deadline {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
+        if let Some(at) = idle_deadline
+            && armed != Some(at)
+        {
+            wake.as_mut().reset(at);
+            armed = Some(at);
+        }
         tokio::select! {
             result = conn.as_mut() => {
                 if let Err(error) = result {
@@ -474,7 +478,8 @@ async fn connection(
                 // Requests in flight finish; the application's grace period bounds them.
                 closing = Some(tokio::time::Instant::now() + Duration::from_secs(3600));
             }
-            () = wake => {
+            () = &mut wake, if idle_deadline.is_some() => {
+                armed = None;
                 if closing.is_some() {
                     break;
                 }

@@ -65,10 +65,15 @@ impl AppState {
 
     /// Room for one more running turn of the tenant on this node (`concurrent_turns`): the
     /// top-level conversations other than `id` that run a turn now.
+    /// The registry is counted only when it holds as many conversations as the limit.
     pub(super) async fn admit_turn(&self, tenant_id: &str, id: &str) -> Result<(), ApiError> {
-        let running = self.services.registry.running_turns(tenant_id, Some(id));
-        self.services
-            .quotas
+        let quotas = &self.services.quotas;
+        let registry = &self.services.registry;
+        if quotas.limit(tenant_id, Quota::ConcurrentTurns).await > registry.len() as u64 {
+            return Ok(());
+        }
+        let running = registry.running_turns(tenant_id, Some(id));
+        quotas
             .check(tenant_id, Quota::ConcurrentTurns, running)
             .await?;
         Ok(())

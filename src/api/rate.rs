@@ -76,11 +76,16 @@ impl RateLimits {
         key_id: &str,
         tenant_id: &str,
     ) -> Result<(), ApiError> {
+        // One lock on the hot path: a fresh bucket is checked at once.
         let fresh = self
             .buckets()
             .get(key_id)
-            .is_some_and(|b| b.made.elapsed() < RELOAD);
-        if !fresh {
+            .filter(|b| b.made.elapsed() < RELOAD)
+            .map(|b| b.limiter.clone());
+        if let Some(limiter) = fresh {
+            return Self::check(metrics, limiter.as_deref()).map_err(ApiError::rate_limited);
+        }
+        {
             let own = store.tenant_limits(tenant_id).await.unwrap_or_default();
             let per_second = own.rate_per_second.unwrap_or(self.default.per_second);
             let burst = own.rate_burst.unwrap_or(self.default.burst);
@@ -111,6 +116,10 @@ impl RateLimits {
     /// admitted); the seconds to wait when over the rate.
     pub fn admit_known(&self, metrics: &Metrics, key_id: &str) -> Result<(), u64> {
         let limiter = self.buckets().get(key_id).and_then(|b| b.limiter.clone());
+        Self::check(metrics, limiter.as_deref())
+    }
+
+    fn check(metrics: &Metrics, limiter: Option<&DefaultDirectRateLimiter>) -> Result<(), u64> {
         let Some(limiter) = limiter else {
             return Ok(());
         };

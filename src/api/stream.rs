@@ -421,12 +421,11 @@ async fn serve_socket(
         let mut pinged = false;
         let mut recheck = tokio::time::interval(app.key_recheck());
         recheck.reset();
+        // One timer for the socket's life, moved only when it fires: a frame heard moves
+        // `heard`, and the timer, firing early, is set again from it.
+        let tick = tokio::time::sleep_until(heard + ping_after);
+        tokio::pin!(tick);
         let close = loop {
-            let tick = tokio::time::sleep_until(if pinged {
-                heard + idle_after
-            } else {
-                heard + ping_after
-            });
             let reply = async {
                 match replies.as_mut() {
                     Some((_, rx)) => rx.recv().await,
@@ -440,11 +439,17 @@ async fn serve_socket(
                         break Some((CLOSE_REVOKED, REVOKED.to_owned()));
                     }
                 }
-                () = tick => {
+                () = &mut tick => {
+                    let due = heard + if pinged { idle_after } else { ping_after };
+                    if due > tokio::time::Instant::now() {
+                        tick.as_mut().reset(due);
+                        continue;
+                    }
                     if pinged {
                         break Some((CLOSE_GOING_AWAY, format!("idle: nothing received for {} s", idle_after.as_secs())));
                     }
                     pinged = true;
+                    tick.as_mut().reset(heard + idle_after);
                     let ping = sink.send(Message::Ping(axum::body::Bytes::from_static(b"bedrock")));
                     if !matches!(tokio::time::timeout(SEND_TIMEOUT, ping).await, Ok(Ok(()))) {
                         break None;
