@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use bedrock::model::{NewConversation, Tenant};
 use bedrock::persistence::WriteJob;
-use bedrock::runtime::{ConvMsg, Runtime};
+use bedrock::runtime::{Runtime, UserMessage};
 use bedrock::state_machine::IfBusy;
 use bedrock::testkit::{FakeLlm, Reply};
 use common::{BenchDb, heap_held_by, ms, percentile, rss_bytes, seconds};
@@ -145,17 +145,12 @@ async fn turn(bench: &Bench, id: &str, frames: &mut bedrock::hub::Subscription) 
     let live = services.registry.get_or_start(services, id).await.unwrap();
     let started = Instant::now();
     let sent = live
-        .actor
-        .call(
-            |reply| ConvMsg::send(prompt(id), vec![], None, IfBusy::Reject, reply),
-            Some(Duration::from_secs(60)),
+        .send(
+            user_message(prompt(id), IfBusy::Reject),
+            Duration::from_secs(60),
         )
-        .await
-        .unwrap();
-    assert!(
-        matches!(sent, ractor::rpc::CallResult::Success(Ok(_))),
-        "{sent:?}"
-    );
+        .await;
+    assert!(matches!(sent, Ok(Ok(_))), "{sent:?}");
     let mut timing = Turn::default();
     let mut phase: Option<(Instant, bool)> = None;
     loop {
@@ -365,14 +360,12 @@ async fn cancel_latency(bench: &Bench, target: &str, n: usize) -> Vec<Duration> 
     let mut latencies = Vec::with_capacity(n);
     for _ in 0..n {
         let sent = live
-            .actor
-            .call(
-                |reply| ConvMsg::send("spin".into(), vec![], None, IfBusy::Reject, reply),
-                Some(Duration::from_secs(60)),
+            .send(
+                user_message("spin".into(), IfBusy::Reject),
+                Duration::from_secs(60),
             )
-            .await
-            .unwrap();
-        assert!(matches!(sent, ractor::rpc::CallResult::Success(Ok(_))));
+            .await;
+        assert!(matches!(sent, Ok(Ok(_))));
         loop {
             let frame = frames.recv().await.unwrap();
             if frame.kind == "state" && frame.json.contains("tool_executing") {
@@ -381,8 +374,7 @@ async fn cancel_latency(bench: &Bench, target: &str, n: usize) -> Vec<Duration> 
         }
         tokio::time::sleep(Duration::from_millis(20)).await; // let the tool spin
         let started = Instant::now();
-        let answer = live.cancel.request();
-        let _ = live.actor.cast(ConvMsg::Cancel);
+        let answer = live.cancel();
         loop {
             let frame = frames.recv().await.unwrap();
             if frame.kind == "state" && frame.json.contains("\"idle\"") {
@@ -429,17 +421,9 @@ async fn interrupt_latency(bench: &Bench, n: usize) -> Vec<Duration> {
         let _ = bench.llm.take_arrivals();
         let started = Instant::now();
         let sent = live
-            .actor
-            .call(
-                |reply| ConvMsg::send(text, vec![], None, if_busy, reply),
-                Some(Duration::from_secs(60)),
-            )
-            .await
-            .unwrap();
-        assert!(
-            matches!(sent, ractor::rpc::CallResult::Success(Ok(_))),
-            "{sent:?}"
-        );
+            .send(user_message(text, if_busy), Duration::from_secs(60))
+            .await;
+        assert!(matches!(sent, Ok(Ok(_))), "{sent:?}");
         let arrived = loop {
             if let Some(at) = bench
                 .llm
@@ -462,8 +446,7 @@ async fn interrupt_latency(bench: &Bench, n: usize) -> Vec<Duration> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await; // let the tool start
     }
-    let answer = live.cancel.request();
-    let _ = live.actor.cast(ConvMsg::Cancel);
+    let answer = live.cancel();
     answer.await.unwrap();
     latencies.sort();
     latencies
@@ -705,4 +688,14 @@ async fn finish(bench: Arc<Bench>, db: BenchDb) {
     bench.runtime.shutdown(Duration::from_secs(10)).await;
     let _ = std::fs::remove_dir_all(&bench.workspace);
     db.drop_db().await;
+}
+
+/// A text message for [`bedrock::runtime::Live::send`].
+fn user_message(text: String, if_busy: IfBusy) -> UserMessage {
+    UserMessage {
+        text,
+        images: vec![],
+        client_message_id: None,
+        if_busy,
+    }
 }

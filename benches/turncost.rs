@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use bedrock::model::{NewConversation, Tenant};
 use bedrock::persistence::WriteJob;
-use bedrock::runtime::ConvMsg;
+use bedrock::runtime::UserMessage;
 use bedrock::state_machine::IfBusy;
 use common::live::Owned;
 use serde_json::{Value, json};
@@ -149,26 +149,14 @@ fn workload() {
                         .get_or_start(&services, &id)
                         .await
                         .unwrap();
-                    let sent = live
-                        .actor
-                        .call(
-                            |reply| {
-                                ConvMsg::send(
-                                    format!("turn {turn} of conversation {n}"),
-                                    vec![],
-                                    None,
-                                    IfBusy::Reject,
-                                    reply,
-                                )
-                            },
-                            Some(Duration::from_secs(120)),
-                        )
-                        .await
-                        .unwrap();
-                    assert!(
-                        matches!(sent, ractor::rpc::CallResult::Success(Ok(_))),
-                        "{sent:?}"
-                    );
+                    let message = UserMessage {
+                        text: format!("turn {turn} of conversation {n}"),
+                        images: vec![],
+                        client_message_id: None,
+                        if_busy: IfBusy::Reject,
+                    };
+                    let sent = live.send(message, Duration::from_secs(120)).await;
+                    assert!(matches!(sent, Ok(Ok(_))), "{sent:?}");
                     loop {
                         let frame = frames.recv().await.unwrap();
                         if frame.kind != "state" {

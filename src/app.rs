@@ -110,7 +110,7 @@ impl Application {
         };
         // On Postgres every node is a node of a cluster, one node being the smallest.
         let cluster = (store.backend() == sea_orm::DbBackend::Postgres).then(|| {
-            Arc::new(crate::cluster::Cluster::new(
+            Arc::new(crate::node::Cluster::new(
                 &settings.cluster,
                 addr,
                 &settings.data.dir,
@@ -118,6 +118,9 @@ impl Application {
         });
         let (runtime, recovery) =
             Runtime::start_node(settings.clone(), store.clone(), metrics, cluster).await?;
+        // On a cluster: the heartbeat, the frames across nodes and the start-up takeover,
+        // before the first request.
+        crate::cluster::start(&runtime.services).await?;
         if recovery != RecoveryReport::default() {
             tracing::info!(?recovery, "restart recovery");
         }
@@ -368,85 +371,10 @@ pub async fn set_tenant_quotas(
     Ok(serde_json::json!({"tenant_id": tenant.id, "quotas": quotas}))
 }
 
-/// A key as `bedrock tenant key list` shows it: never the key itself.
-fn key_json(key: &entity::api_keys::Model) -> serde_json::Value {
-    serde_json::json!({
-        "key_id": key.id,
-        "prefix": key.prefix,
-        "created_at": key.created_at.to_rfc3339(),
-        "revoked_at": key.revoked_at.map(|at| at.to_rfc3339()),
-    })
-}
-
-/// Why a command on a tenant's keys was refused: a tenant or key that does not exist (404
-/// on the admin API), or the database.
-#[derive(Debug, thiserror::Error)]
-pub enum KeyError {
-    #[error("{0}")]
-    NotFound(String),
-    #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
-}
-
-async fn key_tenant(store: &Store, name: &str) -> Result<Tenant, KeyError> {
-    store
-        .tenant_by_name(name)
-        .await?
-        .ok_or_else(|| KeyError::NotFound(format!("no tenant is named {name:?}")))
-}
-
-/// A new API key for the tenant named `name`, shown once (`bedrock tenant key create`, and
-/// the admin API on the server's own store).
-pub async fn create_key_in(store: &Store, name: &str) -> Result<serde_json::Value, KeyError> {
-    let tenant = key_tenant(store, name).await?;
-    let key = api::new_key();
-    let id = uuid::Uuid::now_v7().to_string();
-    store
-        .insert_api_key(
-            &tenant.id,
-            &id,
-            &api::hash_key(&key),
-            &api::key_prefix(&key),
-            Utc::now(),
-        )
-        .await?;
-    Ok(serde_json::json!({"tenant_id": tenant.id, "key_id": id, "api_key": key}))
-}
-
-/// The tenant's keys (ids, prefixes, times; never the keys).
-pub async fn list_keys_in(store: &Store, name: &str) -> Result<serde_json::Value, KeyError> {
-    let tenant = key_tenant(store, name).await?;
-    let keys = store.api_keys(&tenant.id).await?;
-    Ok(serde_json::json!({
-        "tenant_id": tenant.id,
-        "keys": keys.iter().map(key_json).collect::<Vec<_>>(),
-    }))
-}
-
-/// Revokes a key (by id or prefix): refused from now on, by every node within
-/// `server.key_cache_ms`.
-pub async fn revoke_key_in(
-    store: &Store,
-    name: &str,
-    key: &str,
-) -> Result<serde_json::Value, KeyError> {
-    let tenant = key_tenant(store, name).await?;
-    let revoked = match store.revoke_api_key(&tenant.id, key, Utc::now()).await {
-        Ok(revoked) => revoked,
-        Err(crate::store::StoreError::NotFound) => {
-            return Err(KeyError::NotFound(format!(
-                "tenant {name:?} has no key with the id or prefix {key:?}"
-            )));
-        }
-        Err(error) => return Err(error.into()),
-    };
-    Ok(serde_json::json!({"tenant_id": tenant.id, "key": key_json(&revoked)}))
-}
-
 /// Runs a key command on a store of its own (the command line's).
 async fn with_store<T>(
     settings: &Settings,
-    command: impl AsyncFnOnce(&Store) -> Result<T, KeyError>,
+    command: impl AsyncFnOnce(&Store) -> Result<T, api::keys::KeyError>,
 ) -> anyhow::Result<T> {
     let store = open_store(settings).await?;
     let done = command(&store).await;
@@ -456,12 +384,18 @@ async fn with_store<T>(
 
 /// `bedrock tenant key create NAME`.
 pub async fn create_key(settings: &Settings, name: &str) -> anyhow::Result<serde_json::Value> {
-    with_store(settings, async |store| create_key_in(store, name).await).await
+    with_store(settings, async |store| {
+        api::keys::create_key_in(store, name).await
+    })
+    .await
 }
 
 /// `bedrock tenant key list NAME`.
 pub async fn list_keys(settings: &Settings, name: &str) -> anyhow::Result<serde_json::Value> {
-    with_store(settings, async |store| list_keys_in(store, name).await).await
+    with_store(settings, async |store| {
+        api::keys::list_keys_in(store, name).await
+    })
+    .await
 }
 
 /// `bedrock tenant key revoke NAME KEY`.
@@ -471,7 +405,7 @@ pub async fn revoke_key(
     key: &str,
 ) -> anyhow::Result<serde_json::Value> {
     with_store(settings, async |store| {
-        revoke_key_in(store, name, key).await
+        api::keys::revoke_key_in(store, name, key).await
     })
     .await
 }

@@ -722,14 +722,14 @@ impl Settings {
             )));
         }
         for origin in &self.server.allowed_origins {
-            if crate::api::guard::parse_origin(origin).is_none() {
+            if crate::origin::parse_origin(origin).is_none() {
                 return Err(ConfigError(format!(
                     "server.allowed_origins: {origin:?} is not an origin such as \"https://app.example.com\" or \"http://localhost:3000\""
                 )));
             }
         }
         let public = self.server.public_host.trim();
-        if !public.is_empty() && crate::api::guard::parse_host(public).is_none() {
+        if !public.is_empty() && crate::origin::parse_host(public).is_none() {
             return Err(ConfigError(format!(
                 "server.public_host must be a host name, optionally with :port (e.g. \"bedrock.example.com\"), got {public:?}"
             )));

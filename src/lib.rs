@@ -11,6 +11,8 @@ pub mod llm;
 pub mod mcp_client;
 pub mod metrics;
 pub mod model;
+pub mod node;
+pub mod origin;
 pub mod persistence;
 pub mod quotas;
 pub mod runtime;

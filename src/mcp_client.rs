@@ -34,7 +34,7 @@ use crate::state_machine::ToolOutcome;
 use crate::store::McpServer;
 
 /// The separator of `server__tool`, the names the LLM sees.
-pub const SEPARATOR: &str = "__";
+pub use crate::tools::MCP_SEPARATOR as SEPARATOR;
 
 /// The HTTP client of calls to MCP servers, under `egress`. rmcp's own client keeps no idle
 /// connections (a reused one stalled on delayed ACKs); neither does this one.

@@ -261,7 +261,7 @@ impl Metrics {
         ];
         let label = if BUILT_IN.contains(&tool) {
             tool
-        } else if tool.contains(crate::mcp_client::SEPARATOR) {
+        } else if tool.contains(crate::tools::MCP_SEPARATOR) {
             "mcp"
         } else {
             "other"

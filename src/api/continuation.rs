@@ -14,7 +14,7 @@ use super::auth::Caller;
 use super::error::{ApiError, ErrorBody, Path, rejection};
 use crate::model::NewConversation;
 use crate::persistence::WriteJob;
-use crate::runtime::{ConvMsg, SendError};
+use crate::runtime::SendError;
 use crate::state_machine::{ConvState, MessageContent};
 use crate::store::StoreError;
 use crate::wire::Conversation;
@@ -122,21 +122,15 @@ async fn ask_and_wait(
     id: &str,
     frames: &mut crate::hub::Subscription,
 ) -> Result<String, ApiError> {
-    let asked = live
-        .actor
-        .call(ConvMsg::Summarize, Some(Duration::from_secs(30)))
-        .await;
-    match asked {
-        Ok(ractor::rpc::CallResult::Success(Ok(()))) => {}
+    match live.summarize(Duration::from_secs(30)).await {
+        Ok(Ok(())) => {}
         // Summarised meanwhile: read it below.
-        Ok(ractor::rpc::CallResult::Success(Err(SendError::Rejected(
-            crate::state_machine::Rejection::ContextExhausted,
-        )))) => {}
-        Ok(ractor::rpc::CallResult::Success(Err(SendError::Rejected(r)))) => {
+        Ok(Err(SendError::Rejected(crate::state_machine::Rejection::ContextExhausted))) => {}
+        Ok(Err(SendError::Rejected(r))) => {
             return Err(rejection(r, id));
         }
-        Ok(ractor::rpc::CallResult::Success(Err(other))) => return Err(other.into()),
-        Ok(_) | Err(_) => {
+        Ok(Err(other)) => return Err(other.into()),
+        Err(_) => {
             return Err(ApiError::unavailable(
                 "the conversation did not answer; try again shortly",
             ));

@@ -6,10 +6,12 @@ mod cluster;
 mod console;
 mod continuation;
 mod conversations;
+mod delivery;
 mod error;
 mod fork;
 pub mod guard;
 mod images;
+pub mod keys;
 mod mcp;
 mod mcp_servers;
 mod openapi;
@@ -37,7 +39,7 @@ use utoipa_axum::routes;
 pub use auth::{hash_key, key_prefix, new_key};
 /// The check of a client's system event (the fuzz target `request_bodies`).
 #[doc(hidden)]
-pub use conversations::check_client_event;
+pub use delivery::check_client_event;
 pub use error::ApiError;
 /// Image validation and resizing of user messages (the fuzz target `image`).
 #[doc(hidden)]

@@ -198,12 +198,12 @@ fn admin(app: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
 }
 
 /// A key command's refusal as the API says it: a missing tenant or key is 404.
-fn admin_error(error: crate::app::KeyError) -> ApiError {
+fn admin_error(error: super::keys::KeyError) -> ApiError {
     match error {
-        crate::app::KeyError::NotFound(message) => {
+        super::keys::KeyError::NotFound(message) => {
             ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
         }
-        crate::app::KeyError::Store(error) => error.into(),
+        super::keys::KeyError::Store(error) => error.into(),
     }
 }
 
@@ -214,7 +214,7 @@ pub async fn admin_list_keys(
     axum::extract::Path(name): axum::extract::Path<String>,
 ) -> Result<Response, ApiError> {
     admin(&app, &headers)?;
-    let keys = crate::app::list_keys_in(&app.services.store, &name)
+    let keys = super::keys::list_keys_in(&app.services.store, &name)
         .await
         .map_err(admin_error)?;
     Ok(axum::Json(keys).into_response())
@@ -227,7 +227,7 @@ pub async fn admin_create_key(
     axum::extract::Path(name): axum::extract::Path<String>,
 ) -> Result<Response, ApiError> {
     admin(&app, &headers)?;
-    let key = crate::app::create_key_in(&app.services.store, &name)
+    let key = super::keys::create_key_in(&app.services.store, &name)
         .await
         .map_err(admin_error)?;
     Ok((StatusCode::CREATED, axum::Json(key)).into_response())
@@ -240,7 +240,7 @@ pub async fn admin_revoke_key(
     axum::extract::Path((name, key)): axum::extract::Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     admin(&app, &headers)?;
-    let revoked = crate::app::revoke_key_in(&app.services.store, &name, &key)
+    let revoked = super::keys::revoke_key_in(&app.services.store, &name, &key)
         .await
         .map_err(admin_error)?;
     Ok(axum::Json(revoked).into_response())

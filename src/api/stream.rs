@@ -23,12 +23,14 @@ use tokio::sync::mpsc;
 
 use super::AppState;
 use super::auth::{Caller, Credential};
-use super::conversations::{Outgoing, Target, cancel_conversation, check_client_event, deliver};
+use super::delivery::{
+    Outgoing, Target, answer_request, cancel_conversation, check_client_event, deliver, post_event,
+};
 use super::error::{ApiError, ErrorBody, Path, Query};
 use crate::hub::{Frame, RecvError, Subscription, TryRecvError};
 use crate::model::ConversationRecord;
 use crate::state_machine::ConvState;
-use crate::wire::{self, ClientFrame, ServerFrame, StreamQuery, SystemEvent};
+use crate::wire::{self, ClientFrame, ServerFrame, StreamQuery};
 
 /// Close code: you fell behind; reconnect with `after_event_id` = your last event id.
 pub const CLOSE_LAGGED: u16 = 4008;
@@ -796,22 +798,4 @@ pub async fn sse(
     Ok(Sse::new(events)
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response())
-}
-
-/// Posts a client's system event to the conversation (system-bus-plan.md).
-pub async fn post_event(app: &AppState, id: &str, event: SystemEvent) -> Result<(), ApiError> {
-    crate::runtime::post_system_event(&app.services, id, event)
-        .await
-        .map(|_| ())
-        .map_err(ApiError::unavailable)
-}
-
-/// Answers a pending client request.
-pub async fn answer_request(
-    app: &AppState,
-    id: &str,
-    request_id: &str,
-    payload: Value,
-) -> Result<(), ApiError> {
-    crate::api::requests::answer(app, id, request_id, payload).await
 }

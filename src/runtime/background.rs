@@ -214,9 +214,8 @@ async fn run(
     let wake = spec
         .wake
         .then(|| TurnId::new(uuid::Uuid::now_v7().to_string()));
-    let _ = live
-        .actor
-        .cast(super::ConvMsg::event(Event::BackgroundResult {
+    let _ = live.actor.cast(super::conversation::ConvMsg::event(
+        Event::BackgroundResult {
             result: BackgroundResult {
                 task_id: id,
                 tool_name: "bash".into(),
@@ -224,5 +223,6 @@ async fn run(
                 output: result.output,
             },
             wake,
-        }));
+        },
+    ));
 }

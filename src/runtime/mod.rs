@@ -34,9 +34,9 @@ use tokio_util::sync::CancellationToken;
 pub use background::{BackgroundTasks, TaskSpec};
 pub use cancel::{CancelOutcome, CancelSlot};
 pub use commit::{Plan, apply as apply_commit, plan as plan_commit, plan_frames};
-pub use conversation::{ConvMsg, SendError, context};
+pub use conversation::{SendError, context};
 pub use recovery::{RecoveryReport, recover};
-pub use registry::{Fixed, Live, Registry, StartError};
+pub use registry::{Fixed, Live, Registry, StartError, Unanswered, UserMessage};
 pub use requests::{AnswerError, Asked, RequestBroker, answer_request, check_reply};
 pub use system_events::post as post_system_event;
 
@@ -69,7 +69,7 @@ pub struct Services {
     /// The HTTP client of calls to tenants' MCP servers, under `egress`.
     pub mcp_http: crate::egress::Client,
     /// This node of a cluster (Postgres); `None`: the only node.
-    pub cluster: Option<Arc<crate::cluster::Cluster>>,
+    pub cluster: Option<Arc<crate::node::Cluster>>,
     root: ActorCell,
     shutdown: CancellationToken,
 }
@@ -159,12 +159,13 @@ impl Runtime {
     }
 
     /// [`start_with`](Self::start_with) as a node of a cluster: start-up recovery takes only
-    /// conversations nobody live holds.
+    /// conversations nobody live holds. The caller then starts the node's part in the
+    /// cluster (`cluster::start`: heartbeat, frames across nodes, takeovers).
     pub async fn start_node(
         settings: Arc<Settings>,
         store: Store,
         metrics: Arc<Metrics>,
-        cluster: Option<Arc<crate::cluster::Cluster>>,
+        cluster: Option<Arc<crate::node::Cluster>>,
     ) -> anyhow::Result<(Runtime, RecoveryReport)> {
         crate::install_crypto();
         let (root, _) = Actor::spawn(None, Root, ()).await?;
@@ -200,7 +201,7 @@ impl Runtime {
         let sandbox = match Sandbox::new(&settings)? {
             Some(sandbox) => {
                 let sandbox = Arc::new(sandbox);
-                crate::sandbox::self_test(&sandbox, &settings).await?;
+                crate::tools::sandbox_self_test(&sandbox, &settings).await?;
                 tracing::info!(sandbox = %sandbox.describe(), "tool sandbox enforced");
                 Some(sandbox)
             }
@@ -255,7 +256,6 @@ impl Runtime {
             shutdown: CancellationToken::new(),
         });
         let report = recover(&services).await?;
-        crate::cluster::start(&services).await?;
         retention::start(&services);
         Ok((Runtime { services, root }, report))
     }
@@ -269,7 +269,7 @@ impl Runtime {
         let running = self.services.registry.running();
         let stops = running.into_iter().map(|(_, live)| async move {
             live.cancel.stop_work();
-            let _ = live.actor.call(ConvMsg::shutdown, Some(grace)).await;
+            let _ = live.shutdown(grace).await;
         });
         let _ = tokio::time::timeout(grace, futures::future::join_all(stops)).await;
         // Let the last commits land before the persistence actor goes.

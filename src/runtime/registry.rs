@@ -3,20 +3,27 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use ractor::{Actor, ActorId, ActorRef, ActorStatus};
 use tokio::sync::OnceCell;
 
 use super::Services;
+use super::cancel::CancelOutcome;
 use super::cancel::CancelSlot;
-use super::conversation::{ConvMsg, ConversationActor, ConversationArgs};
-use crate::model::ConversationRecord;
+use super::conversation::{ConvMsg, ConversationActor, ConversationArgs, SendError};
+use crate::model::{ConversationRecord, MessageRecord};
+use crate::state_machine::{IfBusy, ImageRef};
 use crate::store::{Lease, Owner, StoreError};
 
 /// A running conversation: its mailbox, its cancel path, and what never changes of it.
+///
+/// This is the one door into a conversation for the layers above the runtime (REST, the
+/// WebSocket, SSE, MCP): they act on it through its methods, which answer in the runtime's
+/// own errors, and never see the actor's mailbox or its messages.
 #[derive(Clone, Debug)]
 pub struct Live {
-    pub actor: ActorRef<ConvMsg>,
+    pub(in crate::runtime) actor: ActorRef<ConvMsg>,
     pub cancel: Arc<CancelSlot>,
     pub fixed: Arc<Fixed>,
 }
@@ -41,17 +48,93 @@ impl From<&ConversationRecord> for Fixed {
     }
 }
 
+/// Why a conversation's actor gave no answer to a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Unanswered {
+    /// It did not answer within the call's time.
+    #[error("the conversation did not answer in time")]
+    Timeout,
+    /// It stopped (idle, deleted, or on an error) before answering.
+    #[error("the conversation stopped")]
+    Stopped,
+}
+
+/// A user message for [`Live::send`].
+#[derive(Clone, Debug)]
+pub struct UserMessage {
+    pub text: String,
+    pub images: Vec<ImageRef>,
+    pub client_message_id: Option<String>,
+    pub if_busy: IfBusy,
+}
+
 impl Live {
+    /// Sends a user message (REQ-BED-002): answered once it is stored, or refused.
+    pub async fn send(
+        &self,
+        message: UserMessage,
+        timeout: Duration,
+    ) -> Result<Result<MessageRecord, SendError>, Unanswered> {
+        let UserMessage {
+            text,
+            images,
+            client_message_id,
+            if_busy,
+        } = message;
+        self.call(
+            |reply| ConvMsg::send(text, images, client_message_id, if_busy, reply),
+            timeout,
+        )
+        .await
+    }
+
+    /// Asks for the summary a continuation starts from (issue 25): answered once the
+    /// request for it is stored, or refused.
+    pub async fn summarize(&self, timeout: Duration) -> Result<Result<(), SendError>, Unanswered> {
+        self.call(ConvMsg::Summarize, timeout).await
+    }
+
+    /// Cancels the running turn through the cancel path, which wins over queued work
+    /// (REQ-BED-004); the receiver gets what the cancel stopped.
+    pub fn cancel(&self) -> tokio::sync::oneshot::Receiver<CancelOutcome> {
+        let answer = self.cancel.request();
+        let _ = self.actor.cast(ConvMsg::Cancel);
+        answer
+    }
+
+    /// Stops the conversation's work and its actor, waiting at most `timeout` (a deleted
+    /// conversation).
+    pub async fn stop(&self, reason: &str, timeout: Duration) {
+        self.cancel.stop_work();
+        let _ = self
+            .actor
+            .stop_and_wait(Some(reason.to_owned()), Some(timeout))
+            .await;
+    }
+
+    /// Graceful stop: the turn is interrupted and stored (its running tools are killed and
+    /// recorded as interrupted), then the actor stops.
+    pub async fn shutdown(&self, grace: Duration) -> Result<(), Unanswered> {
+        self.call(ConvMsg::shutdown, grace).await
+    }
+
     /// The conversation as its actor holds it: as stored, every commit applied. `None` when
     /// the actor stopped or did not answer in time.
     pub async fn record(&self) -> Option<ConversationRecord> {
-        match self
-            .actor
-            .call(ConvMsg::Record, Some(std::time::Duration::from_secs(30)))
+        self.call(ConvMsg::Record, Duration::from_secs(30))
             .await
-        {
-            Ok(ractor::rpc::CallResult::Success(record)) => Some(record),
-            Ok(_) | Err(_) => None,
+            .ok()
+    }
+
+    async fn call<T: Send + 'static>(
+        &self,
+        message: impl FnOnce(ractor::RpcReplyPort<T>) -> ConvMsg,
+        timeout: Duration,
+    ) -> Result<T, Unanswered> {
+        match self.actor.call(message, Some(timeout)).await {
+            Ok(ractor::rpc::CallResult::Success(answer)) => Ok(answer),
+            Ok(ractor::rpc::CallResult::Timeout) => Err(Unanswered::Timeout),
+            Ok(ractor::rpc::CallResult::SenderError) | Err(_) => Err(Unanswered::Stopped),
         }
     }
 

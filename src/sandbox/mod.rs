@@ -583,49 +583,6 @@ async fn on_spawner<T: Send + 'static>(
     answer.await.map_err(|_| gone())?
 }
 
-/// Runs a trivial command through the sandbox (with each network setting in use) and fails,
-/// with the reason, unless it works: the kernel may refuse a step the checks above cannot see.
-pub async fn self_test(
-    sandbox: &std::sync::Arc<Sandbox>,
-    settings: &Settings,
-) -> Result<(), SandboxError> {
-    let cwd = settings.sandbox.dir(&settings.data).join("self-test");
-    std::fs::create_dir_all(&cwd)
-        .map_err(|e| SandboxError(format!("cannot create {}: {e}", cwd.display())))?;
-    let cwd = Pinned::trusted(&cwd)
-        .map_err(|e| SandboxError(format!("cannot open {}: {e}", cwd.display())))?;
-    let mut networks = vec![Network::Off];
-    if !settings.sandbox.network.tenants.is_empty()
-        || !settings.sandbox.network.per_conversation_tenants.is_empty()
-    {
-        networks.push(Network::On);
-    }
-    for network in networks {
-        let limits = crate::tools::BashLimits {
-            timeout: std::time::Duration::from_secs(30),
-            output_cap: 4096,
-            max_output: 4096,
-            sandbox: Some(sandbox.clone()),
-            network,
-        };
-        let outcome = crate::tools::run_bash(
-            "echo sandbox-ok",
-            &cwd,
-            &limits,
-            tokio_util::sync::CancellationToken::new(),
-            None,
-        )
-        .await;
-        if !outcome.ok() || outcome.output.trim() != "sandbox-ok" {
-            return Err(SandboxError(format!(
-                "the self-test (network {network:?}) failed: {}",
-                outcome.into_outcome().output.trim()
-            )));
-        }
-    }
-    Ok(())
-}
-
 /// One run's preparation: its mount plan, Landlock ruleset and private temp dir.
 #[derive(Debug)]
 pub struct Prepared {

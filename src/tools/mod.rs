@@ -24,6 +24,10 @@ use crate::sandbox::{Network, Sandbox};
 use crate::state_machine::{SPAWN_SUB_AGENTS, SUBMIT_RESULT, ToolOutcome, ToolUse};
 use crate::workspace::{Pinned, Workspaces};
 
+/// Between an MCP server's name and its tool's in the name the LLM sees (`server__tool`);
+/// a built-in tool's name never holds it.
+pub const MCP_SEPARATOR: &str = "__";
+
 /// Name of the tool that asks the user (user conversations only).
 pub const ASK_USER: &str = "ask_user";
 
@@ -307,4 +311,48 @@ pub(crate) fn preview(text: &str, max: usize) -> &str {
         end -= 1;
     }
     &text[..end]
+}
+
+/// Runs a trivial command through the sandbox (with each network setting in use) and fails,
+/// with the reason, unless it works: the kernel may refuse a step the checks above cannot see.
+pub async fn sandbox_self_test(
+    sandbox: &Arc<Sandbox>,
+    settings: &crate::config::Settings,
+) -> Result<(), crate::sandbox::SandboxError> {
+    use crate::sandbox::SandboxError;
+    let cwd = settings.sandbox.dir(&settings.data).join("self-test");
+    std::fs::create_dir_all(&cwd)
+        .map_err(|e| SandboxError(format!("cannot create {}: {e}", cwd.display())))?;
+    let cwd = Pinned::trusted(&cwd)
+        .map_err(|e| SandboxError(format!("cannot open {}: {e}", cwd.display())))?;
+    let mut networks = vec![Network::Off];
+    if !settings.sandbox.network.tenants.is_empty()
+        || !settings.sandbox.network.per_conversation_tenants.is_empty()
+    {
+        networks.push(Network::On);
+    }
+    for network in networks {
+        let limits = BashLimits {
+            timeout: Duration::from_secs(30),
+            output_cap: 4096,
+            max_output: 4096,
+            sandbox: Some(sandbox.clone()),
+            network,
+        };
+        let outcome = run_bash(
+            "echo sandbox-ok",
+            &cwd,
+            &limits,
+            CancellationToken::new(),
+            None,
+        )
+        .await;
+        if !outcome.ok() || outcome.output.trim() != "sandbox-ok" {
+            return Err(SandboxError(format!(
+                "the self-test (network {network:?}) failed: {}",
+                outcome.into_outcome().output.trim()
+            )));
+        }
+    }
+    Ok(())
 }

@@ -1,6 +1,7 @@
 //! Architecture invariants that the compiler does not check (README, "Architecture
 //! invariants"). These read the source tree, so they live here and not in the core.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Every `.rs` file under `dir`, recursively.
@@ -115,4 +116,215 @@ fn architecture_doc_examples_are_tested() {
         rest = &rest[end + 3..];
     }
     assert!(examples >= 3, "the document shows its examples");
+}
+
+/// A source file's code without its comments (`//` to the end of a line), joined so that an
+/// import split over lines reads as one.
+fn code_of(path: &Path) -> String {
+    std::fs::read_to_string(path)
+        .expect("a source file")
+        .lines()
+        .map(|line| line.split("//").next().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The names a path that starts with `prefix` (`crate::`, `super::`, `crate::api::`) reaches
+/// first in `code`: `prefix x::...` gives `x`, `prefix {x, y::z}` gives `x` and `y`.
+fn reached(code: &str, prefix: &str) -> BTreeSet<String> {
+    let ident = |s: &str| -> String {
+        s.trim()
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut names = BTreeSet::new();
+    let mut rest = code;
+    while let Some(at) = rest.find(prefix) {
+        // Not the tail of a longer path (`foo::crate::` does not occur; `self::super::` does not
+        // matter): the prefix begins a path.
+        let before = rest[..at].chars().next_back();
+        rest = &rest[at + prefix.len()..];
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+            continue;
+        }
+        if let Some(group) = rest.strip_prefix('{') {
+            let end = group.find('}').unwrap_or(group.len());
+            names.extend(group[..end].split(',').map(ident));
+        } else {
+            names.insert(ident(rest));
+        }
+    }
+    names.retain(|n| !n.is_empty());
+    names
+}
+
+type Graph = BTreeMap<String, BTreeSet<String>>;
+
+/// The import graph between the modules directly under `src/<dir>` (`dir` empty: the
+/// crate's top-level modules). A module is a file or a directory; it reaches a sibling
+/// through `crate::<dir>::x` anywhere in it, or `super::x` in a file directly under `dir`.
+fn module_graph(dir: &str) -> Graph {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(dir);
+    let mut files: BTreeMap<String, Vec<(PathBuf, bool)>> = BTreeMap::new();
+    for entry in std::fs::read_dir(&root).expect("a source directory") {
+        let path = entry.expect("a directory entry").path();
+        let name = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default()
+            .to_owned();
+        if path.is_dir() {
+            let nested = rust_files(&path).into_iter().map(|p| (p, false)).collect();
+            files.insert(name, nested);
+        } else if path.extension().is_some_and(|e| e == "rs")
+            && !matches!(name.as_str(), "mod" | "lib" | "main")
+        {
+            files.entry(name).or_default().push((path, true));
+        }
+    }
+    let own = if dir.is_empty() {
+        "crate::".to_owned()
+    } else {
+        format!("crate::{}::", dir.replace('/', "::"))
+    };
+    let mut graph = Graph::new();
+    for (module, paths) in &files {
+        let mut reaches = BTreeSet::new();
+        for (path, direct) in paths {
+            let code = code_of(path);
+            reaches.extend(reached(&code, &own));
+            if *direct && !dir.is_empty() {
+                reaches.extend(reached(&code, "super::"));
+            }
+        }
+        reaches.retain(|other| other != module && files.contains_key(other));
+        graph.insert(module.clone(), reaches);
+    }
+    graph
+}
+
+/// The import cycles of `graph`: its strongly connected components of more than one module.
+fn cycles(graph: &Graph) -> Vec<BTreeSet<String>> {
+    // Two modules are in one cycle when each reaches the other.
+    let reach = |from: &str| -> BTreeSet<String> {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![from.to_owned()];
+        while let Some(module) = todo.pop() {
+            for next in graph.get(&module).into_iter().flatten() {
+                if seen.insert(next.clone()) {
+                    todo.push(next.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reaches: BTreeMap<&String, BTreeSet<String>> =
+        graph.keys().map(|m| (m, reach(m))).collect();
+    let mut found: Vec<BTreeSet<String>> = Vec::new();
+    for (module, from) in &reaches {
+        let component: BTreeSet<String> = from
+            .iter()
+            .filter(|other| reaches[other].contains(*module))
+            .cloned()
+            .collect();
+        if component.len() > 1 && !found.contains(&component) {
+            found.push(component);
+        }
+    }
+    found
+}
+
+/// Layering (README, "Architecture invariants"): no import cycle between the crate's
+/// top-level modules, so each can be read, and changed, from the layers below it.
+#[test]
+fn layering_no_import_cycle_between_top_level_modules() {
+    let graph = module_graph("");
+    assert!(
+        graph.len() >= 20 && graph.contains_key("runtime") && graph["api"].contains("runtime"),
+        "the graph was not read: {graph:?}"
+    );
+    assert_eq!(cycles(&graph), Vec::<BTreeSet<String>>::new());
+}
+
+/// Layering: no import cycle between the files of the HTTP layer, the store, the gateway,
+/// the tools, the sandbox or the cluster (REST and the WebSocket share delivery through
+/// `api/delivery.rs`, not through each other).
+#[test]
+fn layering_no_import_cycle_inside_a_layer() {
+    for dir in ["api", "store", "llm", "tools", "sandbox", "cluster"] {
+        let graph = module_graph(dir);
+        assert!(!graph.is_empty(), "{dir}: the graph was not read: {graph:?}");
+        assert_eq!(
+            cycles(&graph),
+            Vec::<BTreeSet<String>>::new(),
+            "import cycles in src/{dir}"
+        );
+    }
+}
+
+/// Layering: the runtime's files still hold one import cycle (issue 37 breaks it up); it may
+/// only shrink, and no other appears.
+#[test]
+fn layering_the_runtime_cycle_only_shrinks() {
+    let known: BTreeSet<String> = [
+        "background",
+        "conversation",
+        "recovery",
+        "registry",
+        "requests",
+        "subagents",
+        "tool_run",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    for cycle in cycles(&module_graph("runtime")) {
+        assert!(
+            cycle.is_subset(&known),
+            "a new import cycle in src/runtime: {cycle:?}"
+        );
+    }
+}
+
+/// Layering: the HTTP layer (REST, the WebSocket, SSE, MCP) acts on conversations through
+/// the runtime's one door (`runtime::Live`), in the runtime's own errors: it sees neither the
+/// actors (ractor, their messages) nor the database's mapper.
+#[test]
+fn layering_the_http_layer_sees_no_actor_and_no_orm() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/api");
+    let files = rust_files(&dir);
+    assert!(
+        files.len() >= 10,
+        "expected the API's files, found {files:?}"
+    );
+    for path in files {
+        let code = code_of(&path);
+        for needle in ["ractor", "ActorRef", "ConvMsg", "CallResult", "sea_orm"] {
+            assert!(
+                !code.contains(needle),
+                "{}: the HTTP layer must not use `{needle}`",
+                path.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn the_import_reader_reads_groups_and_paths() {
+    let code = "use crate::{api, config::Settings}; let x = crate::store::Store::new(); \
+                use super::delivery::{Target}; foo::crate::not";
+    assert_eq!(
+        reached(code, "crate::"),
+        ["api", "config", "store"].map(String::from).into()
+    );
+    assert_eq!(
+        reached(code, "super::"),
+        ["delivery"].map(String::from).into()
+    );
+    let mut graph = Graph::new();
+    graph.insert("a".into(), ["b".to_owned()].into());
+    graph.insert("b".into(), ["a".to_owned(), "c".to_owned()].into());
+    graph.insert("c".into(), BTreeSet::new());
+    assert_eq!(cycles(&graph), vec![["a", "b"].map(String::from).into()]);
 }

@@ -1,7 +1,7 @@
 //! Conversation control (issue 24): interrupt-and-send, fork, and sub-agent limits with a
 //! grace turn, through the real server (and the runtime where only it can show the race).
 
-use bedrock::runtime::{ConvMsg, SendError};
+use bedrock::runtime::{SendError, UserMessage};
 use bedrock::state_machine::{ConvState, IfBusy, MessageContent, Rejection};
 use bedrock::testkit::Reply as Llm;
 use serde_json::{Value, json};
@@ -132,24 +132,17 @@ async fn of_concurrent_interrupts_exactly_one_is_accepted() {
     let seen = live.cancel.running_turn();
     assert!(seen.is_some(), "a turn runs");
     let sends = (0..4).map(|n| {
-        let (actor, seen) = (live.actor.clone(), seen.clone());
+        let (live, seen) = (live.clone(), seen.clone());
         async move {
-            actor
-                .call(
-                    |reply| {
-                        ConvMsg::send(
-                            format!("instead {n}"),
-                            Vec::new(),
-                            None,
-                            IfBusy::Interrupt { running: seen },
-                            reply,
-                        )
-                    },
-                    Some(WAIT),
-                )
+            let message = UserMessage {
+                text: format!("instead {n}"),
+                images: Vec::new(),
+                client_message_id: None,
+                if_busy: IfBusy::Interrupt { running: seen },
+            };
+            live.send(message, WAIT)
                 .await
                 .expect("the conversation answers")
-                .unwrap()
         }
     });
     let outcomes = futures::future::join_all(sends).await;

@@ -813,10 +813,7 @@ async fn history_is_handed_over_across_turns_and_read_after_a_restart() {
 
         // The actor stops; the next one was handed nothing, so the gateway reads.
         let live = rt.runtime.services.registry.get(&conv).expect("running");
-        let stopped = live
-            .actor
-            .call(bedrock::runtime::ConvMsg::shutdown, Some(WAIT))
-            .await;
+        let stopped = live.shutdown(WAIT).await;
         assert!(stopped.is_ok(), "{stopped:?}");
         let registry = &rt.runtime.services.registry;
         eventually("the actor to stop", WAIT, || async {

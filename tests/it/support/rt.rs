@@ -171,16 +171,15 @@ impl TestRuntime {
             .await
             .expect("the conversation starts");
         let text = text.to_owned();
-        match live
-            .actor
-            .call(
-                |reply| bedrock::runtime::ConvMsg::send(text, images, None, IfBusy::Reject, reply),
-                Some(Duration::from_secs(20)),
-            )
-            .await
-        {
-            Ok(ractor::rpc::CallResult::Success(result)) => result,
-            other => panic!("the send call failed: {other:?}"),
+        let message = bedrock::runtime::UserMessage {
+            text,
+            images,
+            client_message_id: None,
+            if_busy: IfBusy::Reject,
+        };
+        match live.send(message, Duration::from_secs(20)).await {
+            Ok(result) => result,
+            Err(unanswered) => panic!("the send call failed: {unanswered:?}"),
         }
     }
 
@@ -193,8 +192,7 @@ impl TestRuntime {
             .get_or_start(&self.runtime.services, id)
             .await
             .expect("the conversation starts");
-        let answer = live.cancel.request();
-        let _ = live.actor.cast(bedrock::runtime::ConvMsg::Cancel);
+        let answer = live.cancel();
         tokio::time::timeout(WAIT, answer)
             .await
             .expect("the cancel is answered in time")
