@@ -146,7 +146,7 @@ async fn run(
     };
     // A process slot of the tenant's (waiting at most the task's own time limit), then
     // the directory, opened as the task starts: one replaced by a link is refused.
-    let admitted = super::tool_run::admit(&services, &spec.tenant_id, spec.timeout, &cancel).await;
+    let admitted = super::admission::admit(&services, &spec.tenant_id, spec.timeout, &cancel).await;
     let outcome = match (admitted, spec.limits.workspaces.pin(&spec.cwd)) {
         (Err(refused), _) => BashOutcome::failed(refused.output),
         (Ok(_slot), Ok(cwd)) => {
@@ -214,8 +214,9 @@ async fn run(
     let wake = spec
         .wake
         .then(|| TurnId::new(uuid::Uuid::now_v7().to_string()));
-    let _ = live.actor.cast(super::conversation::ConvMsg::event(
-        Event::BackgroundResult {
+    let _ = live
+        .actor
+        .cast(super::messages::ConvMsg::event(Event::BackgroundResult {
             result: BackgroundResult {
                 task_id: id,
                 tool_name: "bash".into(),
@@ -223,6 +224,5 @@ async fn run(
                 output: result.output,
             },
             wake,
-        },
-    ));
+        }));
 }

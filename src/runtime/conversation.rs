@@ -11,12 +11,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
-use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
 
 use super::Services;
 use super::cancel::{CancelOutcome, CancelSlot};
 use super::commit;
-use super::subagents::{SubAgentSupervisor, SupervisorArgs, SupervisorMsg};
+use super::context::context;
+use super::messages::{ConvMsg, EmitRequest, ParentLink, SendError, SendRequest, SupervisorMsg};
+use super::subagents::{SubAgentSupervisor, SupervisorArgs};
 use super::tool_run::{ToolRun, ToolRunArgs};
 use opentelemetry::trace::TraceContextExt as _;
 use tracing::Instrument;
@@ -31,129 +33,30 @@ use crate::state_machine::{
 use crate::store::StoreError;
 use crate::wire::DurableFrame;
 
-/// Why a user message was not accepted.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum SendError {
-    #[error(transparent)]
-    Rejected(#[from] Rejection),
-    #[error("the database is unavailable: {0}")]
-    Unavailable(String),
-    #[error("the server is shutting down")]
-    ShuttingDown,
-    /// A message with the same client message_id is already stored.
-    #[error("duplicate message_id")]
-    Duplicate,
-}
-
-/// Who started a sub-agent, and which of its tasks the sub-agent is.
-#[derive(Clone, Debug)]
-pub struct ParentLink {
-    pub supervisor: ActorRef<SupervisorMsg>,
-    pub agent_id: String,
-    /// The sub-agent's LLM steps before its grace turn.
-    pub max_steps: u32,
-}
-
-/// A conversation's messages. Payloads are boxed so the enum, and with it every idle
-/// actor's mailbox, stays small.
-pub enum ConvMsg {
-    /// A user message (REQ-BED-002). Answered once it is stored, or refused.
-    Send(Box<SendRequest>),
-    /// Wake up: the cancel slot has a request.
-    Cancel,
-    /// An answer from work this conversation started (LLM, tools, timers, sub-agents).
-    Event(Box<Event>),
-    /// The idle timer of the given generation fired.
-    IdleCheck(u64),
-    /// Store durable frames that no transition makes (client requests, system events).
-    Emit(Box<EmitRequest>),
-    /// The conversation as stored now (its actor holds every commit it made).
-    Record(RpcReplyPort<ConversationRecord>),
-    /// Graceful shutdown: interrupt the turn, store it, and stop.
-    Shutdown(Box<RpcReplyPort<()>>),
-    /// The user asks to continue in a new conversation: from rest, ask for the summary.
-    /// Answered once the request for it is stored, or refused (issue 25).
-    Summarize(RpcReplyPort<Result<(), SendError>>),
-}
-
-/// A user message for [`ConvMsg::Send`].
-pub struct SendRequest {
-    pub text: String,
-    pub images: Vec<ImageRef>,
-    pub client_message_id: Option<String>,
-    pub if_busy: IfBusy,
-    pub reply: RpcReplyPort<Result<MessageRecord, SendError>>,
-}
-
-/// Frames for [`ConvMsg::Emit`]. Answers false when a dedup key was already stored.
-pub struct EmitRequest {
-    pub frames: Vec<DurableFrame>,
-    pub reply: RpcReplyPort<Result<bool, String>>,
-}
-
-impl std::fmt::Debug for SendRequest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SendRequest")
-            .field("images", &self.images.len())
-            .finish_non_exhaustive()
-    }
-}
-
-impl std::fmt::Debug for EmitRequest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EmitRequest")
-            .field("frames", &self.frames.len())
-            .finish_non_exhaustive()
-    }
-}
-
-impl ConvMsg {
-    pub fn send(
-        text: String,
-        images: Vec<ImageRef>,
-        client_message_id: Option<String>,
-        if_busy: IfBusy,
-        reply: RpcReplyPort<Result<MessageRecord, SendError>>,
-    ) -> ConvMsg {
-        ConvMsg::Send(Box::new(SendRequest {
-            text,
-            images,
-            client_message_id,
-            if_busy,
-            reply,
-        }))
-    }
-
-    pub fn event(event: Event) -> ConvMsg {
-        ConvMsg::Event(Box::new(event))
-    }
-
-    pub fn emit(frames: Vec<DurableFrame>, reply: RpcReplyPort<Result<bool, String>>) -> ConvMsg {
-        ConvMsg::Emit(Box::new(EmitRequest { frames, reply }))
-    }
-
-    pub fn shutdown(reply: RpcReplyPort<()>) -> ConvMsg {
-        ConvMsg::Shutdown(Box::new(reply))
-    }
-}
-
-impl std::fmt::Debug for ConvMsg {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ConvMsg::Send(_) => f.write_str("Send"),
-            ConvMsg::Cancel => f.write_str("Cancel"),
-            ConvMsg::Event(event) => write!(f, "Event({})", event.name()),
-            ConvMsg::IdleCheck(generation) => write!(f, "IdleCheck({generation})"),
-            ConvMsg::Emit(emit) => write!(f, "Emit({})", emit.frames.len()),
-            ConvMsg::Record(_) => f.write_str("Record"),
-            ConvMsg::Shutdown(_) => f.write_str("Shutdown"),
-            ConvMsg::Summarize(_) => f.write_str("Summarize"),
-        }
-    }
-}
-
 #[derive(Debug)]
 pub struct ConversationActor;
+
+/// Starts a conversation's actor under `supervisor` (the registry's [`Spawn`](super::registry::Spawn)).
+pub fn spawn(
+    services: Arc<Services>,
+    record: ConversationRecord,
+    cancel: Arc<CancelSlot>,
+    parent: Option<ParentLink>,
+    supervisor: ractor::ActorCell,
+) -> std::pin::Pin<Box<dyn Future<Output = Result<ActorRef<ConvMsg>, String>> + Send>> {
+    Box::pin(async move {
+        let args = ConversationArgs {
+            record,
+            services,
+            cancel,
+            parent,
+        };
+        Actor::spawn_linked(None, ConversationActor, args, supervisor)
+            .await
+            .map(|(actor, _)| actor)
+            .map_err(|e| e.to_string())
+    })
+}
 
 pub struct ConversationArgs {
     pub record: ConversationRecord,
@@ -457,21 +360,6 @@ async fn supervise(
         SupervisionEvent::ActorStarted(_) | SupervisionEvent::ProcessGroupChanged(_) => {}
     }
     Ok(())
-}
-
-/// The core's view of the conversation's settings.
-pub fn context(services: &Services, record: &ConversationRecord) -> ConvContext {
-    let model = services.settings.model(&record.model);
-    ConvContext {
-        conversation_id: record.id.clone(),
-        working_dir: record.cwd.clone().into(),
-        model_id: record.model.clone(),
-        is_sub_agent: record.parent_id.is_some(),
-        limits: services.settings.turn_limits(),
-        context_window: model.context_window,
-        context_tokens: record.usage.context_tokens,
-        continuation_permille: (model.continuation_threshold * 1000.0).round() as u32,
-    }
 }
 
 fn can_rest(state: &ConversationState) -> bool {

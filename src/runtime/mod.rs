@@ -12,10 +12,13 @@
 //!
 //! The event hub (src/hub.rs) carries frames from conversations to clients.
 
+mod admission;
 mod background;
 mod cancel;
 mod commit;
+mod context;
 mod conversation;
+mod messages;
 mod recovery;
 mod registry;
 mod requests;
@@ -34,7 +37,8 @@ use tokio_util::sync::CancellationToken;
 pub use background::{BackgroundTasks, TaskSpec};
 pub use cancel::{CancelOutcome, CancelSlot};
 pub use commit::{Plan, apply as apply_commit, plan as plan_commit, plan_frames};
-pub use conversation::{SendError, context};
+pub use context::context;
+pub use messages::SendError;
 pub use recovery::{RecoveryReport, recover};
 pub use registry::{Fixed, Live, Registry, StartError, Unanswered, UserMessage};
 pub use requests::{AnswerError, Asked, RequestBroker, answer_request, check_reply};
@@ -243,7 +247,7 @@ impl Runtime {
             },
             persistence: Persistence::new(persistence, write_timeout),
             gateway: Gateway::new(gateway),
-            registry: Registry::default(),
+            registry: Registry::new(conversation::spawn),
             quotas,
             requests: RequestBroker::default(),
             background: BackgroundTasks::default(),

@@ -7,7 +7,7 @@ use chrono::Utc;
 
 use super::Services;
 use super::commit;
-use super::conversation::context;
+use super::context::context;
 use crate::persistence::{WriteJob, WriteOutcome};
 use crate::state_machine::{Event, Interruption, MessageContent, transition};
 use crate::store::StoreError;

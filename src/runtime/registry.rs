@@ -5,13 +5,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ractor::{Actor, ActorId, ActorRef, ActorStatus};
+use ractor::{ActorCell, ActorId, ActorRef, ActorStatus};
 use tokio::sync::OnceCell;
 
 use super::Services;
 use super::cancel::CancelOutcome;
 use super::cancel::CancelSlot;
-use super::conversation::{ConvMsg, ConversationActor, ConversationArgs, SendError};
+use super::messages::{ConvMsg, ParentLink, SendError};
 use crate::model::{ConversationRecord, MessageRecord};
 use crate::state_machine::{IfBusy, ImageRef};
 use crate::store::{Lease, Owner, StoreError};
@@ -158,12 +158,32 @@ pub enum StartError {
 
 type Slot = Arc<OnceCell<Live>>;
 
-#[derive(Debug, Default)]
+/// Starts a conversation's actor under `supervisor` (the runtime's root, or a sub-agent's
+/// supervisor). The runtime gives it to the registry, which owns every start (sub-agents
+/// included) without naming the actor it starts.
+pub type Spawn =
+    fn(
+        Arc<Services>,
+        ConversationRecord,
+        Arc<CancelSlot>,
+        Option<ParentLink>,
+        ActorCell,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<ActorRef<ConvMsg>, String>> + Send>>;
+
+#[derive(Debug)]
 pub struct Registry {
     live: Mutex<HashMap<String, Slot>>,
+    spawn: Spawn,
 }
 
 impl Registry {
+    pub fn new(spawn: Spawn) -> Registry {
+        Registry {
+            live: Mutex::default(),
+            spawn,
+        }
+    }
+
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Slot>> {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -199,23 +219,7 @@ impl Registry {
             let started = slot
                 .get_or_try_init(|| async {
                     let record = claim(services, id, known.take()).await?;
-                    let cancel = Arc::new(CancelSlot::default());
-                    let fixed = Arc::new(Fixed::from(&record));
-                    let args = ConversationArgs {
-                        record,
-                        services: services.clone(),
-                        cancel: cancel.clone(),
-                        parent: None,
-                    };
-                    let (actor, _) =
-                        Actor::spawn_linked(None, ConversationActor, args, services.root())
-                            .await
-                            .map_err(|e| StartError::Spawn(e.to_string()))?;
-                    Ok::<_, StartError>(Live {
-                        actor,
-                        cancel,
-                        fixed,
-                    })
+                    self.spawned(services, record, None, services.root()).await
                 })
                 .await;
             match started {
@@ -228,6 +232,42 @@ impl Registry {
                 }
             }
         }
+    }
+
+    /// Starts a sub-agent's conversation under its supervisor, which it reports to through
+    /// `link`, and registers it.
+    pub async fn start_child(
+        &self,
+        services: &Arc<Services>,
+        id: &str,
+        link: ParentLink,
+    ) -> Result<Live, StartError> {
+        let supervisor = link.supervisor.get_cell();
+        let record = claim(services, id, None).await?;
+        let live = self
+            .spawned(services, record, Some(link), supervisor)
+            .await?;
+        self.insert(id, live.clone());
+        Ok(live)
+    }
+
+    async fn spawned(
+        &self,
+        services: &Arc<Services>,
+        record: ConversationRecord,
+        parent: Option<ParentLink>,
+        supervisor: ActorCell,
+    ) -> Result<Live, StartError> {
+        let cancel = Arc::new(CancelSlot::default());
+        let fixed = Arc::new(Fixed::from(&record));
+        let actor = (self.spawn)(services.clone(), record, cancel.clone(), parent, supervisor)
+            .await
+            .map_err(StartError::Spawn)?;
+        Ok(Live {
+            actor,
+            cancel,
+            fixed,
+        })
     }
 
     /// Whether a conversation runs or is starting here.

@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::Services;
-use super::conversation::ConvMsg;
+use super::messages::ConvMsg;
 use crate::model::ClientRequest;
 use crate::persistence::{WriteJob, WriteOutcome};
 use crate::wire::{DurableFrame, RequestType};

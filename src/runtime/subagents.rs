@@ -19,8 +19,7 @@ use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio_util::sync::CancellationToken;
 
 use super::Services;
-use super::cancel::CancelSlot;
-use super::conversation::{ConvMsg, ConversationActor, ConversationArgs, ParentLink};
+use super::messages::{ConvMsg, Deadline, ParentLink, SupervisorMsg};
 use super::registry::Live;
 use crate::model::{ConversationRecord, NewConversation};
 use crate::persistence::WriteJob;
@@ -45,32 +44,6 @@ impl std::fmt::Debug for SupervisorArgs {
             .field("tasks", &self.tasks.len())
             .finish_non_exhaustive()
     }
-}
-
-#[derive(Debug)]
-pub enum SupervisorMsg {
-    /// A sub-agent's outcome (its submit_result, or its failure).
-    Report {
-        agent_id: String,
-        outcome: SubAgentOutcome,
-    },
-    /// A deadline of sub-agent `index`.
-    Deadline { index: usize, kind: Deadline },
-    /// A sub-agent's grace turn began (at its step or its time limit).
-    GraceStarted { agent_id: String },
-    /// The parent was cancelled.
-    Cancelled,
-}
-
-/// The deadlines of a sub-agent.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Deadline {
-    /// Its time limit: its grace turn starts.
-    Limit,
-    /// The end of its grace turn: it fails.
-    GraceOver,
-    /// It did not answer the others: it is reported failed from here.
-    LastResort,
 }
 
 struct Agent {
@@ -425,29 +398,14 @@ async fn start_agent(
     id: &str,
     max_steps: u32,
 ) -> Result<Live, String> {
-    let record = super::registry::claim(services, id, None)
-        .await
-        .map_err(|e| e.to_string())?;
-    let cancel = Arc::new(CancelSlot::default());
-    let fixed = Arc::new(super::registry::Fixed::from(&record));
-    let args = ConversationArgs {
-        record,
-        services: services.clone(),
-        cancel: cancel.clone(),
-        parent: Some(ParentLink {
-            supervisor: myself.clone(),
-            agent_id: id.to_owned(),
-            max_steps,
-        }),
+    let link = ParentLink {
+        supervisor: myself.clone(),
+        agent_id: id.to_owned(),
+        max_steps,
     };
-    let (actor, _) = Actor::spawn_linked(None, ConversationActor, args, myself.get_cell())
+    services
+        .registry
+        .start_child(services, id, link)
         .await
-        .map_err(|e| e.to_string())?;
-    let live = Live {
-        actor,
-        cancel,
-        fixed,
-    };
-    services.registry.insert(id, live.clone());
-    Ok(live)
+        .map_err(|e| e.to_string())
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::Services;
-use super::conversation::context;
+use super::context::context;
 use super::registry::Live;
 use super::requests::emit;
 use crate::wire::{DurableFrame, SystemEvent};

@@ -15,11 +15,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::Services;
+use super::admission::admit;
 use super::background::TaskSpec;
-use super::conversation::ConvMsg;
+use super::messages::ConvMsg;
 use super::requests::{Asked, emit};
 use crate::metrics::Metrics;
-use crate::quotas::{Quota, SlotWait};
 use crate::state_machine::{Event, ToolOutcome, ToolUse, TurnId};
 use crate::tools::{self, ASK_USER, ToolLimits, preview};
 use crate::wire::{DurableFrame, RequestType, SelectOption, SystemEvent};
@@ -206,51 +206,6 @@ async fn execute(run: Run) -> ToolOutcome {
         }
         _ => tools::run(&run.tool, run.cwd.clone(), &run.limits, run.cancel.clone()).await,
     }
-}
-
-/// A failed result when the tenant's workspace is over its quota (measured at most every
-/// `quotas.measure_every_ms`).
-async fn workspace_full(services: &Services, tenant_id: &str) -> Option<ToolOutcome> {
-    let bytes = services.workspace_bytes(tenant_id).await?;
-    services
-        .quotas
-        .check(tenant_id, Quota::WorkspaceBytes, bytes)
-        .await
-        .err()
-        .map(|exceeded| {
-            let holds = if bytes == u64::MAX {
-                "more than 1,000,000 files and directories, past what is measured".to_owned()
-            } else {
-                format!("{bytes} bytes")
-            };
-            failed(format!(
-                "not run: the tenant's workspace holds {holds}; the {exceeded}"
-            ))
-        })
-}
-
-/// Admits one tool process of the tenant: room in its workspace, then one of its process
-/// slots (waiting behind its own processes only, at most `wait`, and not past a cancel).
-pub(super) async fn admit(
-    services: &Services,
-    tenant_id: &str,
-    wait: Duration,
-    cancel: &CancellationToken,
-) -> Result<tokio::sync::OwnedSemaphorePermit, ToolOutcome> {
-    if let Some(refused) = workspace_full(services, tenant_id).await {
-        return Err(refused);
-    }
-    services
-        .quotas
-        .tool_slot(tenant_id, wait, cancel)
-        .await
-        .map_err(|why| match why {
-            SlotWait::Cancelled => failed("cancelled while waiting for a tool process slot"),
-            SlotWait::TimedOut { waited, limit } => failed(format!(
-                "not run: waited {} ms for one of the tenant's {limit} tool process slots (quota tool_processes); its other tools held them all",
-                waited.as_millis()
-            )),
-        })
 }
 
 /// A tool of the tenant's MCP server: called on the server registered under its name now
