@@ -636,3 +636,89 @@ async fn hostile_trees_neither_hang_nor_crash_the_server() {
     app.get("/healthz").await.expect(200);
     app.cleanup(db).await;
 }
+
+/// The `conversations` quota counts a tenant's conversations exactly, from one row the
+/// database keeps (issue 41: it was a count over all of them on every create): creates and
+/// forks count, deletes give room back, sub-agents do not count, and another tenant's do
+/// not either (security issue 36, "Quotas").
+#[tokio::test]
+async fn the_conversation_count_follows_creates_forks_deletes_and_not_sub_agents() {
+    for db in TestDb::each().await {
+        let app = TestApp::spawn_with(
+            &db,
+            &[
+                ("BEDROCK_QUOTAS__CONVERSATIONS", "3"),
+                ("BEDROCK_QUOTAS__CACHE_MS", "0"),
+            ],
+        )
+        .await;
+        let key = app.key_a.clone();
+        let used = |limits: Value| limits["quotas"]["conversations"]["used"].clone();
+        let first = app.conversation().await;
+        assert_eq!(used(usage(&app, &key).await), 1, "{}", db.backend);
+        // A sub-agent is no conversation of the quota's.
+        app.llm.route(
+            "spawn one",
+            [
+                bedrock::testkit::Reply::tool(
+                    "call_spawn",
+                    "spawn_sub_agents",
+                    json!({"tasks": [{"prompt": "a counted sub task", "max_steps": 3}]}),
+                ),
+                bedrock::testkit::Reply::text("spawned"),
+            ],
+        );
+        app.llm.route(
+            "a counted sub task",
+            [bedrock::testkit::Reply::tool(
+                "call_submit",
+                "submit_result",
+                json!({"result": "done"}),
+            )],
+        );
+        app.send(&first, "spawn one").await;
+        app.wait_kind(&first, "idle").await;
+        let children = app
+            .get(&format!("/v1/conversations/{first}/children"))
+            .await
+            .expect(200);
+        assert_eq!(
+            children["conversations"].as_array().map(Vec::len),
+            Some(1),
+            "{children}"
+        );
+        assert_eq!(used(usage(&app, &key).await), 1, "{}", db.backend);
+        // Another tenant's conversations are not counted.
+        create(&app, &app.key_b, json!({})).await.expect(201);
+        // A fork counts; the fourth is refused.
+        let fork = app
+            .request(
+                reqwest::Method::POST,
+                &format!("/v1/conversations/{first}/fork"),
+                Some(&key),
+                Some(json!({})),
+            )
+            .await
+            .expect(201);
+        let third = create(&app, &key, json!({})).await.expect(201);
+        assert_eq!(used(usage(&app, &key).await), 3, "{}", db.backend);
+        over_quota(create(&app, &key, json!({})).await, "conversations", 3);
+        // A delete gives its room back (its sub-agents go with it, uncounted).
+        for id in [&first, fork["id"].as_str().expect("an id")] {
+            app.request(
+                reqwest::Method::DELETE,
+                &format!("/v1/conversations/{id}"),
+                Some(&key),
+                None,
+            )
+            .await
+            .expect(204);
+        }
+        assert_eq!(used(usage(&app, &key).await), 1, "{}", db.backend);
+        create(&app, &key, json!({})).await.expect(201);
+        create(&app, &key, json!({})).await.expect(201);
+        over_quota(create(&app, &key, json!({})).await, "conversations", 3);
+        assert!(third["id"].is_string());
+        app.cleanup(db).await;
+    }
+}
