@@ -185,31 +185,12 @@ impl Store {
     /// Whether the tenant was found without a budget less than [`NO_BUDGET_FOR`] ago: its
     /// LLM requests then read nothing (a tenant that uses no budget pays nothing for them).
     fn known_without_budget(&self, tenant_id: &str) -> bool {
-        let mut known = self
-            .no_budget
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match known.get(tenant_id) {
-            Some(at) if at.elapsed() < NO_BUDGET_FOR => true,
-            Some(_) => {
-                known.remove(tenant_id);
-                false
-            }
-            None => {
-                if known.len() > 100_000 {
-                    known.retain(|_, at| at.elapsed() < NO_BUDGET_FOR);
-                }
-                false
-            }
-        }
+        self.no_budget.known(tenant_id, NO_BUDGET_FOR)
     }
 
     /// Forgets that the tenant had no budget (one was just given to it on this node).
     fn budget_changed(&self, tenant_id: &str) {
-        self.no_budget
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(tenant_id);
+        self.no_budget.forget(tenant_id);
     }
 
     async fn limits_row(&self, tenant_id: &str) -> Result<Option<LimitsRow>> {
@@ -385,10 +366,7 @@ impl Store {
             .and_then(|r| r.budget_tokens.map(to_u64))
             .unwrap_or(default.0);
         if limit == 0 {
-            self.no_budget
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .insert(tenant_id.to_owned(), std::time::Instant::now());
+            self.no_budget.mark(tenant_id);
             return Ok(Reservation::Unlimited);
         }
         let period = row

@@ -171,8 +171,10 @@ pub struct Store {
     /// Postgres: other nodes are live (as of the last heartbeat), so this node's frames
     /// are announced to them (see the cluster's `frames` module).
     peers: Arc<std::sync::atomic::AtomicBool>,
-    /// Tenants found without a token budget, and when (see `limits::NO_BUDGET_FOR`).
-    no_budget: Arc<std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>>,
+    /// Tenants found without a token budget (see `limits::NO_BUDGET_FOR`).
+    no_budget: Absent,
+    /// Tenants found without MCP servers (see `mcp::NO_SERVERS_FOR`).
+    no_mcp_servers: Absent,
 }
 
 /// An image to store.
@@ -259,7 +261,8 @@ impl Store {
             db,
             writer,
             peers: Arc::default(),
-            no_budget: Arc::default(),
+            no_budget: Absent::default(),
+            no_mcp_servers: Absent::default(),
         })
     }
 
@@ -1605,6 +1608,52 @@ pub(crate) mod testing {
             .await
             .expect("reads")
             .expect("exists")
+    }
+}
+
+/// Tenants found without something (a budget, an MCP server), each with when: for a while
+/// after, the feature's per-use reads are skipped for them (a tenant that uses no budget or
+/// no MCP server pays nothing for it). A change made on this node forgets the tenant at once;
+/// one made on another node of a cluster applies here within the while.
+#[derive(Clone, Debug, Default)]
+struct Absent(Arc<std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>>);
+
+impl Absent {
+    fn map(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, std::time::Instant>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether the tenant was found without it less than `fresh` ago.
+    fn known(&self, tenant_id: &str, fresh: Duration) -> bool {
+        let mut known = self.map();
+        match known.get(tenant_id) {
+            Some(at) if at.elapsed() < fresh => true,
+            Some(_) => {
+                known.remove(tenant_id);
+                false
+            }
+            None => {
+                if known.len() > 100_000 {
+                    known.retain(|_, at| at.elapsed() < fresh);
+                }
+                false
+            }
+        }
+    }
+
+    /// The tenant was found without it, now.
+    fn mark(&self, tenant_id: &str) {
+        self.map()
+            .insert(tenant_id.to_owned(), std::time::Instant::now());
+    }
+
+    /// The tenant may have it now (it was just given one on this node).
+    fn forget(&self, tenant_id: &str) {
+        self.map().remove(tenant_id);
     }
 }
 
