@@ -129,6 +129,22 @@ pub enum WriteJob {
     /// (a transaction of its own per response cost a sync of the log each and, on SQLite,
     /// the write lock beside the group commit's writer: issue 41).
     RecordUsage(crate::store::UsageRecord),
+    /// A reservation on a tenant's budget given back (its request ended without an answer).
+    ReleaseBudget {
+        tenant_id: String,
+        reservation: crate::store::Reservation,
+    },
+    /// A tenant's MCP server registered; a name the tenant uses already is a conflict.
+    AddMcpServer {
+        tenant_id: String,
+        server: crate::store::McpServer,
+        at: DateTime<Utc>,
+    },
+    /// A tenant's MCP server removed: `Resolved(whether it was there)`.
+    DeleteMcpServer {
+        tenant_id: String,
+        name: String,
+    },
 }
 
 /// What a write reports back.
@@ -604,6 +620,22 @@ async fn write(store: &Store, job: WriteJob) -> Result<WriteOutcome, StoreError>
             ));
         }
         WriteJob::RecordUsage(record) => store.record(&record).await?,
+        WriteJob::ReleaseBudget {
+            tenant_id,
+            reservation,
+        } => store.release_budget(&tenant_id, &reservation).await?,
+        WriteJob::AddMcpServer {
+            tenant_id,
+            server,
+            at,
+        } => {
+            store.add_mcp_server(&tenant_id, &server, at).await?;
+        }
+        WriteJob::DeleteMcpServer { tenant_id, name } => {
+            return Ok(WriteOutcome::Resolved(
+                store.delete_mcp_server(&tenant_id, &name).await?,
+            ));
+        }
     }
     Ok(WriteOutcome::Done)
 }

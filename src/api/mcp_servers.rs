@@ -15,6 +15,7 @@ use super::AppState;
 use super::auth::Caller;
 use super::error::{ApiError, Body, ErrorBody, Path, reply};
 use crate::model::McpTool;
+use crate::persistence::{WriteJob, WriteOutcome};
 use crate::quotas::Quota;
 use crate::store::{McpServer, StoreError};
 use crate::wire::{McpServerList, McpServerView, NewMcpServer};
@@ -94,16 +95,24 @@ pub async fn create(
         headers: headers.into_iter().collect::<BTreeMap<_, _>>(),
         created_at: String::new(),
     };
-    let stored = app
-        .services
-        .store
-        .add_mcp_server(&caller.0.id, &server, Utc::now())
+    let at = Utc::now();
+    let stored = McpServer {
+        created_at: at.to_rfc3339(),
+        ..server.clone()
+    };
+    app.services
+        .persistence
+        .write(WriteJob::AddMcpServer {
+            tenant_id: caller.0.id.clone(),
+            server,
+            at,
+        })
         .await
         .map_err(|e| match e {
             StoreError::Conflict(_) => ApiError::new(
                 StatusCode::CONFLICT,
                 "mcp_server_exists",
-                format!("the tenant has an MCP server named {:?}", server.name),
+                format!("the tenant has an MCP server named {:?}", stored.name),
             ),
             other @ (StoreError::Unavailable(_)
             | StoreError::NotFound
@@ -139,12 +148,15 @@ pub async fn delete(
     caller: Caller,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    if app
+    let removed = app
         .services
-        .store
-        .delete_mcp_server(&caller.0.id, &name)
-        .await?
-    {
+        .persistence
+        .write(WriteJob::DeleteMcpServer {
+            tenant_id: caller.0.id.clone(),
+            name,
+        })
+        .await?;
+    if removed == WriteOutcome::Resolved(true) {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
         Err(ApiError::not_found("MCP server"))

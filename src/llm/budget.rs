@@ -60,7 +60,7 @@ impl Hold {
             .await;
             if let Err(error) = recorded {
                 tracing::warn!(%tenant, %error, "the usage of an LLM response was not recorded");
-                let _ = retried(|| store.release_budget(tenant, reservation)).await;
+                let _ = retried(|| release(&persistence, tenant, reservation)).await;
                 return;
             }
             if matches!(reservation, Reservation::Reserved { .. })
@@ -77,17 +77,32 @@ impl Drop for Hold {
         if self.done || !matches!(self.reservation, Reservation::Reserved { .. }) {
             return;
         }
-        let (store, tenant, reservation) = (
-            self.store.clone(),
+        let (persistence, tenant, reservation) = (
+            self.persistence.clone(),
             self.tenant_id.clone(),
             self.reservation.clone(),
         );
         tokio::spawn(async move {
-            if let Err(error) = retried(|| store.release_budget(&tenant, &reservation)).await {
+            if let Err(error) = retried(|| release(&persistence, &tenant, &reservation)).await {
                 tracing::warn!(%tenant, %error, "a budget reservation was not given back");
             }
         });
     }
+}
+
+/// Gives a reservation back, through the persistence actor.
+async fn release(
+    persistence: &crate::persistence::Persistence,
+    tenant_id: &str,
+    reservation: &Reservation,
+) -> crate::store::Result<()> {
+    persistence
+        .write(WriteJob::ReleaseBudget {
+            tenant_id: tenant_id.to_owned(),
+            reservation: reservation.clone(),
+        })
+        .await
+        .map(|_| ())
 }
 
 /// `write`, tried again a few times while the database refuses it.

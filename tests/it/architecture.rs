@@ -311,3 +311,40 @@ fn the_import_reader_reads_groups_and_paths() {
     graph.insert("c".into(), BTreeSet::new());
     assert_eq!(cycles(&graph), vec![["a", "b"].map(String::from).into()]);
 }
+
+/// Only the persistence actor writes (README, "Architecture invariants"): the store's
+/// writes that the server makes on a request's behalf (MCP servers registered and removed,
+/// budgets given back, usage, conversations) are called from `src/persistence.rs` alone.
+#[test]
+fn layering_only_the_persistence_actor_writes() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let writes = [
+        ".add_mcp_server(",
+        ".delete_mcp_server(",
+        ".release_budget(",
+        ".insert_conversation(",
+        ".delete_conversation(",
+        ".insert_attachments(",
+        ".write_batch(",
+    ];
+    let mut seen = 0;
+    for path in rust_files(&src) {
+        let relative = path.strip_prefix(&src).expect("under src");
+        let code = code_of(&path);
+        if relative.starts_with("store") || relative == Path::new("persistence.rs") {
+            seen += writes.iter().filter(|w| code.contains(*w)).count();
+            continue;
+        }
+        for write in writes {
+            assert!(
+                !code.contains(write),
+                "{}: `{write}` is a write; send it to the persistence actor (WriteJob)",
+                path.display()
+            );
+        }
+    }
+    assert!(
+        seen >= writes.len(),
+        "the writes were not found in persistence.rs"
+    );
+}
