@@ -3,8 +3,9 @@
 //! `transition(&state, &ctx, event)` returns the next state and the effects the runtime must
 //! carry out. This module must not import tokio, ractor, axum, sea-orm, async-openai or
 //! reqwest, read a clock or make ids: time and fresh ids come in through events and the
-//! context (`tests::boundary` checks the imports). Everything in the seeds' transition
-//! matrix is a unit test in `tests`, the invariants are properties in `properties`.
+//! context (`boundary_the_core_imports_no_io_crate` in tests/it/architecture.rs checks the
+//! imports). Everything in the seeds' transition matrix is a unit test in `tests`, the
+//! invariants are properties in `properties`.
 
 mod chain;
 mod context;
