@@ -46,6 +46,9 @@ impl std::fmt::Debug for SupervisorArgs {
     }
 }
 
+/// How long a sub-agent's conversation may take to store its task before it is failed.
+const HAND_OVER: Duration = Duration::from_secs(60);
+
 struct Agent {
     id: String,
     live: Option<Live>,
@@ -168,27 +171,20 @@ impl Actor for SubAgentSupervisor {
                     state.by_actor.insert(live.actor.get_id(), index);
                     let reply_to = myself.clone();
                     let agent_id = id.clone();
-                    let actor = live.actor.clone();
+                    let door = live.clone();
                     tokio::spawn(async move {
-                        let sent = actor
-                            .call(
-                                |reply| {
-                                    ConvMsg::send(
-                                        task.prompt,
-                                        Vec::new(),
-                                        None,
-                                        IfBusy::Reject,
-                                        reply,
-                                    )
-                                },
-                                None,
-                            )
-                            .await;
-                        let failure = match sent {
-                            Ok(ractor::rpc::CallResult::Success(Ok(_))) => None,
-                            Ok(ractor::rpc::CallResult::Success(Err(e))) => Some(e.to_string()),
-                            Ok(other) => Some(format!("{other:?}")),
-                            Err(e) => Some(e.to_string()),
+                        // The task is handed over like any user message, through the
+                        // conversation's door, and answered once it is stored.
+                        let message = super::registry::UserMessage {
+                            text: task.prompt,
+                            images: Vec::new(),
+                            client_message_id: None,
+                            if_busy: IfBusy::Reject,
+                        };
+                        let failure = match door.send(message, HAND_OVER).await {
+                            Ok(Ok(_)) => None,
+                            Ok(Err(e)) => Some(e.to_string()),
+                            Err(unanswered) => Some(unanswered.to_string()),
                         };
                         if let Some(why) = failure {
                             let _ = reply_to.cast(SupervisorMsg::Report {
