@@ -124,6 +124,14 @@ struct Tenant {
     llm: Pool,
     streams: AtomicU64,
     background: AtomicU64,
+    /// Conversations admitted on this node and not yet written.
+    creating: AtomicU64,
+    /// Turns admitted on this node whose conversation has not yet taken them.
+    starting: AtomicU64,
+    /// Held while a conversation or a turn is admitted: what is in use and what is admitted
+    /// and not yet under way are read together, so requests at once cannot each find room
+    /// for themselves.
+    admitting: tokio::sync::Mutex<()>,
     /// The last measurement of its workspace: when, and its bytes.
     workspace: Mutex<Option<(Instant, u64)>>,
     /// Held while its workspace is measured: one measurement at a time.
@@ -204,7 +212,8 @@ pub struct Quotas {
     tenants: Mutex<HashMap<String, Arc<Tenant>>>,
 }
 
-/// A stream counted against its tenant's quota while it lives.
+/// Something counted against its tenant's quota while it lives: an open stream, a
+/// background task, a conversation or a turn admitted and not yet under way.
 #[derive(Debug)]
 pub struct Held(Arc<Tenant>, Counter);
 
@@ -212,14 +221,24 @@ pub struct Held(Arc<Tenant>, Counter);
 enum Counter {
     Streams,
     Background,
+    Creating,
+    Starting,
+}
+
+impl Counter {
+    fn of(self, tenant: &Tenant) -> &AtomicU64 {
+        match self {
+            Counter::Streams => &tenant.streams,
+            Counter::Background => &tenant.background,
+            Counter::Creating => &tenant.creating,
+            Counter::Starting => &tenant.starting,
+        }
+    }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        match self.1 {
-            Counter::Streams => self.0.streams.fetch_sub(1, Ordering::AcqRel),
-            Counter::Background => self.0.background.fetch_sub(1, Ordering::AcqRel),
-        };
+        self.1.of(&self.0).fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -257,6 +276,9 @@ impl Quotas {
                     llm: Pool::new(self.defaults.llm_concurrency),
                     streams: AtomicU64::new(0),
                     background: AtomicU64::new(0),
+                    creating: AtomicU64::new(0),
+                    starting: AtomicU64::new(0),
+                    admitting: tokio::sync::Mutex::new(()),
                     workspace: Mutex::new(None),
                     measuring: tokio::sync::Mutex::new(()),
                 })
@@ -333,6 +355,65 @@ impl Quotas {
         Ok(())
     }
 
+    /// Room for one more conversation of the tenant (`conversations`): the stored ones
+    /// (`stored` reads them) and those admitted here and not yet written. Held until the
+    /// returned value is dropped, which the caller does once the conversation is written.
+    pub async fn conversation<F>(
+        &self,
+        tenant_id: &str,
+        stored: impl FnOnce() -> F,
+    ) -> crate::store::Result<Result<Held, Exceeded>>
+    where
+        F: Future<Output = crate::store::Result<u64>>,
+    {
+        self.admit(tenant_id, Quota::Conversations, Counter::Creating, stored)
+            .await
+    }
+
+    /// Room for one more running turn of the tenant (`concurrent_turns`): those running
+    /// (`running` counts them) and those admitted here that their conversation has not yet
+    /// taken. Held until the returned value is dropped, once the conversation answered.
+    pub async fn turn(
+        &self,
+        tenant_id: &str,
+        running: impl FnOnce() -> u64,
+    ) -> Result<Held, Exceeded> {
+        let admitted = self
+            .admit(
+                tenant_id,
+                Quota::ConcurrentTurns,
+                Counter::Starting,
+                || async { Ok::<_, std::convert::Infallible>(running()) },
+            )
+            .await;
+        match admitted {
+            Ok(admitted) => admitted,
+            Err(never) => match never {},
+        }
+    }
+
+    /// Room for one more of `quota`: `in_use` and what `counter` holds (admitted, not yet
+    /// under way), read one admission at a time per tenant.
+    async fn admit<F, E>(
+        &self,
+        tenant_id: &str,
+        quota: Quota,
+        counter: Counter,
+        in_use: impl FnOnce() -> F,
+    ) -> Result<Result<Held, Exceeded>, E>
+    where
+        F: Future<Output = Result<u64, E>>,
+    {
+        let tenant = self.tenant(tenant_id);
+        let _one_at_a_time = tenant.admitting.lock().await;
+        let used = in_use().await? + counter.of(&tenant).load(Ordering::Acquire);
+        if let Err(exceeded) = self.check(tenant_id, quota, used).await {
+            return Ok(Err(exceeded));
+        }
+        counter.of(&tenant).fetch_add(1, Ordering::AcqRel);
+        Ok(Ok(Held(tenant.clone(), counter)))
+    }
+
     /// One more open stream of the tenant, counted until the returned value is dropped.
     pub async fn stream(&self, tenant_id: &str) -> Result<Held, Exceeded> {
         self.hold(tenant_id, Quota::Streams, Counter::Streams).await
@@ -352,10 +433,7 @@ impl Quotas {
     ) -> Result<Held, Exceeded> {
         let tenant = self.tenant(tenant_id);
         let limit = self.limits(&tenant, tenant_id).await[quota];
-        let count = match counter {
-            Counter::Streams => &tenant.streams,
-            Counter::Background => &tenant.background,
-        };
+        let count = counter.of(&tenant);
         let before = count.fetch_add(1, Ordering::AcqRel);
         let held = Held(tenant.clone(), counter);
         if before >= limit {

@@ -50,7 +50,7 @@ pub async fn continue_conversation(
             "a sub-agent is not continued: its parent conversation goes on",
         ));
     }
-    app.admit_conversation(&caller.0.id).await?;
+    let creating = app.admit_conversation(&caller.0.id).await?;
     let summary = match &source.state {
         ConvState::ContextExhausted { summary } => summary.clone(),
         ConvState::Idle
@@ -82,7 +82,8 @@ pub async fn continue_conversation(
     let mut record = new.record();
     record.next_sequence_id = 2;
     record.continued_from = Some(source.id.clone());
-    app.services
+    let written = app
+        .services
         .persistence
         .write(WriteJob::Seeded {
             new,
@@ -90,14 +91,15 @@ pub async fn continue_conversation(
             message_id: uuid::Uuid::now_v7().to_string(),
             message: seed(&source.id, &summary),
         })
-        .await
-        .map_err(|error| match error {
-            StoreError::NotFound => ApiError::not_found("conversation"),
-            other @ (StoreError::Unavailable(_)
-            | StoreError::Conflict(_)
-            | StoreError::Corrupt(_)
-            | StoreError::Other(_)) => other.into(),
-        })?;
+        .await;
+    drop(creating);
+    written.map_err(|error| match error {
+        StoreError::NotFound => ApiError::not_found("conversation"),
+        other @ (StoreError::Unavailable(_)
+        | StoreError::Conflict(_)
+        | StoreError::Corrupt(_)
+        | StoreError::Other(_)) => other.into(),
+    })?;
     Ok(app.created(record).await)
 }
 

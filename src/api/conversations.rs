@@ -17,7 +17,7 @@ use super::delivery::{
 use super::error::{ApiError, Body, ErrorBody, Path, Query, reply};
 use crate::model::{ConversationRecord, MessageRecord, NewConversation};
 use crate::persistence::WriteJob;
-use crate::quotas::Quota;
+use crate::quotas::{Held, Quota};
 use crate::runtime::Live;
 use crate::store::StoreError;
 use crate::wire::{
@@ -49,33 +49,33 @@ impl AppState {
     }
 
     /// Room for one more conversation of the tenant: its `conversations` quota, and its
-    /// `workspace_bytes` (a new conversation writes there).
-    pub(super) async fn admit_conversation(&self, tenant_id: &str) -> Result<(), ApiError> {
+    /// `workspace_bytes` (a new conversation writes there). The room is held until the
+    /// returned value is dropped: drop it once the conversation is written.
+    pub(super) async fn admit_conversation(&self, tenant_id: &str) -> Result<Held, ApiError> {
         let quotas = &self.services.quotas;
-        let count = self.services.store.conversation_count(tenant_id).await?;
-        quotas.check(tenant_id, Quota::Conversations, count).await?;
+        let store = &self.services.store;
+        let creating = quotas
+            .conversation(tenant_id, || store.conversation_count(tenant_id))
+            .await??;
         if let Some(bytes) = self.services.workspace_bytes(tenant_id).await {
             quotas
                 .check(tenant_id, Quota::WorkspaceBytes, bytes)
                 .await?;
         }
-        Ok(())
+        Ok(creating)
     }
 
     /// Room for one more running turn of the tenant on this node (`concurrent_turns`): the
-    /// top-level conversations other than `id` that run a turn now.
-    /// The registry is counted only when it holds as many conversations as the limit.
-    pub(super) async fn admit_turn(&self, tenant_id: &str, id: &str) -> Result<(), ApiError> {
-        let quotas = &self.services.quotas;
+    /// top-level conversations other than `id` that run a turn now, and the turns admitted
+    /// and not yet taken by their conversation. Held until the returned value is dropped:
+    /// drop it once the conversation answered the message.
+    pub(super) async fn admit_turn(&self, tenant_id: &str, id: &str) -> Result<Held, ApiError> {
         let registry = &self.services.registry;
-        if quotas.limit(tenant_id, Quota::ConcurrentTurns).await > registry.len() as u64 {
-            return Ok(());
-        }
-        let running = registry.running_turns(tenant_id, Some(id));
-        quotas
-            .check(tenant_id, Quota::ConcurrentTurns, running)
-            .await?;
-        Ok(())
+        Ok(self
+            .services
+            .quotas
+            .turn(tenant_id, || registry.running_turns(tenant_id, Some(id)))
+            .await?)
     }
 
     pub(super) fn conversation_json<'a>(&self, conv: &'a ConversationRecord) -> Conversation<'a> {
@@ -210,7 +210,7 @@ pub async fn create(
         }
         Some(_) | None => {}
     }
-    app.admit_conversation(&caller.0.id).await?;
+    let creating = app.admit_conversation(&caller.0.id).await?;
     // Made (or opened) one directory at a time by descriptor under the tenant's root,
     // through no link: the tenant's tools may have made any part of the path a link.
     let workspaces = app.services.tool_limits.workspaces.clone();
@@ -324,7 +324,9 @@ pub async fn create(
             },
         }
     };
-    match app.services.persistence.write(job).await {
+    let written = app.services.persistence.write(job).await;
+    drop(creating);
+    match written {
         Ok(_) => {}
         Err(StoreError::Conflict(_)) => {
             return Err(ApiError::new(

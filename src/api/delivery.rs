@@ -122,7 +122,8 @@ pub async fn deliver(app: &AppState, conv: &Target, out: Outgoing) -> Result<Del
             return Ok(Delivered::Repeat(original));
         }
     }
-    app.admit_turn(&conv.fixed.tenant_id, &conv.id).await?;
+    // Held until the conversation answered: then a started turn is counted as running.
+    let _starting = app.admit_turn(&conv.fixed.tenant_id, &conv.id).await?;
     let mut refs = Vec::new();
     if !out.images.is_empty() {
         let max_px = app.settings.model(&conv.fixed.model).max_image_px;

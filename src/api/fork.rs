@@ -36,7 +36,7 @@ pub async fn fork(
     Body(body): Body<ForkConversation>,
 ) -> Result<Response, ApiError> {
     let source = app.find(&caller, &id).await?;
-    app.admit_conversation(&caller.0.id).await?;
+    let creating = app.admit_conversation(&caller.0.id).await?;
     // What is stored now; a running turn's later messages are not part of the fork.
     let stored = app
         .services
@@ -76,7 +76,7 @@ pub async fn fork(
     // The copy and the write run to the end even if the client goes away meanwhile: no
     // copied directory is left without its conversation.
     let mode = body.cwd.unwrap_or_default();
-    tokio::spawn(async move { create(app, caller, source, at, mode).await })
+    tokio::spawn(async move { create(app, caller, source, at, mode, creating).await })
         .await
         .map_err(|e| ApiError::internal(format!("the fork failed: {e}")))?
 }
@@ -89,6 +89,7 @@ async fn create(
     source: crate::model::ConversationRecord,
     at: usize,
     mode: ForkCwd,
+    creating: crate::quotas::Held,
 ) -> Result<Response, ApiError> {
     let new_id = uuid::Uuid::now_v7().to_string();
     let cwd = match mode {
@@ -131,6 +132,7 @@ async fn create(
             message_ids: (0..at).map(|_| uuid::Uuid::now_v7().to_string()).collect(),
         })
         .await;
+    drop(creating);
     if let Err(error) = written {
         if cwd != source.cwd {
             let workspaces = app.services.tool_limits.workspaces.clone();

@@ -722,3 +722,79 @@ async fn the_conversation_count_follows_creates_forks_deletes_and_not_sub_agents
         app.cleanup(db).await;
     }
 }
+
+/// What a hostile tenant tries first against the `conversations` quota: many creates at
+/// once, each racing the others' count. Exactly the quota's number are made; the rest get
+/// 429 `quota_exceeded` (security issue 36, "Quotas").
+#[tokio::test]
+async fn a_flood_of_creates_at_once_makes_no_more_than_the_quota() {
+    for db in TestDb::each().await {
+        let app = TestApp::spawn_with(
+            &db,
+            &[
+                ("BEDROCK_QUOTAS__CONVERSATIONS", "3"),
+                ("BEDROCK_QUOTAS__CACHE_MS", "0"),
+            ],
+        )
+        .await;
+        let key = app.key_a.clone();
+        let replies =
+            futures::future::join_all((0..24).map(|_| create(&app, &key, json!({})))).await;
+        let made = replies.iter().filter(|r| r.status == 201).count();
+        let refused = replies.iter().filter(|r| r.status == 429).count();
+        assert_eq!((made, refused), (3, 21), "{}", db.backend);
+        let limits = usage(&app, &key).await;
+        assert_eq!(
+            limits["quotas"]["conversations"]["used"], 3,
+            "{} {limits}",
+            db.backend
+        );
+        app.cleanup(db).await;
+    }
+}
+
+/// The same flood against `concurrent_turns`: messages sent at once to many of the tenant's
+/// conversations each race the others' turns; no more turns start than the quota.
+#[tokio::test]
+async fn a_flood_of_sends_at_once_starts_no_more_turns_than_the_quota() {
+    let db = TestDb::sqlite();
+    let app = TestApp::spawn_with(&db, &[("BEDROCK_QUOTAS__CONCURRENT_TURNS", "2")]).await;
+    let mut ids = Vec::new();
+    for _ in 0..8 {
+        ids.push(app.conversation().await);
+    }
+    app.llm.route(
+        "flood",
+        [
+            bedrock::testkit::Reply::tool("sleeper", "bash", json!({"command": "sleep 2"})),
+            bedrock::testkit::Reply::text("slept"),
+        ],
+    );
+    let paths: Vec<String> = ids
+        .iter()
+        .map(|id| format!("/v1/conversations/{id}/messages"))
+        .collect();
+    let sends = paths.iter().map(|path| {
+        app.request(
+            reqwest::Method::POST,
+            path,
+            Some(&app.key_a),
+            Some(json!({"text": "flood"})),
+        )
+    });
+    let replies = futures::future::join_all(sends).await;
+    let started = replies.iter().filter(|r| r.status == 202).count();
+    let refused = replies.iter().filter(|r| r.status == 429).count();
+    assert_eq!(
+        (started, refused),
+        (2, 6),
+        "{:?}",
+        replies.iter().map(|r| r.status).collect::<Vec<_>>()
+    );
+    for (id, reply) in ids.iter().zip(&replies) {
+        if reply.status == 202 {
+            app.wait_kind(id, "idle").await;
+        }
+    }
+    app.cleanup(db).await;
+}
