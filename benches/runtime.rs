@@ -374,7 +374,7 @@ async fn cancel_latency(bench: &Bench, target: &str, n: usize) -> Vec<Duration> 
         }
         tokio::time::sleep(Duration::from_millis(20)).await; // let the tool spin
         let started = Instant::now();
-        let answer = live.cancel();
+        let answer = live.cancel_turn();
         loop {
             let frame = frames.recv().await.unwrap();
             if frame.kind == "state" && frame.json.contains("\"idle\"") {
@@ -446,7 +446,7 @@ async fn interrupt_latency(bench: &Bench, n: usize) -> Vec<Duration> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await; // let the tool start
     }
-    let answer = live.cancel();
+    let answer = live.cancel_turn();
     answer.await.unwrap();
     latencies.sort();
     latencies

@@ -32,9 +32,7 @@ use crate::egress::{self, EgressError};
 use crate::model::McpTool;
 use crate::state_machine::ToolOutcome;
 use crate::store::McpServer;
-
-/// The separator of `server__tool`, the names the LLM sees.
-pub use crate::tools::MCP_SEPARATOR as SEPARATOR;
+use crate::tools::MCP_SEPARATOR;
 
 /// The HTTP client of calls to MCP servers, under `egress`. rmcp's own client keeps no idle
 /// connections (a reused one stalled on delayed ACKs); neither does this one.
@@ -426,7 +424,7 @@ pub async fn list_tools(
         .into_iter()
         .map(|tool| McpTool {
             server: server.name.clone(),
-            name: format!("{}{SEPARATOR}{}", server.name, tool.name),
+            name: format!("{}{MCP_SEPARATOR}{}", server.name, tool.name),
             tool: tool.name.to_string(),
             description: tool.description.map(|d| d.to_string()).unwrap_or_default(),
             input_schema: Value::Object(tool.input_schema.as_ref().clone()),

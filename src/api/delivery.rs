@@ -241,7 +241,7 @@ pub async fn deliver(app: &AppState, conv: &Target, out: Outgoing) -> Result<Del
 pub async fn cancel_conversation(app: &AppState, id: &str) -> Result<CancelOutcome, ApiError> {
     let started = Instant::now();
     let live = app.live(id).await?;
-    let answer = live.cancel();
+    let answer = live.cancel_turn();
     let outcome = tokio::time::timeout(CALL_TIMEOUT, answer)
         .await
         .map_err(|_| ApiError::unavailable("the cancel was not confirmed in time; try again"))?

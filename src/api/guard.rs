@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use super::AppState;
 use super::error::ApiError;
 use crate::config::Settings;
-pub use crate::origin::{HostPort, Origin, parse_host, parse_origin};
+use crate::origin::{HostPort, Origin, parse_host, parse_origin};
 
 fn default_port(scheme: &str) -> u16 {
     if scheme == "https" { 443 } else { 80 }

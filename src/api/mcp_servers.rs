@@ -37,7 +37,7 @@ fn valid_name(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
-        && !name.contains(crate::mcp_client::SEPARATOR)
+        && !name.contains(crate::tools::MCP_SEPARATOR)
 }
 
 /// Registers an MCP server of the tenant. *Extension.*

@@ -96,7 +96,7 @@ impl Live {
 
     /// Cancels the running turn through the cancel path, which wins over queued work
     /// (REQ-BED-004); the receiver gets what the cancel stopped.
-    pub fn cancel(&self) -> tokio::sync::oneshot::Receiver<CancelOutcome> {
+    pub fn cancel_turn(&self) -> tokio::sync::oneshot::Receiver<CancelOutcome> {
         let answer = self.cancel.request();
         let _ = self.actor.cast(ConvMsg::Cancel);
         answer

@@ -192,7 +192,7 @@ impl TestRuntime {
             .get_or_start(&self.runtime.services, id)
             .await
             .expect("the conversation starts");
-        let answer = live.cancel();
+        let answer = live.cancel_turn();
         tokio::time::timeout(WAIT, answer)
             .await
             .expect("the cancel is answered in time")
