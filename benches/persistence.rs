@@ -82,6 +82,8 @@ async fn run(
                 context_window: 128_000,
                 context_tokens: 0,
                 continuation_permille: 0,
+                require_approval: Vec::new(),
+                mcp_tools: Vec::new(),
             };
             let mut latencies = Vec::new();
             let mut n = 0u64;

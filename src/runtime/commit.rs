@@ -388,6 +388,8 @@ mod tests {
             context_window: 0,
             context_tokens: 0,
             continuation_permille: 0,
+            require_approval: Vec::new(),
+            mcp_tools: Vec::new(),
         }
     }
 

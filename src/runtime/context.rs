@@ -18,5 +18,7 @@ pub fn context(services: &Services, record: &ConversationRecord) -> ConvContext 
         context_window: model.context_window,
         context_tokens: record.usage.context_tokens,
         continuation_permille: (model.continuation_threshold * 1000.0).round() as u32,
+        require_approval: record.require_approval.clone(),
+        mcp_tools: record.mcp_tools.iter().map(|t| t.name.clone()).collect(),
     }
 }

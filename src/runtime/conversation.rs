@@ -847,7 +847,7 @@ async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, eff
         Effect::AbortLlm { .. } | Effect::CancelTool { .. } | Effect::StopSubAgents { .. } => {
             state.cancel.stop_work();
         }
-        Effect::ExecuteTool { turn, tool } => {
+        Effect::ExecuteTool { turn, tool, plan } => {
             if starting_blocked {
                 return;
             }
@@ -862,8 +862,7 @@ async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, eff
                 metrics: services.metrics.clone(),
                 services: services.clone(),
                 conversation_id: state.record.id.clone(),
-                is_sub_agent: state.ctx.is_sub_agent,
-                needs_approval: state.record.require_approval.contains(&tool.name),
+                plan,
                 tenant_id: state.record.tenant_id.clone(),
                 mcp_tools: state.record.mcp_tools.clone(),
                 span: tracing::info_span!(

@@ -1,9 +1,10 @@
 //! The tool run actor: one per tool run, supervised by its conversation.
 //!
 //! It runs the tool in a task of its own and reports a `ToolComplete` to the conversation
-//! exactly once: the tool's outcome, or a failure if the run crashed. Before a tool named in
-//! the conversation's `require_approval` it asks the client to confirm; `ask_user` asks the
-//! client a question; `bash` with `background: true` starts a background task.
+//! exactly once: the tool's outcome, or a failure if the run crashed. It carries out the plan
+//! the core made for the call (state_machine/plan.rs) and decides nothing itself: it asks the
+//! client to confirm first when the plan says so, asks the user a question, starts a
+//! background task, calls the tenant's MCP server, or runs the tool.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -20,8 +21,10 @@ use super::background::TaskSpec;
 use super::messages::ConvMsg;
 use super::requests::{Asked, emit};
 use crate::metrics::Metrics;
-use crate::state_machine::{Event, ToolOutcome, ToolUse, TurnId};
-use crate::tools::{self, ASK_USER, ToolLimits, preview};
+use crate::state_machine::{
+    Event, Question, QuestionKind, ToolAction, ToolOutcome, ToolPlan, ToolUse, TurnId,
+};
+use crate::tools::{self, ToolLimits, preview};
 use crate::wire::{DurableFrame, RequestType, SelectOption, SystemEvent};
 
 #[derive(Debug)]
@@ -38,9 +41,8 @@ pub struct ToolRunArgs {
     pub metrics: Arc<Metrics>,
     pub services: Arc<Services>,
     pub conversation_id: String,
-    pub is_sub_agent: bool,
-    /// The conversation requires the client's approval before this tool runs.
-    pub needs_approval: bool,
+    /// How it runs, as the core decided.
+    pub plan: ToolPlan,
     pub tenant_id: String,
     /// The conversation's tools of its tenant's MCP servers.
     pub mcp_tools: Arc<Vec<crate::model::McpTool>>,
@@ -81,8 +83,7 @@ struct Run {
     conversation: ActorRef<ConvMsg>,
     services: Arc<Services>,
     conversation_id: String,
-    is_sub_agent: bool,
-    needs_approval: bool,
+    plan: ToolPlan,
     tenant_id: String,
     mcp_tools: Arc<Vec<crate::model::McpTool>>,
 }
@@ -117,8 +118,7 @@ impl Actor for ToolRun {
             conversation: args.reply.clone(),
             services: args.services.clone(),
             conversation_id: args.conversation_id.clone(),
-            is_sub_agent: args.is_sub_agent,
-            needs_approval: args.needs_approval,
+            plan: args.plan.clone(),
             tenant_id: args.tenant_id.clone(),
             mcp_tools: args.mcp_tools.clone(),
         };
@@ -171,24 +171,25 @@ fn failed(output: impl Into<String>) -> ToolOutcome {
 }
 
 async fn execute(run: Run) -> ToolOutcome {
-    if run.needs_approval
+    if run.plan.approval
         && let Err(refused) = approve(&run).await
     {
         return refused;
     }
-    if let Some(tool) = run.mcp_tools.iter().find(|t| t.name == run.tool.name) {
-        return mcp_tool(&run, tool).await;
-    }
-    let input = &run.tool.input;
-    match run.tool.name.as_str() {
-        ASK_USER if run.is_sub_agent => failed("ask_user is only available in user conversations"),
-        ASK_USER => ask_user(&run).await,
-        "bash" if input.get("background").and_then(Value::as_bool) == Some(true) => {
-            background(&run).await
-        }
+    match &run.plan.action {
+        ToolAction::Mcp => match run.mcp_tools.iter().find(|t| t.name == run.tool.name) {
+            Some(tool) => mcp_tool(&run, tool).await,
+            None => failed(format!("unknown tool `{}`", run.tool.name)),
+        },
+        ToolAction::Ask(question) => ask_user(&run, question).await,
+        ToolAction::Background {
+            command,
+            timeout_ms,
+            wake,
+        } => background(&run, command, *timeout_ms, *wake).await,
         // Tools that work in the workspace (bash's process, patch and keyword_search on the
         // server's blocking threads) take one of the tenant's slots.
-        "bash" | "patch" | "keyword_search" => {
+        ToolAction::Workspace => {
             // A slot of the tenant's, waiting behind its own tools only, at most the run's
             // own default time limit.
             let _slot = match admit(
@@ -204,7 +205,9 @@ async fn execute(run: Run) -> ToolOutcome {
             };
             tools::run(&run.tool, run.cwd.clone(), &run.limits, run.cancel.clone()).await
         }
-        _ => tools::run(&run.tool, run.cwd.clone(), &run.limits, run.cancel.clone()).await,
+        ToolAction::Direct => {
+            tools::run(&run.tool, run.cwd.clone(), &run.limits, run.cancel.clone()).await
+        }
     }
 }
 
@@ -328,69 +331,40 @@ async fn approve(run: &Run) -> Result<(), ToolOutcome> {
 }
 
 /// The ask_user tool: one question to the client; its answer is the tool's result.
-async fn ask_user(run: &Run) -> ToolOutcome {
-    let input = &run.tool.input;
-    let Some(question) = input.get("question").and_then(Value::as_str) else {
-        return failed("invalid arguments: `question` must be a string");
-    };
-    let kind = input
-        .get("kind")
-        .and_then(Value::as_str)
-        .unwrap_or("prompt");
-    let message = question.to_owned();
-    let request_type = match kind {
-        "confirm" => RequestType::Confirm {
+async fn ask_user(run: &Run, question: &Question) -> ToolOutcome {
+    let message = question.message.clone();
+    let request_type = match &question.kind {
+        QuestionKind::Confirm => RequestType::Confirm {
             message,
             default: None,
         },
-        "prompt" => RequestType::Prompt {
+        QuestionKind::Prompt => RequestType::Prompt {
             message,
             default: None,
             placeholder: None,
         },
-        "select" => {
-            let options: Vec<SelectOption> = input
-                .get("options")
-                .and_then(Value::as_array)
-                .map(|o| {
-                    o.iter()
-                        .filter_map(Value::as_str)
-                        .map(|o| SelectOption {
-                            value: o.to_owned(),
-                            label: o.to_owned(),
-                            description: None,
-                        })
-                        .collect()
+        QuestionKind::Select { options } => RequestType::Select {
+            message,
+            options: options
+                .iter()
+                .map(|o| SelectOption {
+                    value: o.clone(),
+                    label: o.clone(),
+                    description: None,
                 })
-                .unwrap_or_default();
-            if options.is_empty() {
-                return failed("invalid arguments: select needs `options`, a list of strings");
-            }
-            RequestType::Select {
-                message,
-                options,
-                multi_select: false,
-            }
-        }
-        "custom" => RequestType::Custom {
-            type_name: input
-                .get("type_name")
-                .and_then(Value::as_str)
-                .unwrap_or("custom")
-                .to_owned(),
-            schema: input.get("schema").cloned().unwrap_or(Value::Null),
+                .collect(),
+            multi_select: false,
         },
-        other => {
-            return failed(format!(
-                "invalid arguments: kind must be confirm, prompt, select or custom, not {other:?}"
-            ));
-        }
+        QuestionKind::Custom { type_name, schema } => RequestType::Custom {
+            type_name: type_name.clone(),
+            schema: schema.clone(),
+        },
     };
     let services = &run.services;
     // The model chooses its timeout (the broker keeps it within `requests.max_timeout_ms`).
-    let timeout = match input.get("timeout_ms").and_then(Value::as_u64) {
-        Some(ms) if ms > 0 => Duration::from_millis(ms),
-        _ => services.settings.requests.timeout(kind),
+    let timeout = match question.timeout_ms {
+        Some(ms) => Duration::from_millis(ms),
+        None => services.settings.requests.timeout(question.kind.name()),
     };
     let (_, asked) = services
         .requests
@@ -445,15 +419,10 @@ async fn ask_user(run: &Run) -> ToolOutcome {
 }
 
 /// bash with `background: true`: a task that outlives the call.
-async fn background(run: &Run) -> ToolOutcome {
-    let input = &run.tool.input;
-    let Some(command) = input.get("command").and_then(Value::as_str) else {
-        return failed("invalid arguments: `command` must be a string");
-    };
-    let timeout = match input.get("timeout_ms").and_then(Value::as_u64) {
-        Some(ms) if ms > 0 => Duration::from_millis(ms).min(run.limits.bash_max_timeout),
-        _ => run.limits.bash_max_timeout,
-    };
+async fn background(run: &Run, command: &str, timeout_ms: Option<u64>, wake: bool) -> ToolOutcome {
+    let timeout = timeout_ms.map_or(run.limits.bash_max_timeout, |ms| {
+        Duration::from_millis(ms).min(run.limits.bash_max_timeout)
+    });
     let spec = TaskSpec {
         conversation_id: run.conversation_id.clone(),
         tenant_id: run.tenant_id.clone(),
@@ -462,10 +431,7 @@ async fn background(run: &Run) -> ToolOutcome {
         cwd: run.cwd.clone(),
         timeout,
         limits: run.limits.clone(),
-        wake: input
-            .get("wake_on_result")
-            .and_then(Value::as_bool)
-            .unwrap_or(false),
+        wake,
     };
     match run.services.background.start(&run.services, spec).await {
         Ok(id) => ToolOutcome {

@@ -48,4 +48,8 @@ pub struct ConvContext {
     /// Per mille of the window at which the conversation is summarised and continued
     /// elsewhere (`continuation_threshold`; 0: never).
     pub continuation_permille: u32,
+    /// The tools the client approves before each run (the conversation's `require_approval`).
+    pub require_approval: Vec<String>,
+    /// The names of the conversation's tools of its tenant's MCP servers.
+    pub mcp_tools: Vec<String>,
 }

@@ -6,6 +6,7 @@
 
 use super::event::{LlmRequestTag, Usage};
 use super::message::MessageContent;
+use super::plan::ToolPlan;
 use super::state::{ErrorKind, SubAgentOutcome, ToolUse, TurnId};
 
 /// One task of a spawn_sub_agents call.
@@ -56,8 +57,12 @@ pub enum Effect {
         request: LlmRequestTag,
         delay_ms: u64,
     },
-    /// Run one tool in the conversation's cwd; it answers `ToolComplete`.
-    ExecuteTool { turn: TurnId, tool: ToolUse },
+    /// Run one tool in the conversation's cwd as `plan` says; it answers `ToolComplete`.
+    ExecuteTool {
+        turn: TurnId,
+        tool: ToolUse,
+        plan: ToolPlan,
+    },
     /// Stop the running tool (its whole process group, or the spawn in progress).
     CancelTool { turn: TurnId, tool_use_id: String },
     /// Start one sub-agent per task; the runtime answers `SubAgentsSpawned`.

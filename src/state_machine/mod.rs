@@ -12,6 +12,7 @@ mod context;
 mod effect;
 mod event;
 mod message;
+mod plan;
 mod state;
 mod transition;
 
@@ -31,6 +32,9 @@ pub use event::{
     Event, IfBusy, Interruption, LlmFailure, LlmReply, LlmRequestTag, ToolOutcome, Usage,
 };
 pub use message::{ImageRef, MessageContent, MessageType, Reasoning, ToolResult};
+pub use plan::{
+    ASK_USER, Question, QuestionKind, ToolAction, ToolPlan, WORKSPACE_TOOLS, plan as plan_tool,
+};
 pub use state::{
     BackgroundResult, ConvState, ErrorKind, MAX_LLM_ATTEMPTS, SubAgentLimit, SubAgentOutcome,
     SubAgentSlot, ToolUse, Turn, TurnId,

@@ -297,3 +297,85 @@ proptest! {
         prop_assert_eq!(fork_points(&world.log), expected);
     }
 }
+
+/// Any JSON value, a few levels deep.
+fn json_value() -> impl Strategy<Value = serde_json::Value> {
+    let leaf = prop_oneof![
+        Just(serde_json::Value::Null),
+        any::<bool>().prop_map(serde_json::Value::from),
+        any::<i64>().prop_map(serde_json::Value::from),
+        "[a-z ]{0,8}".prop_map(serde_json::Value::from),
+    ];
+    leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+            proptest::collection::btree_map(
+                prop_oneof![
+                    Just("question".to_owned()),
+                    Just("kind".to_owned()),
+                    Just("options".to_owned()),
+                    Just("command".to_owned()),
+                    Just("background".to_owned()),
+                    Just("timeout_ms".to_owned()),
+                    "[a-z_]{1,8}",
+                ],
+                inner,
+                0..5,
+            )
+            .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// The plan of any call is total, asks for approval exactly when the conversation names
+    /// the tool, never lets a sub-agent ask the user, and sends a call to an MCP server only
+    /// when the conversation has that tool (issue 37: the core decides how a tool runs).
+    #[test]
+    fn a_tool_plan_is_total_and_keeps_its_promises(
+        is_sub_agent in any::<bool>(),
+        name in prop_oneof![
+            Just(ASK_USER.to_owned()),
+            Just("bash".to_owned()),
+            Just("patch".to_owned()),
+            Just("think".to_owned()),
+            Just("srv__tool".to_owned()),
+            "[a-z_]{1,10}",
+        ],
+        input in json_value(),
+        approve in any::<bool>(),
+        mcp in any::<bool>(),
+    ) {
+        let ctx = ConvContext {
+            conversation_id: "c".into(),
+            working_dir: "/w".into(),
+            model_id: "m".into(),
+            is_sub_agent,
+            limits: TurnLimits::default(),
+            context_window: 0,
+            context_tokens: 0,
+            continuation_permille: 0,
+            require_approval: if approve { vec![name.clone()] } else { Vec::new() },
+            mcp_tools: if mcp { vec!["srv__tool".into()] } else { Vec::new() },
+        };
+        let tool = ToolUse::new("t", name.clone(), input);
+        match plan_tool(&ctx, &tool) {
+            Ok(plan) => {
+                prop_assert_eq!(plan.approval, approve);
+                prop_assert_eq!(matches!(plan.action, ToolAction::Mcp), mcp && name == "srv__tool");
+                prop_assert!(!(is_sub_agent && matches!(plan.action, ToolAction::Ask(_))));
+                if let ToolAction::Ask(question) = &plan.action
+                    && let QuestionKind::Select { options } = &question.kind
+                {
+                    prop_assert!(!options.is_empty());
+                }
+            }
+            Err(why) => {
+                prop_assert!(!why.is_empty());
+                prop_assert!(name == ASK_USER || name == "bash");
+            }
+        }
+    }
+}

@@ -102,6 +102,8 @@ impl World {
                 context_window: 1000,
                 context_tokens: 0,
                 continuation_permille: 900,
+                require_approval: Vec::new(),
+                mcp_tools: Vec::new(),
             },
             log: Vec::new(),
             delivered: Vec::new(),
@@ -245,7 +247,7 @@ impl World {
 
     fn tool_use(&mut self, pick: u8) -> ToolUse {
         let id = self.fresh("tool");
-        let (name, input) = match pick % 6 {
+        let (name, input) = match pick % 8 {
             0 | 1 => ("bash", json!({"command": "true"})),
             2 => ("think", json!({"thoughts": "hm"})),
             3 => (
@@ -253,7 +255,10 @@ impl World {
                 json!({"tasks": [{"prompt": "a"}, {"prompt": "b"}]}),
             ),
             4 => (SPAWN_SUB_AGENTS, json!({"tasks": "nope"})),
-            _ => (SUBMIT_RESULT, json!({"result": "done"})),
+            5 => (SUBMIT_RESULT, json!({"result": "done"})),
+            // A question (refused at once in a sub-agent), and a malformed one.
+            6 => (ASK_USER, json!({"question": "which?"})),
+            _ => (ASK_USER, json!({"kind": "essay"})),
         };
         ToolUse::new(id, name, input)
     }
@@ -316,7 +321,9 @@ impl World {
                 self.llm_request = None;
                 self.retry = Some(request.clone());
             }
-            Effect::ExecuteTool { turn, tool } => self.tool = Some((turn.clone(), tool.id.clone())),
+            Effect::ExecuteTool { turn, tool, .. } => {
+                self.tool = Some((turn.clone(), tool.id.clone()))
+            }
             Effect::CancelTool { .. } => {
                 self.tool = None;
                 self.spawn = None;

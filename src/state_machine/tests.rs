@@ -24,6 +24,8 @@ fn ctx() -> ConvContext {
         context_window: 1000,
         context_tokens: 0,
         continuation_permille: 0,
+        require_approval: Vec::new(),
+        mcp_tools: Vec::new(),
     }
 }
 
@@ -66,6 +68,14 @@ fn tool(id: &str, name: &str) -> ToolUse {
 
 fn bash(id: &str) -> ToolUse {
     tool(id, "bash")
+}
+
+/// The plan of a workspace tool that needs no approval (bash, patch, keyword_search).
+fn workspace() -> ToolPlan {
+    ToolPlan {
+        approval: false,
+        action: ToolAction::Workspace,
+    }
 }
 
 fn usage(input: u64, output: u64) -> Usage {
@@ -273,6 +283,7 @@ fn matrix_llm_tools_start_the_first_tool_only() {
             Effect::ExecuteTool {
                 turn: tid("t1"),
                 tool: a,
+                plan: workspace(),
             },
         ],
     );
@@ -429,6 +440,7 @@ fn matrix_tool_complete_starts_the_next_tool() {
             Effect::ExecuteTool {
                 turn: tid("t1"),
                 tool: b,
+                plan: workspace(),
             },
         ],
     );
@@ -697,6 +709,7 @@ fn req_bed_004_failed_tool_is_a_result_the_llm_sees() {
             Effect::ExecuteTool {
                 turn: tid("t1"),
                 tool: b,
+                plan: workspace(),
             },
         ],
     );
@@ -1031,6 +1044,7 @@ fn req_bed_009_submit_result_is_refused_outside_sub_agents() {
             Effect::ExecuteTool {
                 turn: tid("t1"),
                 tool: b,
+                plan: workspace(),
             },
         ],
     );
@@ -2059,6 +2073,8 @@ fn a_history_may_be_forked_only_where_no_tool_call_is_open() {
 fn continuing() -> ConvContext {
     ConvContext {
         continuation_permille: 900,
+        require_approval: Vec::new(),
+        mcp_tools: Vec::new(),
         ..ctx()
     }
 }
@@ -2152,6 +2168,7 @@ fn matrix_an_answer_past_the_threshold_asks_for_the_summary_next() {
             Effect::ExecuteTool {
                 turn: tid("t1"),
                 tool: bash("a"),
+                plan: workspace(),
             },
         ],
     );
@@ -2177,6 +2194,7 @@ fn matrix_an_answer_past_the_threshold_asks_for_the_summary_next() {
             Effect::ExecuteTool {
                 turn: tid("t1"),
                 tool: bash("a"),
+                plan: workspace(),
             },
         ],
     );
@@ -2308,5 +2326,274 @@ fn matrix_a_summary_asked_for_from_rest() {
         ConvState::Completed,
         Event::SummaryRequested { turn: tid("t2") },
         Rejection::Completed,
+    );
+}
+
+// How a tool call runs is the core's decision (issue 37): the runtime carries out the plan.
+
+fn call(id: &str, name: &str, input: serde_json::Value) -> ToolUse {
+    ToolUse {
+        id: id.into(),
+        name: name.into(),
+        input,
+        extra: None,
+    }
+}
+
+/// `tool` runs after `bash("a")` completes; the effects of that step.
+#[track_caller]
+fn after_a(ctx: &ConvContext, tool: ToolUse, plan: ToolPlan) {
+    check(
+        executing(bash("a"), vec![tool.clone()], 0),
+        ctx,
+        complete("a", true, "ok"),
+        ConvState::ToolExecuting {
+            turn: turn(1, 2),
+            current: tool.clone(),
+            remaining: vec![],
+            completed: 1,
+        },
+        vec![
+            result(&bash("a"), true, "ok", false),
+            Effect::ExecuteTool {
+                turn: tid("t1"),
+                tool,
+                plan,
+            },
+        ],
+    );
+}
+
+/// `tool` is refused by its plan after `bash("a")` completes: its result is `why`, and the
+/// next tool starts.
+#[track_caller]
+fn refused_after_a(ctx: &ConvContext, tool: ToolUse, why: &str) {
+    let b = bash("b");
+    check(
+        executing(bash("a"), vec![tool.clone(), b.clone()], 0),
+        ctx,
+        complete("a", true, "ok"),
+        ConvState::ToolExecuting {
+            turn: turn(1, 3),
+            current: b.clone(),
+            remaining: vec![],
+            completed: 2,
+        },
+        vec![
+            result(&bash("a"), true, "ok", false),
+            result(&tool, false, why, false),
+            Effect::ExecuteTool {
+                turn: tid("t1"),
+                tool: b,
+                plan: workspace(),
+            },
+        ],
+    );
+}
+
+#[test]
+fn plan_a_tool_in_require_approval_is_approved_first() {
+    let ctx = ConvContext {
+        require_approval: vec!["bash".into()],
+        ..ctx()
+    };
+    after_a(
+        &ctx,
+        bash("b"),
+        ToolPlan {
+            approval: true,
+            action: ToolAction::Workspace,
+        },
+    );
+    // Other tools are not.
+    after_a(
+        &ctx,
+        call("b", "think", json!({"thoughts": "x"})),
+        ToolPlan {
+            approval: false,
+            action: ToolAction::Direct,
+        },
+    );
+}
+
+#[test]
+fn plan_workspace_tools_take_a_slot_and_others_run_directly() {
+    for name in WORKSPACE_TOOLS {
+        after_a(&ctx(), call("b", name, json!({})), workspace());
+    }
+    after_a(
+        &ctx(),
+        call("b", "no_such_tool", json!({})),
+        ToolPlan {
+            approval: false,
+            action: ToolAction::Direct,
+        },
+    );
+}
+
+#[test]
+fn plan_a_tool_of_an_mcp_server_is_called_there() {
+    let ctx = ConvContext {
+        mcp_tools: vec!["files__read".into()],
+        require_approval: vec!["files__read".into()],
+        ..ctx()
+    };
+    after_a(
+        &ctx,
+        call("b", "files__read", json!({"path": "x"})),
+        ToolPlan {
+            approval: true,
+            action: ToolAction::Mcp,
+        },
+    );
+}
+
+#[test]
+fn plan_bash_in_the_background() {
+    after_a(
+        &ctx(),
+        call(
+            "b",
+            "bash",
+            json!({"command": "make", "background": true, "timeout_ms": 5000, "wake_on_result": true}),
+        ),
+        ToolPlan {
+            approval: false,
+            action: ToolAction::Background {
+                command: "make".into(),
+                timeout_ms: Some(5000),
+                wake: true,
+            },
+        },
+    );
+    // A zero time limit is no limit of the model's.
+    after_a(
+        &ctx(),
+        call(
+            "b",
+            "bash",
+            json!({"command": "make", "background": true, "timeout_ms": 0}),
+        ),
+        ToolPlan {
+            approval: false,
+            action: ToolAction::Background {
+                command: "make".into(),
+                timeout_ms: None,
+                wake: false,
+            },
+        },
+    );
+    refused_after_a(
+        &ctx(),
+        call("q", "bash", json!({"background": true})),
+        "invalid arguments: `command` must be a string",
+    );
+}
+
+#[test]
+fn plan_ask_user_is_a_question() {
+    let question = |kind: QuestionKind, timeout_ms: Option<u64>| ToolPlan {
+        approval: false,
+        action: ToolAction::Ask(Question {
+            message: "Which?".into(),
+            kind,
+            timeout_ms,
+        }),
+    };
+    after_a(
+        &ctx(),
+        call("b", ASK_USER, json!({"question": "Which?"})),
+        question(QuestionKind::Prompt, None),
+    );
+    after_a(
+        &ctx(),
+        call(
+            "b",
+            ASK_USER,
+            json!({"question": "Which?", "kind": "confirm", "timeout_ms": 9}),
+        ),
+        question(QuestionKind::Confirm, Some(9)),
+    );
+    after_a(
+        &ctx(),
+        call(
+            "b",
+            ASK_USER,
+            json!({"question": "Which?", "kind": "select", "options": ["x", 3, "y"]}),
+        ),
+        question(
+            QuestionKind::Select {
+                options: vec!["x".into(), "y".into()],
+            },
+            None,
+        ),
+    );
+    after_a(
+        &ctx(),
+        call(
+            "b",
+            ASK_USER,
+            json!({"question": "Which?", "kind": "custom", "schema": {"type": "object"}}),
+        ),
+        question(
+            QuestionKind::Custom {
+                type_name: "custom".into(),
+                schema: json!({"type": "object"}),
+            },
+            None,
+        ),
+    );
+}
+
+#[test]
+fn plan_a_malformed_question_is_refused_without_asking() {
+    refused_after_a(
+        &ctx(),
+        call("q", ASK_USER, json!({"kind": "prompt"})),
+        "invalid arguments: `question` must be a string",
+    );
+    refused_after_a(
+        &ctx(),
+        call(
+            "q",
+            ASK_USER,
+            json!({"question": "?", "kind": "select", "options": [1]}),
+        ),
+        "invalid arguments: select needs `options`, a list of strings",
+    );
+    refused_after_a(
+        &ctx(),
+        call("q", ASK_USER, json!({"question": "?", "kind": "essay"})),
+        "invalid arguments: kind must be confirm, prompt, select or custom, not \"essay\"",
+    );
+}
+
+#[test]
+fn req_bed_009_plan_a_sub_agent_cannot_ask_the_user() {
+    // Not even when the tool needs approval: nothing is asked of anyone.
+    let ctx = ConvContext {
+        require_approval: vec![ASK_USER.into()],
+        ..sub_ctx()
+    };
+    let b = bash("b");
+    let question = call("q", ASK_USER, json!({"question": "Which?"}));
+    let got = transition(
+        &executing(bash("a"), vec![question.clone(), b.clone()], 0),
+        &ctx,
+        complete("a", true, "ok"),
+    )
+    .expect("valid");
+    assert_eq!(
+        got.effects[1],
+        result(
+            &question,
+            false,
+            "ask_user is only available in user conversations",
+            false
+        )
+    );
+    assert!(
+        matches!(&got.effects[2], Effect::ExecuteTool { tool, .. } if *tool == b),
+        "{got:?}"
     );
 }

@@ -10,6 +10,7 @@ use super::event::{
     Event, IfBusy, Interruption, LlmFailure, LlmReply, LlmRequestTag, ToolOutcome, Usage,
 };
 use super::message::{ImageRef, MessageContent};
+use super::plan::plan;
 use super::state::{
     BackgroundResult, ConvState, ErrorKind, MAX_LLM_ATTEMPTS, SubAgentLimit, SubAgentOutcome,
     SubAgentSlot, ToolUse, Turn, TurnId,
@@ -959,7 +960,9 @@ fn next_tool(
 }
 
 /// Starts `tool`. The core settles its own tools (submit_result, a refused or malformed
-/// spawn_sub_agents) at once and moves on; every other tool becomes an `ExecuteTool`.
+/// spawn_sub_agents) and the calls its plan refuses (ask_user in a sub-agent, a malformed
+/// question or background command) at once and moves on; every other tool becomes an
+/// `ExecuteTool` with the plan the runtime carries out.
 fn start_tool(
     mut fx: Effects,
     ctx: &ConvContext,
@@ -988,13 +991,17 @@ fn start_tool(
             }
             Err(why) => why,
         },
-        _ => {
-            fx.push(Effect::ExecuteTool {
-                turn: turn.id.clone(),
-                tool: tool.clone(),
-            });
-            return executing(fx, turn, tool, remaining, completed);
-        }
+        _ => match plan(ctx, &tool) {
+            Ok(plan) => {
+                fx.push(Effect::ExecuteTool {
+                    turn: turn.id.clone(),
+                    tool: tool.clone(),
+                    plan,
+                });
+                return executing(fx, turn, tool, remaining, completed);
+            }
+            Err(why) => why,
+        },
     };
     fx.persist(MessageContent::tool_result(&tool, false, settled, false));
     next_tool(fx, ctx, turn, remaining, completed + 1)

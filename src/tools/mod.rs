@@ -29,7 +29,7 @@ use crate::workspace::{Pinned, Workspaces};
 pub const MCP_SEPARATOR: &str = "__";
 
 /// Name of the tool that asks the user (user conversations only).
-pub const ASK_USER: &str = "ask_user";
+pub use crate::state_machine::ASK_USER;
 
 /// A tool the LLM can call.
 #[derive(Clone, Debug, PartialEq)]
@@ -209,7 +209,7 @@ pub async fn run(
     limits: &ToolLimits,
     cancel: CancellationToken,
 ) -> ToolOutcome {
-    if matches!(tool.name.as_str(), "bash" | "patch" | "keyword_search") {
+    if crate::state_machine::WORKSPACE_TOOLS.contains(&tool.name.as_str()) {
         match pin(&cwd, limits) {
             Ok(pinned) => run_in(tool, &pinned, limits, cancel).await,
             Err(refused) => refused,
