@@ -222,6 +222,63 @@ pub struct FrameRow {
     pub frames: String,
 }
 
+/// Defines a status: its variants and the one name each has in the store and on the wire.
+macro_rules! status {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $text:literal),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vdoc])* $variant),+
+        }
+
+        impl $name {
+            /// Its name in the store and on the wire.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text),+
+                }
+            }
+
+            /// The status of a stored name; `None` for a name no version ever wrote.
+            pub fn parse(text: &str) -> Option<$name> {
+                match text {
+                    $($text => Some($name::$variant),)+
+                    _ => None,
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+status! {
+    /// Where a request to a client stands (bidirectional-streaming.md).
+    RequestStatus {
+        /// Waiting for the client's answer.
+        Pending = "pending",
+        Answered = "answered",
+        /// Its time ran out, or the server restarted before an answer.
+        Expired = "expired",
+        /// Its turn was cancelled.
+        Cancelled = "cancelled",
+    }
+}
+
+status! {
+    /// Where a background task stands.
+    TaskStatus {
+        Running = "running",
+        Completed = "completed",
+        Failed = "failed",
+        Cancelled = "cancelled",
+    }
+}
+
 /// A request from the server to a client (bidirectional-streaming.md).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClientRequest {
@@ -230,8 +287,7 @@ pub struct ClientRequest {
     pub tool_use_id: Option<String>,
     /// The contract's `request_type` object.
     pub request_type: serde_json::Value,
-    /// `pending`, `answered`, `expired` or `cancelled`.
-    pub status: String,
+    pub status: RequestStatus,
     pub response: Option<serde_json::Value>,
     pub timeout_ms: i64,
     pub expires_at: DateTime<Utc>,
@@ -246,8 +302,7 @@ pub struct BackgroundTask {
     pub tool_use_id: String,
     pub tool_name: String,
     pub command: String,
-    /// `running`, `completed`, `failed` or `cancelled`.
-    pub status: String,
+    pub status: TaskStatus,
     pub output: Option<String>,
     pub exit_code: Option<i32>,
     pub wake: bool,
@@ -281,4 +336,33 @@ pub struct Page<T> {
     pub items: Vec<T>,
     /// Pass back to get the next page; `None` on the last one.
     pub next_cursor: Option<String>,
+}
+
+#[cfg(test)]
+mod status_tests {
+    use super::{RequestStatus, TaskStatus};
+
+    #[test]
+    fn every_status_reads_back_as_written_and_nothing_else_reads() {
+        for status in [
+            RequestStatus::Pending,
+            RequestStatus::Answered,
+            RequestStatus::Expired,
+            RequestStatus::Cancelled,
+        ] {
+            assert_eq!(RequestStatus::parse(status.as_str()), Some(status));
+            assert_eq!(status.to_string(), status.as_str());
+        }
+        for status in [
+            TaskStatus::Running,
+            TaskStatus::Completed,
+            TaskStatus::Failed,
+            TaskStatus::Cancelled,
+        ] {
+            assert_eq!(TaskStatus::parse(status.as_str()), Some(status));
+        }
+        assert_eq!(RequestStatus::parse("running"), None);
+        assert_eq!(TaskStatus::parse("Pending"), None);
+        assert_eq!(TaskStatus::parse(""), None);
+    }
 }

@@ -101,14 +101,14 @@ pub enum WriteJob {
     /// Resolve a pending request; `Resolved(false)` when it was no longer pending.
     ResolveClientRequest {
         id: String,
-        status: &'static str,
+        status: crate::model::RequestStatus,
         response: Option<serde_json::Value>,
         at: DateTime<Utc>,
     },
     CreateBackgroundTask(crate::model::BackgroundTask),
     FinishBackgroundTask {
         id: String,
-        status: &'static str,
+        status: crate::model::TaskStatus,
         output: String,
         exit_code: Option<i32>,
         at: DateTime<Utc>,

@@ -977,7 +977,7 @@ pub fn background_task(task: &BackgroundTask) -> Task<'_> {
         tool_use_id: &task.tool_use_id,
         tool_name: &task.tool_name,
         command: &task.command,
-        status: &task.status,
+        status: task.status.as_str(),
         exit_code: task.exit_code,
         output: task.output.as_deref(),
         created_at: task.created_at,
@@ -1235,13 +1235,16 @@ impl DurableFrame {
     }
 
     /// The end of a client request: `answered`, `expired` or `cancelled`.
-    pub fn client_request_resolved(request_id: String, status: &'static str) -> DurableFrame {
+    pub fn client_request_resolved(
+        request_id: String,
+        status: crate::model::RequestStatus,
+    ) -> DurableFrame {
         DurableFrame {
             kind: "client_request_resolved",
             json: Box::new(move |event_id| {
                 to_json(&ServerFrame::ClientRequestResolved {
                     request_id: &request_id,
-                    status,
+                    status: status.as_str(),
                     event_id,
                 })
             }),

@@ -15,7 +15,7 @@ use super::delivery::{
     post_event,
 };
 use super::error::{ApiError, Body, ErrorBody, Path, Query, reply};
-use crate::model::{ConversationRecord, MessageRecord, NewConversation};
+use crate::model::{ConversationRecord, MessageRecord, NewConversation, TaskStatus};
 use crate::persistence::WriteJob;
 use crate::quotas::{Held, Quota};
 use crate::runtime::Live;
@@ -735,10 +735,10 @@ pub async fn cancel_task(
     let Some(mut task) = find().await? else {
         return Err(ApiError::not_found("task"));
     };
-    if task.status == "running" && app.services.background.cancel(&conv.id, &task_id) {
+    if task.status == TaskStatus::Running && app.services.background.cancel(&conv.id, &task_id) {
         // The kill is immediate; its record follows within moments.
         let deadline = Instant::now() + Duration::from_secs(5);
-        while task.status == "running" && Instant::now() < deadline {
+        while task.status == TaskStatus::Running && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
             if let Some(latest) = find().await? {
                 task = latest;

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::Services;
 use super::requests::emit;
 use crate::hub::Frame;
-use crate::model::BackgroundTask;
+use crate::model::{BackgroundTask, TaskStatus};
 use crate::persistence::WriteJob;
 use crate::state_machine::{BackgroundResult, Event, TurnId};
 use crate::tools::{BashOutcome, OnLine, ToolLimits, run_bash};
@@ -63,7 +63,7 @@ impl BackgroundTasks {
             tool_use_id: spec.tool_use_id.clone(),
             tool_name: "bash".into(),
             command: spec.command.clone(),
-            status: "running".into(),
+            status: TaskStatus::Running,
             output: None,
             exit_code: None,
             wake: spec.wake,
@@ -165,13 +165,13 @@ async fn run(
     // Killed by a shutdown is an interruption, not a cancel anyone asked for.
     let interrupted = outcome.cancelled && services.is_shutting_down();
     let status = if interrupted {
-        "failed"
+        TaskStatus::Failed
     } else if outcome.cancelled {
-        "cancelled"
+        TaskStatus::Cancelled
     } else if outcome.ok() {
-        "completed"
+        TaskStatus::Completed
     } else {
-        "failed"
+        TaskStatus::Failed
     };
     let exit_code = outcome.exit_code;
     let mut result = outcome.into_outcome();
@@ -205,7 +205,7 @@ async fn run(
             "task_id": id,
             "tool_name": "bash",
             "tool_use_id": spec.tool_use_id,
-            "status": status,
+            "status": status.as_str(),
             "result": {"ok": result.ok, "output": result.output},
             "error": if result.ok { serde_json::Value::Null } else { json!(result.output) },
         }),

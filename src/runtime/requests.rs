@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Services;
 use super::messages::ConvMsg;
-use crate::model::ClientRequest;
+use crate::model::{ClientRequest, RequestStatus};
 use crate::persistence::{WriteJob, WriteOutcome};
 use crate::wire::{DurableFrame, RequestType};
 
@@ -151,7 +151,7 @@ impl RequestBroker {
             conversation_id: conversation_id.to_owned(),
             tool_use_id: tool_use_id.clone(),
             request_type: serde_json::to_value(&request_type).unwrap_or(Value::Null),
-            status: "pending".into(),
+            status: RequestStatus::Pending,
             response: None,
             timeout_ms,
             expires_at,
@@ -181,7 +181,7 @@ impl RequestBroker {
         )];
         frames.extend(extra_frames(&id));
         if let Err(e) = emit(conversation, frames).await {
-            self.resolve(services, &id, "expired").await;
+            self.resolve(services, &id, RequestStatus::Expired).await;
             return (id, Asked::Failed(e));
         }
         let asked = tokio::select! {
@@ -191,14 +191,14 @@ impl RequestBroker {
             },
             () = tokio::time::sleep(timeout) => {
                 // An answer may have won the race: only the first resolution counts.
-                if self.resolve(services, &id, "expired").await {
+                if self.resolve(services, &id, RequestStatus::Expired).await {
                     Asked::TimedOut
                 } else {
                     self.stored_answer(services, conversation_id, &id).await
                 }
             }
             () = cancel.cancelled() => {
-                if self.resolve(services, &id, "cancelled").await {
+                if self.resolve(services, &id, RequestStatus::Cancelled).await {
                     Asked::Cancelled
                 } else {
                     self.stored_answer(services, conversation_id, &id).await
@@ -207,9 +207,9 @@ impl RequestBroker {
         };
         if matches!(asked, Asked::TimedOut | Asked::Cancelled) {
             let status = if matches!(asked, Asked::TimedOut) {
-                "expired"
+                RequestStatus::Expired
             } else {
-                "cancelled"
+                RequestStatus::Cancelled
             };
             let _ = emit(
                 conversation,
@@ -220,7 +220,7 @@ impl RequestBroker {
         (id, asked)
     }
 
-    async fn resolve(&self, services: &Services, id: &str, status: &'static str) -> bool {
+    async fn resolve(&self, services: &Services, id: &str, status: RequestStatus) -> bool {
         matches!(
             services
                 .persistence
@@ -237,10 +237,10 @@ impl RequestBroker {
 
     async fn stored_answer(&self, services: &Services, conversation_id: &str, id: &str) -> Asked {
         match services.store.client_request(conversation_id, id).await {
-            Ok(Some(row)) if row.status == "answered" => {
+            Ok(Some(row)) if row.status == RequestStatus::Answered => {
                 row.response.map_or(Asked::Cancelled, Asked::Answered)
             }
-            Ok(Some(row)) if row.status == "expired" => Asked::TimedOut,
+            Ok(Some(row)) if row.status == RequestStatus::Expired => Asked::TimedOut,
             _ => Asked::Cancelled,
         }
     }
@@ -351,15 +351,15 @@ pub async fn answer_request(
         .client_request(conversation_id, request_id)
         .await?
         .ok_or(AnswerError::NotFound)?;
-    match row.status.as_str() {
-        "pending" => {}
-        "answered" => return Err(AnswerError::AlreadyAnswered),
-        _ => return Err(AnswerError::Expired),
+    match row.status {
+        RequestStatus::Pending => {}
+        RequestStatus::Answered => return Err(AnswerError::AlreadyAnswered),
+        RequestStatus::Expired | RequestStatus::Cancelled => return Err(AnswerError::Expired),
     }
     if row.expires_at <= Utc::now() {
         services
             .requests
-            .resolve(services, request_id, "expired")
+            .resolve(services, request_id, RequestStatus::Expired)
             .await;
         return Err(AnswerError::Expired);
     }
@@ -368,7 +368,7 @@ pub async fn answer_request(
         .persistence
         .write(WriteJob::ResolveClientRequest {
             id: request_id.to_owned(),
-            status: "answered",
+            status: RequestStatus::Answered,
             response: Some(payload.clone()),
             at: Utc::now(),
         })
@@ -380,13 +380,14 @@ pub async fn answer_request(
             .client_request(conversation_id, request_id)
             .await?
         {
-            Some(row) if row.status == "answered" => Err(AnswerError::AlreadyAnswered),
+            Some(row) if row.status == RequestStatus::Answered => Err(AnswerError::AlreadyAnswered),
             _ => Err(AnswerError::Expired),
         };
     }
     services.requests.deliver(request_id, payload);
     if let Some(live) = services.registry.get(conversation_id) {
-        let frame = DurableFrame::client_request_resolved(request_id.to_owned(), "answered");
+        let frame =
+            DurableFrame::client_request_resolved(request_id.to_owned(), RequestStatus::Answered);
         let _ = emit(&live.actor, vec![frame]).await;
     }
     Ok(())

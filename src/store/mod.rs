@@ -38,7 +38,8 @@ pub(crate) use sqlite::Durable;
 
 use crate::model::{
     BackgroundTask, ClientRequest, ConversationCommit, ConversationRecord, ForkPoint, FrameRow,
-    MessageRecord, NewConversation, Page, StoredFrame, Tenant, UsageTotals,
+    MessageRecord, NewConversation, Page, RequestStatus, StoredFrame, TaskStatus, Tenant,
+    UsageTotals,
 };
 use crate::state_machine::ConvState;
 use crate::wire;
@@ -711,48 +712,56 @@ impl Store {
         conversation_id: &str,
         id: &str,
     ) -> Result<Option<ClientRequest>> {
-        Ok(client_requests::Entity::find_by_id(id.to_owned())
+        client_requests::Entity::find_by_id(id.to_owned())
             .filter(client_requests::Column::ConversationId.eq(conversation_id))
             .one(&self.db)
             .await?
-            .map(client_request))
+            .map(client_request)
+            .transpose()
     }
 
     /// The pending requests of a conversation, oldest first, as the snapshot lists them.
     pub async fn pending_requests(&self, conversation_id: &str) -> Result<Vec<ClientRequest>> {
-        Ok(client_requests::Entity::find()
+        client_requests::Entity::find()
             .filter(client_requests::Column::ConversationId.eq(conversation_id))
-            .filter(client_requests::Column::Status.eq("pending"))
+            .filter(client_requests::Column::Status.eq(RequestStatus::Pending.as_str()))
             .order_by_asc(client_requests::Column::Id)
             .all(&self.db)
             .await?
             .into_iter()
             .map(client_request)
-            .collect())
+            .collect()
     }
 
     /// A conversation's background tasks, oldest first.
     pub async fn background_tasks(&self, conversation_id: &str) -> Result<Vec<BackgroundTask>> {
-        Ok(background_tasks::Entity::find()
+        background_tasks::Entity::find()
             .filter(background_tasks::Column::ConversationId.eq(conversation_id))
             .order_by_asc(background_tasks::Column::Id)
             .all(&self.db)
             .await?
             .into_iter()
-            .map(|row| BackgroundTask {
-                id: row.id,
-                conversation_id: row.conversation_id,
-                tool_use_id: row.tool_use_id,
-                tool_name: row.tool_name,
-                command: row.command,
-                status: row.status,
-                output: row.output,
-                exit_code: row.exit_code,
-                wake: row.wake,
-                created_at: row.created_at,
-                finished_at: row.finished_at,
+            .map(|row| {
+                Ok(BackgroundTask {
+                    status: TaskStatus::parse(&row.status).ok_or_else(|| {
+                        StoreError::Corrupt(format!(
+                            "background task {} has the status {:?}",
+                            row.id, row.status
+                        ))
+                    })?,
+                    id: row.id,
+                    conversation_id: row.conversation_id,
+                    tool_use_id: row.tool_use_id,
+                    tool_name: row.tool_name,
+                    command: row.command,
+                    output: row.output,
+                    exit_code: row.exit_code,
+                    wake: row.wake,
+                    created_at: row.created_at,
+                    finished_at: row.finished_at,
+                })
             })
-            .collect())
+            .collect()
     }
 
     pub async fn count_messages(&self, conversation_id: &str) -> Result<u64> {
@@ -1158,7 +1167,7 @@ impl Store {
             conversation_id: Set(request.conversation_id.clone()),
             tool_use_id: Set(request.tool_use_id.clone()),
             request_type: Set(request.request_type.clone()),
-            status: Set(request.status.clone()),
+            status: Set(request.status.as_str().to_owned()),
             response: Set(request.response.clone()),
             timeout_ms: Set(request.timeout_ms),
             expires_at: Set(request.expires_at),
@@ -1175,16 +1184,19 @@ impl Store {
     pub(crate) async fn resolve_client_request(
         &self,
         id: &str,
-        status: &str,
+        status: RequestStatus,
         response: Option<serde_json::Value>,
         at: DateTime<Utc>,
     ) -> Result<bool> {
         let result = client_requests::Entity::update_many()
-            .col_expr(client_requests::Column::Status, Expr::value(status))
+            .col_expr(
+                client_requests::Column::Status,
+                Expr::value(status.as_str()),
+            )
             .col_expr(client_requests::Column::Response, Expr::value(response))
             .col_expr(client_requests::Column::ResolvedAt, Expr::value(at))
             .filter(client_requests::Column::Id.eq(id))
-            .filter(client_requests::Column::Status.eq("pending"))
+            .filter(client_requests::Column::Status.eq(RequestStatus::Pending.as_str()))
             .exec(self.writer())
             .await?;
         Ok(result.rows_affected == 1)
@@ -1197,7 +1209,7 @@ impl Store {
             tool_use_id: Set(task.tool_use_id.clone()),
             tool_name: Set(task.tool_name.clone()),
             command: Set(task.command.clone()),
-            status: Set(task.status.clone()),
+            status: Set(task.status.as_str().to_owned()),
             output: Set(task.output.clone()),
             exit_code: Set(task.exit_code),
             wake: Set(task.wake),
@@ -1213,18 +1225,21 @@ impl Store {
     pub(crate) async fn finish_background_task(
         &self,
         id: &str,
-        status: &str,
+        status: TaskStatus,
         output: &str,
         exit_code: Option<i32>,
         at: DateTime<Utc>,
     ) -> Result<bool> {
         let result = background_tasks::Entity::update_many()
-            .col_expr(background_tasks::Column::Status, Expr::value(status))
+            .col_expr(
+                background_tasks::Column::Status,
+                Expr::value(status.as_str()),
+            )
             .col_expr(background_tasks::Column::Output, Expr::value(output))
             .col_expr(background_tasks::Column::ExitCode, Expr::value(exit_code))
             .col_expr(background_tasks::Column::FinishedAt, Expr::value(at))
             .filter(background_tasks::Column::Id.eq(id))
-            .filter(background_tasks::Column::Status.eq("running"))
+            .filter(background_tasks::Column::Status.eq(TaskStatus::Running.as_str()))
             .exec(self.writer())
             .await?;
         Ok(result.rows_affected == 1)
@@ -1239,9 +1254,12 @@ impl Store {
     ) -> Result<(u64, u64)> {
         let requests =
             client_requests::Entity::update_many()
-                .col_expr(client_requests::Column::Status, Expr::value("expired"))
+                .col_expr(
+                    client_requests::Column::Status,
+                    Expr::value(RequestStatus::Expired.as_str()),
+                )
                 .col_expr(client_requests::Column::ResolvedAt, Expr::value(at))
-                .filter(client_requests::Column::Status.eq("pending"))
+                .filter(client_requests::Column::Status.eq(RequestStatus::Pending.as_str()))
                 .filter(sea_orm::Condition::all().add_option(
                     conversation.map(|id| client_requests::Column::ConversationId.eq(id)),
                 ))
@@ -1249,13 +1267,16 @@ impl Store {
                 .await?;
         let tasks =
             background_tasks::Entity::update_many()
-                .col_expr(background_tasks::Column::Status, Expr::value("failed"))
+                .col_expr(
+                    background_tasks::Column::Status,
+                    Expr::value(TaskStatus::Failed.as_str()),
+                )
                 .col_expr(
                     background_tasks::Column::Output,
                     Expr::value("interrupted by server restart"),
                 )
                 .col_expr(background_tasks::Column::FinishedAt, Expr::value(at))
-                .filter(background_tasks::Column::Status.eq("running"))
+                .filter(background_tasks::Column::Status.eq(TaskStatus::Running.as_str()))
                 .filter(sea_orm::Condition::all().add_option(
                     conversation.map(|id| background_tasks::Column::ConversationId.eq(id)),
                 ))
@@ -1460,18 +1481,23 @@ fn conversation(row: conversations::Model) -> Result<ConversationRecord> {
     })
 }
 
-fn client_request(row: client_requests::Model) -> ClientRequest {
-    ClientRequest {
+fn client_request(row: client_requests::Model) -> Result<ClientRequest> {
+    Ok(ClientRequest {
+        status: RequestStatus::parse(&row.status).ok_or_else(|| {
+            StoreError::Corrupt(format!(
+                "client request {} has the status {:?}",
+                row.id, row.status
+            ))
+        })?,
         id: row.id,
         conversation_id: row.conversation_id,
         tool_use_id: row.tool_use_id,
         request_type: row.request_type,
-        status: row.status,
         response: row.response,
         timeout_ms: row.timeout_ms,
         expires_at: row.expires_at,
         created_at: row.created_at,
-    }
+    })
 }
 
 /// A stored message of the conversation `conversation_id`.
