@@ -64,7 +64,6 @@ async fn start(db: &BenchDb) -> Bench {
     .await;
     let tenant = uuid::Uuid::now_v7().to_string();
     runtime
-        .services
         .persistence
         .write(WriteJob::EnsureTenant {
             tenant: Tenant {
@@ -89,7 +88,6 @@ impl Bench {
         for _ in 0..n {
             let id = uuid::Uuid::now_v7().to_string();
             self.runtime
-                .services
                 .persistence
                 .write(WriteJob::CreateConversation(NewConversation::user(
                     &id,
@@ -141,8 +139,8 @@ fn prompt(id: &str) -> String {
 
 /// Sends a message and follows the frames until the conversation is idle again.
 async fn turn(bench: &Bench, id: &str, frames: &mut bedrock::hub::Subscription) -> Turn {
-    let services = &bench.runtime.services;
-    let live = services.registry.get_or_start(services, id).await.unwrap();
+    let runtime = &bench.runtime;
+    let live = runtime.conversations.get_or_start(id).await.unwrap();
     let started = Instant::now();
     let sent = live
         .send(
@@ -243,7 +241,7 @@ async fn paced(
                     Some(id) => id,
                     None => bench.conversations(1).await.remove(0),
                 };
-                let mut frames = bench.runtime.services.hub.subscribe(&id);
+                let mut frames = bench.runtime.hub.subscribe(&id);
                 let mut turns = Vec::new();
                 while turns.len() < limit && Instant::now() < deadline {
                     if let Some(every) = every {
@@ -350,13 +348,9 @@ const CANCELS: usize = 400;
 /// Starts a CPU-bound tool `n` times and cancels it; the time from the cancel call to the
 /// stored Idle frame, sorted.
 async fn cancel_latency(bench: &Bench, target: &str, n: usize) -> Vec<Duration> {
-    let services = &bench.runtime.services;
-    let live = services
-        .registry
-        .get_or_start(services, target)
-        .await
-        .unwrap();
-    let mut frames = services.hub.subscribe(target);
+    let runtime = &bench.runtime;
+    let live = runtime.conversations.get_or_start(target).await.unwrap();
+    let mut frames = runtime.hub.subscribe(target);
     let mut latencies = Vec::with_capacity(n);
     for _ in 0..n {
         let sent = live
@@ -395,7 +389,7 @@ const INTERRUPTS: usize = CANCELS;
 /// (`if_busy=interrupt`); the time from the interrupting send to the arrival of the new
 /// turn's first LLM request at the fake LLM, sorted.
 async fn interrupt_latency(bench: &Bench, n: usize) -> Vec<Duration> {
-    let services = &bench.runtime.services;
+    let runtime = &bench.runtime;
     let target = bench.conversations(1).await.remove(0);
     // Every request of the conversation (routed by its first message) asks for a sleep.
     let key = "sleep, to be interrupted";
@@ -403,12 +397,8 @@ async fn interrupt_latency(bench: &Bench, n: usize) -> Vec<Duration> {
         key,
         std::iter::repeat_n(Reply::bash("sleeper", "sleep 600"), n + 10),
     );
-    let live = services
-        .registry
-        .get_or_start(services, &target)
-        .await
-        .unwrap();
-    let mut frames = services.hub.subscribe(&target);
+    let live = runtime.conversations.get_or_start(&target).await.unwrap();
+    let mut frames = runtime.hub.subscribe(&target);
     bench.llm.record_arrivals();
     let mut latencies = Vec::with_capacity(n);
     for i in 0..=n {
@@ -521,7 +511,7 @@ async fn main() {
             // What history costs: one conversation alone, 1,000 turns (4,000 messages) into
             // its life, so that every request carries all of them.
             let id = bench.conversations(1).await.remove(0);
-            let mut frames = bench.runtime.services.hub.subscribe(&id);
+            let mut frames = bench.runtime.hub.subscribe(&id);
             for _ in 0..1000 {
                 turn(&bench, &id, &mut frames).await;
             }
@@ -545,13 +535,7 @@ async fn main() {
         let before = rss_bytes();
         let ((), held) = heap_held_by(async {
             for id in &idle {
-                bench
-                    .runtime
-                    .services
-                    .registry
-                    .get_or_start(&bench.runtime.services, id)
-                    .await
-                    .unwrap();
+                bench.runtime.conversations.get_or_start(id).await.unwrap();
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         })
@@ -586,7 +570,7 @@ async fn main() {
         for id in bench.conversations(50).await {
             let (bench, mut stop) = (bench.clone(), stop_rx.clone());
             background.push(tokio::spawn(async move {
-                let mut frames = bench.runtime.services.hub.subscribe(&id);
+                let mut frames = bench.runtime.hub.subscribe(&id);
                 while !*stop.borrow_and_update() {
                     turn(&bench, &id, &mut frames).await;
                 }
@@ -597,7 +581,7 @@ async fn main() {
         for task in background {
             let _ = task.await;
         }
-        let active = bench.runtime.services.registry.len();
+        let active = bench.runtime.conversations.len();
         println!(
             "cancel latency (cancel call to the Idle frame, CPU-bound tool running, {active} conversations activated): p50 {} p99 {}",
             ms(percentile(&quiet, 50.0)),
@@ -623,11 +607,7 @@ async fn main() {
         let cwd =
             std::env::temp_dir().join(format!("bedrock-bench-sandbox-{}", std::process::id()));
         std::fs::create_dir_all(&cwd).unwrap();
-        let confined = bench
-            .runtime
-            .services
-            .tool_limits
-            .bash(Duration::from_secs(30));
+        let confined = bench.runtime.tool_limits.bash(Duration::from_secs(30));
         let mut unconfined = confined.clone();
         unconfined.sandbox = None;
         for (what, limits) in [("unconfined", &unconfined), ("sandboxed", &confined)] {

@@ -64,7 +64,7 @@ async fn main() {
         .await
         .unwrap();
     let addr = app.addr;
-    let hub = app.runtime.services.hub.clone();
+    let hub = app.runtime.hub.clone();
     let token = app.shutdown_token();
     let server = tokio::spawn(app.run_until_stopped());
     let http = reqwest::Client::new();

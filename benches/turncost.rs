@@ -116,7 +116,7 @@ fn workload() {
                 Duration::from_secs(60),
             )
             .await;
-            let services = runtime.services.clone();
+            let services = &runtime;
             let tenant = "turncost".to_owned();
             services
                 .persistence
@@ -144,11 +144,7 @@ fn workload() {
                     .unwrap();
                 let mut frames = services.hub.subscribe(&id);
                 for turn in 0..TURNS {
-                    let live = services
-                        .registry
-                        .get_or_start(&services, &id)
-                        .await
-                        .unwrap();
+                    let live = services.conversations.get_or_start(&id).await.unwrap();
                     let message = UserMessage {
                         text: format!("turn {turn} of conversation {n}"),
                         images: vec![],

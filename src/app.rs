@@ -120,7 +120,7 @@ impl Application {
             Runtime::start_node(settings.clone(), store.clone(), metrics, cluster).await?;
         // On a cluster: the heartbeat, the frames across nodes and the start-up takeover,
         // before the first request.
-        crate::cluster::start(&runtime.services).await?;
+        crate::cluster::start(&crate::cluster::Handles::of(&runtime)).await?;
         if recovery != RecoveryReport::default() {
             tracing::info!(?recovery, "restart recovery");
         }
@@ -129,7 +129,7 @@ impl Application {
         } else {
             None
         };
-        if let Some(sandbox) = &runtime.services.tool_limits.sandbox {
+        if let Some(sandbox) = &runtime.tool_limits.sandbox {
             sandbox.check_port(addr.port(), "Bedrock's API (server.listen)")?;
             if let Some(at) = metrics_addr {
                 sandbox.check_port(at.port(), "the operator listener (metrics.listen)")?;
@@ -139,12 +139,7 @@ impl Application {
             }
         }
         let shutdown = CancellationToken::new();
-        let state = AppState::new(
-            runtime.services.clone(),
-            dev_tenant,
-            workspace_root,
-            shutdown.clone(),
-        );
+        let state = AppState::new(&runtime, dev_tenant, workspace_root, shutdown.clone());
         Ok(Application {
             addr,
             runtime,
@@ -168,7 +163,7 @@ impl Application {
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
         let settings = &self.state.settings.server;
         let grace = Duration::from_millis(settings.shutdown_grace_ms);
-        let metrics = self.runtime.services.metrics.clone();
+        let metrics = self.runtime.metrics.clone();
         let limits = crate::server::Limits::of(settings, self.max_connections);
         let router = api::router(self.state.clone());
         let server = tokio::spawn(crate::server::serve(
@@ -225,7 +220,6 @@ async fn dev_tenant(runtime: &Runtime, store: &Store) -> anyhow::Result<Tenant> 
         name: DEV_TENANT.into(),
     };
     runtime
-        .services
         .persistence
         .write(WriteJob::EnsureTenant {
             tenant: tenant.clone(),

@@ -113,7 +113,7 @@ impl FromRequestParts<AppState> for Caller {
         let hash = hash_key(&key);
         let tenant = match app.cached_key(&hash) {
             Some(tenant) => tenant,
-            None => match app.services.store.tenant_by_key_hash(&hash).await? {
+            None => match app.store.tenant_by_key_hash(&hash).await? {
                 Some(tenant) => {
                     app.cache_key(hash.clone(), tenant.clone());
                     tenant
@@ -154,12 +154,7 @@ impl AppState {
     /// Counts one request against the key's rate.
     async fn admit(&self, key_id: &str, tenant_id: &str) -> Result<(), ApiError> {
         self.rate
-            .admit(
-                &self.services.store,
-                &self.services.metrics,
-                key_id,
-                tenant_id,
-            )
+            .admit(&self.store, &self.metrics, key_id, tenant_id)
             .await
     }
 
@@ -176,7 +171,7 @@ impl AppState {
         if self.cached_key(&hash).is_some() {
             return true;
         }
-        match self.services.store.tenant_by_key_hash(&hash).await {
+        match self.store.tenant_by_key_hash(&hash).await {
             Ok(Some(tenant)) => {
                 self.cache_key(hash, tenant);
                 true

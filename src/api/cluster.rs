@@ -19,7 +19,7 @@ pub const FORWARDED: HeaderName = HeaderName::from_static("x-bedrock-forwarded-b
 
 /// The layer: a no-op on a single node.
 pub async fn forward(State(app): State<AppState>, request: Request, next: Next) -> Response {
-    let Some(cluster) = app.services.cluster.clone() else {
+    let Some(cluster) = app.cluster.clone() else {
         return next.run(request).await;
     };
     // Only commands move; reads and live streams are answered here.

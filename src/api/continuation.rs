@@ -83,7 +83,6 @@ pub async fn continue_conversation(
     record.next_sequence_id = 2;
     record.continued_from = Some(source.id.clone());
     let written = app
-        .services
         .persistence
         .write(WriteJob::Seeded {
             new,
@@ -105,16 +104,12 @@ pub async fn continue_conversation(
 
 /// Asks the conversation (at rest) for its summary and waits for it.
 async fn summarize(app: &AppState, id: &str) -> Result<String, ApiError> {
-    let live = app
-        .services
-        .registry
-        .get_or_start(&app.services, id)
-        .await?;
+    let live = app.conversations.get_or_start(id).await?;
     // Subscribed before asking: its state frames say when to look again.
-    let mut frames = app.services.hub.subscribe(id);
+    let mut frames = app.hub.subscribe(id);
     let summary = ask_and_wait(app, &live, id, &mut frames).await;
     drop(frames);
-    app.services.hub.release(id);
+    app.hub.release(id);
     summary
 }
 

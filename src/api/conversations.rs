@@ -37,12 +37,7 @@ impl AppState {
     /// running.
     pub(super) async fn created(&self, conv: ConversationRecord) -> Response {
         let created = reply(StatusCode::CREATED, &self.conversation_json(&conv));
-        if let Err(e) = self
-            .services
-            .registry
-            .start_from(&self.services, conv)
-            .await
-        {
+        if let Err(e) = self.conversations.start_from(conv).await {
             tracing::warn!(error = %e, "a new conversation's actor did not start; it starts on first use");
         }
         created
@@ -52,12 +47,14 @@ impl AppState {
     /// `workspace_bytes` (a new conversation writes there). The room is held until the
     /// returned value is dropped: drop it once the conversation is written.
     pub(super) async fn admit_conversation(&self, tenant_id: &str) -> Result<Held, ApiError> {
-        let quotas = &self.services.quotas;
-        let store = &self.services.store;
+        let quotas = &self.quotas;
+        let store = &self.store;
         let creating = quotas
             .conversation(tenant_id, || store.conversation_count(tenant_id))
             .await??;
-        if let Some(bytes) = self.services.workspace_bytes(tenant_id).await {
+        if let Some(bytes) =
+            crate::runtime::workspace_bytes(&self.quotas, &self.workspaces, tenant_id).await
+        {
             quotas
                 .check(tenant_id, Quota::WorkspaceBytes, bytes)
                 .await?;
@@ -70,9 +67,8 @@ impl AppState {
     /// and not yet taken by their conversation. Held until the returned value is dropped:
     /// drop it once the conversation answered the message.
     pub(super) async fn admit_turn(&self, tenant_id: &str, id: &str) -> Result<Held, ApiError> {
-        let registry = &self.services.registry;
+        let registry = &self.conversations;
         Ok(self
-            .services
             .quotas
             .turn(tenant_id, || registry.running_turns(tenant_id, Some(id)))
             .await?)
@@ -99,8 +95,7 @@ impl AppState {
         if id.is_empty() || id.len() > 200 {
             return Err(ApiError::not_found("conversation"));
         }
-        self.services
-            .store
+        self.store
             .conversation(&caller.0.id, id)
             .await?
             .ok_or_else(|| ApiError::not_found("conversation"))
@@ -117,7 +112,7 @@ impl AppState {
 
     /// The caller's conversation `id`, when its actor runs.
     fn running_target(&self, caller: &Caller, id: &str) -> Option<Target> {
-        let live = self.services.registry.get(id)?;
+        let live = self.conversations.get(id)?;
         (live.fixed.tenant_id == caller.0.id).then(|| Target {
             id: id.to_owned(),
             fixed: live.fixed.clone(),
@@ -136,44 +131,37 @@ impl AppState {
         }
         let conv = self.find(caller, id).await?;
         let target = Target::from(&conv);
-        self.services
-            .registry
-            .start_from(&self.services, conv)
-            .await?;
+        self.conversations.start_from(conv).await?;
         Ok(target)
     }
 
     /// The conversation as stored now: its actor's record when it runs, else its row.
     pub(super) async fn current(&self, id: &str) -> Result<Option<ConversationRecord>, ApiError> {
-        if let Some(live) = self.services.registry.get(id)
+        if let Some(live) = self.conversations.get(id)
             && let Some(record) = live.record().await
         {
             return Ok(Some(record));
         }
-        Ok(self.services.store.conversation_by_id(id).await?)
+        Ok(self.store.conversation_by_id(id).await?)
     }
 
     /// On a cluster, refuses (to be carried to its owner) a command for a conversation that
     /// another live node holds.
     pub(super) async fn owned_here(&self, id: &str) -> Result<(), ApiError> {
-        let Some(cluster) = &self.services.cluster else {
+        let Some(cluster) = &self.cluster else {
             return Ok(());
         };
-        if self.services.registry.contains(id) {
+        if self.conversations.contains(id) {
             return Ok(());
         }
-        match self.services.store.live_owner(id, cluster.node()).await? {
+        match self.store.live_owner(id, cluster.node()).await? {
             Some(owner) => Err(ApiError::elsewhere(&owner.node, &owner.advertise)),
             None => Ok(()),
         }
     }
 
     pub(super) async fn live(&self, id: &str) -> Result<Live, ApiError> {
-        Ok(self
-            .services
-            .registry
-            .get_or_start(&self.services, id)
-            .await?)
+        Ok(self.conversations.get_or_start(id).await?)
     }
 }
 
@@ -213,7 +201,7 @@ pub async fn create(
     let creating = app.admit_conversation(&caller.0.id).await?;
     // Made (or opened) one directory at a time by descriptor under the tenant's root,
     // through no link: the tenant's tools may have made any part of the path a link.
-    let workspaces = app.services.tool_limits.workspaces.clone();
+    let workspaces = app.workspaces.clone();
     let (tenant, given) = (caller.0.id.clone(), body.cwd.clone());
     let default = id.clone();
     let made =
@@ -278,7 +266,7 @@ pub async fn create(
     }
     // Settled at creation and stored: what the conversation's tools get from now on.
     let requested = body.network.unwrap_or(false);
-    let network = match &app.services.tool_limits.sandbox {
+    let network = match &app.sandbox {
         Some(sandbox) => sandbox.network_for(&caller.0, requested) == Network::On,
         None => true,
     };
@@ -324,7 +312,7 @@ pub async fn create(
             },
         }
     };
-    let written = app.services.persistence.write(job).await;
+    let written = app.persistence.write(job).await;
     drop(creating);
     match written {
         Ok(_) => {}
@@ -354,7 +342,6 @@ pub async fn list(
         return Err(ApiError::invalid("limit must be between 1 and 200"));
     }
     let page = app
-        .services
         .store
         .list_conversations(
             &caller.0.id,
@@ -405,7 +392,6 @@ pub async fn messages(
         return Err(ApiError::invalid("limit must be between 1 and 1000"));
     }
     let messages = app
-        .services
         .store
         .messages_after(&conv.id, q.after.unwrap_or(0), limit)
         .await?;
@@ -430,7 +416,7 @@ pub async fn children(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let conv = app.find(&caller, &id).await?;
-    let children = app.services.store.children(&conv.id).await?;
+    let children = app.store.children(&conv.id).await?;
     Ok(reply(
         StatusCode::OK,
         &ConversationList {
@@ -459,7 +445,6 @@ pub async fn image(
 ) -> Result<Response, ApiError> {
     let conv = app.find(&caller, &id).await?;
     let image = app
-        .services
         .store
         .attachment(&conv.id, &image_id)
         .await?
@@ -543,8 +528,7 @@ async fn set_archived(
 ) -> Result<Response, ApiError> {
     let conv = app.find(caller, id).await?;
     app.owned_here(&conv.id).await?;
-    app.services
-        .persistence
+    app.persistence
         .write(WriteJob::SetArchived {
             id: conv.id.clone(),
             archived,
@@ -594,35 +578,33 @@ pub async fn delete(
     // Stop its work and its actors (sub-agents included) before the rows go.
     let mut ids = vec![conv.id.clone()];
     ids.extend(
-        app.services
-            .store
+        app.store
             .children(&conv.id)
             .await?
             .into_iter()
             .map(|c| c.id),
     );
     for id in &ids {
-        app.services.background.cancel_all(id);
-        if let Some(live) = app.services.registry.get(id) {
+        app.background.cancel_all(id);
+        if let Some(live) = app.conversations.get(id) {
             live.stop("deleted", Duration::from_secs(5)).await;
         }
     }
-    app.services
-        .persistence
+    app.persistence
         .write(WriteJob::DeleteConversation {
             id: conv.id.clone(),
         })
         .await?;
     // Its directory goes too, unless another conversation of the tenant works in it, above
     // it or below it (a `share` fork, a conversation at the tenant's root, one made inside).
-    let others = app.services.store.conversation_cwds(&caller.0.id).await?;
+    let others = app.store.conversation_cwds(&caller.0.id).await?;
     let cwd = std::path::PathBuf::from(&conv.cwd);
     let shared = others
         .iter()
         .map(std::path::Path::new)
         .any(|other| other.starts_with(&cwd) || cwd.starts_with(other));
     if !shared {
-        let workspaces = app.services.tool_limits.workspaces.clone();
+        let workspaces = app.workspaces.clone();
         let removed = tokio::task::spawn_blocking(move || workspaces.remove(&cwd)).await;
         if let Ok(Err(error)) = removed {
             tracing::warn!(conversation = %conv.id, %error, "the deleted conversation's directory was not removed");
@@ -698,7 +680,7 @@ pub async fn tasks(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let conv = app.find(&caller, &id).await?;
-    let tasks = app.services.store.background_tasks(&conv.id).await?;
+    let tasks = app.store.background_tasks(&conv.id).await?;
     Ok(reply(
         StatusCode::OK,
         &TaskList {
@@ -724,8 +706,7 @@ pub async fn cancel_task(
     app.owned_here(&conv.id).await?;
     let find = || async {
         Ok::<_, ApiError>(
-            app.services
-                .store
+            app.store
                 .background_tasks(&conv.id)
                 .await?
                 .into_iter()
@@ -735,7 +716,7 @@ pub async fn cancel_task(
     let Some(mut task) = find().await? else {
         return Err(ApiError::not_found("task"));
     };
-    if task.status == TaskStatus::Running && app.services.background.cancel(&conv.id, &task_id) {
+    if task.status == TaskStatus::Running && app.background.cancel(&conv.id, &task_id) {
         // The kill is immediate; its record follows within moments.
         let deadline = Instant::now() + Duration::from_secs(5);
         while task.status == TaskStatus::Running && Instant::now() < deadline {

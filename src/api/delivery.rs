@@ -56,8 +56,7 @@ impl Outgoing {
         self.if_busy = if_busy;
         if if_busy == wire::IfBusy::Interrupt {
             self.arrived_during = app
-                .services
-                .registry
+                .conversations
                 .get(id)
                 .map(|live| live.cancel.running_turn());
         }
@@ -113,12 +112,7 @@ pub async fn deliver(app: &AppState, conv: &Target, out: Outgoing) -> Result<Del
         if key.is_empty() || key.len() > 200 {
             return Err(ApiError::invalid("message_id must be 1 to 200 characters"));
         }
-        if let Some(original) = app
-            .services
-            .store
-            .message_by_client_id(&conv.id, key)
-            .await?
-        {
+        if let Some(original) = app.store.message_by_client_id(&conv.id, key).await? {
             return Ok(Delivered::Repeat(original));
         }
     }
@@ -164,8 +158,7 @@ pub async fn deliver(app: &AppState, conv: &Target, out: Outgoing) -> Result<Del
                 media_type: a.media_type.clone(),
             })
             .collect();
-        app.services
-            .persistence
+        app.persistence
             .write(WriteJob::InsertAttachments(attachments))
             .await?;
     }
@@ -198,12 +191,7 @@ pub async fn deliver(app: &AppState, conv: &Target, out: Outgoing) -> Result<Del
             }
             Ok(Err(SendError::Duplicate)) => {
                 let key = out.message_id.as_deref().unwrap_or_default();
-                return match app
-                    .services
-                    .store
-                    .message_by_client_id(&conv.id, key)
-                    .await?
-                {
+                return match app.store.message_by_client_id(&conv.id, key).await? {
                     Some(original) => Ok(Delivered::Repeat(original)),
                     None => Err(SendError::Duplicate.into()),
                 };
@@ -212,11 +200,7 @@ pub async fn deliver(app: &AppState, conv: &Target, out: Outgoing) -> Result<Del
                 // A concurrent repeat of the same message_id, refused because its twin
                 // started a turn: the twin is the answer.
                 if let Some(key) = &out.message_id
-                    && let Some(original) = app
-                        .services
-                        .store
-                        .message_by_client_id(&conv.id, key)
-                        .await?
+                    && let Some(original) = app.store.message_by_client_id(&conv.id, key).await?
                 {
                     return Ok(Delivered::Repeat(original));
                 }
@@ -248,9 +232,7 @@ pub async fn cancel_conversation(app: &AppState, id: &str) -> Result<CancelOutco
         .map_err(|_| {
             ApiError::unavailable("the conversation stopped while cancelling; try again")
         })?;
-    app.services
-        .metrics
-        .cancel_latency(started.elapsed().as_secs_f64());
+    app.metrics.cancel_latency(started.elapsed().as_secs_f64());
     Ok(outcome)
 }
 
@@ -288,7 +270,8 @@ pub fn check_client_event(event: &SystemEvent) -> Result<(), ApiError> {
 
 /// Posts a client's system event to the conversation (system-bus-plan.md).
 pub async fn post_event(app: &AppState, id: &str, event: SystemEvent) -> Result<(), ApiError> {
-    crate::runtime::post_system_event(&app.services, id, event)
+    app.conversations
+        .post_event(id, event)
         .await
         .map(|_| ())
         .map_err(ApiError::unavailable)

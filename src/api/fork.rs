@@ -38,11 +38,7 @@ pub async fn fork(
     let source = app.find(&caller, &id).await?;
     let creating = app.admit_conversation(&caller.0.id).await?;
     // What is stored now; a running turn's later messages are not part of the fork.
-    let stored = app
-        .services
-        .store
-        .messages_between(&source.id, 1, i64::MAX)
-        .await?;
+    let stored = app.store.messages_between(&source.id, 1, i64::MAX).await?;
     let history: Vec<MessageContent> = stored.iter().map(|m| m.content.clone()).collect();
     let at = match body.at_sequence_id {
         None => last_fork_point(&history),
@@ -97,7 +93,7 @@ async fn create(
         ForkCwd::Copy => copy_workspace(&app, &caller, &source.cwd, &new_id).await?,
     };
     // Settled again as at creation: the operator may have taken the tenant's network away.
-    let network = match &app.services.tool_limits.sandbox {
+    let network = match &app.sandbox {
         Some(sandbox) => sandbox.network_for(&caller.0, source.network) == Network::On,
         None => true,
     };
@@ -124,7 +120,6 @@ async fn create(
     record.next_sequence_id = from.sequence_id + 1;
     record.forked_from = Some(from.clone());
     let written = app
-        .services
         .persistence
         .write(WriteJob::Fork {
             new,
@@ -135,7 +130,7 @@ async fn create(
     drop(creating);
     if let Err(error) = written {
         if cwd != source.cwd {
-            let workspaces = app.services.tool_limits.workspaces.clone();
+            let workspaces = app.workspaces.clone();
             let copy = std::path::PathBuf::from(&cwd);
             let _ = tokio::task::spawn_blocking(move || workspaces.remove(&copy)).await;
         }
@@ -158,7 +153,7 @@ async fn copy_workspace(
     source: &str,
     new_id: &str,
 ) -> Result<String, ApiError> {
-    let workspaces = app.services.tool_limits.workspaces.clone();
+    let workspaces = app.workspaces.clone();
     let (source, tenant, new_id) = (
         std::path::PathBuf::from(source),
         caller.0.id.clone(),

@@ -650,7 +650,7 @@ impl BedrockMcp {
         parts: &Parts,
         ctx: &RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let hub = &self.app.services.hub;
+        let hub = &self.app.hub;
         // Subscribed before anything is posted, so no frame of the turn is missed from here.
         let frames = hub.subscribe(&round.conversation);
         let mut followed =
@@ -709,7 +709,7 @@ impl BedrockMcp {
                 .into())
             }
             Stop::Asks(asks) => {
-                let settings = &self.app.services.settings;
+                let settings = &self.app.settings;
                 let requests = input_requests(&asks);
                 let expires = round_expiry(&asks, settings.requests.max_timeout());
                 let handle = self.app.mcp_rounds.put(
@@ -787,7 +787,7 @@ impl BedrockMcp {
         }
         let id = conversation["id"].as_str().unwrap_or_default().to_owned();
         let (key, tenant) = Self::caller(&parts)?;
-        let hub = &self.app.services.hub;
+        let hub = &self.app.hub;
         // A retried call of the 2026-07-28 protocol: the round it continues, whose message
         // was sent already. Until the retry is done with it (its answers posted), a failure
         // gives the round back under the same handle.
@@ -819,7 +819,7 @@ impl BedrockMcp {
             return self.finish(&turn, &mut followed, (key, tenant), None).await;
         };
         let (round, taken) = self.app.mcp_rounds.take(&handle, &key, &id)?;
-        let caps = Caps::of(&self.app.services.settings);
+        let caps = Caps::of(&self.app.settings);
         let retried = self
             .retry(&round, answers.unwrap_or_default(), &parts, &ctx)
             .await;
@@ -1145,8 +1145,8 @@ impl Turn<'_> {
     /// [`superseded`] when a later user message started another, else the conversation's
     /// stored state when it is at rest.
     async fn ended(&self, conversation: &str, after: u64) -> Option<Value> {
-        let services = &self.server.app.services;
-        if let Ok(Some(next)) = services
+        let app = &self.server.app;
+        if let Ok(Some(next)) = app
             .store
             .next_user_message(conversation, i64::try_from(after).unwrap_or(i64::MAX))
             .await
@@ -1169,7 +1169,6 @@ impl Turn<'_> {
     async fn pending(&self, conversation: &str) -> Option<Vec<crate::model::ClientRequest>> {
         self.server
             .app
-            .services
             .store
             .pending_requests(conversation)
             .await
@@ -1212,7 +1211,7 @@ impl Turn<'_> {
     /// Subscribes again after the subscription lagged or closed; the requests still pending
     /// go to the backlog (those already asked are not asked again).
     async fn resubscribe(&self, followed: &mut Followed) {
-        let hub = &self.server.app.services.hub;
+        let hub = &self.server.app.hub;
         followed.frames = hub.subscribe(&followed.conversation);
         hub.release(&followed.conversation);
         self.reload_pending(followed).await;

@@ -65,16 +65,15 @@ pub async fn create(
         .ok_or_else(|| ApiError::invalid("url must be an http:// or https:// URL"))?;
     // The egress policy (docs/security.md, "Server-side requests (SSRF)"): checked here, and
     // again at every connection.
-    app.services.egress.check_url(&url).await.map_err(|e| {
+    app.egress.check_url(&url).await.map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
             "egress_refused",
             format!("url: {e}"),
         )
     })?;
-    let registered = app.services.store.mcp_server_count(&caller.0.id).await?;
-    app.services
-        .quotas
+    let registered = app.store.mcp_server_count(&caller.0.id).await?;
+    app.quotas
         .check(&caller.0.id, Quota::McpServers, registered)
         .await?;
     let headers = body.headers.unwrap_or_default();
@@ -100,8 +99,7 @@ pub async fn create(
         created_at: at.to_rfc3339(),
         ..server.clone()
     };
-    app.services
-        .persistence
+    app.persistence
         .write(WriteJob::AddMcpServer {
             tenant_id: caller.0.id.clone(),
             server,
@@ -126,7 +124,7 @@ pub async fn create(
 #[utoipa::path(get, path = "/mcp_servers", tag = "mcp",
     responses((status = 200, description = "The tenant's MCP servers, by name", body = McpServerList)))]
 pub async fn list(State(app): State<AppState>, caller: Caller) -> Result<Response, ApiError> {
-    let servers = app.services.store.mcp_servers(&caller.0.id).await?;
+    let servers = app.store.mcp_servers(&caller.0.id).await?;
     Ok(reply(
         StatusCode::OK,
         &McpServerList {
@@ -149,7 +147,6 @@ pub async fn delete(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     let removed = app
-        .services
         .persistence
         .write(WriteJob::DeleteMcpServer {
             tenant_id: caller.0.id.clone(),
@@ -169,12 +166,13 @@ pub async fn tools_of(
     app: &AppState,
     tenant_id: &str,
 ) -> Result<(Vec<McpTool>, Vec<String>), ApiError> {
-    let servers = app.services.store.mcp_servers(tenant_id).await?;
-    let listed =
-        futures::future::join_all(servers.iter().map(|server| {
-            crate::mcp_client::list_tools(server, &app.services.mcp_http, LIST_TIMEOUT)
-        }))
-        .await;
+    let servers = app.store.mcp_servers(tenant_id).await?;
+    let listed = futures::future::join_all(
+        servers
+            .iter()
+            .map(|server| crate::mcp_client::list_tools(server, &app.mcp_http, LIST_TIMEOUT)),
+    )
+    .await;
     let mut tools = Vec::new();
     let mut notices = Vec::new();
     for (server, result) in servers.iter().zip(listed) {

@@ -46,17 +46,44 @@ pub use error::ApiError;
 pub use images::{Prepared, prepare as prepare_image};
 
 use crate::config::{AuthMode, Settings};
+use crate::egress::{Client, Egress};
+use crate::hub::EventHub;
+use crate::metrics::Metrics;
 use crate::model::Tenant;
-use crate::runtime::Services;
+use crate::node::Cluster;
+use crate::persistence::Persistence;
+use crate::quotas::Quotas;
+use crate::runtime::{BackgroundTasks, Conversations, Runtime};
+use crate::sandbox::Sandbox;
+use crate::store::Store;
+use crate::workspace::Workspaces;
 
 /// Name of the tenant that `dev` auth mode acts as.
 pub const DEV_TENANT: &str = "default";
 
-/// What every handler shares.
+/// What every handler shares: the handles of the runtime the HTTP layer uses, and its own.
 #[derive(Debug)]
 pub struct AppInner {
-    pub services: Arc<Services>,
     pub settings: Arc<Settings>,
+    /// Reads; writes go through `persistence`.
+    pub store: Store,
+    pub persistence: Persistence,
+    /// Frames of conversations to clients.
+    pub hub: Arc<EventHub>,
+    /// The one door into a conversation.
+    pub conversations: Conversations,
+    pub quotas: Arc<Quotas>,
+    pub background: Arc<BackgroundTasks>,
+    pub metrics: Arc<Metrics>,
+    /// The tool sandbox (`None`: `sandbox.mode = off`).
+    pub sandbox: Option<Arc<Sandbox>>,
+    pub workspaces: Arc<Workspaces>,
+    /// What the server may connect to on a tenant's behalf (its MCP servers).
+    pub egress: Egress,
+    /// The HTTP client of calls to tenants' MCP servers, under `egress`.
+    pub mcp_http: Client,
+    /// This node of a cluster (Postgres); `None`: the only node.
+    pub cluster: Option<Arc<Cluster>>,
     /// The tenant of requests without a key, in `dev` mode.
     pub dev_tenant: Option<Tenant>,
     /// The workspace root, canonical; tenants' cwds lie under `<root>/<tenant id>`.
@@ -100,19 +127,31 @@ pub fn resolve_auth(mode: AuthMode, listen: SocketAddr) -> Result<bool, String> 
 
 impl AppState {
     pub fn new(
-        services: Arc<Services>,
+        runtime: &Runtime,
         dev_tenant: Option<Tenant>,
         workspace_root: PathBuf,
         shutdown: CancellationToken,
     ) -> AppState {
-        let rate = rate::RateLimits::new(services.settings.rate_limits.clone());
-        let guard = guard::Guard::new(&services.settings, dev_tenant.is_some());
+        let settings = runtime.settings.clone();
+        let rate = rate::RateLimits::new(settings.rate_limits.clone());
+        let guard = guard::Guard::new(&settings, dev_tenant.is_some());
         AppState(Arc::new(AppInner {
             guard,
             mcp_sessions: mcp::Owners::default(),
             mcp_rounds: mcp::Rounds::default(),
-            settings: services.settings.clone(),
-            services,
+            settings,
+            store: runtime.store.clone(),
+            persistence: runtime.persistence.clone(),
+            hub: runtime.hub.clone(),
+            conversations: runtime.conversations.clone(),
+            quotas: runtime.quotas.clone(),
+            background: runtime.background.clone(),
+            metrics: runtime.metrics.clone(),
+            sandbox: runtime.tool_limits.sandbox.clone(),
+            workspaces: runtime.tool_limits.workspaces.clone(),
+            egress: runtime.egress.clone(),
+            mcp_http: runtime.mcp_http.clone(),
+            cluster: runtime.cluster.clone(),
             dev_tenant,
             workspace_root,
             shutdown,

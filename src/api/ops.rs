@@ -32,7 +32,7 @@ pub async fn healthz() -> Response {
 /// warning when they are not. The details (Landlock ABI, the tools' user) are the operator
 /// listener's (`GET /status`).
 fn sandbox_mode(app: &AppState) -> serde_json::Value {
-    match &app.services.tool_limits.sandbox {
+    match &app.sandbox {
         Some(_) => json!({"mode": "enforce"}),
         None => json!({
             "mode": "off",
@@ -43,15 +43,10 @@ fn sandbox_mode(app: &AppState) -> serde_json::Value {
 
 /// The node's id and the leases it holds, on a cluster whose database answers.
 async fn node_info(app: &AppState, ready: bool) -> Option<crate::wire::NodeInfo> {
-    let cluster = app.services.cluster.as_ref().filter(|_| ready)?;
+    let cluster = app.cluster.as_ref().filter(|_| ready)?;
     Some(crate::wire::NodeInfo {
         id: cluster.node_id.clone(),
-        conversations_owned: app
-            .services
-            .store
-            .owned_count(cluster.node())
-            .await
-            .unwrap_or(0),
+        conversations_owned: app.store.owned_count(cluster.node()).await.unwrap_or(0),
     })
 }
 
@@ -63,7 +58,7 @@ async fn node_info(app: &AppState, ready: bool) -> Option<crate::wire::NodeInfo>
     ))]
 pub async fn readyz(State(app): State<AppState>) -> Response {
     let sandbox = sandbox_mode(&app);
-    let ready = match app.services.store.ping().await {
+    let ready = match app.store.ping().await {
         Ok(()) => true,
         Err(error) => {
             // Why stays in the log: the public answer says only which check failed.
@@ -98,11 +93,11 @@ pub async fn readyz(State(app): State<AppState>) -> Response {
 /// The operator listener's `GET /status`: what `/readyz` says, with the sandbox's details
 /// and the database's error, if any.
 pub async fn status(State(app): State<AppState>) -> Response {
-    let sandbox = match &app.services.tool_limits.sandbox {
+    let sandbox = match &app.sandbox {
         Some(sandbox) => sandbox.describe(),
         None => sandbox_mode(&app),
     };
-    let database = match app.services.store.ping().await {
+    let database = match app.store.ping().await {
         Ok(()) => Ok(()),
         Err(e) => Err(e.to_string()),
     };
@@ -145,11 +140,8 @@ pub async fn public_metrics(State(app): State<AppState>) -> Response {
 }
 
 fn encoded(app: &AppState) -> String {
-    let metrics = &app.services.metrics;
-    metrics.gauges(
-        app.services.registry.running().len(),
-        app.services.store.pool_size(),
-    );
+    let metrics = &app.metrics;
+    metrics.gauges(app.conversations.running().len(), app.store.pool_size());
     metrics.encode()
 }
 
@@ -214,7 +206,7 @@ pub async fn admin_list_keys(
     axum::extract::Path(name): axum::extract::Path<String>,
 ) -> Result<Response, ApiError> {
     admin(&app, &headers)?;
-    let keys = super::keys::list_keys_in(&app.services.store, &name)
+    let keys = super::keys::list_keys_in(&app.store, &name)
         .await
         .map_err(admin_error)?;
     Ok(axum::Json(keys).into_response())
@@ -227,7 +219,7 @@ pub async fn admin_create_key(
     axum::extract::Path(name): axum::extract::Path<String>,
 ) -> Result<Response, ApiError> {
     admin(&app, &headers)?;
-    let key = super::keys::create_key_in(&app.services.store, &name)
+    let key = super::keys::create_key_in(&app.store, &name)
         .await
         .map_err(admin_error)?;
     Ok((StatusCode::CREATED, axum::Json(key)).into_response())
@@ -240,7 +232,7 @@ pub async fn admin_revoke_key(
     axum::extract::Path((name, key)): axum::extract::Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     admin(&app, &headers)?;
-    let revoked = super::keys::revoke_key_in(&app.services.store, &name, &key)
+    let revoked = super::keys::revoke_key_in(&app.store, &name, &key)
         .await
         .map_err(admin_error)?;
     Ok(axum::Json(revoked).into_response())

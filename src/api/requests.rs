@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use super::AppState;
 use super::error::ApiError;
-use crate::runtime::{AnswerError, answer_request};
+use crate::runtime::AnswerError;
 
 pub async fn answer(
     app: &AppState,
@@ -13,7 +13,8 @@ pub async fn answer(
     request_id: &str,
     payload: Value,
 ) -> Result<(), ApiError> {
-    answer_request(&app.services, conversation_id, request_id, payload)
+    app.conversations
+        .answer_request(conversation_id, request_id, payload)
         .await
         .map_err(|error| match error {
             AnswerError::NotFound => ApiError::not_found("request"),

@@ -54,7 +54,7 @@ fn frame(frame: &ServerFrame<'_>) -> Arc<Frame> {
 
 /// The snapshot frame: state, the last 50 messages, pending client requests.
 async fn snapshot(app: &AppState, conv: &ConversationRecord) -> Result<Arc<Frame>, ApiError> {
-    let store = &app.services.store;
+    let store = &app.store;
     let messages = if conv.next_sequence_id > 1 {
         store.recent_messages(&conv.id, 50).await?
     } else {
@@ -145,7 +145,7 @@ async fn replay(
     until: i64,
     sink: &mut impl FrameSink,
 ) -> Option<i64> {
-    let store = &followed.app.services.store;
+    let store = &followed.app.store;
     while after < until {
         let before = after;
         let rows = store.frames_after(followed.id, after, 100).await.ok()?;
@@ -236,7 +236,6 @@ async fn gap(
     }
     let messages = followed
         .app
-        .services
         .store
         .messages_framed_between(followed.id, after + 1, to)
         .await
@@ -261,7 +260,7 @@ async fn open(
     sink: &mut impl FrameSink,
 ) -> Option<(Subscription, i64)> {
     let app = followed.app;
-    let live = app.services.hub.subscribe(followed.id);
+    let live = app.hub.subscribe(followed.id);
     // Read the conversation after subscribing, so nothing committed in between is missed.
     let conv = app.current(followed.id).await.ok()??;
     let first = snapshot(app, &conv).await.ok()?;
@@ -371,7 +370,7 @@ pub async fn websocket(
     let upgrade = upgrade
         .map_err(|e| ApiError::invalid(format!("this route needs a WebSocket upgrade: {e}")))?;
     // Counted against the tenant's `streams` quota until the socket closes.
-    let held = app.services.quotas.stream(&caller.0.id).await?;
+    let held = app.quotas.stream(&caller.0.id).await?;
     let limit = app.settings.server.max_ws_frame_bytes;
     Ok(upgrade
         // tungstenite zero-fills this much before every read of the socket; at its default
@@ -400,7 +399,7 @@ async fn serve_socket(
     after: Option<i64>,
     socket: WebSocket,
 ) {
-    let metrics = app.services.metrics.clone();
+    let metrics = app.metrics.clone();
     metrics.websocket(true);
     let (mut sink, mut incoming) = socket.split();
     let followed = Followed {
@@ -499,7 +498,7 @@ async fn serve_socket(
         }
     }
     // Our receiver is gone (dropped with the loop above); drop the channel if it was the last.
-    app.services.hub.release(&conv.id);
+    app.hub.release(&conv.id);
     metrics.websocket(false);
 }
 
@@ -523,7 +522,7 @@ fn client_frame(
     // Client frames count against the key's rate, as requests do.
     if let Err(secs) = app
         .rate
-        .admit_known(&app.services.metrics, &super::auth::key_id(credential))
+        .admit_known(&app.metrics, &super::auth::key_id(credential))
     {
         let _ = replies.try_send(rejected(
             "rate_limited",
@@ -611,7 +610,7 @@ async fn carry_command(
     frame: &ClientFrame,
 ) -> Option<Arc<Frame>> {
     let refused = |message: &str| Some(rejected("unavailable", message));
-    let Some(cluster) = app.services.cluster.as_deref() else {
+    let Some(cluster) = app.cluster.as_deref() else {
         return refused("the conversation runs on another node");
     };
     if owner.is_empty() {
@@ -736,7 +735,7 @@ pub async fn sse(
             None => q.after_event_id,
         };
     // Counted against the tenant's `streams` quota until the stream ends.
-    let held = app.services.quotas.stream(&caller.0.id).await?;
+    let held = app.quotas.stream(&caller.0.id).await?;
     let (tx, rx) = mpsc::channel::<Out>(64);
     tokio::spawn(async move {
         let _held = held;
@@ -747,7 +746,7 @@ pub async fn sse(
             window: app.window(&conv.fixed.model),
         };
         let Some((mut live, mut last)) = Box::pin(open(followed, after, &mut sink)).await else {
-            app.services.hub.release(&conv.id);
+            app.hub.release(&conv.id);
             return;
         };
         let mut recheck = tokio::time::interval(app.key_recheck());
@@ -769,7 +768,7 @@ pub async fn sse(
             }
         };
         drop(live);
-        app.services.hub.release(&conv.id);
+        app.hub.release(&conv.id);
         if let Some((code, reason)) = close {
             let _ = sink.send(Out::Close(code, reason)).await;
         }

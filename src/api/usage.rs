@@ -44,14 +44,14 @@ pub async fn usage(
         )));
     }
     let (from, to) = (from.to_string(), to.to_string());
-    let store = &app.services.store;
+    let store = &app.store;
     let rows = store.usage(&caller.0.id, &from, &to).await?;
     let budgets = &app.settings.budgets;
     let budget = store
         .budget_state(&caller.0.id, (budgets.tenant_tokens, budgets.period), now)
         .await?;
     if let Some(state) = &budget {
-        app.services.metrics.budget_used(&caller.0.id, state.used);
+        app.metrics.budget_used(&caller.0.id, state.used);
     }
     Ok(reply(
         StatusCode::OK,
@@ -89,26 +89,25 @@ async fn quotas(
     app: &AppState,
     tenant_id: &str,
 ) -> Result<std::collections::BTreeMap<&'static str, QuotaUse>, ApiError> {
-    let services = &app.services;
-    let mut held = services.quotas.held(tenant_id);
+    let mut held = app.quotas.held(tenant_id);
     held.insert(
         Quota::Conversations,
-        services.store.conversation_count(tenant_id).await?,
+        app.store.conversation_count(tenant_id).await?,
     );
     held.insert(
         Quota::McpServers,
-        services.store.mcp_server_count(tenant_id).await?,
+        app.store.mcp_server_count(tenant_id).await?,
     );
     held.insert(
         Quota::ConcurrentTurns,
-        services.registry.running_turns(tenant_id, None),
+        app.conversations.running_turns(tenant_id, None),
     );
     let mut out = std::collections::BTreeMap::new();
     for quota in Quota::ALL {
         out.insert(
             quota.name(),
             QuotaUse {
-                limit: services.quotas.limit(tenant_id, quota).await,
+                limit: app.quotas.limit(tenant_id, quota).await,
                 used: held.get(&quota).copied(),
             },
         );

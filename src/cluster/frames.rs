@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
+use super::Handles;
 use crate::hub::{Frame, Tapped};
-use crate::runtime::Services;
 use crate::store::{FRAMES_CHANNEL, WATCH_CHANNEL};
 
 /// The most a notification's payload may hold (Postgres refuses 8,000 bytes and more).
@@ -43,17 +43,17 @@ const GATHER: Duration = Duration::from_millis(1);
 /// until this one shuts down: whatever was published while one transaction of
 /// notifications was sent goes in the next.
 pub async fn announce(
-    services: Arc<Services>,
+    handles: Arc<Handles>,
     interest: Arc<Interest>,
     mut tapped: mpsc::UnboundedReceiver<Tapped>,
 ) {
-    let Some(origin) = services.cluster.as_ref().map(|c| c.incarnation.clone()) else {
+    let Some(origin) = handles.cluster.as_ref().map(|c| c.incarnation.clone()) else {
         return;
     };
     let mut batch: HashMap<String, Vec<Arc<Frame>>> = HashMap::new();
     loop {
         let first = tokio::select! {
-            () = services.shutting_down() => return,
+            () = handles.lifecycle.shutting_down() => return,
             tapped = tapped.recv() => tapped,
         };
         let Some((id, frame)) = first else { return };
@@ -64,7 +64,7 @@ pub async fn announce(
         while let Ok((id, frame)) = tapped.try_recv() {
             batch.entry(id).or_default().push(frame);
         }
-        if !services.store.has_peers() {
+        if !handles.store.has_peers() {
             batch.clear();
             continue;
         }
@@ -73,7 +73,7 @@ pub async fn announce(
         for (id, frames) in batch.drain() {
             payloads.extend(payloads_of(&origin, &id, &frames));
         }
-        if let Err(error) = services.store.notify(FRAMES_CHANNEL, &payloads).await {
+        if let Err(error) = handles.store.notify(FRAMES_CHANNEL, &payloads).await {
             // The other nodes' sweep reads what these would have brought.
             tracing::warn!(%error, "cannot announce frames to the other nodes");
         }
@@ -181,15 +181,15 @@ fn interest_payloads(origin: &str, ids: &[&str]) -> Vec<String> {
 }
 
 /// Tells the other nodes this node has clients for `ids`.
-async fn say_interest(services: &Services, ids: &[&str]) {
-    let Some(cluster) = &services.cluster else {
+async fn say_interest(handles: &Handles, ids: &[&str]) {
+    let Some(cluster) = &handles.cluster else {
         return;
     };
-    if ids.is_empty() || !services.store.has_peers() {
+    if ids.is_empty() || !handles.store.has_peers() {
         return;
     }
     let payloads = interest_payloads(&cluster.incarnation, ids);
-    if let Err(error) = services.store.notify(WATCH_CHANNEL, &payloads).await {
+    if let Err(error) = handles.store.notify(WATCH_CHANNEL, &payloads).await {
         tracing::warn!(%error, "cannot tell the other nodes which conversations have clients here");
     }
 }
@@ -207,7 +207,7 @@ enum Heard {
 /// Follows the other nodes' frames until the node shuts down. `sweep`: how often the last
 /// event ids of the conversations streamed here are read in case a notification was missed.
 pub async fn follow(
-    services: Arc<Services>,
+    handles: Arc<Handles>,
     interest: Arc<Interest>,
     mut subscribed: mpsc::UnboundedReceiver<String>,
     sweep: Duration,
@@ -215,14 +215,14 @@ pub async fn follow(
     let (heard_tx, mut heard) = mpsc::channel(1024);
     // The listener runs in a task of its own, which only ever waits on its connection (its
     // receive is not known to be cancel safe, so it is never raced against anything else).
-    let listener = tokio::spawn(listen(services.clone(), heard_tx, sweep));
+    let listener = tokio::spawn(listen(handles.clone(), heard_tx, sweep));
     let mut tick = tokio::time::interval(sweep);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            () = services.shutting_down() => break,
+            () = handles.lifecycle.shutting_down() => break,
             _ = tick.tick() => {
-                sweep_streams(&services).await;
+                sweep_streams(&handles).await;
                 interest.prune();
             }
             Some(id) = subscribed.recv() => {
@@ -231,21 +231,21 @@ pub async fn follow(
                 while let Ok(id) = subscribed.try_recv() {
                     ids.push(id);
                 }
-                ids.retain(|id| !services.registry.contains(id));
+                ids.retain(|id| !handles.conversations.contains(id));
                 let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-                say_interest(&services, &ids).await;
+                say_interest(&handles, &ids).await;
             }
             heard = heard.recv() => match heard {
-                Some(Heard::Notified(payload)) => deliver(&services, &payload),
+                Some(Heard::Notified(payload)) => deliver(&handles, &payload),
                 Some(Heard::Watching(payload)) => {
                     let mut words = payload.split(' ');
                     let origin = words.next().unwrap_or_default();
-                    let ours = services.cluster.as_ref().is_some_and(|c| c.incarnation == origin);
+                    let ours = handles.cluster.as_ref().is_some_and(|c| c.incarnation == origin);
                     if !ours {
                         interest.note(words.filter(|id| !id.is_empty()));
                     }
                 }
-                Some(Heard::Lost) => sweep_streams(&services).await,
+                Some(Heard::Lost) => sweep_streams(&handles).await,
                 None => break,
             },
         }
@@ -256,16 +256,16 @@ pub async fn follow(
 /// Delivers another node's notification to this node's streams of its conversation, if
 /// it has any. (A frame of a conversation that has moved here since is dropped by the
 /// streams as one they have, or taken as what they missed.)
-fn deliver(services: &Services, payload: &str) {
+fn deliver(handles: &Handles, payload: &str) {
     let Some((origin, id, last, frames)) = parse(payload) else {
         tracing::warn!(payload, "a notification that is not one of frames");
         return;
     };
-    let ours = services
+    let ours = handles
         .cluster
         .as_ref()
         .is_some_and(|c| c.incarnation == origin);
-    if ours || services.hub.subscribers(id) == 0 {
+    if ours || handles.hub.subscribers(id) == 0 {
         return;
     }
     let mut carried = 0;
@@ -273,14 +273,14 @@ fn deliver(services: &Services, payload: &str) {
         let Some((event_id, kind, json)) = carried_frame(line) else {
             break;
         };
-        services.hub.deliver(
+        handles.hub.deliver(
             id,
             Arc::new(Frame::new(kind, Some(event_id), Arc::from(json))),
         );
         carried += 1;
     }
     if carried == 0 {
-        services.hub.deliver(id, Frame::wake(last));
+        handles.hub.deliver(id, Frame::wake(last));
     }
 }
 
@@ -301,9 +301,9 @@ fn parse(payload: &str) -> Option<(&str, &str, i64, std::str::Lines<'_>)> {
 }
 
 /// Hears `bedrock_frames` and passes on what it hears; reconnects after an error.
-async fn listen(services: Arc<Services>, heard: mpsc::Sender<Heard>, retry: Duration) {
+async fn listen(handles: Arc<Handles>, heard: mpsc::Sender<Heard>, retry: Duration) {
     loop {
-        let mut listener = match services.store.frames_listener().await {
+        let mut listener = match handles.store.frames_listener().await {
             Ok(listener) => listener,
             Err(error) => {
                 tracing::warn!(%error, "cannot listen for other nodes' frames; retrying");
@@ -337,21 +337,21 @@ async fn listen(services: Arc<Services>, heard: mpsc::Sender<Heard>, retry: Dura
 /// Wakes every stream here of a conversation another node runs, up to its last stored
 /// event (a stream that has it already does nothing), and says again that this node has
 /// clients for them.
-async fn sweep_streams(services: &Services) {
+async fn sweep_streams(handles: &Handles) {
     const CHUNK: usize = 1000;
-    let watched: Vec<String> = services
+    let watched: Vec<String> = handles
         .hub
         .watched()
         .into_iter()
-        .filter(|id| !services.registry.contains(id))
+        .filter(|id| !handles.conversations.contains(id))
         .collect();
     for chunk in watched.chunks(CHUNK) {
         let ids: Vec<&str> = chunk.iter().map(String::as_str).collect();
-        say_interest(services, &ids).await;
-        match services.store.last_event_ids(&ids).await {
+        say_interest(handles, &ids).await;
+        match handles.store.last_event_ids(&ids).await {
             Ok(lasts) => {
                 for (id, last) in lasts {
-                    services.hub.deliver(&id, Frame::wake(last));
+                    handles.hub.deliver(&id, Frame::wake(last));
                 }
             }
             Err(error) => {

@@ -10,18 +10,45 @@ pub mod frames;
 
 use std::sync::Arc;
 
-use crate::runtime::Services;
-
 pub use crate::node::Cluster;
+
+use crate::hub::EventHub;
+use crate::runtime::{Conversations, Lifecycle, Runtime};
+use crate::store::Store;
+
+/// What the node's part in a cluster uses: the store's leases and notifications, the hub's
+/// frames, the conversations it takes over or wakes, and the node's life.
+#[derive(Clone, Debug)]
+pub struct Handles {
+    /// This node; `None`: the only node, and nothing here runs.
+    pub cluster: Option<Arc<Cluster>>,
+    pub store: Store,
+    pub hub: Arc<EventHub>,
+    pub conversations: Conversations,
+    pub lifecycle: Lifecycle,
+}
+
+impl Handles {
+    /// The handles of `runtime`'s node.
+    pub fn of(runtime: &Runtime) -> Arc<Handles> {
+        Arc::new(Handles {
+            cluster: runtime.cluster.clone(),
+            store: runtime.store.clone(),
+            hub: runtime.hub.clone(),
+            conversations: runtime.conversations.clone(),
+            lifecycle: runtime.lifecycle.clone(),
+        })
+    }
+}
 
 /// Registers the node and starts its heartbeat and its takeover of orphaned conversations.
 /// Returns after the first takeover pass (start-up recovery), so the node serves repaired
 /// conversations from its first request.
-pub async fn start(services: &Arc<Services>) -> crate::store::Result<()> {
-    let Some(cluster) = services.cluster.clone() else {
+pub async fn start(handles: &Arc<Handles>) -> crate::store::Result<()> {
+    let Some(cluster) = handles.cluster.clone() else {
         return Ok(());
     };
-    services
+    handles
         .store
         .heartbeat(cluster.node(), &cluster.advertise)
         .await?;
@@ -29,36 +56,36 @@ pub async fn start(services: &Arc<Services>) -> crate::store::Result<()> {
     // Frames across nodes first: the repairs of the start-up takeover are announced too.
     let interest = Arc::new(frames::Interest::new(cluster.heartbeat));
     if let (Some(tapped), Some(subscribed)) = (
-        services.hub.tap(services.store.peers()),
-        services.hub.subscriptions(),
+        handles.hub.tap(handles.store.peers()),
+        handles.hub.subscriptions(),
     ) {
-        tokio::spawn(frames::announce(services.clone(), interest.clone(), tapped));
+        tokio::spawn(frames::announce(handles.clone(), interest.clone(), tapped));
         tokio::spawn(frames::follow(
-            services.clone(),
+            handles.clone(),
             interest,
             subscribed,
             cluster.heartbeat,
         ));
     }
     // Start-up recovery: also conversations nobody holds (rows from before leases).
-    take_over(services, &cluster, true).await;
-    let services = services.clone();
+    take_over(handles, &cluster, true).await;
+    let handles = handles.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(cluster.heartbeat);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                () = services.shutting_down() => return,
+                () = handles.lifecycle.shutting_down() => return,
             }
-            match services
+            match handles
                 .store
                 .heartbeat(cluster.node(), &cluster.advertise)
                 .await
             {
                 Ok(_) => {
-                    take_over(&services, &cluster, false).await;
-                    if let Err(error) = services.store.clear_dead_nodes(cluster.node()).await {
+                    take_over(&handles, &cluster, false).await;
+                    if let Err(error) = handles.store.clear_dead_nodes(cluster.node()).await {
                         tracing::warn!(%error, "cannot clear dead nodes");
                     }
                 }
@@ -73,10 +100,10 @@ pub async fn start(services: &Arc<Services>) -> crate::store::Result<()> {
 
 /// Conversations left with work in flight by a node that is gone (and, `unowned`, by no
 /// node): take each (its lease, a repair of its chain, its actor here), a batch at a time.
-async fn take_over(services: &Arc<Services>, cluster: &Cluster, unowned: bool) {
+async fn take_over(handles: &Arc<Handles>, cluster: &Cluster, unowned: bool) {
     const BATCH: u64 = 200;
     loop {
-        let orphans = match services
+        let orphans = match handles
             .store
             .orphaned_conversations(cluster.node(), unowned, BATCH)
             .await
@@ -90,10 +117,10 @@ async fn take_over(services: &Arc<Services>, cluster: &Cluster, unowned: bool) {
         let full = orphans.len() as u64 == BATCH;
         let mut taken = 0;
         for id in orphans {
-            if services.registry.contains(&id) {
+            if handles.conversations.contains(&id) {
                 continue;
             }
-            match services.registry.get_or_start(services, &id).await {
+            match handles.conversations.get_or_start(&id).await {
                 Ok(_) => {
                     taken += 1;
                     tracing::info!(conversation = %id, node = %cluster.node_id, "took over");

@@ -1,21 +1,25 @@
 //! Admission of a tool process: room in the tenant's workspace, then one of its process
 //! slots. Shared by tool runs and background tasks.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::Services;
-use crate::quotas::{Quota, SlotWait};
+use crate::quotas::{Quota, Quotas, SlotWait};
 use crate::state_machine::ToolOutcome;
 use crate::tools::failed;
+use crate::workspace::Workspaces;
 
 /// A failed result when the tenant's workspace is over its quota (measured at most every
 /// `quotas.measure_every_ms`).
-async fn workspace_full(services: &Services, tenant_id: &str) -> Option<ToolOutcome> {
-    let bytes = services.workspace_bytes(tenant_id).await?;
-    services
-        .quotas
+async fn workspace_full(
+    quotas: &Quotas,
+    workspaces: &Arc<Workspaces>,
+    tenant_id: &str,
+) -> Option<ToolOutcome> {
+    let bytes = super::workspace_bytes(quotas, workspaces, tenant_id).await?;
+    quotas
         .check(tenant_id, Quota::WorkspaceBytes, bytes)
         .await
         .err()
@@ -34,16 +38,16 @@ async fn workspace_full(services: &Services, tenant_id: &str) -> Option<ToolOutc
 /// Admits one tool process of the tenant: room in its workspace, then one of its process
 /// slots (waiting behind its own processes only, at most `wait`, and not past a cancel).
 pub async fn admit(
-    services: &Services,
+    quotas: &Quotas,
+    workspaces: &Arc<Workspaces>,
     tenant_id: &str,
     wait: Duration,
     cancel: &CancellationToken,
 ) -> Result<tokio::sync::OwnedSemaphorePermit, ToolOutcome> {
-    if let Some(refused) = workspace_full(services, tenant_id).await {
+    if let Some(refused) = workspace_full(quotas, workspaces, tenant_id).await {
         return Err(refused);
     }
-    services
-        .quotas
+    quotas
         .tool_slot(tenant_id, wait, cancel)
         .await
         .map_err(|why| match why {

@@ -15,7 +15,7 @@ use chrono::Utc;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::Services;
+use super::Handles;
 use super::requests::emit;
 use crate::hub::Frame;
 use crate::model::{BackgroundTask, TaskStatus};
@@ -49,9 +49,13 @@ impl BackgroundTasks {
     }
 
     /// Starts a task; returns its id once its row is stored.
-    pub async fn start(&self, services: &Arc<Services>, spec: TaskSpec) -> Result<String, String> {
+    pub(crate) async fn start(
+        &self,
+        handles: &Arc<Handles>,
+        spec: TaskSpec,
+    ) -> Result<String, String> {
         // Counted against the tenant's quota from now until the task ends.
-        let held = services
+        let held = handles
             .quotas
             .background_task(&spec.tenant_id)
             .await
@@ -70,7 +74,7 @@ impl BackgroundTasks {
             created_at: Utc::now(),
             finished_at: None,
         };
-        services
+        handles
             .persistence
             .write(WriteJob::CreateBackgroundTask(task))
             .await
@@ -78,7 +82,7 @@ impl BackgroundTasks {
         let cancel = CancellationToken::new();
         self.running()
             .insert(id.clone(), (spec.conversation_id.clone(), cancel.clone()));
-        tokio::spawn(run(services.clone(), id.clone(), spec, cancel, held));
+        tokio::spawn(run(handles.clone(), id.clone(), spec, cancel, held));
         Ok(id)
     }
 
@@ -119,7 +123,7 @@ impl BackgroundTasks {
 }
 
 async fn run(
-    services: Arc<Services>,
+    handles: Arc<Handles>,
     id: String,
     spec: TaskSpec,
     cancel: CancellationToken,
@@ -127,7 +131,7 @@ async fn run(
 ) {
     let progress: OnLine = {
         let (hub, conversation, task, tool_use_id) = (
-            services.hub.clone(),
+            handles.hub.clone(),
             spec.conversation_id.clone(),
             id.clone(),
             spec.tool_use_id.clone(),
@@ -146,7 +150,14 @@ async fn run(
     };
     // A process slot of the tenant's (waiting at most the task's own time limit), then
     // the directory, opened as the task starts: one replaced by a link is refused.
-    let admitted = super::admission::admit(&services, &spec.tenant_id, spec.timeout, &cancel).await;
+    let admitted = super::admission::admit(
+        &handles.quotas,
+        &spec.limits.workspaces,
+        &spec.tenant_id,
+        spec.timeout,
+        &cancel,
+    )
+    .await;
     let outcome = match (admitted, spec.limits.workspaces.pin(&spec.cwd)) {
         (Err(refused), _) => BashOutcome::failed(refused.output),
         (Ok(_slot), Ok(cwd)) => {
@@ -161,9 +172,9 @@ async fn run(
         }
         (Ok(_), Err(e)) => BashOutcome::failed(e.to_string()),
     };
-    services.background.running().remove(&id);
+    handles.background.running().remove(&id);
     // Killed by a shutdown is an interruption, not a cancel anyone asked for.
-    let interrupted = outcome.cancelled && services.is_shutting_down();
+    let interrupted = outcome.cancelled && handles.lifecycle.is_shutting_down();
     let status = if interrupted {
         TaskStatus::Failed
     } else if outcome.cancelled {
@@ -178,7 +189,7 @@ async fn run(
     if interrupted {
         result.output.push_str("\n[interrupted by server shutdown]");
     }
-    let finished = services
+    let finished = handles
         .persistence
         .write(WriteJob::FinishBackgroundTask {
             id: id.clone(),
@@ -192,9 +203,9 @@ async fn run(
         tracing::warn!(task = %id, "the background task's end could not be stored");
     }
     // A deleted conversation takes no more results.
-    let Ok(live) = services
+    let Ok(live) = handles
         .registry
-        .get_or_start(&services, &spec.conversation_id)
+        .get_or_start(&handles, &spec.conversation_id)
         .await
     else {
         return;

@@ -4,17 +4,17 @@
 use crate::model::ConversationRecord;
 use crate::state_machine::ConvContext;
 
-use super::Services;
+use crate::config::Settings;
 
 /// The core's view of the conversation's settings.
-pub fn context(services: &Services, record: &ConversationRecord) -> ConvContext {
-    let model = services.settings.model(&record.model);
+pub fn context(settings: &Settings, record: &ConversationRecord) -> ConvContext {
+    let model = settings.model(&record.model);
     ConvContext {
         conversation_id: record.id.clone(),
         working_dir: record.cwd.clone().into(),
         model_id: record.model.clone(),
         is_sub_agent: record.parent_id.is_some(),
-        limits: services.settings.turn_limits(),
+        limits: settings.turn_limits(),
         context_window: model.context_window,
         context_tokens: record.usage.context_tokens,
         continuation_permille: (model.continuation_threshold * 1000.0).round() as u32,

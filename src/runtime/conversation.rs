@@ -13,13 +13,13 @@ use std::time::Duration;
 use chrono::Utc;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
 
-use super::Services;
+use super::Handles;
 use super::cancel::{CancelOutcome, CancelSlot};
 use super::commit;
 use super::context::context;
 use super::messages::{ConvMsg, EmitRequest, ParentLink, SendError, SendRequest, SupervisorMsg};
 use super::subagents::{SubAgentSupervisor, SupervisorArgs};
-use super::tool_run::{ToolRun, ToolRunArgs};
+use super::tool_run::{Run, ToolRun, ToolRunArgs};
 use opentelemetry::trace::TraceContextExt as _;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
@@ -38,7 +38,7 @@ pub struct ConversationActor;
 
 /// Starts a conversation's actor under `supervisor` (the registry's [`Spawn`](super::registry::Spawn)).
 pub fn spawn(
-    services: Arc<Services>,
+    handles: Arc<Handles>,
     record: ConversationRecord,
     cancel: Arc<CancelSlot>,
     parent: Option<ParentLink>,
@@ -47,7 +47,7 @@ pub fn spawn(
     Box::pin(async move {
         let args = ConversationArgs {
             record,
-            services,
+            handles,
             cancel,
             parent,
         };
@@ -60,7 +60,7 @@ pub fn spawn(
 
 pub struct ConversationArgs {
     pub record: ConversationRecord,
-    pub services: Arc<Services>,
+    pub handles: Arc<Handles>,
     pub cancel: Arc<CancelSlot>,
     pub parent: Option<ParentLink>,
 }
@@ -83,7 +83,7 @@ enum Child {
 pub struct ConversationState {
     record: ConversationRecord,
     ctx: ConvContext,
-    services: Arc<Services>,
+    handles: Arc<Handles>,
     cancel: Arc<CancelSlot>,
     parent: Option<ParentLink>,
     /// Children that report back as events, so a crash becomes a result.
@@ -132,7 +132,7 @@ impl Actor for ConversationActor {
         _myself: ActorRef<Self::Msg>,
         args: ConversationArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let mut ctx = context(&args.services, &args.record);
+        let mut ctx = context(&args.handles.settings, &args.record);
         if let Some(parent) = &args.parent {
             ctx.limits.max_llm_steps = parent.max_steps;
         }
@@ -141,7 +141,7 @@ impl Actor for ConversationActor {
         Ok(ConversationState {
             record: args.record,
             ctx,
-            services: args.services,
+            handles: args.handles,
             cancel: args.cancel,
             parent: args.parent,
             children: HashMap::new(),
@@ -171,7 +171,7 @@ impl Actor for ConversationActor {
             .await?;
         }
         state
-            .services
+            .handles
             .metrics
             .conversation_state(None, Some(state.record.state.kind()));
         arm_idle_timer(&myself, state);
@@ -213,11 +213,11 @@ impl Actor for ConversationActor {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         state
-            .services
+            .handles
             .registry
             .forget(&state.record.id, myself.get_id());
         state
-            .services
+            .handles
             .metrics
             .conversation_state(Some(state.record.state.kind()), None);
         state.cancel.stop_work();
@@ -235,20 +235,20 @@ fn restart_later(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, erro
     tracing::error!(conversation = %id, %error, "the conversation's actor stops on an error; a new one starts from the stored state");
     state.stopping = true;
     myself.stop(Some(error.to_owned()));
-    let services = state.services.clone();
+    let handles = state.handles.clone();
     let stopped = myself.clone();
     tokio::spawn(async move {
         let mut delay = Duration::from_millis(500);
         loop {
             tokio::select! {
                 () = tokio::time::sleep(delay) => {}
-                () = services.shutting_down() => return,
+                () = handles.lifecycle.shutting_down() => return,
             }
             // Started again only once this actor is gone.
             if stopped.get_status() != ractor::ActorStatus::Stopped {
                 continue;
             }
-            match services.registry.get_or_start(&services, &id).await {
+            match handles.registry.get_or_start(&handles, &id).await {
                 Ok(_) | Err(super::StartError::NotFound | super::StartError::Elsewhere(_)) => {
                     return;
                 }
@@ -366,7 +366,7 @@ fn can_rest(state: &ConversationState) -> bool {
     !state.record.state.is_busy()
         && state.children.is_empty()
         && !state.cancel.has_pending()
-        && state.services.hub.subscribers(&state.record.id) == 0
+        && state.handles.hub.subscribers(&state.record.id) == 0
 }
 
 fn arm_idle_timer(myself: &ActorRef<ConvMsg>, state: &mut ConversationState) {
@@ -375,7 +375,7 @@ fn arm_idle_timer(myself: &ActorRef<ConvMsg>, state: &mut ConversationState) {
     }
     state.idle_timer = true;
     let generation = state.idle_generation;
-    myself.send_after(state.services.settings.idle_timeout(), move || {
+    myself.send_after(state.handles.settings.idle_timeout(), move || {
         ConvMsg::IdleCheck(generation)
     });
 }
@@ -490,18 +490,18 @@ async fn emit_frames(
     let Some(commit) = &plan.commit else {
         return Ok(true);
     };
-    match state.services.persistence.commit(Arc::clone(commit)).await {
+    match state.handles.persistence.commit(Arc::clone(commit)).await {
         Ok(()) => {
             commit::apply(&mut state.record, commit);
             for frame in &plan.frames {
-                state.services.hub.publish(&state.record.id, frame.clone());
+                state.handles.hub.publish(&state.record.id, frame.clone());
             }
             Ok(true)
         }
         // Our counters still match the row: the conflict is a repeated dedup key.
         Err(StoreError::Conflict(what)) => {
             match state
-                .services
+                .handles
                 .store
                 .conversation_by_id(&state.record.id)
                 .await
@@ -642,11 +642,11 @@ async fn store_and_dispatch(
         }
     }
     for frame in &plan.frames {
-        state.services.hub.publish(&state.record.id, frame.clone());
+        state.handles.hub.publish(&state.record.id, frame.clone());
     }
     show_progress(state);
     let busy = state.record.state.is_busy();
-    let metrics = &state.services.metrics;
+    let metrics = &state.handles.metrics;
     if let Some(turn) = replaced {
         finish_turn(metrics, turn, "interrupted");
     }
@@ -718,7 +718,7 @@ fn continue_ahead(
 
 /// Whether new work must not start: this conversation or the server is stopping.
 fn starting_blocked(state: &ConversationState) -> bool {
-    state.stopping || state.services.is_shutting_down()
+    state.stopping || state.handles.lifecycle.is_shutting_down()
 }
 
 /// Commits kept for the next LLM request at most (a resting conversation usually keeps one,
@@ -743,7 +743,7 @@ async fn commit_with_retry(
     let mut delay = Duration::from_millis(100);
     let mut retried = false;
     loop {
-        let persistence = &state.services.persistence;
+        let persistence = &state.handles.persistence;
         let outcome = if how.urgent {
             persistence.commit_urgent(Arc::clone(commit)).await
         } else {
@@ -754,7 +754,7 @@ async fn commit_with_retry(
             Err(StoreError::Conflict(what)) if retried => {
                 // An earlier try may have committed without us hearing it: look.
                 match state
-                    .services
+                    .handles
                     .store
                     .conversation_by_id(&commit.conversation_id)
                     .await
@@ -789,7 +789,7 @@ fn reply_to(myself: &ActorRef<ConvMsg>) -> crate::llm::ReplyTo {
 /// Carries out one effect after the commit. Nothing here waits for the work itself; at
 /// most for a child actor to be spawned.
 async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, effect: Effect) {
-    let services = state.services.clone();
+    let handles = state.handles.clone();
     let starting_blocked = starting_blocked(state);
     match effect {
         Effect::Continue { turn } => {
@@ -807,7 +807,7 @@ async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, eff
                 return;
             }
             let cancel = state.cancel.new_work();
-            services.gateway.request(LlmJob {
+            handles.gateway.request(LlmJob {
                 request,
                 tenant_id: state.record.tenant_id.clone(),
                 conversation_id: state.record.id.clone(),
@@ -853,18 +853,7 @@ async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, eff
             }
             let cancel = state.cancel.new_work();
             let args = ToolRunArgs {
-                tool: tool.clone(),
                 turn: turn.clone(),
-                cwd: state.record.cwd.clone().into(),
-                limits: services.tool_limits_for(state.record.network),
-                cancel: cancel.clone(),
-                reply: myself.clone(),
-                metrics: services.metrics.clone(),
-                services: services.clone(),
-                conversation_id: state.record.id.clone(),
-                plan,
-                tenant_id: state.record.tenant_id.clone(),
-                mcp_tools: state.record.mcp_tools.clone(),
                 span: tracing::info_span!(
                     parent: state.turn.as_ref().and_then(|turn| turn.span.id()),
                     "tool.run",
@@ -875,6 +864,18 @@ async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, eff
                     ok = tracing::field::Empty,
                     duration_ms = tracing::field::Empty,
                 ),
+                run: Run {
+                    tool: tool.clone(),
+                    cwd: state.record.cwd.clone().into(),
+                    limits: handles.tool_limits_for(state.record.network),
+                    cancel: cancel.clone(),
+                    conversation: myself.clone(),
+                    handles: handles.clone(),
+                    conversation_id: state.record.id.clone(),
+                    plan,
+                    tenant_id: state.record.tenant_id.clone(),
+                    mcp_tools: state.record.mcp_tools.clone(),
+                },
             };
             match Actor::spawn_linked(None, ToolRun, args, myself.get_cell()).await {
                 Ok((child, _)) => {
@@ -909,7 +910,7 @@ async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, eff
             }
             let cancel = state.cancel.new_work();
             let args = SupervisorArgs {
-                services: services.clone(),
+                handles: handles.clone(),
                 parent: myself.clone(),
                 parent_record: state.record.clone(),
                 turn: turn.clone(),
@@ -973,7 +974,7 @@ fn show_progress(state: &mut ConversationState) {
         max_steps: state.ctx.limits.max_llm_steps,
     };
     let frame = Arc::new(crate::hub::Frame::of(&frame));
-    state.services.hub.publish(parent, frame);
+    state.handles.hub.publish(parent, frame);
 }
 
 fn report_to_parent(state: &ConversationState, outcome: SubAgentOutcome) {

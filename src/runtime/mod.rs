@@ -39,10 +39,11 @@ pub use cancel::{CancelOutcome, CancelSlot};
 pub use commit::{Plan, apply as apply_commit, plan as plan_commit, plan_frames};
 pub use context::context;
 pub use messages::SendError;
-pub use recovery::{RecoveryReport, recover};
-pub use registry::{Fixed, Live, Registry, StartError, Unanswered, UserMessage};
-pub use requests::{AnswerError, Asked, RequestBroker, answer_request, check_reply};
-pub use system_events::post as post_system_event;
+pub use recovery::RecoveryReport;
+use recovery::recover;
+pub use registry::{Fixed, Live, StartError, Unanswered, UserMessage};
+use registry::Registry;
+pub use requests::{AnswerError, Asked, RequestBroker, check_reply};
 
 use crate::config::Settings;
 use crate::hub::EventHub;
@@ -53,51 +54,18 @@ use crate::sandbox::{Network, Sandbox};
 use crate::store::Store;
 use crate::tools::ToolLimits;
 
-/// Everything the actors share.
-#[derive(Debug)]
-pub struct Services {
-    pub settings: Arc<Settings>,
-    pub store: Store,
-    pub persistence: Persistence,
-    pub hub: Arc<EventHub>,
-    pub gateway: Gateway,
-    pub registry: Registry,
-    /// What each tenant may hold of this node.
-    pub quotas: Arc<crate::quotas::Quotas>,
-    pub tool_limits: ToolLimits,
-    pub requests: RequestBroker,
-    pub background: BackgroundTasks,
-    pub metrics: Arc<Metrics>,
-    /// What the server may connect to on a tenant's behalf (its MCP servers).
-    pub egress: crate::egress::Egress,
-    /// The HTTP client of calls to tenants' MCP servers, under `egress`.
-    pub mcp_http: crate::egress::Client,
-    /// This node of a cluster (Postgres); `None`: the only node.
-    pub cluster: Option<Arc<crate::node::Cluster>>,
+/// This node's life: the supervisor its conversations start under, and whether it is
+/// shutting down.
+#[derive(Clone, Debug)]
+pub struct Lifecycle {
     root: ActorCell,
     shutdown: CancellationToken,
 }
 
-impl Services {
+impl Lifecycle {
     /// The supervisor of conversation actors.
     pub fn root(&self) -> ActorCell {
         self.root.clone()
-    }
-
-    /// The tool limits of a conversation (`network`: what it was given at creation).
-    pub fn tool_limits_for(&self, network: bool) -> ToolLimits {
-        let mut limits = self.tool_limits.clone();
-        limits.network = if network { Network::On } else { Network::Off };
-        limits
-    }
-
-    /// The bytes in `tenant`'s workspace, measured at most every `quotas.measure_every_ms`.
-    pub async fn workspace_bytes(&self, tenant: &str) -> Option<u64> {
-        let workspaces = self.tool_limits.workspaces.clone();
-        let owned = tenant.to_owned();
-        self.quotas
-            .workspace_bytes(tenant, move || workspaces.tenant_bytes(&owned).ok())
-            .await
     }
 
     /// Once set, no new LLM request or tool run starts.
@@ -109,6 +77,127 @@ impl Services {
     pub async fn shutting_down(&self) {
         self.shutdown.cancelled().await;
     }
+}
+
+/// The handles a conversation actor is given (the shared part of its `Arguments`), and
+/// through it the tool runs, sub-agent supervisors, requests and background tasks it starts:
+/// one per actor or service. Nothing outside the runtime sees it; the layers above get
+/// [`Conversations`] and the handles they use themselves (the fields of [`Runtime`]).
+#[derive(Debug)]
+pub(crate) struct Handles {
+    pub(crate) settings: Arc<Settings>,
+    /// Reads (a conversation's row when it starts, a request's answer, an MCP server).
+    pub(crate) store: Store,
+    pub(crate) persistence: Persistence,
+    pub(crate) hub: Arc<EventHub>,
+    pub(crate) gateway: Gateway,
+    pub(crate) registry: Registry,
+    pub(crate) quotas: Arc<crate::quotas::Quotas>,
+    pub(crate) tool_limits: ToolLimits,
+    pub(crate) requests: RequestBroker,
+    pub(crate) background: Arc<BackgroundTasks>,
+    pub(crate) metrics: Arc<Metrics>,
+    /// The HTTP client of calls to tenants' MCP servers (under `egress`).
+    pub(crate) mcp_http: crate::egress::Client,
+    /// This node of a cluster (Postgres); `None`: the only node.
+    pub(crate) cluster: Option<Arc<crate::node::Cluster>>,
+    pub(crate) lifecycle: Lifecycle,
+}
+
+impl Handles {
+    /// The tool limits of a conversation (`network`: what it was given at creation).
+    pub(crate) fn tool_limits_for(&self, network: bool) -> ToolLimits {
+        let mut limits = self.tool_limits.clone();
+        limits.network = if network { Network::On } else { Network::Off };
+        limits
+    }
+}
+
+/// The conversations of this node, for the layers above the runtime (REST, the WebSocket,
+/// SSE, MCP, the cluster): find or start one, then act on it through its [`Live`] door.
+#[derive(Clone, Debug)]
+pub struct Conversations {
+    handles: Arc<Handles>,
+}
+
+impl Conversations {
+    /// The running actor of a conversation, started from its row if needed.
+    pub async fn get_or_start(&self, id: &str) -> Result<Live, StartError> {
+        self.handles.registry.get_or_start(&self.handles, id).await
+    }
+
+    /// [`get_or_start`](Self::get_or_start) with the row when it was just read or written.
+    pub async fn start_from(
+        &self,
+        record: crate::model::ConversationRecord,
+    ) -> Result<Live, StartError> {
+        self.handles
+            .registry
+            .start_from(&self.handles, record)
+            .await
+    }
+
+    /// The running actor of a conversation, if it runs.
+    pub fn get(&self, id: &str) -> Option<Live> {
+        self.handles.registry.get(id)
+    }
+
+    /// Whether a conversation runs or is starting here.
+    pub fn contains(&self, id: &str) -> bool {
+        self.handles.registry.contains(id)
+    }
+
+    /// Every running conversation.
+    pub fn running(&self) -> Vec<(String, Live)> {
+        self.handles.registry.running()
+    }
+
+    /// How many of `tenant`'s top-level conversations other than `except` run a turn now.
+    pub fn running_turns(&self, tenant: &str, except: Option<&str>) -> u64 {
+        self.handles.registry.running_turns(tenant, except)
+    }
+
+    /// How many conversations run here.
+    pub fn len(&self) -> usize {
+        self.handles.registry.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.handles.registry.is_empty()
+    }
+
+    /// Posts a client's system event to a conversation (system-bus-plan.md); whether it
+    /// was new (not a repeat of a deduplicated one).
+    pub async fn post_event(
+        &self,
+        conversation_id: &str,
+        event: crate::wire::SystemEvent,
+    ) -> Result<bool, String> {
+        system_events::post(&self.handles, conversation_id, event).await
+    }
+
+    /// Answers a pending request once; a second answer, or one after the timeout, is refused.
+    pub async fn answer_request(
+        &self,
+        conversation_id: &str,
+        request_id: &str,
+        payload: serde_json::Value,
+    ) -> Result<(), AnswerError> {
+        requests::answer_request(&self.handles, conversation_id, request_id, payload).await
+    }
+}
+
+/// The bytes in `tenant`'s workspace, measured at most every `quotas.measure_every_ms`.
+pub async fn workspace_bytes(
+    quotas: &crate::quotas::Quotas,
+    workspaces: &Arc<crate::workspace::Workspaces>,
+    tenant: &str,
+) -> Option<u64> {
+    let workspaces = workspaces.clone();
+    let owned = tenant.to_owned();
+    quotas
+        .workspace_bytes(tenant, move || workspaces.tenant_bytes(&owned).ok())
+        .await
 }
 
 /// The root supervisor: it outlives every failure below it and logs them.
@@ -137,10 +226,26 @@ impl Actor for Root {
     }
 }
 
-/// The running actor tree.
+/// The running actor tree, and the handles the layers above it are given (the composition
+/// root, src/app.rs, hands each component the ones it uses).
 #[derive(Debug)]
 pub struct Runtime {
-    pub services: Arc<Services>,
+    pub settings: Arc<Settings>,
+    pub store: Store,
+    pub persistence: Persistence,
+    pub hub: Arc<EventHub>,
+    pub conversations: Conversations,
+    pub quotas: Arc<crate::quotas::Quotas>,
+    pub tool_limits: ToolLimits,
+    pub background: Arc<BackgroundTasks>,
+    pub metrics: Arc<Metrics>,
+    /// What the server may connect to on a tenant's behalf (its MCP servers).
+    pub egress: crate::egress::Egress,
+    /// The HTTP client of calls to tenants' MCP servers, under `egress`.
+    pub mcp_http: crate::egress::Client,
+    /// This node of a cluster (Postgres); `None`: the only node.
+    pub cluster: Option<Arc<crate::node::Cluster>>,
+    pub lifecycle: Lifecycle,
     root: ActorRef<()>,
 }
 
@@ -232,45 +337,71 @@ impl Runtime {
                 workspace_root.display()
             )
         })?;
-        let services = Arc::new(Services {
-            egress,
-            mcp_http,
-            tool_limits: ToolLimits {
-                bash_timeout: Duration::from_millis(tools.bash_timeout_ms),
-                bash_max_timeout: Duration::from_millis(tools.bash_max_timeout_ms),
-                output_cap_bytes: tools.output_cap_bytes,
-                max_output_bytes: settings.sandbox.max_output_bytes,
-                search_max_results: tools.search_max_results,
-                sandbox,
-                network: Network::Off,
-                workspaces: Arc::new(workspaces),
-            },
-            persistence: Persistence::new(persistence, write_timeout),
-            gateway: Gateway::new(gateway),
-            registry: Registry::new(conversation::spawn),
-            quotas,
-            requests: RequestBroker::default(),
-            background: BackgroundTasks::default(),
-            metrics,
-            settings,
-            store,
-            hub,
-            cluster,
+        let tool_limits = ToolLimits {
+            bash_timeout: Duration::from_millis(tools.bash_timeout_ms),
+            bash_max_timeout: Duration::from_millis(tools.bash_max_timeout_ms),
+            output_cap_bytes: tools.output_cap_bytes,
+            max_output_bytes: settings.sandbox.max_output_bytes,
+            search_max_results: tools.search_max_results,
+            sandbox,
+            network: Network::Off,
+            workspaces: Arc::new(workspaces),
+        };
+        let lifecycle = Lifecycle {
             root: root.get_cell(),
             shutdown: CancellationToken::new(),
+        };
+        let persistence = Persistence::new(persistence, write_timeout);
+        let background = Arc::new(BackgroundTasks::default());
+        let handles = Arc::new(Handles {
+            settings: settings.clone(),
+            store: store.clone(),
+            persistence: persistence.clone(),
+            hub: hub.clone(),
+            gateway: Gateway::new(gateway),
+            registry: Registry::new(conversation::spawn),
+            quotas: quotas.clone(),
+            tool_limits: tool_limits.clone(),
+            requests: RequestBroker::default(),
+            background: background.clone(),
+            metrics: metrics.clone(),
+            mcp_http: mcp_http.clone(),
+            cluster: cluster.clone(),
+            lifecycle: lifecycle.clone(),
         });
-        let report = recover(&services).await?;
-        retention::start(&services);
-        Ok((Runtime { services, root }, report))
+        let report = recover(&handles).await?;
+        retention::start(&settings, &persistence, &lifecycle);
+        let runtime = Runtime {
+            settings,
+            store,
+            persistence,
+            hub,
+            conversations: Conversations { handles },
+            quotas,
+            tool_limits,
+            background,
+            metrics,
+            egress,
+            mcp_http,
+            cluster,
+            lifecycle,
+            root,
+        };
+        Ok((runtime, report))
+    }
+
+    /// The tool limits of a conversation (`network`: what it was given at creation).
+    pub fn tool_limits_for(&self, network: bool) -> ToolLimits {
+        self.conversations.handles.tool_limits_for(network)
     }
 
     /// Graceful shutdown: no new LLM request or tool run starts; every running conversation
     /// interrupts its turn (running tools are killed and recorded as interrupted) and stops;
     /// then the tree stops. Bounded by `grace`.
     pub async fn shutdown(&self, grace: Duration) {
-        self.services.shutdown.cancel();
-        self.services.background.cancel_everything();
-        let running = self.services.registry.running();
+        self.lifecycle.shutdown.cancel();
+        self.background.cancel_everything();
+        let running = self.conversations.running();
         let stops = running.into_iter().map(|(_, live)| async move {
             live.cancel.stop_work();
             let _ = live.shutdown(grace).await;
@@ -279,8 +410,8 @@ impl Runtime {
         // Let the last commits land before the persistence actor goes.
         self.root.stop_and_wait(None, Some(grace)).await.ok();
         // The next node to need one of our conversations takes it at once.
-        if let Some(cluster) = &self.services.cluster
-            && let Err(error) = self.services.store.leave(cluster.node()).await
+        if let Some(cluster) = &self.cluster
+            && let Err(error) = self.store.leave(cluster.node()).await
         {
             tracing::warn!(node = %cluster.node_id, %error, "leases not released; they expire after the TTL");
         }

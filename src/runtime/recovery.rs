@@ -5,7 +5,7 @@
 
 use chrono::Utc;
 
-use super::Services;
+use super::Handles;
 use super::commit;
 use super::context::context;
 use crate::persistence::{WriteJob, WriteOutcome};
@@ -24,21 +24,21 @@ pub struct RecoveryReport {
 /// Start-up recovery of a single node (SQLite, or Postgres without a cluster). A cluster node
 /// repairs each conversation as it takes its lease instead (see `registry::claim`), and
 /// touches no conversation another live node holds.
-pub async fn recover(services: &Services) -> Result<RecoveryReport, StoreError> {
+pub(crate) async fn recover(handles: &Handles) -> Result<RecoveryReport, StoreError> {
     let now = Utc::now();
     let mut report = RecoveryReport::default();
-    if services.cluster.is_some() {
+    if handles.cluster.is_some() {
         return Ok(report);
     }
     // The only node is starting: no LLM request is in flight, so no budget is held.
-    services.store.clear_reservations().await?;
-    for mut record in services.store.busy_conversations().await? {
-        if let Some(synthetic) = repair(services, &mut record).await? {
+    handles.store.clear_reservations().await?;
+    for mut record in handles.store.busy_conversations().await? {
+        if let Some(synthetic) = repair(handles, &mut record).await? {
             report.synthetic_results += synthetic;
             report.conversations += 1;
         }
     }
-    if let WriteOutcome::Expired(requests, tasks) = services
+    if let WriteOutcome::Expired(requests, tasks) = handles
         .persistence
         .write(WriteJob::ExpirePendingWork {
             at: now,
@@ -56,10 +56,10 @@ pub async fn recover(services: &Services) -> Result<RecoveryReport, StoreError> 
 /// synthetic result for every tool call that never finished, the conversation idle. Returns
 /// the number of synthetic results, `None` when the conversation was at rest.
 pub(super) async fn repair(
-    services: &Services,
+    handles: &Handles,
     record: &mut crate::model::ConversationRecord,
 ) -> Result<Option<u64>, StoreError> {
-    let ctx = context(services, record);
+    let ctx = context(&handles.settings, record);
     let Ok(result) = transition(
         &record.state,
         &ctx,
@@ -76,11 +76,11 @@ pub(super) async fn repair(
         .iter()
         .filter(|m| matches!(m.content, MessageContent::Tool(_)))
         .count() as u64;
-    services.persistence.commit(commit.clone()).await?;
+    handles.persistence.commit(commit.clone()).await?;
     commit::apply(record, &commit);
     // Clients may be watching already (a conversation taken over from a dead node).
     for frame in &plan.frames {
-        services.hub.publish(&record.id, frame.clone());
+        handles.hub.publish(&record.id, frame.clone());
     }
     Ok(Some(synthetic))
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use ractor::{ActorCell, ActorId, ActorRef, ActorStatus};
 use tokio::sync::OnceCell;
 
-use super::Services;
+use super::Handles;
 use super::cancel::CancelOutcome;
 use super::cancel::CancelSlot;
 use super::messages::{ConvMsg, ParentLink, SendError};
@@ -161,9 +161,9 @@ type Slot = Arc<OnceCell<Live>>;
 /// Starts a conversation's actor under `supervisor` (the runtime's root, or a sub-agent's
 /// supervisor). The runtime gives it to the registry, which owns every start (sub-agents
 /// included) without naming the actor it starts.
-pub type Spawn =
+pub(crate) type Spawn =
     fn(
-        Arc<Services>,
+        Arc<Handles>,
         ConversationRecord,
         Arc<CancelSlot>,
         Option<ParentLink>,
@@ -177,7 +177,7 @@ pub struct Registry {
 }
 
 impl Registry {
-    pub fn new(spawn: Spawn) -> Registry {
+    pub(crate) fn new(spawn: Spawn) -> Registry {
         Registry {
             live: Mutex::default(),
             spawn,
@@ -189,28 +189,28 @@ impl Registry {
     }
 
     /// The running actor of a conversation, started from its row if needed.
-    pub async fn get_or_start(
+    pub(crate) async fn get_or_start(
         &self,
-        services: &Arc<Services>,
+        handles: &Arc<Handles>,
         id: &str,
     ) -> Result<Live, StartError> {
-        self.start(services, id, None).await
+        self.start(handles, id, None).await
     }
 
     /// [`get_or_start`](Self::get_or_start) with the row when it was just read or written:
     /// a conversation that runs no actor changes only through one, so its row is current.
-    pub async fn start_from(
+    pub(crate) async fn start_from(
         &self,
-        services: &Arc<Services>,
+        handles: &Arc<Handles>,
         record: ConversationRecord,
     ) -> Result<Live, StartError> {
         let id = record.id.clone();
-        self.start(services, &id, Some(record)).await
+        self.start(handles, &id, Some(record)).await
     }
 
     async fn start(
         &self,
-        services: &Arc<Services>,
+        handles: &Arc<Handles>,
         id: &str,
         mut known: Option<ConversationRecord>,
     ) -> Result<Live, StartError> {
@@ -218,8 +218,9 @@ impl Registry {
             let slot = self.map().entry(id.to_owned()).or_default().clone();
             let started = slot
                 .get_or_try_init(|| async {
-                    let record = claim(services, id, known.take()).await?;
-                    self.spawned(services, record, None, services.root()).await
+                    let record = claim(handles, id, known.take()).await?;
+                    self.spawned(handles, record, None, handles.lifecycle.root())
+                        .await
                 })
                 .await;
             match started {
@@ -236,16 +237,16 @@ impl Registry {
 
     /// Starts a sub-agent's conversation under its supervisor, which it reports to through
     /// `link`, and registers it.
-    pub async fn start_child(
+    pub(crate) async fn start_child(
         &self,
-        services: &Arc<Services>,
+        handles: &Arc<Handles>,
         id: &str,
         link: ParentLink,
     ) -> Result<Live, StartError> {
         let supervisor = link.supervisor.get_cell();
-        let record = claim(services, id, None).await?;
+        let record = claim(handles, id, None).await?;
         let live = self
-            .spawned(services, record, Some(link), supervisor)
+            .spawned(handles, record, Some(link), supervisor)
             .await?;
         self.insert(id, live.clone());
         Ok(live)
@@ -253,14 +254,14 @@ impl Registry {
 
     async fn spawned(
         &self,
-        services: &Arc<Services>,
+        handles: &Arc<Handles>,
         record: ConversationRecord,
         parent: Option<ParentLink>,
         supervisor: ActorCell,
     ) -> Result<Live, StartError> {
         let cancel = Arc::new(CancelSlot::default());
         let fixed = Arc::new(Fixed::from(&record));
-        let actor = (self.spawn)(services.clone(), record, cancel.clone(), parent, supervisor)
+        let actor = (self.spawn)(handles.clone(), record, cancel.clone(), parent, supervisor)
             .await
             .map_err(StartError::Spawn)?;
         Ok(Live {
@@ -350,21 +351,21 @@ impl Registry {
 /// or this one before a restart) finds the work it left: a turn in flight is closed as a
 /// restart closes it, its pending requests expire and its background tasks fail.
 pub(super) async fn claim(
-    services: &Services,
+    handles: &Handles,
     id: &str,
     known: Option<ConversationRecord>,
 ) -> Result<ConversationRecord, StartError> {
-    let Some(cluster) = &services.cluster else {
+    let Some(cluster) = &handles.cluster else {
         return match known {
             Some(record) => Ok(record),
-            None => services
+            None => handles
                 .store
                 .conversation_by_id(id)
                 .await?
                 .ok_or(StartError::NotFound),
         };
     };
-    let (mut record, previous) = match services.store.take_lease(id, cluster.node()).await? {
+    let (mut record, previous) = match handles.store.take_lease(id, cluster.node()).await? {
         Lease::Taken { record, previous } => (*record, previous),
         Lease::Elsewhere(owner) => return Err(StartError::Elsewhere(owner)),
         Lease::Missing => return Err(StartError::NotFound),
@@ -372,8 +373,8 @@ pub(super) async fn claim(
     // Epoch 1: nobody held it before (just created).
     let inherited = record.lease > Some(1) && previous.as_deref() != Some(&*cluster.incarnation);
     if inherited {
-        super::recovery::repair(services, &mut record).await?;
-        services
+        super::recovery::repair(handles, &mut record).await?;
+        handles
             .persistence
             .write(crate::persistence::WriteJob::ExpirePendingWork {
                 at: chrono::Utc::now(),

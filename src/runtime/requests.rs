@@ -15,7 +15,7 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::Services;
+use super::Handles;
 use super::messages::ConvMsg;
 use crate::model::{ClientRequest, RequestStatus};
 use crate::persistence::{WriteJob, WriteOutcome};
@@ -130,9 +130,9 @@ impl RequestBroker {
     /// `extra_frames` builds, from the request's id, frames stored with the request's own (an
     /// approval's system event, say).
     #[allow(clippy::too_many_arguments)]
-    pub async fn ask(
+    pub(crate) async fn ask(
         &self,
-        services: &Arc<Services>,
+        handles: &Arc<Handles>,
         conversation_id: &str,
         conversation: &ActorRef<ConvMsg>,
         tool_use_id: Option<String>,
@@ -144,7 +144,7 @@ impl RequestBroker {
         let id = uuid::Uuid::now_v7().to_string();
         let now = Utc::now();
         // Whoever chose it (a model may ask for any), a request waits at most this long.
-        let timeout = timeout.min(services.settings.requests.max_timeout());
+        let timeout = timeout.min(handles.settings.requests.max_timeout());
         let (timeout_ms, expires_at) = expiry(now, timeout);
         let request = ClientRequest {
             id: id.clone(),
@@ -157,7 +157,7 @@ impl RequestBroker {
             expires_at,
             created_at: now,
         };
-        if let Err(e) = services
+        if let Err(e) = handles
             .persistence
             .write(WriteJob::CreateClientRequest(request))
             .await
@@ -181,7 +181,7 @@ impl RequestBroker {
         )];
         frames.extend(extra_frames(&id));
         if let Err(e) = emit(conversation, frames).await {
-            self.resolve(services, &id, RequestStatus::Expired).await;
+            self.resolve(handles, &id, RequestStatus::Expired).await;
             return (id, Asked::Failed(e));
         }
         let asked = tokio::select! {
@@ -191,17 +191,17 @@ impl RequestBroker {
             },
             () = tokio::time::sleep(timeout) => {
                 // An answer may have won the race: only the first resolution counts.
-                if self.resolve(services, &id, RequestStatus::Expired).await {
+                if self.resolve(handles, &id, RequestStatus::Expired).await {
                     Asked::TimedOut
                 } else {
-                    self.stored_answer(services, conversation_id, &id).await
+                    self.stored_answer(handles, conversation_id, &id).await
                 }
             }
             () = cancel.cancelled() => {
-                if self.resolve(services, &id, RequestStatus::Cancelled).await {
+                if self.resolve(handles, &id, RequestStatus::Cancelled).await {
                     Asked::Cancelled
                 } else {
-                    self.stored_answer(services, conversation_id, &id).await
+                    self.stored_answer(handles, conversation_id, &id).await
                 }
             }
         };
@@ -220,9 +220,9 @@ impl RequestBroker {
         (id, asked)
     }
 
-    async fn resolve(&self, services: &Services, id: &str, status: RequestStatus) -> bool {
+    async fn resolve(&self, handles: &Handles, id: &str, status: RequestStatus) -> bool {
         matches!(
-            services
+            handles
                 .persistence
                 .write(WriteJob::ResolveClientRequest {
                     id: id.to_owned(),
@@ -235,8 +235,8 @@ impl RequestBroker {
         )
     }
 
-    async fn stored_answer(&self, services: &Services, conversation_id: &str, id: &str) -> Asked {
-        match services.store.client_request(conversation_id, id).await {
+    async fn stored_answer(&self, handles: &Handles, conversation_id: &str, id: &str) -> Asked {
+        match handles.store.client_request(conversation_id, id).await {
             Ok(Some(row)) if row.status == RequestStatus::Answered => {
                 row.response.map_or(Asked::Cancelled, Asked::Answered)
             }
@@ -341,12 +341,12 @@ pub enum AnswerError {
 
 /// Answers a pending request once; a second answer, or one after the timeout, is refused.
 pub async fn answer_request(
-    services: &Services,
+    handles: &Handles,
     conversation_id: &str,
     request_id: &str,
     payload: Value,
 ) -> Result<(), AnswerError> {
-    let row = services
+    let row = handles
         .store
         .client_request(conversation_id, request_id)
         .await?
@@ -357,14 +357,14 @@ pub async fn answer_request(
         RequestStatus::Expired | RequestStatus::Cancelled => return Err(AnswerError::Expired),
     }
     if row.expires_at <= Utc::now() {
-        services
+        handles
             .requests
-            .resolve(services, request_id, RequestStatus::Expired)
+            .resolve(handles, request_id, RequestStatus::Expired)
             .await;
         return Err(AnswerError::Expired);
     }
     check_reply(&row.request_type, &payload).map_err(AnswerError::WrongKind)?;
-    let outcome = services
+    let outcome = handles
         .persistence
         .write(WriteJob::ResolveClientRequest {
             id: request_id.to_owned(),
@@ -375,7 +375,7 @@ pub async fn answer_request(
         .await?;
     if outcome != WriteOutcome::Resolved(true) {
         // Someone else resolved it first.
-        return match services
+        return match handles
             .store
             .client_request(conversation_id, request_id)
             .await?
@@ -384,8 +384,8 @@ pub async fn answer_request(
             _ => Err(AnswerError::Expired),
         };
     }
-    services.requests.deliver(request_id, payload);
-    if let Some(live) = services.registry.get(conversation_id) {
+    handles.requests.deliver(request_id, payload);
+    if let Some(live) = handles.registry.get(conversation_id) {
         let frame =
             DurableFrame::client_request_resolved(request_id.to_owned(), RequestStatus::Answered);
         let _ = emit(&live.actor, vec![frame]).await;

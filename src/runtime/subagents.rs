@@ -18,7 +18,7 @@ use chrono::Utc;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio_util::sync::CancellationToken;
 
-use super::Services;
+use super::Handles;
 use super::messages::{ConvMsg, Deadline, ParentLink, SupervisorMsg};
 use super::registry::Live;
 use crate::model::{ConversationRecord, NewConversation};
@@ -29,7 +29,7 @@ use crate::state_machine::{Event, IfBusy, SubAgentOutcome, SubAgentTask, ToolOut
 pub struct SubAgentSupervisor;
 
 pub struct SupervisorArgs {
-    pub services: Arc<Services>,
+    pub handles: Arc<Handles>,
     pub parent: ActorRef<ConvMsg>,
     pub parent_record: ConversationRecord,
     pub turn: TurnId,
@@ -99,7 +99,7 @@ impl Actor for SubAgentSupervisor {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         let args = &state.args;
-        let services = args.services.clone();
+        let handles = args.handles.clone();
         let parent = &args.parent_record;
         let now = Utc::now();
         // Create every sub-agent's row first; if that fails, the spawn fails as a tool result.
@@ -123,7 +123,7 @@ impl Actor for SubAgentSupervisor {
                 mcp_tools: parent.mcp_tools.as_ref().clone(),
                 created_at: now,
             };
-            if let Err(error) = services
+            if let Err(error) = handles
                 .persistence
                 .write(WriteJob::CreateConversation(new))
                 .await
@@ -155,7 +155,7 @@ impl Actor for SubAgentSupervisor {
                 timeout_ms: task.timeout_ms,
                 in_grace: false,
             };
-            let grace_ms = services.settings.sub_agents.grace_ms;
+            let grace_ms = handles.settings.sub_agents.grace_ms;
             let last = task.timeout_ms.saturating_add(grace_ms.saturating_mul(2));
             for (after, kind) in [
                 (task.timeout_ms, Deadline::Limit),
@@ -166,7 +166,7 @@ impl Actor for SubAgentSupervisor {
                 });
                 state.timers.push(timer.abort_handle());
             }
-            match start_agent(&myself, &services, &id, task.max_steps).await {
+            match start_agent(&myself, &handles, &id, task.max_steps).await {
                 Ok(live) => {
                     state.by_actor.insert(live.actor.get_id(), index);
                     let reply_to = myself.clone();
@@ -232,7 +232,7 @@ impl Actor for SubAgentSupervisor {
             SupervisorMsg::Report { agent_id, outcome } => report(state, &agent_id, outcome),
             SupervisorMsg::Deadline { index, kind } => deadline(state, index, kind),
             SupervisorMsg::GraceStarted { agent_id } => {
-                let grace = state.args.services.settings.sub_agents.grace_ms;
+                let grace = state.args.handles.settings.sub_agents.grace_ms;
                 if let Some(index) = state
                     .agents
                     .iter()
@@ -390,7 +390,7 @@ fn report(state: &mut SupervisorState, agent_id: &str, outcome: SubAgentOutcome)
 
 async fn start_agent(
     myself: &ActorRef<SupervisorMsg>,
-    services: &Arc<Services>,
+    handles: &Arc<Handles>,
     id: &str,
     max_steps: u32,
 ) -> Result<Live, String> {
@@ -399,9 +399,9 @@ async fn start_agent(
         agent_id: id.to_owned(),
         max_steps,
     };
-    services
+    handles
         .registry
-        .start_child(services, id, link)
+        .start_child(handles, id, link)
         .await
         .map_err(|e| e.to_string())
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::Services;
+use super::Handles;
 use super::context::context;
 use super::registry::Live;
 use super::requests::emit;
@@ -16,7 +16,7 @@ use crate::wire::{DurableFrame, SystemEvent};
 pub const HANDLERS: [&str; 2] = ["usage", "tasks"];
 
 /// The answer to a user_request of `kind`: the payload, or the error.
-async fn handle(services: &Services, live: &Live, kind: &str) -> Result<Value, String> {
+async fn handle(handles: &Handles, live: &Live, kind: &str) -> Result<Value, String> {
     // The conversation as its actor holds it now.
     let conv = &live
         .record()
@@ -24,7 +24,7 @@ async fn handle(services: &Services, live: &Live, kind: &str) -> Result<Value, S
         .ok_or("the conversation did not answer")?;
     match kind {
         "usage" => {
-            let ctx = context(services, conv);
+            let ctx = context(&handles.settings, conv);
             let window = ctx.context_window;
             Ok(json!({
                 "input_tokens": conv.usage.input_tokens,
@@ -35,7 +35,7 @@ async fn handle(services: &Services, live: &Live, kind: &str) -> Result<Value, S
             }))
         }
         "tasks" => {
-            let tasks = services
+            let tasks = handles
                 .store
                 .background_tasks(&conv.id)
                 .await
@@ -55,13 +55,13 @@ async fn handle(services: &Services, live: &Live, kind: &str) -> Result<Value, S
 /// Posts a client's event. Returns false when it repeats an earlier request_id (nothing new
 /// is stored).
 pub async fn post(
-    services: &Arc<Services>,
+    handles: &Arc<Handles>,
     conversation_id: &str,
     event: SystemEvent,
 ) -> Result<bool, String> {
-    let live = services
+    let live = handles
         .registry
-        .get_or_start(services, conversation_id)
+        .get_or_start(handles, conversation_id)
         .await
         .map_err(|e| e.to_string())?;
     let request_id = event.get("request_id").as_str().map(str::to_owned);
@@ -71,7 +71,7 @@ pub async fn post(
     let mut answers = Vec::new();
     if event.event_type == "user_request" {
         let kind = event.get("kind").as_str().unwrap_or_default();
-        let (payload, error) = match handle(services, &live, kind).await {
+        let (payload, error) = match handle(handles, &live, kind).await {
             Ok(payload) => (payload, Value::Null),
             Err(error) => (Value::Null, Value::String(error)),
         };
@@ -92,8 +92,8 @@ pub async fn post(
         && let (Some(id), Some(approved)) = (&request_id, event.get("approved").as_bool())
     {
         // An approval answered as a system event resolves its confirm request.
-        if let Err(e) = super::answer_request(
-            services,
+        if let Err(e) = super::requests::answer_request(
+            handles,
             conversation_id,
             id,
             json!({"confirmed": approved}),

@@ -15,12 +15,11 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::Services;
+use super::Handles;
 use super::admission::admit;
 use super::background::TaskSpec;
 use super::messages::ConvMsg;
 use super::requests::{Asked, emit};
-use crate::metrics::Metrics;
 use crate::state_machine::{
     Event, Question, QuestionKind, ToolAction, ToolOutcome, ToolPlan, ToolUse, TurnId,
 };
@@ -30,28 +29,17 @@ use crate::wire::{DurableFrame, RequestType, SelectOption, SystemEvent};
 #[derive(Debug)]
 pub struct ToolRun;
 
+/// A tool run: the turn it answers in, its trace span, and the run its task owns.
 pub struct ToolRunArgs {
-    pub tool: ToolUse,
     pub turn: TurnId,
-    pub cwd: PathBuf,
-    pub limits: ToolLimits,
-    pub cancel: CancellationToken,
-    pub reply: ActorRef<ConvMsg>,
     pub span: tracing::Span,
-    pub metrics: Arc<Metrics>,
-    pub services: Arc<Services>,
-    pub conversation_id: String,
-    /// How it runs, as the core decided.
-    pub plan: ToolPlan,
-    pub tenant_id: String,
-    /// The conversation's tools of its tenant's MCP servers.
-    pub mcp_tools: Arc<Vec<crate::model::McpTool>>,
+    pub run: Run,
 }
 
 impl std::fmt::Debug for ToolRunArgs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ToolRunArgs")
-            .field("tool", &self.tool.name)
+            .field("tool", &self.run.tool.name)
             .finish_non_exhaustive()
     }
 }
@@ -61,31 +49,40 @@ pub enum ToolRunMsg {
     Done(ToolOutcome),
 }
 
+/// What the actor keeps to report the outcome; the run itself went to its task.
 pub struct ToolRunState {
-    args: ToolRunArgs,
+    turn: TurnId,
+    span: tracing::Span,
+    tool: ToolUse,
+    conversation: ActorRef<ConvMsg>,
+    handles: Arc<Handles>,
+    run: Option<Run>,
     started: Instant,
 }
 
 impl std::fmt::Debug for ToolRunState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ToolRunState")
-            .field("tool", &self.args.tool.name)
+            .field("tool", &self.tool.name)
             .finish_non_exhaustive()
     }
 }
 
 /// What a run needs, owned by its task.
-struct Run {
-    tool: ToolUse,
-    cwd: PathBuf,
-    limits: ToolLimits,
-    cancel: CancellationToken,
-    conversation: ActorRef<ConvMsg>,
-    services: Arc<Services>,
-    conversation_id: String,
-    plan: ToolPlan,
-    tenant_id: String,
-    mcp_tools: Arc<Vec<crate::model::McpTool>>,
+pub struct Run {
+    pub tool: ToolUse,
+    pub cwd: PathBuf,
+    pub limits: ToolLimits,
+    pub cancel: CancellationToken,
+    /// The conversation it runs for: it answers there, and emits its requests' frames there.
+    pub conversation: ActorRef<ConvMsg>,
+    pub handles: Arc<Handles>,
+    pub conversation_id: String,
+    /// How it runs, as the core decided.
+    pub plan: ToolPlan,
+    pub tenant_id: String,
+    /// The conversation's tools of its tenant's MCP servers.
+    pub mcp_tools: Arc<Vec<crate::model::McpTool>>,
 }
 
 impl Actor for ToolRun {
@@ -99,7 +96,12 @@ impl Actor for ToolRun {
         args: ToolRunArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
         Ok(ToolRunState {
-            args,
+            turn: args.turn,
+            span: args.span,
+            tool: args.run.tool.clone(),
+            conversation: args.run.conversation.clone(),
+            handles: args.run.handles.clone(),
+            run: Some(args.run),
             started: Instant::now(),
         })
     }
@@ -109,20 +111,10 @@ impl Actor for ToolRun {
         myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        let args = &state.args;
-        let run = Run {
-            tool: args.tool.clone(),
-            cwd: args.cwd.clone(),
-            limits: args.limits.clone(),
-            cancel: args.cancel.clone(),
-            conversation: args.reply.clone(),
-            services: args.services.clone(),
-            conversation_id: args.conversation_id.clone(),
-            plan: args.plan.clone(),
-            tenant_id: args.tenant_id.clone(),
-            mcp_tools: args.mcp_tools.clone(),
+        let Some(run) = state.run.take() else {
+            return Ok(());
         };
-        let span = args.span.clone();
+        let span = state.span.clone();
         tokio::spawn(async move {
             let task = tokio::spawn(async move { execute(run).await }.instrument(span));
             let outcome = task.await.unwrap_or_else(|error| ToolOutcome {
@@ -142,18 +134,14 @@ impl Actor for ToolRun {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             ToolRunMsg::Done(outcome) => {
-                state.args.span.record("ok", outcome.ok);
+                state.span.record("ok", outcome.ok);
                 state
-                    .args
                     .span
                     .record("duration_ms", state.started.elapsed().as_millis() as u64);
-                state
-                    .args
-                    .metrics
-                    .tool_run(&state.args.tool.name, outcome.ok);
-                let _ = state.args.reply.cast(ConvMsg::event(Event::ToolComplete {
-                    turn: state.args.turn.clone(),
-                    tool_use_id: state.args.tool.id.clone(),
+                state.handles.metrics.tool_run(&state.tool.name, outcome.ok);
+                let _ = state.conversation.cast(ConvMsg::event(Event::ToolComplete {
+                    turn: state.turn.clone(),
+                    tool_use_id: state.tool.id.clone(),
                     outcome,
                 }));
                 myself.stop(None);
@@ -193,7 +181,8 @@ async fn execute(run: Run) -> ToolOutcome {
             // A slot of the tenant's, waiting behind its own tools only, at most the run's
             // own default time limit.
             let _slot = match admit(
-                &run.services,
+                &run.handles.quotas,
+                &run.limits.workspaces,
                 &run.tenant_id,
                 run.limits.bash_timeout,
                 &run.cancel,
@@ -216,7 +205,7 @@ async fn execute(run: Run) -> ToolOutcome {
 /// bash, cancelled with the turn.
 async fn mcp_tool(run: &Run, tool: &crate::model::McpTool) -> ToolOutcome {
     let server = match run
-        .services
+        .handles
         .store
         .mcp_server(&run.tenant_id, &tool.server)
         .await
@@ -232,7 +221,7 @@ async fn mcp_tool(run: &Run, tool: &crate::model::McpTool) -> ToolOutcome {
     };
     crate::mcp_client::call(
         &server,
-        &run.services.mcp_http,
+        &run.handles.mcp_http,
         tool,
         &run.tool.input,
         run.limits.bash_timeout,
@@ -244,8 +233,8 @@ async fn mcp_tool(run: &Run, tool: &crate::model::McpTool) -> ToolOutcome {
 
 /// Asks the client to approve the tool (the wallet flow, generalised).
 async fn approve(run: &Run) -> Result<(), ToolOutcome> {
-    let services = &run.services;
-    let timeout = Duration::from_millis(services.settings.requests.approval_timeout_ms);
+    let handles = &run.handles;
+    let timeout = Duration::from_millis(handles.settings.requests.approval_timeout_ms);
     let tool = &run.tool;
     let request_type = RequestType::Confirm {
         message: format!(
@@ -255,10 +244,10 @@ async fn approve(run: &Run) -> Result<(), ToolOutcome> {
         ),
         default: Some(false),
     };
-    let (request_id, asked) = services
+    let (request_id, asked) = handles
         .requests
         .ask(
-            services,
+            handles,
             &run.conversation_id,
             &run.conversation,
             Some(tool.id.clone()),
@@ -360,16 +349,16 @@ async fn ask_user(run: &Run, question: &Question) -> ToolOutcome {
             schema: schema.clone(),
         },
     };
-    let services = &run.services;
+    let handles = &run.handles;
     // The model chooses its timeout (the broker keeps it within `requests.max_timeout_ms`).
     let timeout = match question.timeout_ms {
         Some(ms) => Duration::from_millis(ms),
-        None => services.settings.requests.timeout(question.kind.name()),
+        None => handles.settings.requests.timeout(question.kind.name()),
     };
-    let (_, asked) = services
+    let (_, asked) = handles
         .requests
         .ask(
-            services,
+            handles,
             &run.conversation_id,
             &run.conversation,
             Some(run.tool.id.clone()),
@@ -433,7 +422,7 @@ async fn background(run: &Run, command: &str, timeout_ms: Option<u64>, wake: boo
         limits: run.limits.clone(),
         wake,
     };
-    match run.services.background.start(&run.services, spec).await {
+    match run.handles.background.start(&run.handles, spec).await {
         Ok(id) => ToolOutcome {
             ok: true,
             output: format!(

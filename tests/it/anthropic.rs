@@ -101,7 +101,7 @@ async fn deltas_are_streamed_live() {
     let db = TestDb::sqlite();
     let rt = anthropic(&db).await;
     let conv = rt.create_conversation().await;
-    let mut frames = rt.runtime.services.hub.subscribe(&conv);
+    let mut frames = rt.runtime.hub.subscribe(&conv);
     rt.llm.push([Reply::text("streamed in pieces")]);
     rt.send(&conv, "hi").await.expect("accepted");
     // Frames until the agent's message (the row may be idle before its frames are out).
@@ -132,7 +132,7 @@ async fn overloaded_and_rate_limited_are_retried() {
     let db = TestDb::sqlite();
     let rt = anthropic(&db).await;
     let conv = rt.create_conversation().await;
-    let mut frames = rt.runtime.services.hub.subscribe(&conv);
+    let mut frames = rt.runtime.hub.subscribe(&conv);
     rt.llm.push([
         Reply::status(529, "Overloaded"),
         Reply::Status {
@@ -263,7 +263,6 @@ async fn images_are_base64_blocks() {
     let rt = anthropic(&db).await;
     let conv = rt.create_conversation().await;
     rt.runtime
-        .services
         .persistence
         .write(WriteJob::InsertAttachments(vec![NewAttachment {
             id: "img-1".into(),

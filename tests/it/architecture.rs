@@ -348,3 +348,28 @@ fn layering_only_the_persistence_actor_writes() {
         "the writes were not found in persistence.rs"
     );
 }
+
+/// No service locator (issue 37): the handles a conversation actor is given stay inside the
+/// runtime; every other component is given the handles it uses by the composition root
+/// (src/app.rs), and the API reaches a conversation through `Conversations` only.
+#[test]
+fn layering_no_component_outside_the_runtime_holds_its_handles() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let runtime = src.join("runtime");
+    let mut checked = 0;
+    for path in rust_files(&src) {
+        if path.starts_with(&runtime) {
+            continue;
+        }
+        let code = code_of(&path);
+        for needle in ["runtime::Handles", "runtime::Registry", "Services"] {
+            assert!(
+                !code.contains(needle),
+                "{}: `{needle}` belongs to the runtime; take the handles you use",
+                path.display()
+            );
+        }
+        checked += 1;
+    }
+    assert!(checked >= 40, "expected the crate's files, checked {checked}");
+}

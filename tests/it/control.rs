@@ -125,8 +125,7 @@ async fn of_concurrent_interrupts_exactly_one_is_accepted() {
     wait_running(&sleep).await;
     let live = rt
         .runtime
-        .services
-        .registry
+        .conversations
         .get(&conv)
         .expect("the conversation runs");
     let seen = live.cancel.running_turn();

@@ -210,7 +210,7 @@ async fn retries_then_success() {
     let db = TestDb::sqlite();
     let rt = TestRuntime::start(&db, &[]).await;
     let conv = rt.create_conversation().await;
-    let mut frames = rt.runtime.services.hub.subscribe(&conv);
+    let mut frames = rt.runtime.hub.subscribe(&conv);
     rt.llm.push([
         Reply::status(500, "upstream broke"),
         Reply::status(429, "slow down"),
@@ -737,7 +737,7 @@ async fn deltas_are_streamed_live() {
     let db = TestDb::sqlite();
     let rt = TestRuntime::start(&db, &[]).await;
     let conv = rt.create_conversation().await;
-    let mut frames = rt.runtime.services.hub.subscribe(&conv);
+    let mut frames = rt.runtime.hub.subscribe(&conv);
     rt.llm.push([Reply::text("streamed in pieces")]);
     rt.send(&conv, "hi").await.expect("accepted");
     // Frames until the agent's message (the row may be idle before its frames are out).
@@ -772,7 +772,6 @@ async fn deltas_are_streamed_live() {
 /// LLM requests whose history the gateway read from the database, from /metrics' counter.
 fn history_reads(rt: &TestRuntime) -> u64 {
     rt.runtime
-        .services
         .metrics
         .encode()
         .lines()
@@ -812,10 +811,10 @@ async fn history_is_handed_over_across_turns_and_read_after_a_restart() {
         assert_eq!(history_reads(&rt), 0, "{}", db.backend);
 
         // The actor stops; the next one was handed nothing, so the gateway reads.
-        let live = rt.runtime.services.registry.get(&conv).expect("running");
+        let live = rt.runtime.conversations.get(&conv).expect("running");
         let stopped = live.shutdown(WAIT).await;
         assert!(stopped.is_ok(), "{stopped:?}");
-        let registry = &rt.runtime.services.registry;
+        let registry = &rt.runtime.conversations;
         eventually("the actor to stop", WAIT, || async {
             registry.get(&conv).is_none().then_some(())
         })

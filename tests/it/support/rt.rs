@@ -100,7 +100,6 @@ impl TestRuntime {
             .expect("the runtime starts");
         let tenant_id = "tenant-test".to_owned();
         runtime
-            .services
             .persistence
             .write(WriteJob::EnsureTenant {
                 tenant: bedrock::model::Tenant {
@@ -131,7 +130,6 @@ impl TestRuntime {
         let cwd = self.workspace.join(&id);
         std::fs::create_dir_all(&cwd).expect("the cwd");
         self.runtime
-            .services
             .persistence
             .write(WriteJob::CreateConversation(NewConversation {
                 slug: format!("c-{}", &id[id.len() - 12..]),
@@ -165,9 +163,8 @@ impl TestRuntime {
     ) -> Result<MessageRecord, SendError> {
         let live = self
             .runtime
-            .services
-            .registry
-            .get_or_start(&self.runtime.services, id)
+            .conversations
+            .get_or_start(id)
             .await
             .expect("the conversation starts");
         let text = text.to_owned();
@@ -187,9 +184,8 @@ impl TestRuntime {
     pub async fn cancel(&self, id: &str) -> bedrock::runtime::CancelOutcome {
         let live = self
             .runtime
-            .services
-            .registry
-            .get_or_start(&self.runtime.services, id)
+            .conversations
+            .get_or_start(id)
             .await
             .expect("the conversation starts");
         let answer = live.cancel_turn();
