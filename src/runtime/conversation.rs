@@ -11,24 +11,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
-use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
+use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 
 use super::Handles;
 use super::cancel::{CancelOutcome, CancelSlot};
 use super::commit;
 use super::context::context;
-use super::messages::{ConvMsg, EmitRequest, ParentLink, SendError, SendRequest, SupervisorMsg};
-use super::subagents::{SubAgentSupervisor, SupervisorArgs};
-use super::tool_run::{Run, ToolRun, ToolRunArgs};
+use super::conversation_state::{Child, ConversationState, Turn, starting_blocked};
+use super::messages::{ConvMsg, EmitRequest, ParentLink, SendError, SendRequest};
 use opentelemetry::trace::TraceContextExt as _;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
-use crate::llm::LlmJob;
 use crate::model::{ConversationRecord, MessageRecord};
 use crate::state_machine::{
-    ConvContext, ConvState, Effect, Event, IfBusy, ImageRef, Interruption, InvalidTransition,
-    Rejection, SubAgentOutcome, ToolOutcome, TurnId, transition,
+    ConvState, Effect, Event, IfBusy, ImageRef, Interruption, InvalidTransition, Rejection,
+    ToolOutcome, TurnId, transition,
 };
 use crate::store::StoreError;
 use crate::wire::DurableFrame;
@@ -73,50 +71,7 @@ impl std::fmt::Debug for ConversationArgs {
     }
 }
 
-/// What a child actor of this conversation is doing.
-#[derive(Debug)]
-enum Child {
-    Tool { turn: TurnId, tool_use_id: String },
-    Spawn { turn: TurnId, tool_use_id: String },
-}
-
-pub struct ConversationState {
-    record: ConversationRecord,
-    ctx: ConvContext,
-    handles: Arc<Handles>,
-    cancel: Arc<CancelSlot>,
-    parent: Option<ParentLink>,
-    /// Children that report back as events, so a crash becomes a result.
-    children: HashMap<ActorId, Child>,
-    /// The turn in progress.
-    turn: Option<Turn>,
-    /// A sub-agent's progress as last shown to its parent's clients (state, steps).
-    shown: Option<(&'static str, u32)>,
-    /// Commits with messages stored since the last LLM request, handed to the next one.
-    unsent: Vec<Arc<crate::model::ConversationCommit>>,
-    /// The history as the LLM gets it, kept between requests while the actor lives.
-    history: crate::llm::HistoryHandle,
-    idle_generation: u64,
-    idle_timer: bool,
-    stopping: bool,
-}
-
-impl std::fmt::Debug for ConversationState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConversationState")
-            .field("id", &self.record.id)
-            .field("state", &self.record.state.kind())
-            .finish_non_exhaustive()
-    }
-}
-
 /// What applying an event came to.
-/// A user turn in progress: its trace span and when it started.
-struct Turn {
-    span: tracing::Span,
-    started: std::time::Instant,
-}
-
 enum Applied {
     Done { dispatched: Vec<Effect> },
     Ignored,
@@ -666,7 +621,7 @@ async fn store_and_dispatch(
         metrics.retry();
     }
     for effect in &plan.dispatch {
-        dispatch(myself, state, effect.clone()).await;
+        super::effects::dispatch(myself, state, effect.clone()).await;
     }
     Ok((plan.commit, plan.dispatch))
 }
@@ -714,11 +669,6 @@ fn continue_ahead(
         // Whatever the actor would have done with the `Continue` message: nothing.
         Err(_) => plan,
     }
-}
-
-/// Whether new work must not start: this conversation or the server is stopping.
-fn starting_blocked(state: &ConversationState) -> bool {
-    state.stopping || state.handles.lifecycle.is_shutting_down()
 }
 
 /// Commits kept for the next LLM request at most (a resting conversation usually keeps one,
@@ -779,179 +729,6 @@ async fn commit_with_retry(
     }
 }
 
-fn reply_to(myself: &ActorRef<ConvMsg>) -> crate::llm::ReplyTo {
-    let me = myself.clone();
-    Arc::new(move |event| {
-        let _ = me.cast(ConvMsg::event(event));
-    })
-}
-
-/// Carries out one effect after the commit. Nothing here waits for the work itself; at
-/// most for a child actor to be spawned.
-async fn dispatch(myself: &ActorRef<ConvMsg>, state: &mut ConversationState, effect: Effect) {
-    let handles = state.handles.clone();
-    let starting_blocked = starting_blocked(state);
-    match effect {
-        Effect::Continue { turn } => {
-            if !starting_blocked {
-                let _ = myself.cast(ConvMsg::event(Event::Continue { turn }));
-            }
-        }
-        Effect::RequestLlm {
-            request,
-            model,
-            only_submit,
-            summary,
-        } => {
-            if starting_blocked {
-                return;
-            }
-            let cancel = state.cancel.new_work();
-            handles.gateway.request(LlmJob {
-                request,
-                tenant_id: state.record.tenant_id.clone(),
-                conversation_id: state.record.id.clone(),
-                cwd: state.record.cwd.clone(),
-                model,
-                system_prompt: state.record.system_prompt.clone(),
-                is_sub_agent: state.ctx.is_sub_agent,
-                only_submit,
-                summary,
-                reply: reply_to(myself),
-                cancel,
-                span: state
-                    .turn
-                    .as_ref()
-                    .map_or_else(tracing::Span::none, |turn| turn.span.clone()),
-                recent: std::mem::take(&mut state.unsent),
-                through: state.record.next_sequence_id - 1,
-                history: Arc::clone(&state.history),
-                mcp_tools: state.record.mcp_tools.clone(),
-                budget: state.record.budget_tokens.map(|limit| {
-                    let usage = &state.record.usage;
-                    (limit, usage.input_tokens + usage.output_tokens)
-                }),
-            });
-        }
-        Effect::ScheduleRetry { request, delay_ms } => {
-            let cancel = state.cancel.new_work();
-            let me = myself.clone();
-            tokio::spawn(async move {
-                let event = tokio::select! {
-                    () = tokio::time::sleep(Duration::from_millis(delay_ms)) => Event::RetryTimeout { request },
-                    () = cancel.cancelled() => Event::LlmAborted { request },
-                };
-                let _ = me.cast(ConvMsg::event(event));
-            });
-        }
-        Effect::AbortLlm { .. } | Effect::CancelTool { .. } | Effect::StopSubAgents { .. } => {
-            state.cancel.stop_work();
-        }
-        Effect::ExecuteTool { turn, tool, plan } => {
-            if starting_blocked {
-                return;
-            }
-            let cancel = state.cancel.new_work();
-            let args = ToolRunArgs {
-                turn: turn.clone(),
-                span: tracing::info_span!(
-                    parent: state.turn.as_ref().and_then(|turn| turn.span.id()),
-                    "tool.run",
-                    tenant = %state.record.tenant_id,
-                    conversation = %state.record.id,
-                    tool = %tool.name,
-                    tool_use_id = %tool.id,
-                    ok = tracing::field::Empty,
-                    duration_ms = tracing::field::Empty,
-                ),
-                run: Run {
-                    tool: tool.clone(),
-                    cwd: state.record.cwd.clone().into(),
-                    limits: handles.tool_limits_for(state.record.network),
-                    cancel: cancel.clone(),
-                    conversation: myself.clone(),
-                    handles: handles.clone(),
-                    conversation_id: state.record.id.clone(),
-                    plan,
-                    tenant_id: state.record.tenant_id.clone(),
-                    mcp_tools: state.record.mcp_tools.clone(),
-                },
-            };
-            match Actor::spawn_linked(None, ToolRun, args, myself.get_cell()).await {
-                Ok((child, _)) => {
-                    state.children.insert(
-                        child.get_id(),
-                        Child::Tool {
-                            turn,
-                            tool_use_id: tool.id,
-                        },
-                    );
-                }
-                Err(error) => {
-                    cancel.cancel();
-                    let _ = myself.cast(ConvMsg::event(Event::ToolComplete {
-                        turn,
-                        tool_use_id: tool.id,
-                        outcome: ToolOutcome {
-                            ok: false,
-                            output: format!("the tool run could not start: {error}"),
-                        },
-                    }));
-                }
-            }
-        }
-        Effect::SpawnSubAgents {
-            turn,
-            tool_use_id,
-            tasks,
-        } => {
-            if starting_blocked {
-                return;
-            }
-            let cancel = state.cancel.new_work();
-            let args = SupervisorArgs {
-                handles: handles.clone(),
-                parent: myself.clone(),
-                parent_record: state.record.clone(),
-                turn: turn.clone(),
-                tool_use_id: tool_use_id.clone(),
-                tasks,
-                cancel: cancel.clone(),
-            };
-            match Actor::spawn_linked(None, SubAgentSupervisor, args, myself.get_cell()).await {
-                Ok((child, _)) => {
-                    state
-                        .children
-                        .insert(child.get_id(), Child::Spawn { turn, tool_use_id });
-                }
-                Err(error) => {
-                    cancel.cancel();
-                    let _ = myself.cast(ConvMsg::event(Event::ToolComplete {
-                        turn,
-                        tool_use_id,
-                        outcome: ToolOutcome {
-                            ok: false,
-                            output: format!("the sub-agents could not start: {error}"),
-                        },
-                    }));
-                }
-            }
-        }
-        Effect::ReportToParent { outcome } => report_to_parent(state, outcome),
-        Effect::GraceTurnStarted => {
-            if let Some(parent) = &state.parent {
-                let _ = parent.supervisor.cast(SupervisorMsg::GraceStarted {
-                    agent_id: parent.agent_id.clone(),
-                });
-            }
-        }
-        Effect::PersistMessage(_)
-        | Effect::RecordUsage { .. }
-        | Effect::NotifyRetrying { .. }
-        | Effect::WarnContext { .. } => {}
-    }
-}
-
 /// A sub-agent's state and steps, shown to its parent's clients as a `sub_agent` frame when
 /// they change (not durable: `GET /children` has them after a reconnect).
 fn show_progress(state: &mut ConversationState) {
@@ -975,13 +752,4 @@ fn show_progress(state: &mut ConversationState) {
     };
     let frame = Arc::new(crate::hub::Frame::of(&frame));
     state.handles.hub.publish(parent, frame);
-}
-
-fn report_to_parent(state: &ConversationState, outcome: SubAgentOutcome) {
-    if let Some(parent) = &state.parent {
-        let _ = parent.supervisor.cast(SupervisorMsg::Report {
-            agent_id: parent.agent_id.clone(),
-            outcome,
-        });
-    }
 }

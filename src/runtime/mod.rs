@@ -18,6 +18,8 @@ mod cancel;
 mod commit;
 mod context;
 mod conversation;
+mod conversation_state;
+mod effects;
 mod messages;
 mod recovery;
 mod registry;
@@ -41,8 +43,8 @@ pub use context::context;
 pub use messages::SendError;
 pub use recovery::RecoveryReport;
 use recovery::recover;
-pub use registry::{Fixed, Live, StartError, Unanswered, UserMessage};
 use registry::Registry;
+pub use registry::{Fixed, Live, StartError, Unanswered, UserMessage};
 pub use requests::{AnswerError, Asked, RequestBroker, check_reply};
 
 use crate::config::Settings;

@@ -371,5 +371,8 @@ fn layering_no_component_outside_the_runtime_holds_its_handles() {
         }
         checked += 1;
     }
-    assert!(checked >= 40, "expected the crate's files, checked {checked}");
+    assert!(
+        checked >= 40,
+        "expected the crate's files, checked {checked}"
+    );
 }
