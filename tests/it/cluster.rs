@@ -127,7 +127,8 @@ async fn idle_on(server: &Server, id: &str) {
     .await;
 }
 
-/// A conversation created on A takes a message sent through B (carried to A, its owner),
+/// A conversation created on A takes a message sent through B (carried to A, its owner)
+/// but not one whose carried-by header a client forged,
 /// concurrent sends over the three nodes get exactly one 202, a cancel through C stops the
 /// running tool, and `/readyz` shows each node.
 #[tokio::test]
@@ -140,6 +141,25 @@ async fn any_node_answers_for_any_conversation() {
         unreachable!()
     };
     let (id, _) = conversation(a).await;
+
+    // What a hostile client tries first: the header nodes mark a carried request with,
+    // forged. The request is neither carried to the owner nor run where it landed: 503 with
+    // Retry-After, and nothing is stored (the texts below hold no "forged").
+    let forged = reqwest::Client::new()
+        .post(format!("{}/v1/conversations/{id}/messages", b.base))
+        .header("x-bedrock-forwarded-by", "a")
+        .json(&json!({"text": "forged"}))
+        .send()
+        .await
+        .expect("the node answers");
+    assert_eq!(forged.status().as_u16(), 503, "a forged carried request");
+    assert_eq!(
+        forged
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
 
     llm.push([Llm::text("hello from the owner")]);
     let (status, _) = send_through(b, &id, json!({"text": "hi"})).await;
