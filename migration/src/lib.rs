@@ -2,6 +2,27 @@
 
 pub use sea_orm_migration::prelude::*;
 
+/// A migration that runs SQL statements per database, up and down, in one transaction on
+/// SQLite too: all or nothing, and every statement on the same connection.
+macro_rules! statements_migration {
+    (up: ($sqlite_up:expr, $postgres_up:expr), down: ($sqlite_down:expr, $postgres_down:expr) $(,)?) => {
+        #[async_trait::async_trait]
+        impl MigrationTrait for Migration {
+            fn use_transaction(&self) -> Option<bool> {
+                Some(true)
+            }
+
+            async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+                crate::run_statements(manager, $sqlite_up, $postgres_up).await
+            }
+
+            async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+                crate::run_statements(manager, $sqlite_down, $postgres_down).await
+            }
+        }
+    };
+}
+
 mod m20261121_000001_initial;
 mod m20261121_000002_conversation_network;
 mod m20261122_000003_partial_unique_keys;

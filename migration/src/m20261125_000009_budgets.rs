@@ -66,17 +66,7 @@ const POSTGRES_DOWN: &[&str] = &[
     "DROP TABLE tenant_limits",
 ];
 
-#[async_trait::async_trait]
-impl MigrationTrait for Migration {
-    fn use_transaction(&self) -> Option<bool> {
-        Some(true)
-    }
-
-    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        crate::run_statements(manager, SQLITE_UP, POSTGRES_UP).await
-    }
-
-    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        crate::run_statements(manager, SQLITE_DOWN, POSTGRES_DOWN).await
-    }
+statements_migration! {
+    up: (SQLITE_UP, POSTGRES_UP),
+    down: (SQLITE_DOWN, POSTGRES_DOWN),
 }

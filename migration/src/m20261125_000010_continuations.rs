@@ -10,17 +10,7 @@ const SQLITE_UP: &[&str] = &["ALTER TABLE conversations ADD COLUMN continued_fro
 const POSTGRES_UP: &[&str] = &["ALTER TABLE conversations ADD COLUMN continued_from_id text NULL"];
 const DOWN: &[&str] = &["ALTER TABLE conversations DROP COLUMN continued_from_id"];
 
-#[async_trait::async_trait]
-impl MigrationTrait for Migration {
-    fn use_transaction(&self) -> Option<bool> {
-        Some(true)
-    }
-
-    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        crate::run_statements(manager, SQLITE_UP, POSTGRES_UP).await
-    }
-
-    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        crate::run_statements(manager, DOWN, DOWN).await
-    }
+statements_migration! {
+    up: (SQLITE_UP, POSTGRES_UP),
+    down: (DOWN, DOWN),
 }

@@ -22,17 +22,7 @@ const POSTGRES_UP: &[&str] = &["CREATE TABLE tenant_quotas (
 
 const DOWN: &[&str] = &["DROP TABLE tenant_quotas"];
 
-#[async_trait::async_trait]
-impl MigrationTrait for Migration {
-    fn use_transaction(&self) -> Option<bool> {
-        Some(true)
-    }
-
-    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        crate::run_statements(manager, SQLITE_UP, POSTGRES_UP).await
-    }
-
-    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        crate::run_statements(manager, DOWN, DOWN).await
-    }
+statements_migration! {
+    up: (SQLITE_UP, POSTGRES_UP),
+    down: (DOWN, DOWN),
 }

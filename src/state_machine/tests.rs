@@ -78,6 +78,57 @@ fn workspace() -> ToolPlan {
     }
 }
 
+/// `tool` runs after `bash("a")` completes; the effects of that step.
+#[track_caller]
+fn after_a(ctx: &ConvContext, tool: ToolUse, plan: ToolPlan) {
+    check(
+        executing(bash("a"), vec![tool.clone()], 0),
+        ctx,
+        complete("a", true, "ok"),
+        ConvState::ToolExecuting {
+            turn: turn(1, 2),
+            current: tool.clone(),
+            remaining: vec![],
+            completed: 1,
+        },
+        vec![
+            result(&bash("a"), true, "ok", false),
+            Effect::ExecuteTool {
+                turn: tid("t1"),
+                tool,
+                plan,
+            },
+        ],
+    );
+}
+
+/// `tool` is refused by its plan after `bash("a")` completes: its result is `why`, and the
+/// next tool starts.
+#[track_caller]
+fn refused_after_a(ctx: &ConvContext, tool: ToolUse, why: &str) {
+    let b = bash("b");
+    check(
+        executing(bash("a"), vec![tool.clone(), b.clone()], 0),
+        ctx,
+        complete("a", true, "ok"),
+        ConvState::ToolExecuting {
+            turn: turn(1, 3),
+            current: b.clone(),
+            remaining: vec![],
+            completed: 2,
+        },
+        vec![
+            result(&bash("a"), true, "ok", false),
+            result(&tool, false, why, false),
+            Effect::ExecuteTool {
+                turn: tid("t1"),
+                tool: b,
+                plan: workspace(),
+            },
+        ],
+    );
+}
+
 fn usage(input: u64, output: u64) -> Usage {
     Usage {
         input_tokens: input,
@@ -1022,31 +1073,10 @@ fn req_bed_009_submit_result_is_refused_outside_sub_agents() {
         input: json!({"result": "x"}),
         extra: None,
     };
-    let b = bash("b");
-    check(
-        executing(bash("a"), vec![submit.clone(), b.clone()], 0),
+    refused_after_a(
         &ctx(),
-        complete("a", true, "ok"),
-        ConvState::ToolExecuting {
-            turn: turn(1, 3),
-            current: b.clone(),
-            remaining: vec![],
-            completed: 2,
-        },
-        vec![
-            result(&bash("a"), true, "ok", false),
-            result(
-                &submit,
-                false,
-                "submit_result is only available to sub-agents",
-                false,
-            ),
-            Effect::ExecuteTool {
-                turn: tid("t1"),
-                tool: b,
-                plan: workspace(),
-            },
-        ],
+        submit,
+        "submit_result is only available to sub-agents",
     );
 }
 
@@ -2340,57 +2370,6 @@ fn call(id: &str, name: &str, input: serde_json::Value) -> ToolUse {
     }
 }
 
-/// `tool` runs after `bash("a")` completes; the effects of that step.
-#[track_caller]
-fn after_a(ctx: &ConvContext, tool: ToolUse, plan: ToolPlan) {
-    check(
-        executing(bash("a"), vec![tool.clone()], 0),
-        ctx,
-        complete("a", true, "ok"),
-        ConvState::ToolExecuting {
-            turn: turn(1, 2),
-            current: tool.clone(),
-            remaining: vec![],
-            completed: 1,
-        },
-        vec![
-            result(&bash("a"), true, "ok", false),
-            Effect::ExecuteTool {
-                turn: tid("t1"),
-                tool,
-                plan,
-            },
-        ],
-    );
-}
-
-/// `tool` is refused by its plan after `bash("a")` completes: its result is `why`, and the
-/// next tool starts.
-#[track_caller]
-fn refused_after_a(ctx: &ConvContext, tool: ToolUse, why: &str) {
-    let b = bash("b");
-    check(
-        executing(bash("a"), vec![tool.clone(), b.clone()], 0),
-        ctx,
-        complete("a", true, "ok"),
-        ConvState::ToolExecuting {
-            turn: turn(1, 3),
-            current: b.clone(),
-            remaining: vec![],
-            completed: 2,
-        },
-        vec![
-            result(&bash("a"), true, "ok", false),
-            result(&tool, false, why, false),
-            Effect::ExecuteTool {
-                turn: tid("t1"),
-                tool: b,
-                plan: workspace(),
-            },
-        ],
-    );
-}
-
 #[test]
 fn plan_a_tool_in_require_approval_is_approved_first() {
     let ctx = ConvContext {
@@ -2575,25 +2554,9 @@ fn req_bed_009_plan_a_sub_agent_cannot_ask_the_user() {
         require_approval: vec![ASK_USER.into()],
         ..sub_ctx()
     };
-    let b = bash("b");
-    let question = call("q", ASK_USER, json!({"question": "Which?"}));
-    let got = transition(
-        &executing(bash("a"), vec![question.clone(), b.clone()], 0),
+    refused_after_a(
         &ctx,
-        complete("a", true, "ok"),
-    )
-    .expect("valid");
-    assert_eq!(
-        got.effects[1],
-        result(
-            &question,
-            false,
-            "ask_user is only available in user conversations",
-            false
-        )
-    );
-    assert!(
-        matches!(&got.effects[2], Effect::ExecuteTool { tool, .. } if *tool == b),
-        "{got:?}"
+        call("q", ASK_USER, json!({"question": "Which?"})),
+        "ask_user is only available in user conversations",
     );
 }

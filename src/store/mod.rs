@@ -743,12 +743,12 @@ impl Store {
             .into_iter()
             .map(|row| {
                 Ok(BackgroundTask {
-                    status: TaskStatus::parse(&row.status).ok_or_else(|| {
-                        StoreError::Corrupt(format!(
-                            "background task {} has the status {:?}",
-                            row.id, row.status
-                        ))
-                    })?,
+                    status: stored_status(
+                        TaskStatus::parse,
+                        "background task",
+                        &row.id,
+                        &row.status,
+                    )?,
                     id: row.id,
                     conversation_id: row.conversation_id,
                     tool_use_id: row.tool_use_id,
@@ -1481,14 +1481,14 @@ fn conversation(row: conversations::Model) -> Result<ConversationRecord> {
     })
 }
 
+/// A status as stored; a name no version wrote is corrupt data, not a status.
+fn stored_status<T>(parse: fn(&str) -> Option<T>, of: &str, id: &str, name: &str) -> Result<T> {
+    parse(name).ok_or_else(|| StoreError::Corrupt(format!("{of} {id} has the status {name:?}")))
+}
+
 fn client_request(row: client_requests::Model) -> Result<ClientRequest> {
     Ok(ClientRequest {
-        status: RequestStatus::parse(&row.status).ok_or_else(|| {
-            StoreError::Corrupt(format!(
-                "client request {} has the status {:?}",
-                row.id, row.status
-            ))
-        })?,
+        status: stored_status(RequestStatus::parse, "client request", &row.id, &row.status)?,
         id: row.id,
         conversation_id: row.conversation_id,
         tool_use_id: row.tool_use_id,

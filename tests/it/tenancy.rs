@@ -637,6 +637,18 @@ async fn hostile_trees_neither_hang_nor_crash_the_server() {
     app.cleanup(db).await;
 }
 
+/// A node where each tenant may hold three conversations, read fresh on every create.
+async fn with_three_conversations(db: &TestDb) -> TestApp {
+    TestApp::spawn_with(
+        db,
+        &[
+            ("BEDROCK_QUOTAS__CONVERSATIONS", "3"),
+            ("BEDROCK_QUOTAS__CACHE_MS", "0"),
+        ],
+    )
+    .await
+}
+
 /// The `conversations` quota counts a tenant's conversations exactly, from one row the
 /// database keeps (issue 41: it was a count over all of them on every create): creates and
 /// forks count, deletes give room back, sub-agents do not count, and another tenant's do
@@ -644,14 +656,7 @@ async fn hostile_trees_neither_hang_nor_crash_the_server() {
 #[tokio::test]
 async fn the_conversation_count_follows_creates_forks_deletes_and_not_sub_agents() {
     for db in TestDb::each().await {
-        let app = TestApp::spawn_with(
-            &db,
-            &[
-                ("BEDROCK_QUOTAS__CONVERSATIONS", "3"),
-                ("BEDROCK_QUOTAS__CACHE_MS", "0"),
-            ],
-        )
-        .await;
+        let app = with_three_conversations(&db).await;
         let key = app.key_a.clone();
         let used = |limits: Value| limits["quotas"]["conversations"]["used"].clone();
         let first = app.conversation().await;
@@ -729,14 +734,7 @@ async fn the_conversation_count_follows_creates_forks_deletes_and_not_sub_agents
 #[tokio::test]
 async fn a_flood_of_creates_at_once_makes_no_more_than_the_quota() {
     for db in TestDb::each().await {
-        let app = TestApp::spawn_with(
-            &db,
-            &[
-                ("BEDROCK_QUOTAS__CONVERSATIONS", "3"),
-                ("BEDROCK_QUOTAS__CACHE_MS", "0"),
-            ],
-        )
-        .await;
+        let app = with_three_conversations(&db).await;
         let key = app.key_a.clone();
         let replies =
             futures::future::join_all((0..24).map(|_| create(&app, &key, json!({})))).await;
