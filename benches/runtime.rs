@@ -581,7 +581,7 @@ async fn main() {
         for task in background {
             let _ = task.await;
         }
-        let active = bench.runtime.conversations.len();
+        let active = bench.runtime.conversations.count();
         println!(
             "cancel latency (cancel call to the Idle frame, CPU-bound tool running, {active} conversations activated): p50 {} p99 {}",
             ms(percentile(&quiet, 50.0)),

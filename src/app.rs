@@ -120,7 +120,9 @@ impl Application {
             Runtime::start_node(settings.clone(), store.clone(), metrics, cluster).await?;
         // On a cluster: the heartbeat, the frames across nodes and the start-up takeover,
         // before the first request.
-        crate::cluster::start(&crate::cluster::Handles::of(&runtime)).await?;
+        if let Some(node) = crate::cluster::Handles::of(&runtime) {
+            crate::cluster::start(&node).await?;
+        }
         if recovery != RecoveryReport::default() {
             tracing::info!(?recovery, "restart recovery");
         }

@@ -432,10 +432,6 @@ pub async fn list_tools(
         .collect())
 }
 
-fn failed(output: String) -> ToolOutcome {
-    ToolOutcome { ok: false, output }
-}
-
 /// Calls `tool` with `input`: its text (or structured) content as the tool's output, capped
 /// at `cap` bytes; `isError` makes it a failed result. A cancel or the timeout cancels the
 /// MCP call (`notifications/cancelled`) and ends the session.
@@ -449,7 +445,7 @@ pub async fn call(
     cap: usize,
 ) -> ToolOutcome {
     let Some(arguments) = input.as_object() else {
-        return failed(format!(
+        return ToolOutcome::failed(format!(
             "invalid arguments: expected a JSON object, got {}",
             crate::tools::preview(&input.to_string(), 200)
         ));
@@ -457,7 +453,7 @@ pub async fn call(
     let transport = match transport(server, http) {
         Ok(transport) => transport,
         Err(e) => {
-            return failed(format!(
+            return ToolOutcome::failed(format!(
                 "cannot use the MCP server {} ({}): {e}",
                 server.name, server.url
             ));
@@ -466,7 +462,7 @@ pub async fn call(
     let client = match tokio::time::timeout(timeout, ().serve(transport)).await {
         Ok(Ok(client)) => client,
         Ok(Err(e)) => {
-            return failed(format!(
+            return ToolOutcome::failed(format!(
                 "cannot use the MCP server {} ({}): {}",
                 server.name,
                 server.url,
@@ -474,7 +470,7 @@ pub async fn call(
             ));
         }
         Err(_) => {
-            return failed(format!(
+            return ToolOutcome::failed(format!(
                 "the MCP server {} did not answer within {} s",
                 server.name,
                 timeout.as_secs()
@@ -495,13 +491,13 @@ pub async fn call(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let outcome = match outcome {
-        None => failed("cancelled by user".into()),
-        Some(Err(rmcp::ServiceError::Timeout { .. })) => failed(format!(
+        None => ToolOutcome::failed("cancelled by user"),
+        Some(Err(rmcp::ServiceError::Timeout { .. })) => ToolOutcome::failed(format!(
             "{} did not answer within {} s; the call was cancelled",
             tool.name,
             timeout.as_secs()
         )),
-        Some(Err(e)) => failed(format!(
+        Some(Err(e)) => ToolOutcome::failed(format!(
             "the MCP server {} failed the call: {}",
             server.name,
             why(server, &e)

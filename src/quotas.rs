@@ -209,6 +209,8 @@ pub enum SlotWait {
 pub struct Quotas {
     defaults: QuotaSettings,
     store: Store,
+    /// Where `workspace_bytes` is measured.
+    workspaces: Arc<crate::workspace::Workspaces>,
     tenants: Mutex<HashMap<String, Arc<Tenant>>>,
 }
 
@@ -243,10 +245,15 @@ impl Drop for Held {
 }
 
 impl Quotas {
-    pub fn new(defaults: QuotaSettings, store: Store) -> Quotas {
+    pub fn new(
+        defaults: QuotaSettings,
+        store: Store,
+        workspaces: Arc<crate::workspace::Workspaces>,
+    ) -> Quotas {
         Quotas {
             defaults,
             store,
+            workspaces,
             tenants: Mutex::new(HashMap::new()),
         }
     }
@@ -337,6 +344,11 @@ impl Quotas {
     /// Refuses one more of `quota` when `used` are already held.
     pub async fn check(&self, tenant_id: &str, quota: Quota, used: u64) -> Result<(), Exceeded> {
         let limit = self.limit(tenant_id, quota).await;
+        self.within(quota, limit, used)
+    }
+
+    /// Refuses one more of `quota` when `used` are already held of `limit`.
+    fn within(&self, quota: Quota, limit: u64, used: u64) -> Result<(), Exceeded> {
         if used >= limit {
             return Err(Exceeded {
                 quota,
@@ -366,16 +378,24 @@ impl Quotas {
     where
         F: Future<Output = crate::store::Result<u64>>,
     {
-        self.admit(tenant_id, Quota::Conversations, Counter::Creating, stored)
-            .await
+        self.admit(
+            tenant_id,
+            Quota::Conversations,
+            Counter::Creating,
+            None,
+            stored,
+        )
+        .await
     }
 
     /// Room for one more running turn of the tenant (`concurrent_turns`): those running
-    /// (`running` counts them) and those admitted here that their conversation has not yet
-    /// taken. Held until the returned value is dropped, once the conversation answered.
+    /// (`running` counts them; never more than `at_most`, so a tenant far from its limit
+    /// is not counted) and those admitted here that their conversation has not yet taken.
+    /// Held until the returned value is dropped, once the conversation answered.
     pub async fn turn(
         &self,
         tenant_id: &str,
+        at_most: u64,
         running: impl FnOnce() -> u64,
     ) -> Result<Held, Exceeded> {
         let admitted = self
@@ -383,6 +403,7 @@ impl Quotas {
                 tenant_id,
                 Quota::ConcurrentTurns,
                 Counter::Starting,
+                Some(at_most),
                 || async { Ok::<_, std::convert::Infallible>(running()) },
             )
             .await;
@@ -393,22 +414,29 @@ impl Quotas {
     }
 
     /// Room for one more of `quota`: `in_use` and what `counter` holds (admitted, not yet
-    /// under way), read one admission at a time per tenant.
+    /// under way), read one admission at a time per tenant. `in_use` is not read when
+    /// `at_most` (a bound of it) leaves room anyway.
     async fn admit<F, E>(
         &self,
         tenant_id: &str,
         quota: Quota,
         counter: Counter,
+        at_most: Option<u64>,
         in_use: impl FnOnce() -> F,
     ) -> Result<Result<Held, Exceeded>, E>
     where
         F: Future<Output = Result<u64, E>>,
     {
         let tenant = self.tenant(tenant_id);
+        let limit = self.limits(&tenant, tenant_id).await[quota];
         let _one_at_a_time = tenant.admitting.lock().await;
-        let used = in_use().await? + counter.of(&tenant).load(Ordering::Acquire);
-        if let Err(exceeded) = self.check(tenant_id, quota, used).await {
-            return Ok(Err(exceeded));
+        let held = counter.of(&tenant).load(Ordering::Acquire);
+        let room = at_most.is_some_and(|bound| bound.saturating_add(held) < limit);
+        if !room {
+            let used = in_use().await? + held;
+            if let Err(exceeded) = self.within(quota, limit, used) {
+                return Ok(Err(exceeded));
+            }
         }
         counter.of(&tenant).fetch_add(1, Ordering::AcqRel);
         Ok(Ok(Held(tenant.clone(), counter)))
@@ -477,12 +505,9 @@ impl Quotas {
         tenant.llm.permits.clone().acquire_owned().await.ok()
     }
 
-    /// The tenant's workspace bytes, measured by `measure` when the last measurement is
+    /// The bytes in the tenant's workspace, measured again when the last measurement is
     /// older than `quotas.measure_every_ms` (at most one measurement at a time per tenant).
-    pub async fn workspace_bytes<F>(&self, tenant_id: &str, measure: F) -> Option<u64>
-    where
-        F: FnOnce() -> Option<u64> + Send + 'static,
-    {
+    pub async fn workspace_bytes(&self, tenant_id: &str) -> Option<u64> {
         let tenant = self.tenant(tenant_id);
         let every = Duration::from_millis(self.defaults.measure_every_ms);
         let recent = || {
@@ -501,6 +526,8 @@ impl Quotas {
         if let Some(bytes) = recent() {
             return Some(bytes);
         }
+        let (workspaces, owned) = (self.workspaces.clone(), tenant_id.to_owned());
+        let measure = move || workspaces.tenant_bytes(&owned).ok();
         let measured = tokio::task::spawn_blocking(measure).await.ok().flatten()?;
         *tenant
             .workspace

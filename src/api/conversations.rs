@@ -52,9 +52,7 @@ impl AppState {
         let creating = quotas
             .conversation(tenant_id, || store.conversation_count(tenant_id))
             .await??;
-        if let Some(bytes) =
-            crate::runtime::workspace_bytes(&self.quotas, &self.workspaces, tenant_id).await
-        {
+        if let Some(bytes) = self.quotas.workspace_bytes(tenant_id).await {
             quotas
                 .check(tenant_id, Quota::WorkspaceBytes, bytes)
                 .await?;
@@ -70,7 +68,9 @@ impl AppState {
         let registry = &self.conversations;
         Ok(self
             .quotas
-            .turn(tenant_id, || registry.running_turns(tenant_id, Some(id)))
+            .turn(tenant_id, registry.count() as u64, || {
+                registry.running_turns(tenant_id, Some(id))
+            })
             .await?)
     }
 

@@ -284,5 +284,8 @@ pub async fn answer_request(
     request_id: &str,
     payload: Value,
 ) -> Result<(), ApiError> {
-    crate::api::requests::answer(app, id, request_id, payload).await
+    Ok(app
+        .conversations
+        .answer_request(id, request_id, payload)
+        .await?)
 }

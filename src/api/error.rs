@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 pub use crate::wire::ErrorBody;
 use crate::wire::ErrorDetail;
 
-use crate::runtime::{SendError, StartError};
+use crate::runtime::{AnswerError, SendError, StartError};
 use crate::state_machine::Rejection;
 use crate::store::StoreError;
 
@@ -166,6 +166,24 @@ impl From<StoreError> for ApiError {
                 tracing::error!(%why, "store error");
                 ApiError::internal("the server failed to read or write its database")
             }
+        }
+    }
+}
+
+impl From<AnswerError> for ApiError {
+    fn from(error: AnswerError) -> Self {
+        match error {
+            AnswerError::NotFound => ApiError::not_found("request"),
+            AnswerError::AlreadyAnswered => {
+                ApiError::new(StatusCode::CONFLICT, "already_answered", error.to_string())
+            }
+            AnswerError::Expired => {
+                ApiError::new(StatusCode::CONFLICT, "expired", error.to_string())
+            }
+            AnswerError::WrongKind(why) => {
+                ApiError::invalid(format!("the reply does not fit the request: {why}"))
+            }
+            AnswerError::Store(store) => store.into(),
         }
     }
 }

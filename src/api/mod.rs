@@ -17,7 +17,6 @@ mod mcp_servers;
 mod openapi;
 mod ops;
 mod rate;
-mod requests;
 mod stream;
 mod usage;
 

@@ -47,9 +47,7 @@ pub async fn announce(
     interest: Arc<Interest>,
     mut tapped: mpsc::UnboundedReceiver<Tapped>,
 ) {
-    let Some(origin) = handles.cluster.as_ref().map(|c| c.incarnation.clone()) else {
-        return;
-    };
+    let origin = handles.cluster.incarnation.clone();
     let mut batch: HashMap<String, Vec<Arc<Frame>>> = HashMap::new();
     loop {
         let first = tokio::select! {
@@ -182,13 +180,10 @@ fn interest_payloads(origin: &str, ids: &[&str]) -> Vec<String> {
 
 /// Tells the other nodes this node has clients for `ids`.
 async fn say_interest(handles: &Handles, ids: &[&str]) {
-    let Some(cluster) = &handles.cluster else {
-        return;
-    };
     if ids.is_empty() || !handles.store.has_peers() {
         return;
     }
-    let payloads = interest_payloads(&cluster.incarnation, ids);
+    let payloads = interest_payloads(&handles.cluster.incarnation, ids);
     if let Err(error) = handles.store.notify(WATCH_CHANNEL, &payloads).await {
         tracing::warn!(%error, "cannot tell the other nodes which conversations have clients here");
     }
@@ -240,7 +235,7 @@ pub async fn follow(
                 Some(Heard::Watching(payload)) => {
                     let mut words = payload.split(' ');
                     let origin = words.next().unwrap_or_default();
-                    let ours = handles.cluster.as_ref().is_some_and(|c| c.incarnation == origin);
+                    let ours = handles.cluster.incarnation == origin;
                     if !ours {
                         interest.note(words.filter(|id| !id.is_empty()));
                     }
@@ -261,10 +256,7 @@ fn deliver(handles: &Handles, payload: &str) {
         tracing::warn!(payload, "a notification that is not one of frames");
         return;
     };
-    let ours = handles
-        .cluster
-        .as_ref()
-        .is_some_and(|c| c.incarnation == origin);
+    let ours = handles.cluster.incarnation == origin;
     if ours || handles.hub.subscribers(id) == 0 {
         return;
     }

@@ -20,8 +20,8 @@ use crate::store::Store;
 /// frames, the conversations it takes over or wakes, and the node's life.
 #[derive(Clone, Debug)]
 pub struct Handles {
-    /// This node; `None`: the only node, and nothing here runs.
-    pub cluster: Option<Arc<Cluster>>,
+    /// This node.
+    pub cluster: Arc<Cluster>,
     pub store: Store,
     pub hub: Arc<EventHub>,
     pub conversations: Conversations,
@@ -29,15 +29,15 @@ pub struct Handles {
 }
 
 impl Handles {
-    /// The handles of `runtime`'s node.
-    pub fn of(runtime: &Runtime) -> Arc<Handles> {
-        Arc::new(Handles {
-            cluster: runtime.cluster.clone(),
+    /// The handles of `runtime`'s node; `None` when it is the only node.
+    pub fn of(runtime: &Runtime) -> Option<Arc<Handles>> {
+        Some(Arc::new(Handles {
+            cluster: runtime.cluster.clone()?,
             store: runtime.store.clone(),
             hub: runtime.hub.clone(),
             conversations: runtime.conversations.clone(),
             lifecycle: runtime.lifecycle.clone(),
-        })
+        }))
     }
 }
 
@@ -45,9 +45,7 @@ impl Handles {
 /// Returns after the first takeover pass (start-up recovery), so the node serves repaired
 /// conversations from its first request.
 pub async fn start(handles: &Arc<Handles>) -> crate::store::Result<()> {
-    let Some(cluster) = handles.cluster.clone() else {
-        return Ok(());
-    };
+    let cluster = handles.cluster.clone();
     handles
         .store
         .heartbeat(cluster.node(), &cluster.advertise)

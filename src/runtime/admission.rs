@@ -1,7 +1,6 @@
 //! Admission of a tool process: room in the tenant's workspace, then one of its process
 //! slots. Shared by tool runs and background tasks.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -9,16 +8,11 @@ use tokio_util::sync::CancellationToken;
 use crate::quotas::{Quota, Quotas, SlotWait};
 use crate::state_machine::ToolOutcome;
 use crate::tools::failed;
-use crate::workspace::Workspaces;
 
 /// A failed result when the tenant's workspace is over its quota (measured at most every
 /// `quotas.measure_every_ms`).
-async fn workspace_full(
-    quotas: &Quotas,
-    workspaces: &Arc<Workspaces>,
-    tenant_id: &str,
-) -> Option<ToolOutcome> {
-    let bytes = super::workspace_bytes(quotas, workspaces, tenant_id).await?;
+async fn workspace_full(quotas: &Quotas, tenant_id: &str) -> Option<ToolOutcome> {
+    let bytes = quotas.workspace_bytes(tenant_id).await?;
     quotas
         .check(tenant_id, Quota::WorkspaceBytes, bytes)
         .await
@@ -39,12 +33,11 @@ async fn workspace_full(
 /// slots (waiting behind its own processes only, at most `wait`, and not past a cancel).
 pub async fn admit(
     quotas: &Quotas,
-    workspaces: &Arc<Workspaces>,
     tenant_id: &str,
     wait: Duration,
     cancel: &CancellationToken,
 ) -> Result<tokio::sync::OwnedSemaphorePermit, ToolOutcome> {
-    if let Some(refused) = workspace_full(quotas, workspaces, tenant_id).await {
+    if let Some(refused) = workspace_full(quotas, tenant_id).await {
         return Err(refused);
     }
     quotas

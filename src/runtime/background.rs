@@ -150,14 +150,8 @@ async fn run(
     };
     // A process slot of the tenant's (waiting at most the task's own time limit), then
     // the directory, opened as the task starts: one replaced by a link is refused.
-    let admitted = super::admission::admit(
-        &handles.quotas,
-        &spec.limits.workspaces,
-        &spec.tenant_id,
-        spec.timeout,
-        &cancel,
-    )
-    .await;
+    let admitted =
+        super::admission::admit(&handles.quotas, &spec.tenant_id, spec.timeout, &cancel).await;
     let outcome = match (admitted, spec.limits.workspaces.pin(&spec.cwd)) {
         (Err(refused), _) => BashOutcome::failed(refused.output),
         (Ok(_slot), Ok(cwd)) => {

@@ -299,10 +299,7 @@ async fn supervise(
                     Event::ToolComplete {
                         turn,
                         tool_use_id,
-                        outcome: ToolOutcome {
-                            ok: false,
-                            output: format!("the tool run crashed: {error}"),
-                        },
+                        outcome: ToolOutcome::failed(format!("the tool run crashed: {error}")),
                     }
                 }
             };

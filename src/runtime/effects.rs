@@ -179,10 +179,7 @@ async fn execute_tool(
             let _ = myself.cast(ConvMsg::event(Event::ToolComplete {
                 turn,
                 tool_use_id: tool.id,
-                outcome: ToolOutcome {
-                    ok: false,
-                    output: format!("the tool run could not start: {error}"),
-                },
+                outcome: ToolOutcome::failed(format!("the tool run could not start: {error}")),
             }));
         }
     }
@@ -218,10 +215,7 @@ async fn spawn_sub_agents(
             let _ = myself.cast(ConvMsg::event(Event::ToolComplete {
                 turn,
                 tool_use_id,
-                outcome: ToolOutcome {
-                    ok: false,
-                    output: format!("the sub-agents could not start: {error}"),
-                },
+                outcome: ToolOutcome::failed(format!("the sub-agents could not start: {error}")),
             }));
         }
     }

@@ -39,7 +39,6 @@ use tokio_util::sync::CancellationToken;
 pub use background::{BackgroundTasks, TaskSpec};
 pub use cancel::{CancelOutcome, CancelSlot};
 pub use commit::{Plan, apply as apply_commit, plan as plan_commit, plan_frames};
-pub use context::context;
 pub use messages::SendError;
 pub use recovery::RecoveryReport;
 use recovery::recover;
@@ -160,12 +159,8 @@ impl Conversations {
     }
 
     /// How many conversations run here.
-    pub fn len(&self) -> usize {
+    pub fn count(&self) -> usize {
         self.handles.registry.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.handles.registry.is_empty()
     }
 
     /// Posts a client's system event to a conversation (system-bus-plan.md); whether it
@@ -187,19 +182,6 @@ impl Conversations {
     ) -> Result<(), AnswerError> {
         requests::answer_request(&self.handles, conversation_id, request_id, payload).await
     }
-}
-
-/// The bytes in `tenant`'s workspace, measured at most every `quotas.measure_every_ms`.
-pub async fn workspace_bytes(
-    quotas: &crate::quotas::Quotas,
-    workspaces: &Arc<crate::workspace::Workspaces>,
-    tenant: &str,
-) -> Option<u64> {
-    let workspaces = workspaces.clone();
-    let owned = tenant.to_owned();
-    quotas
-        .workspace_bytes(tenant, move || workspaces.tenant_bytes(&owned).ok())
-        .await
 }
 
 /// The root supervisor: it outlives every failure below it and logs them.
@@ -257,19 +239,11 @@ impl Runtime {
         settings: Arc<Settings>,
         store: Store,
     ) -> anyhow::Result<(Runtime, RecoveryReport)> {
-        Self::start_with(settings, store, Arc::new(Metrics::default())).await
+        Self::start_node(settings, store, Arc::new(Metrics::default()), None).await
     }
 
-    /// [`start`](Self::start) with the process's metrics (exported as configured).
-    pub async fn start_with(
-        settings: Arc<Settings>,
-        store: Store,
-        metrics: Arc<Metrics>,
-    ) -> anyhow::Result<(Runtime, RecoveryReport)> {
-        Self::start_node(settings, store, metrics, None).await
-    }
-
-    /// [`start_with`](Self::start_with) as a node of a cluster: start-up recovery takes only
+    /// [`start`](Self::start) with the process's metrics (exported as configured), as a
+    /// node of a cluster when `cluster` is given: start-up recovery takes only
     /// conversations nobody live holds. The caller then starts the node's part in the
     /// cluster (`cluster::start`: heartbeat, frames across nodes, takeovers).
     pub async fn start_node(
@@ -291,24 +265,6 @@ impl Runtime {
         let write_timeout =
             Duration::from_millis(settings.database.acquire_timeout_ms.max(1000) * 2);
         let hub = Arc::new(EventHub::new(settings.server.client_lag_frames));
-        let quotas = Arc::new(crate::quotas::Quotas::new(
-            settings.quotas.clone(),
-            store.clone(),
-        ));
-        let (gateway, _) = Actor::spawn_linked(
-            None,
-            LlmGateway,
-            GatewayArgs {
-                settings: settings.clone(),
-                store: store.clone(),
-                hub: hub.clone(),
-                metrics: metrics.clone(),
-                quotas: quotas.clone(),
-                persistence: Persistence::new(persistence.clone(), write_timeout),
-            },
-            root.get_cell(),
-        )
-        .await?;
         let sandbox = match Sandbox::new(&settings)? {
             Some(sandbox) => {
                 let sandbox = Arc::new(sandbox);
@@ -339,6 +295,26 @@ impl Runtime {
                 workspace_root.display()
             )
         })?;
+        let workspaces = Arc::new(workspaces);
+        let quotas = Arc::new(crate::quotas::Quotas::new(
+            settings.quotas.clone(),
+            store.clone(),
+            workspaces.clone(),
+        ));
+        let (gateway, _) = Actor::spawn_linked(
+            None,
+            LlmGateway,
+            GatewayArgs {
+                settings: settings.clone(),
+                store: store.clone(),
+                hub: hub.clone(),
+                metrics: metrics.clone(),
+                quotas: quotas.clone(),
+                persistence: Persistence::new(persistence.clone(), write_timeout),
+            },
+            root.get_cell(),
+        )
+        .await?;
         let tool_limits = ToolLimits {
             bash_timeout: Duration::from_millis(tools.bash_timeout_ms),
             bash_max_timeout: Duration::from_millis(tools.bash_max_timeout_ms),
@@ -347,7 +323,7 @@ impl Runtime {
             search_max_results: tools.search_max_results,
             sandbox,
             network: Network::Off,
-            workspaces: Arc::new(workspaces),
+            workspaces,
         };
         let lifecycle = Lifecycle {
             root: root.get_cell(),
@@ -390,11 +366,6 @@ impl Runtime {
             root,
         };
         Ok((runtime, report))
-    }
-
-    /// The tool limits of a conversation (`network`: what it was given at creation).
-    pub fn tool_limits_for(&self, network: bool) -> ToolLimits {
-        self.conversations.handles.tool_limits_for(network)
     }
 
     /// Graceful shutdown: no new LLM request or tool run starts; every running conversation

@@ -310,7 +310,6 @@ impl Registry {
         }
     }
 
-    /// Every running conversation.
     /// How many of `tenant`'s top-level conversations other than `except` run a turn now.
     pub fn running_turns(&self, tenant: &str, except: Option<&str>) -> u64 {
         self.map()
@@ -325,6 +324,7 @@ impl Registry {
             .count() as u64
     }
 
+    /// Every running conversation.
     pub fn running(&self) -> Vec<(String, Live)> {
         self.map()
             .iter()
@@ -338,10 +338,6 @@ impl Registry {
 
     pub fn len(&self) -> usize {
         self.map().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.map().is_empty()
     }
 }
 

@@ -131,10 +131,9 @@ impl Actor for SubAgentSupervisor {
                 let _ = args.parent.cast(ConvMsg::event(Event::ToolComplete {
                     turn: args.turn.clone(),
                     tool_use_id: args.tool_use_id.clone(),
-                    outcome: ToolOutcome {
-                        ok: false,
-                        output: format!("the sub-agents could not be created: {error}"),
-                    },
+                    outcome: ToolOutcome::failed(format!(
+                        "the sub-agents could not be created: {error}"
+                    )),
                 }));
                 myself.stop(None);
                 return Ok(());
@@ -341,8 +340,7 @@ fn deadline(state: &mut SupervisorState, index: usize, kind: Deadline) {
         return;
     }
     if let Some(live) = &agent.live {
-        drop(live.cancel.request());
-        let _ = live.actor.cast(ConvMsg::Cancel);
+        drop(live.cancel_turn());
     }
     let id = agent.id.clone();
     report(
@@ -363,8 +361,7 @@ fn deadline(state: &mut SupervisorState, index: usize, kind: Deadline) {
 fn cancel_unfinished(state: &SupervisorState) {
     for agent in state.agents.iter().filter(|a| !a.done) {
         if let Some(live) = &agent.live {
-            drop(live.cancel.request());
-            let _ = live.actor.cast(ConvMsg::Cancel);
+            drop(live.cancel_turn());
         }
     }
 }

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::Handles;
-use super::context::context;
 use super::registry::Live;
 use super::requests::emit;
 use crate::wire::{DurableFrame, SystemEvent};
@@ -24,8 +23,7 @@ async fn handle(handles: &Handles, live: &Live, kind: &str) -> Result<Value, Str
         .ok_or("the conversation did not answer")?;
     match kind {
         "usage" => {
-            let ctx = context(&handles.settings, conv);
-            let window = ctx.context_window;
+            let window = handles.settings.model(&conv.model).context_window;
             Ok(json!({
                 "input_tokens": conv.usage.input_tokens,
                 "output_tokens": conv.usage.output_tokens,

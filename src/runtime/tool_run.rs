@@ -23,7 +23,7 @@ use super::requests::{Asked, emit};
 use crate::state_machine::{
     Event, Question, QuestionKind, ToolAction, ToolOutcome, ToolPlan, ToolUse, TurnId,
 };
-use crate::tools::{self, ToolLimits, preview};
+use crate::tools::{self, ToolLimits, failed, preview};
 use crate::wire::{DurableFrame, RequestType, SelectOption, SystemEvent};
 
 #[derive(Debug)]
@@ -117,10 +117,9 @@ impl Actor for ToolRun {
         let span = state.span.clone();
         tokio::spawn(async move {
             let task = tokio::spawn(async move { execute(run).await }.instrument(span));
-            let outcome = task.await.unwrap_or_else(|error| ToolOutcome {
-                ok: false,
-                output: format!("the tool run crashed: {error}"),
-            });
+            let outcome = task
+                .await
+                .unwrap_or_else(|error| failed(format!("the tool run crashed: {error}")));
             let _ = myself.cast(ToolRunMsg::Done(outcome));
         });
         Ok(())
@@ -151,13 +150,6 @@ impl Actor for ToolRun {
     }
 }
 
-fn failed(output: impl Into<String>) -> ToolOutcome {
-    ToolOutcome {
-        ok: false,
-        output: output.into(),
-    }
-}
-
 async fn execute(run: Run) -> ToolOutcome {
     if run.plan.approval
         && let Err(refused) = approve(&run).await
@@ -182,7 +174,6 @@ async fn execute(run: Run) -> ToolOutcome {
             // own default time limit.
             let _slot = match admit(
                 &run.handles.quotas,
-                &run.limits.workspaces,
                 &run.tenant_id,
                 run.limits.bash_timeout,
                 &run.cancel,

@@ -57,6 +57,16 @@ pub struct ToolOutcome {
     pub output: String,
 }
 
+impl ToolOutcome {
+    /// A failed run whose result is `output` (the reason).
+    pub fn failed(output: impl Into<String>) -> ToolOutcome {
+        ToolOutcome {
+            ok: false,
+            output: output.into(),
+        }
+    }
+}
+
 /// Why work in flight was cut off without a cancel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Interruption {

@@ -295,10 +295,7 @@ async fn blocking(work: impl FnOnce() -> ToolOutcome + Send + 'static) -> ToolOu
 }
 
 pub(crate) fn failed(output: impl Into<String>) -> ToolOutcome {
-    ToolOutcome {
-        ok: false,
-        output: output.into(),
-    }
+    ToolOutcome::failed(output)
 }
 
 /// At most `max` bytes of `text`, cut on a character boundary.
