@@ -53,10 +53,12 @@ pub struct SendRequest {
     pub reply: RpcReplyPort<Result<MessageRecord, SendError>>,
 }
 
-/// Frames for [`ConvMsg::Emit`]. Answers false when a dedup key was already stored.
+/// Frames for [`ConvMsg::Emit`]. Answers false when a dedup key was already stored. Sent
+/// by `cast` from work the conversation started (a tool run's task, a background task),
+/// which waits on `reply`: nothing calls an ancestor.
 pub struct EmitRequest {
     pub frames: Vec<DurableFrame>,
-    pub reply: RpcReplyPort<Result<bool, String>>,
+    pub reply: tokio::sync::oneshot::Sender<Result<bool, String>>,
 }
 
 impl std::fmt::Debug for SendRequest {
@@ -96,7 +98,10 @@ impl ConvMsg {
         ConvMsg::Event(Box::new(event))
     }
 
-    pub fn emit(frames: Vec<DurableFrame>, reply: RpcReplyPort<Result<bool, String>>) -> ConvMsg {
+    pub fn emit(
+        frames: Vec<DurableFrame>,
+        reply: tokio::sync::oneshot::Sender<Result<bool, String>>,
+    ) -> ConvMsg {
         ConvMsg::Emit(Box::new(EmitRequest { frames, reply }))
     }
 

@@ -263,18 +263,14 @@ pub async fn emit(
     conversation: &ActorRef<ConvMsg>,
     frames: Vec<DurableFrame>,
 ) -> Result<bool, String> {
-    match conversation
-        .call(
-            |reply| ConvMsg::emit(frames, reply),
-            Some(Duration::from_secs(30)),
-        )
-        .await
-    {
-        Ok(ractor::rpc::CallResult::Success(result)) => result,
-        Ok(other) => Err(format!(
-            "the conversation did not store the frames: {other:?}"
-        )),
-        Err(e) => Err(format!("the conversation did not store the frames: {e}")),
+    let (reply, stored) = oneshot::channel();
+    conversation
+        .cast(ConvMsg::emit(frames, reply))
+        .map_err(|e| format!("the conversation did not take the frames: {e}"))?;
+    match tokio::time::timeout(Duration::from_secs(30), stored).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(_)) => Err("the conversation stopped before storing the frames".to_owned()),
+        Err(_) => Err("the conversation did not store the frames in time".to_owned()),
     }
 }
 

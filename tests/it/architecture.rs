@@ -376,3 +376,33 @@ fn layering_no_component_outside_the_runtime_holds_its_handles() {
         "expected the crate's files, checked {checked}"
     );
 }
+
+/// `cast` for internal traffic; `call` never to an ancestor (style.md). Two doors call an
+/// actor: `Live` (runtime/registry.rs), which the layers above use, always with a timeout;
+/// and the `Persistence` handle (persistence.rs), a sibling service whose commit is the one
+/// thing a conversation awaits (without a timeout on purpose: a commit reported failed must
+/// not land later; its writes have one). Work a conversation started (tool runs, background
+/// tasks) casts to it and waits on a reply channel of its own, with a timeout.
+#[test]
+fn layering_actors_are_called_only_at_their_doors() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let doors = [dir.join("runtime/registry.rs"), dir.join("persistence.rs")];
+    let mut found = 0;
+    for path in rust_files(&dir) {
+        let code = code_of(&path);
+        let calls = code.matches(".actor.call(").count()
+            + code.matches("ractor::call").count()
+            + code.matches("call_t!").count();
+        if doors.contains(&path) {
+            assert!(
+                code.contains("Some(timeout)") || code.contains(", timeout)"),
+                "{}: a call without a timeout",
+                path.display()
+            );
+            found += calls;
+        } else {
+            assert_eq!(calls, 0, "{}: an actor is called here", path.display());
+        }
+    }
+    assert_eq!(found, 2, "one call at each door");
+}
