@@ -382,20 +382,21 @@ impl Quotas {
             tenant_id,
             Quota::Conversations,
             Counter::Creating,
-            None,
+            None::<fn() -> u64>,
             stored,
         )
         .await
     }
 
     /// Room for one more running turn of the tenant (`concurrent_turns`): those running
-    /// (`running` counts them; never more than `at_most`, so a tenant far from its limit
-    /// is not counted) and those admitted here that their conversation has not yet taken.
-    /// Held until the returned value is dropped, once the conversation answered.
+    /// (`running` counts them) and those admitted here that their conversation has not yet
+    /// taken. `at_most` bounds the running ones (the conversations running on the node); read
+    /// under the admission's lock, it spares a tenant far from its limit the count. Held
+    /// until the returned value is dropped, once the conversation answered.
     pub async fn turn(
         &self,
         tenant_id: &str,
-        at_most: u64,
+        at_most: impl FnOnce() -> u64,
         running: impl FnOnce() -> u64,
     ) -> Result<Held, Exceeded> {
         let admitted = self
@@ -421,7 +422,7 @@ impl Quotas {
         tenant_id: &str,
         quota: Quota,
         counter: Counter,
-        at_most: Option<u64>,
+        at_most: Option<impl FnOnce() -> u64>,
         in_use: impl FnOnce() -> F,
     ) -> Result<Result<Held, Exceeded>, E>
     where
@@ -431,7 +432,7 @@ impl Quotas {
         let limit = self.limits(&tenant, tenant_id).await[quota];
         let _one_at_a_time = tenant.admitting.lock().await;
         let held = counter.of(&tenant).load(Ordering::Acquire);
-        let room = at_most.is_some_and(|bound| bound.saturating_add(held) < limit);
+        let room = at_most.is_some_and(|bound| bound().saturating_add(held) < limit);
         if !room {
             let used = in_use().await? + held;
             if let Err(exceeded) = self.within(quota, limit, used) {
@@ -555,5 +556,75 @@ impl Quotas {
             held.insert(Quota::WorkspaceBytes, bytes);
         }
         held
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+    use crate::store::testing::sqlite_store;
+
+    fn settings(concurrent_turns: u64) -> QuotaSettings {
+        QuotaSettings {
+            conversations: 10,
+            concurrent_turns,
+            tool_processes: 1,
+            background_tasks: 1,
+            streams: 1,
+            mcp_servers: 1,
+            llm_concurrency: 1,
+            workspace_bytes: u64::MAX,
+            measure_every_ms: 1000,
+            cache_ms: 60_000,
+        }
+    }
+
+    /// A turn is counted only when the bound (the node's running conversations, read under
+    /// the admission's lock) does not already leave room; admitted turns not yet under way
+    /// count either way, and the quota holds.
+    #[tokio::test]
+    async fn a_turn_far_from_the_limit_is_admitted_without_counting_the_running_ones() {
+        let (store, dir) = sqlite_store("quota-turns", &[]).await;
+        let workspaces = crate::workspace::Workspaces::open(&dir.join("ws"), None).expect("a root");
+        let quotas = Quotas::new(settings(2), store, Arc::new(workspaces));
+        let counted = Cell::new(0);
+        let running = |n: u64| {
+            let counted = &counted;
+            move || {
+                counted.set(counted.get() + 1);
+                n
+            }
+        };
+        // One conversation on the node: its turns cannot reach the limit of 2.
+        let first = quotas.turn("t", || 1, running(1)).await.expect("room");
+        assert_eq!(counted.get(), 0, "not counted");
+        // 1 conversation + 1 admitted reach 2: counted now (none runs), and admitted.
+        let second = quotas.turn("t", || 1, running(0)).await.expect("room");
+        assert_eq!(counted.get(), 1);
+        // Two admitted, not yet under way: a third is refused whatever runs.
+        let refused = quotas.turn("t", || 0, running(0)).await;
+        assert!(
+            matches!(
+                refused,
+                Err(Exceeded {
+                    quota: Quota::ConcurrentTurns,
+                    limit: 2,
+                    used: 2,
+                    ..
+                })
+            ),
+            "{refused:?}"
+        );
+        // Running turns found by the count are refused too.
+        drop((first, second));
+        let refused = quotas.turn("t", || 5, running(2)).await;
+        assert!(refused.is_err(), "{refused:?}");
+        quotas
+            .turn("t", || 0, running(0))
+            .await
+            .expect("room again");
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

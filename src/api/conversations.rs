@@ -68,9 +68,11 @@ impl AppState {
         let registry = &self.conversations;
         Ok(self
             .quotas
-            .turn(tenant_id, registry.count() as u64, || {
-                registry.running_turns(tenant_id, Some(id))
-            })
+            .turn(
+                tenant_id,
+                || registry.count() as u64,
+                || registry.running_turns(tenant_id, Some(id)),
+            )
             .await?)
     }
 
