@@ -406,3 +406,29 @@ fn layering_actors_are_called_only_at_their_doors() {
     }
     assert_eq!(found, 2, "one call at each door");
 }
+
+/// The README's codemap names every file of the crate (issue 37: it had fallen behind), so
+/// that a new module is described where a newcomer starts reading.
+#[test]
+fn the_codemap_names_every_module() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let codemap = readme
+        .split("## Codemap")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("a Codemap section");
+    let src = root.join("src");
+    let missing: Vec<String> = rust_files(&src)
+        .into_iter()
+        .filter_map(|path| {
+            let name = path.file_name()?.to_str()?.to_owned();
+            let relative = path.strip_prefix(&src).ok()?.display().to_string();
+            (name != "mod.rs" && !codemap.contains(&name)).then_some(relative)
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "not in the README's codemap: {missing:?}"
+    );
+}
