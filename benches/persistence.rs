@@ -113,7 +113,14 @@ async fn run(
                 };
                 n += 1;
                 let result = transition(&record.state, &ctx, event).unwrap();
-                let plan = plan_commit(&record, result, 128_000, chrono::Utc::now(), None);
+                let plan = plan_commit(
+                    &bedrock::wire::Frames,
+                    &record,
+                    result,
+                    128_000,
+                    chrono::Utc::now(),
+                    None,
+                );
                 let commit = plan.commit.unwrap();
                 let started = Instant::now();
                 persistence.commit(commit.clone()).await.unwrap();

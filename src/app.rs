@@ -116,8 +116,14 @@ impl Application {
                 &settings.data.dir,
             ))
         });
-        let (runtime, recovery) =
-            Runtime::start_node(settings.clone(), store.clone(), metrics, cluster).await?;
+        let (runtime, recovery) = Runtime::start_node(
+            settings.clone(),
+            store.clone(),
+            Arc::new(crate::wire::Frames),
+            metrics,
+            cluster,
+        )
+        .await?;
         // On a cluster: the heartbeat, the frames across nodes and the start-up takeover,
         // before the first request.
         if let Some(node) = crate::cluster::Handles::of(&runtime) {

@@ -13,8 +13,6 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
 
-use crate::wire::{self, ServerFrame};
-
 /// The `kind` of a [`Frame::wake`]; no frame type of the contract is empty.
 const WAKE: &str = "";
 
@@ -25,10 +23,9 @@ pub struct Frame {
     pub event_id: Option<i64>,
     /// The frame's `type`.
     pub kind: String,
-    /// The frame, serialised.
+    /// The frame as its clients get it (JSON text), made once and shared by every
+    /// subscriber without a copy. The hub never reads it.
     pub json: Arc<str>,
-    /// The same text as a WebSocket payload, shared by every client without a copy.
-    pub ws: axum::extract::ws::Utf8Bytes,
 }
 
 impl Frame {
@@ -37,7 +34,6 @@ impl Frame {
         Frame {
             event_id,
             kind: kind.into(),
-            ws: json.as_ref().into(),
             json,
         }
     }
@@ -52,11 +48,6 @@ impl Frame {
     /// Whether this is a [`Frame::wake`].
     pub fn is_wake(&self) -> bool {
         self.kind == WAKE
-    }
-
-    /// A frame as the wire types make it.
-    pub fn of(frame: &ServerFrame<'_>) -> Frame {
-        Frame::new(frame.kind(), frame.event_id(), wire::to_json(frame).into())
     }
 }
 
@@ -269,10 +260,8 @@ mod tests {
     use super::*;
 
     fn frame(n: i64) -> Arc<Frame> {
-        Arc::new(Frame::of(&ServerFrame::State {
-            state: wire::State::Idle,
-            event_id: n,
-        }))
+        let json = format!(r#"{{"type":"state","state":{{"kind":"idle"}},"event_id":{n}}}"#);
+        Arc::new(Frame::new("state", Some(n), json.into()))
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod mcp_client;
 pub mod metrics;
 pub mod model;
 pub mod node;
+pub mod notice;
 pub mod origin;
 pub mod persistence;
 pub mod quotas;

@@ -1,8 +1,8 @@
 //! The contract's JSON shapes (../shared/api.md) as Rust types: request bodies, responses,
 //! states, messages, frames and the error body. Everything that leaves the process as JSON
 //! is one of these, and the OpenAPI document (`/openapi.json`, docs/openapi.json) is derived
-//! from them, so the two cannot drift apart. The JSON of message contents that the store
-//! keeps is made here too (it is stored as it is sent).
+//! from them, so the two cannot drift apart. The store keeps message contents in its own
+//! JSON (store/codec.rs), not in these.
 //!
 //! Responses borrow from the records they describe (`'a`); nothing here reads the store,
 //! the clock or the network.
@@ -15,7 +15,9 @@ use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::model::{BackgroundTask, ClientRequest, ConversationRecord, MessageRecord};
-use crate::state_machine::{self as core, ConvState, MessageContent, MessageType};
+use crate::notice::Notice;
+pub use crate::notice::{RequestType, SelectOption, SystemEvent};
+use crate::state_machine::{self as core, ConvState, MessageContent};
 
 /// Timestamps leave as RFC 3339 with the offset spelled out (`+00:00`).
 fn rfc3339<S: Serializer>(at: &DateTime<Utc>, serializer: S) -> Result<S::Ok, S::Error> {
@@ -420,123 +422,6 @@ pub fn message(message: &MessageRecord, context_window: u64) -> Message<'_> {
     }
 }
 
-/// A message's `content` object, as stored: what clients get, less what it says by default
-/// (a tool result's `cancelled: false`), and for an agent message what the backend wants
-/// back (the field its reasoning came in, the provider's data on tool calls).
-pub fn content(content: &MessageContent) -> Value {
-    if let MessageContent::Tool(result) = content
-        && !result.cancelled
-    {
-        return serde_json::json!({
-            "tool_use_id": result.tool_use_id,
-            "name": result.name,
-            "ok": result.ok,
-            "output": result.output,
-        });
-    }
-    if let MessageContent::Agent {
-        text,
-        tool_uses,
-        reasoning,
-    } = content
-    {
-        let mut stored = serde_json::json!({"text": text, "tool_uses": tool_uses});
-        if let (Some(reasoning), Some(object)) = (reasoning, stored.as_object_mut()) {
-            object.insert("reasoning".into(), Value::String(reasoning.text.clone()));
-            object.insert(
-                "reasoning_field".into(),
-                Value::String(reasoning.field.clone()),
-            );
-        }
-        return stored;
-    }
-    let stored = match message_body(content) {
-        MessageBody::User(c) => serde_json::to_value(c),
-        MessageBody::Agent(c) => serde_json::to_value(c),
-        MessageBody::Tool(c) => serde_json::to_value(c),
-        MessageBody::System(c) | MessageBody::Error(c) => serde_json::to_value(c),
-    };
-    // Plain structs of strings, numbers and JSON values always serialise.
-    stored.unwrap_or(Value::Null)
-}
-
-/// Reads back a stored `content` object of the given type.
-pub fn parse_content(kind: &str, value: &Value) -> Result<MessageContent, String> {
-    let text = |key: &str| -> Result<String, String> {
-        value
-            .get(key)
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-            .ok_or_else(|| format!("{kind} content lacks a string `{key}`"))
-    };
-    let kind_enum = match kind {
-        "user" => MessageType::User,
-        "agent" => MessageType::Agent,
-        "tool" => MessageType::Tool,
-        "system" => MessageType::System,
-        "error" => MessageType::Error,
-        other => return Err(format!("unknown message type {other:?}")),
-    };
-    Ok(match kind_enum {
-        MessageType::User => MessageContent::User {
-            text: text("text")?,
-            images: serde_json::from_value::<Vec<core::ImageRef>>(
-                value.get("images").cloned().unwrap_or(Value::Array(vec![])),
-            )
-            .map_err(|e| format!("user content images: {e}"))?,
-        },
-        MessageType::Agent => MessageContent::Agent {
-            text: value.get("text").and_then(Value::as_str).map(str::to_owned),
-            tool_uses: serde_json::from_value::<Vec<core::ToolUse>>(
-                value
-                    .get("tool_uses")
-                    .cloned()
-                    .unwrap_or(Value::Array(vec![])),
-            )
-            .map_err(|e| format!("agent content tool_uses: {e}"))?,
-            reasoning: value
-                .get("reasoning")
-                .and_then(Value::as_str)
-                .map(|text| core::Reasoning {
-                    text: text.to_owned(),
-                    field: value
-                        .get("reasoning_field")
-                        .and_then(Value::as_str)
-                        .unwrap_or("reasoning_content")
-                        .to_owned(),
-                }),
-        },
-        MessageType::Tool => MessageContent::Tool(
-            serde_json::from_value::<core::ToolResult>(value.clone())
-                .map_err(|e| format!("tool content: {e}"))?,
-        ),
-        MessageType::System => MessageContent::System {
-            text: text("text")?,
-        },
-        MessageType::Error => MessageContent::Error {
-            text: text("text")?,
-        },
-    })
-}
-
-/// Usage as stored with a message: `[input_tokens, output_tokens]`.
-pub fn stored_usage(usage: &core::Usage) -> Value {
-    serde_json::json!([usage.input_tokens, usage.output_tokens])
-}
-
-/// Reads back [`stored_usage`] (and the object rows stored before it).
-pub fn parse_stored_usage(value: &Value) -> Option<core::Usage> {
-    let (input, output) = match value {
-        Value::Array(counts) => (counts.first()?, counts.get(1)?),
-        Value::Object(counts) => (counts.get("input_tokens")?, counts.get("output_tokens")?),
-        Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => return None,
-    };
-    Some(core::Usage {
-        input_tokens: input.as_u64()?,
-        output_tokens: output.as_u64()?,
-    })
-}
-
 // ---------------------------------------------------------------------------------------
 // Request bodies and queries.
 
@@ -796,45 +681,6 @@ pub struct StreamQuery {
 // ---------------------------------------------------------------------------------------
 // Server-to-client requests, replies and system events.
 
-/// A request from the server to the client, by kind.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum RequestType {
-    Confirm {
-        message: String,
-        #[serde(default)]
-        default: Option<bool>,
-    },
-    Prompt {
-        message: String,
-        #[serde(default)]
-        default: Option<String>,
-        #[serde(default)]
-        placeholder: Option<String>,
-    },
-    Select {
-        message: String,
-        options: Vec<SelectOption>,
-        #[serde(default)]
-        multi_select: bool,
-    },
-    Custom {
-        /// What the client should show.
-        type_name: String,
-        /// A JSON Schema of the expected answer.
-        #[serde(default)]
-        schema: Value,
-    },
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
-pub struct SelectOption {
-    pub value: String,
-    pub label: String,
-    #[serde(default)]
-    pub description: Option<String>,
-}
-
 /// A client's answer to a request; it must fit the request's kind (or cancel it).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
@@ -845,22 +691,6 @@ pub enum Reply {
     Custom(Value),
     /// Always `true`.
     Cancelled(bool),
-}
-
-/// A system event (system-bus-plan.md): `type` plus the fields of that type. Clients may
-/// post `user_request`, `user_response` and `approval_response`; the others are the
-/// server's. Fields beyond those listed are kept and passed on.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
-pub struct SystemEvent {
-    /// `system_notice`, `system_error`, `tool_progress`, `tool_result`, `user_request`,
-    /// `user_response`, `approval_request` or `approval_response`.
-    #[serde(rename = "type")]
-    pub event_type: String,
-    /// The rest of the event: `request_id`, `kind` (user_request: `usage` or `tasks`),
-    /// `payload`, `approved` (approval_response), ...
-    #[serde(flatten)]
-    #[schema(value_type = Object)]
-    pub fields: serde_json::Map<String, Value>,
 }
 
 /// A pending server-to-client request, in a snapshot.
@@ -1179,101 +1009,123 @@ impl ServerFrame<'_> {
     }
 }
 
-/// A durable frame made outside the conversation actor, which numbers it: its `type`, and
-/// its JSON for the event id it gets.
-pub struct DurableFrame {
-    pub kind: &'static str,
-    json: Box<dyn FnOnce(i64) -> String + Send>,
-    /// One frame per key and conversation (idempotent client events).
-    pub dedup_key: Option<String>,
+/// A frame as the hub carries it: its JSON, made once.
+pub fn frame(frame: &ServerFrame<'_>) -> crate::hub::Frame {
+    crate::hub::Frame::new(frame.kind(), frame.event_id(), to_json(frame).into())
 }
 
-impl std::fmt::Debug for DurableFrame {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DurableFrame")
-            .field("kind", &self.kind)
-            .field("dedup_key", &self.dedup_key)
-            .finish_non_exhaustive()
-    }
-}
+/// The contract's frames for the runtime's notices (src/notice.rs): the encoder the
+/// composition root hands to the runtime.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Frames;
 
-impl DurableFrame {
-    /// A system event frame.
-    pub fn system_event(event: SystemEvent, dedup_key: Option<String>) -> DurableFrame {
-        DurableFrame {
-            kind: "system_event",
-            json: Box::new(move |event_id| {
-                to_json(&ServerFrame::SystemEvent {
-                    event: Cow::Borrowed(&event),
-                    event_id,
-                })
-            }),
-            dedup_key,
-        }
-    }
-
-    /// A client request frame.
-    pub fn client_request(
-        request_id: String,
-        request_type: RequestType,
-        timeout_ms: i64,
-        tool_use_id: Option<String>,
-    ) -> DurableFrame {
-        DurableFrame {
-            kind: "client_request",
-            json: Box::new(move |event_id| {
-                to_json(&ServerFrame::ClientRequest {
-                    request_id: &request_id,
-                    request_type: &request_type,
-                    timeout_ms,
-                    tool_use_id: tool_use_id.as_deref(),
-                    event_id,
-                })
-            }),
-            dedup_key: None,
-        }
-    }
-
-    /// The end of a client request: `answered`, `expired` or `cancelled`.
-    pub fn client_request_resolved(
-        request_id: String,
-        status: crate::model::RequestStatus,
-    ) -> DurableFrame {
-        DurableFrame {
-            kind: "client_request_resolved",
-            json: Box::new(move |event_id| {
-                to_json(&ServerFrame::ClientRequestResolved {
-                    request_id: &request_id,
-                    status: status.as_str(),
-                    event_id,
-                })
-            }),
-            dedup_key: None,
-        }
-    }
-
-    /// The frame's JSON with its event id.
-    pub fn json(self, event_id: i64) -> String {
-        (self.json)(event_id)
-    }
-}
-
-impl SystemEvent {
-    /// An event of `event_type` with these fields (an object; anything else gives none).
-    pub fn new(event_type: &str, fields: Value) -> SystemEvent {
-        SystemEvent {
-            event_type: event_type.to_owned(),
-            fields: if let Value::Object(fields) = fields {
-                fields
-            } else {
-                serde_json::Map::new()
+impl crate::notice::Encode for Frames {
+    fn frame(&self, notice: Notice<'_>, event_id: Option<i64>) -> crate::notice::Encoded {
+        // Durable notices always come with their id; a lost id would be a bug upstream,
+        // written as 0 rather than a panic.
+        let id = event_id.unwrap_or_default();
+        let frame = match notice {
+            Notice::Message {
+                message: record,
+                context_window,
+            } => ServerFrame::Message {
+                message: message(record, context_window),
+                event_id: id,
             },
+            Notice::State(conv) => ServerFrame::State {
+                state: state(conv),
+                event_id: id,
+            },
+            Notice::Retrying {
+                attempt,
+                delay_ms,
+                error_kind,
+            } => ServerFrame::Retrying {
+                attempt,
+                delay_ms,
+                error_kind: error_kind.into(),
+                event_id: id,
+            },
+            Notice::ContextWarning {
+                context_tokens,
+                context_window,
+                ratio,
+            } => ServerFrame::ContextWarning {
+                context_tokens,
+                context_window,
+                ratio,
+                event_id: id,
+            },
+            Notice::SystemEvent(event) => ServerFrame::SystemEvent {
+                event: Cow::Borrowed(event),
+                event_id: id,
+            },
+            Notice::ClientRequest {
+                request_id,
+                request_type,
+                timeout_ms,
+                tool_use_id,
+            } => ServerFrame::ClientRequest {
+                request_id,
+                request_type,
+                timeout_ms,
+                tool_use_id,
+                event_id: id,
+            },
+            Notice::ClientRequestResolved { request_id, status } => {
+                ServerFrame::ClientRequestResolved {
+                    request_id,
+                    status: status.as_str(),
+                    event_id: id,
+                }
+            }
+            Notice::SubAgent {
+                agent_id,
+                state: conv,
+                steps,
+                max_steps,
+            } => ServerFrame::SubAgent {
+                agent_id,
+                state: state(conv),
+                steps,
+                max_steps,
+            },
+            Notice::ToolProgress {
+                tool_use_id,
+                tool_name,
+                task_id,
+                stage,
+                progress,
+                message,
+            } => ServerFrame::ToolProgress {
+                tool_use_id,
+                tool_name,
+                task_id,
+                stage,
+                progress,
+                message,
+            },
+            Notice::Delta { text, reasoning } => ServerFrame::Delta { text, reasoning },
+        };
+        crate::notice::Encoded {
+            kind: frame.kind(),
+            json: to_json(&frame),
         }
     }
 
-    /// A field's value (Null when it is absent).
-    pub fn get(&self, key: &str) -> &Value {
-        self.fields.get(key).unwrap_or(&Value::Null)
+    fn state(&self, conv: &ConvState) -> String {
+        to_json(&state(conv))
+    }
+
+    fn same_state(&self, before: &ConvState, after: &ConvState) -> bool {
+        state(before) == state(after)
+    }
+
+    fn tasks(&self, tasks: &[BackgroundTask]) -> Value {
+        serde_json::to_value(TaskList {
+            tasks: tasks.iter().map(background_task).collect(),
+        })
+        .unwrap_or(Value::Null)
     }
 }
 

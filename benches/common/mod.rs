@@ -44,9 +44,13 @@ pub async fn start_runtime(
     .await
     .unwrap();
     store.migrate().await.unwrap();
-    let (runtime, _) = bedrock::runtime::Runtime::start(settings, store)
-        .await
-        .unwrap();
+    let (runtime, _) = bedrock::runtime::Runtime::start(
+        settings,
+        store,
+        std::sync::Arc::new(bedrock::wire::Frames),
+    )
+    .await
+    .unwrap();
     runtime
 }
 

@@ -189,117 +189,29 @@ pub async fn create(
     Body(body): Body<CreateConversation>,
 ) -> Result<Response, ApiError> {
     let id = uuid::Uuid::now_v7().to_string();
-    match body.cwd.as_deref() {
-        Some(cwd) if cwd.len() > 4096 => {
-            return Err(ApiError::invalid("cwd is longer than 4096 bytes"));
-        }
-        Some(cwd) if cwd.trim().is_empty() => {
-            return Err(ApiError::invalid(
-                "cwd is empty: leave it out for a directory of the conversation's own, or give \".\" for the tenant's root",
-            ));
-        }
-        Some(_) | None => {}
-    }
+    let checked = check_create(&app, &body, &id)?;
+    let network = network_for(&app, &caller, body.network.unwrap_or(false))?;
     let creating = app.admit_conversation(&caller.0.id).await?;
-    // Made (or opened) one directory at a time by descriptor under the tenant's root,
-    // through no link: the tenant's tools may have made any part of the path a link.
-    let workspaces = app.workspaces.clone();
-    let (tenant, given) = (caller.0.id.clone(), body.cwd.clone());
-    let default = id.clone();
-    let made =
-        tokio::task::spawn_blocking(move || workspaces.make(&tenant, given.as_deref(), &default))
-            .await
-            .map_err(|e| ApiError::internal(format!("cannot make the working directory: {e}")))?;
-    let real = match made {
-        Ok(pinned) => pinned.path().to_owned(),
-        Err(e @ (WorkspaceError::Outside(_) | WorkspaceError::Replaced(_))) => {
-            return Err(ApiError::invalid(format!(
-                "cwd must lie under the tenant's workspace and may not pass through a link: {e}"
-            )));
-        }
-        Err(e @ WorkspaceError::Missing(_)) => return Err(ApiError::invalid(e.to_string())),
-        Err(WorkspaceError::Io { path, source }) => {
-            return Err(ApiError::invalid(format!(
-                "cwd {path} cannot be made: {source}"
-            )));
-        }
-    };
-    let model = body.model.unwrap_or_else(|| app.settings.llm.model.clone());
-    if model.trim().is_empty() || model.len() > 200 {
-        return Err(ApiError::invalid(
-            "model must be a non-empty string of at most 200 characters",
-        ));
-    }
-    if body
-        .system_prompt
-        .as_ref()
-        .is_some_and(|p| p.len() > app.settings.server.max_text_bytes)
-    {
-        return Err(ApiError::too_large(format!(
-            "system_prompt is longer than {} bytes",
-            app.settings.server.max_text_bytes
-        )));
-    }
-    let slug = match body.slug {
-        Some(slug) if valid_slug(&slug) => slug,
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "slug must be 1 to 64 characters of a-z, 0-9, - and _",
-            ));
-        }
-        None => format!("conv-{}", &id[id.len() - 12..]),
-    };
-    let require_approval = body.require_approval.unwrap_or_default();
-    if require_approval
-        .iter()
-        .any(|name| name.is_empty() || name.len() > 64)
-        || require_approval.len() > 32
-    {
-        return Err(ApiError::invalid(
-            "require_approval must be a list of at most 32 tool names",
-        ));
-    }
-    if let Some(budget) = body.budget_tokens
-        && !(1..=i64::MAX as u64).contains(&budget)
-    {
-        return Err(ApiError::invalid(format!(
-            "budget_tokens must be a positive number of tokens, not {budget}"
-        )));
-    }
-    // Settled at creation and stored: what the conversation's tools get from now on.
-    let requested = body.network.unwrap_or(false);
-    let network = match &app.sandbox {
-        Some(sandbox) => sandbox.network_for(&caller.0, requested) == Network::On,
-        None => true,
-    };
-    if requested && !network {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "network_not_allowed",
-            "this tenant's tools may not use the network (sandbox.network.per_conversation_tenants)",
-        ));
-    }
-    let new = NewConversation {
-        id: id.clone(),
-        tenant_id: caller.0.id.clone(),
-        slug,
-        cwd: real.display().to_string(),
-        model,
-        system_prompt: body.system_prompt,
-        parent_id: None,
-        user_initiated: true,
-        require_approval,
-        network,
-        budget_tokens: body.budget_tokens,
-        mcp_tools: Vec::new(),
-        // As stored: the databases keep microseconds.
-        created_at: Utc::now().trunc_subsecs(6),
-    };
+    let cwd = working_directory(&app, &caller.0.id, body.cwd.clone(), &id).await?;
     // The tenant's MCP servers' tools, fixed for the conversation from now on; a server that
     // does not answer is left out, and the conversation says so in a system message.
     let (mcp_tools, notices) = super::mcp_servers::tools_of(&app, &caller.0.id).await?;
-    let mut new = new;
-    new.mcp_tools = mcp_tools;
+    let new = NewConversation {
+        id: id.clone(),
+        tenant_id: caller.0.id.clone(),
+        slug: checked.slug,
+        cwd,
+        model: checked.model,
+        system_prompt: body.system_prompt,
+        parent_id: None,
+        user_initiated: true,
+        require_approval: checked.require_approval,
+        network,
+        budget_tokens: body.budget_tokens,
+        mcp_tools,
+        // As stored: the databases keep microseconds.
+        created_at: Utc::now().trunc_subsecs(6),
+    };
     let mut conv = new.record();
     let job = if notices.is_empty() {
         WriteJob::CreateConversation(new)
@@ -328,6 +240,127 @@ pub async fn create(
         Err(e) => return Err(e.into()),
     }
     Ok(app.created(conv).await)
+}
+
+/// What a create request may get wrong, checked before anything is admitted or made.
+struct CreateChecked {
+    model: String,
+    slug: String,
+    require_approval: Vec<String>,
+}
+
+fn check_create(
+    app: &AppState,
+    body: &CreateConversation,
+    id: &str,
+) -> Result<CreateChecked, ApiError> {
+    match body.cwd.as_deref() {
+        Some(cwd) if cwd.len() > 4096 => {
+            return Err(ApiError::invalid("cwd is longer than 4096 bytes"));
+        }
+        Some(cwd) if cwd.trim().is_empty() => {
+            return Err(ApiError::invalid(
+                "cwd is empty: leave it out for a directory of the conversation's own, or give \".\" for the tenant's root",
+            ));
+        }
+        Some(_) | None => {}
+    }
+    let model = body
+        .model
+        .clone()
+        .unwrap_or_else(|| app.settings.llm.model.clone());
+    if model.trim().is_empty() || model.len() > 200 {
+        return Err(ApiError::invalid(
+            "model must be a non-empty string of at most 200 characters",
+        ));
+    }
+    if body
+        .system_prompt
+        .as_ref()
+        .is_some_and(|p| p.len() > app.settings.server.max_text_bytes)
+    {
+        return Err(ApiError::too_large(format!(
+            "system_prompt is longer than {} bytes",
+            app.settings.server.max_text_bytes
+        )));
+    }
+    let slug = match &body.slug {
+        Some(slug) if valid_slug(slug) => slug.clone(),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "slug must be 1 to 64 characters of a-z, 0-9, - and _",
+            ));
+        }
+        None => format!("conv-{}", &id[id.len() - 12..]),
+    };
+    let require_approval = body.require_approval.clone().unwrap_or_default();
+    if require_approval
+        .iter()
+        .any(|name| name.is_empty() || name.len() > 64)
+        || require_approval.len() > 32
+    {
+        return Err(ApiError::invalid(
+            "require_approval must be a list of at most 32 tool names",
+        ));
+    }
+    if let Some(budget) = body.budget_tokens
+        && !(1..=i64::MAX as u64).contains(&budget)
+    {
+        return Err(ApiError::invalid(format!(
+            "budget_tokens must be a positive number of tokens, not {budget}"
+        )));
+    }
+    Ok(CreateChecked {
+        model,
+        slug,
+        require_approval,
+    })
+}
+
+/// Whether the new conversation's tools get the network, settled at creation and stored:
+/// asking for it where the tenant may not have it is refused.
+fn network_for(app: &AppState, caller: &Caller, requested: bool) -> Result<bool, ApiError> {
+    let network = match &app.sandbox {
+        Some(sandbox) => sandbox.network_for(&caller.0, requested) == Network::On,
+        None => true,
+    };
+    if requested && !network {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "network_not_allowed",
+            "this tenant's tools may not use the network (sandbox.network.per_conversation_tenants)",
+        ));
+    }
+    Ok(network)
+}
+
+/// The new conversation's directory, made (or opened) one directory at a time by
+/// descriptor under the tenant's root, through no link: the tenant's tools may have made
+/// any part of the path a link.
+async fn working_directory(
+    app: &AppState,
+    tenant: &str,
+    given: Option<String>,
+    id: &str,
+) -> Result<String, ApiError> {
+    let workspaces = app.workspaces.clone();
+    let (tenant, default) = (tenant.to_owned(), id.to_owned());
+    let made =
+        tokio::task::spawn_blocking(move || workspaces.make(&tenant, given.as_deref(), &default))
+            .await
+            .map_err(|e| ApiError::internal(format!("cannot make the working directory: {e}")))?;
+    match made {
+        Ok(pinned) => Ok(pinned.path().display().to_string()),
+        Err(e @ (WorkspaceError::Outside(_) | WorkspaceError::Replaced(_))) => {
+            Err(ApiError::invalid(format!(
+                "cwd must lie under the tenant's workspace and may not pass through a link: {e}"
+            )))
+        }
+        Err(e @ WorkspaceError::Missing(_)) => Err(ApiError::invalid(e.to_string())),
+        Err(WorkspaceError::Io { path, source }) => Err(ApiError::invalid(format!(
+            "cwd {path} cannot be made: {source}"
+        ))),
+    }
 }
 
 /// Lists the tenant's user-initiated conversations, newest first.

@@ -89,8 +89,32 @@ pub enum Delivered {
 
 /// Validates, stores images, and hands the message to the conversation; atomic with its
 /// busy check (the actor decides).
-pub async fn deliver(app: &AppState, conv: &Target, out: Outgoing) -> Result<Delivered, ApiError> {
-    let limits = &app.settings.server;
+pub async fn deliver(
+    app: &AppState,
+    conv: &Target,
+    mut out: Outgoing,
+) -> Result<Delivered, ApiError> {
+    check_message(&app.settings.server, &out)?;
+    if let Some(key) = &out.message_id {
+        if key.is_empty() || key.len() > 200 {
+            return Err(ApiError::invalid("message_id must be 1 to 200 characters"));
+        }
+        if let Some(original) = app.store.message_by_client_id(&conv.id, key).await? {
+            return Ok(Delivered::Repeat(original));
+        }
+    }
+    // Held until the conversation answered: then a started turn is counted as running.
+    let _starting = app.admit_turn(&conv.fixed.tenant_id, &conv.id).await?;
+    let refs = if out.images.is_empty() {
+        Vec::new()
+    } else {
+        store_images(app, conv, std::mem::take(&mut out.images)).await?
+    };
+    hand_over(app, conv, &out, refs).await
+}
+
+/// What a message may not be: too long, empty, or with too many images.
+fn check_message(limits: &crate::config::ServerSettings, out: &Outgoing) -> Result<(), ApiError> {
     if out.text.len() > limits.max_text_bytes {
         return Err(ApiError::too_large(format!(
             "text is {} bytes; the limit is {} bytes",
@@ -108,60 +132,66 @@ pub async fn deliver(app: &AppState, conv: &Target, out: Outgoing) -> Result<Del
             limits.max_images_per_message
         )));
     }
-    if let Some(key) = &out.message_id {
-        if key.is_empty() || key.len() > 200 {
-            return Err(ApiError::invalid("message_id must be 1 to 200 characters"));
-        }
-        if let Some(original) = app.store.message_by_client_id(&conv.id, key).await? {
-            return Ok(Delivered::Repeat(original));
-        }
-    }
-    // Held until the conversation answered: then a started turn is counted as running.
-    let _starting = app.admit_turn(&conv.fixed.tenant_id, &conv.id).await?;
-    let mut refs = Vec::new();
-    if !out.images.is_empty() {
-        let max_px = app.settings.model(&conv.fixed.model).max_image_px;
-        let raw = out.images;
-        // At most a few images are decoded at once, whatever the number of clients: each
-        // may take 128 MB and a core for a while.
-        static DECODING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(4);
-        let _permit = DECODING
-            .acquire()
-            .await
-            .map_err(|e| ApiError::internal(format!("image processing failed: {e}")))?;
-        let prepared = tokio::task::spawn_blocking(move || {
-            raw.iter()
-                .enumerate()
-                .map(|(i, (media_type, data))| images::prepare(i, media_type, data, max_px))
-                .collect::<Result<Vec<_>, _>>()
-        })
+    Ok(())
+}
+
+/// Decodes, checks and resizes a message's images, and stores them (through the
+/// persistence actor) as the conversation's attachments.
+async fn store_images(
+    app: &AppState,
+    conv: &Target,
+    raw: Vec<(String, String)>,
+) -> Result<Vec<ImageRef>, ApiError> {
+    let max_px = app.settings.model(&conv.fixed.model).max_image_px;
+    // At most a few images are decoded at once, whatever the number of clients: each
+    // may take 128 MB and a core for a while.
+    static DECODING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(4);
+    let _permit = DECODING
+        .acquire()
         .await
-        .map_err(|e| ApiError::internal(format!("image processing failed: {e}")))??;
-        let now = Utc::now();
-        let attachments: Vec<NewAttachment> = prepared
-            .into_iter()
-            .map(|p| NewAttachment {
-                id: uuid::Uuid::now_v7().to_string(),
-                tenant_id: conv.fixed.tenant_id.clone(),
-                conversation_id: conv.id.clone(),
-                media_type: p.media_type,
-                data: p.data,
-                width: p.width,
-                height: p.height,
-                created_at: now,
-            })
-            .collect();
-        refs = attachments
-            .iter()
-            .map(|a| ImageRef {
-                id: a.id.clone(),
-                media_type: a.media_type.clone(),
-            })
-            .collect();
-        app.persistence
-            .write(WriteJob::InsertAttachments(attachments))
-            .await?;
-    }
+        .map_err(|e| ApiError::internal(format!("image processing failed: {e}")))?;
+    let prepared = tokio::task::spawn_blocking(move || {
+        raw.iter()
+            .enumerate()
+            .map(|(i, (media_type, data))| images::prepare(i, media_type, data, max_px))
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("image processing failed: {e}")))??;
+    let now = Utc::now();
+    let attachments: Vec<NewAttachment> = prepared
+        .into_iter()
+        .map(|p| NewAttachment {
+            id: uuid::Uuid::now_v7().to_string(),
+            tenant_id: conv.fixed.tenant_id.clone(),
+            conversation_id: conv.id.clone(),
+            media_type: p.media_type,
+            data: p.data,
+            width: p.width,
+            height: p.height,
+            created_at: now,
+        })
+        .collect();
+    let refs = attachments
+        .iter()
+        .map(|a| ImageRef {
+            id: a.id.clone(),
+            media_type: a.media_type.clone(),
+        })
+        .collect();
+    app.persistence
+        .write(WriteJob::InsertAttachments(attachments))
+        .await?;
+    Ok(refs)
+}
+
+/// Hands a checked message to its conversation, and reads what it answered.
+async fn hand_over(
+    app: &AppState,
+    conv: &Target,
+    out: &Outgoing,
+    refs: Vec<ImageRef>,
+) -> Result<Delivered, ApiError> {
     // An actor that stopped just now (idle) is started again, once.
     for attempt in 0..2 {
         let live = app.live(&conv.id).await?;

@@ -11,10 +11,11 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
-use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
 use axum::http::{HeaderMap, HeaderValue, Method, Uri, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -49,7 +50,20 @@ enum Out {
 }
 
 fn frame(frame: &ServerFrame<'_>) -> Arc<Frame> {
-    Arc::new(Frame::of(frame))
+    Arc::new(wire::frame(frame))
+}
+
+/// A frame's text as a WebSocket payload, sharing the hub's copy (checked as UTF-8 again,
+/// which it always is: it was made from a `str`).
+fn ws_text(frame: &Frame) -> Utf8Bytes {
+    struct Shared(Arc<str>);
+    impl AsRef<[u8]> for Shared {
+        fn as_ref(&self) -> &[u8] {
+            self.0.as_bytes()
+        }
+    }
+    Utf8Bytes::try_from(Bytes::from_owner(Shared(Arc::clone(&frame.json))))
+        .unwrap_or_else(|_| Utf8Bytes::from(&*frame.json))
 }
 
 /// The snapshot frame: state, the last 50 messages, pending client requests.
@@ -88,7 +102,7 @@ type WsSink = futures::stream::SplitSink<WebSocket, Message>;
 
 impl FrameSink for WsSink {
     async fn frame(&mut self, frame: Arc<Frame>) -> bool {
-        let feed = self.feed(Message::Text(frame.ws.clone()));
+        let feed = self.feed(Message::Text(ws_text(&frame)));
         matches!(tokio::time::timeout(SEND_TIMEOUT, feed).await, Ok(Ok(())))
     }
 
@@ -179,7 +193,7 @@ async fn replay(
             let frame = match item {
                 Item::Message(seq) => {
                     let message = messages.iter().find(|m| m.sequence_id == seq)?;
-                    Frame::of(&ServerFrame::Message {
+                    wire::frame(&ServerFrame::Message {
                         message: wire::message(message, followed.window),
                         event_id,
                     })
@@ -227,7 +241,7 @@ async fn gap(
     to: i64,
     sink: &mut impl FrameSink,
 ) -> Option<i64> {
-    let gap = Frame::of(&ServerFrame::Gap {
+    let gap = wire::frame(&ServerFrame::Gap {
         from_event_id: after + 1,
         to_event_id: to,
     });
@@ -241,7 +255,7 @@ async fn gap(
         .await
         .ok()?;
     for (event_id, message) in &messages {
-        let frame = Frame::of(&ServerFrame::Message {
+        let frame = wire::frame(&ServerFrame::Message {
             message: wire::message(message, followed.window),
             event_id: *event_id,
         });
@@ -451,7 +465,7 @@ async fn serve_socket(
                     }
                     pinged = true;
                     tick.as_mut().reset(heard + idle_after);
-                    let ping = sink.send(Message::Ping(axum::body::Bytes::from_static(b"bedrock")));
+                    let ping = sink.send(Message::Ping(Bytes::from_static(b"bedrock")));
                     if !matches!(tokio::time::timeout(SEND_TIMEOUT, ping).await, Ok(Ok(()))) {
                         break None;
                     }
@@ -661,7 +675,7 @@ async fn carry_command(
     {
         headers.insert(header::AUTHORIZATION, value);
     }
-    let body = axum::body::Bytes::from(wire::to_json(&body));
+    let body = Bytes::from(wire::to_json(&body));
     let answer = match super::cluster::carry(cluster, owner, Method::POST, &uri, headers, body)
         .await
     {

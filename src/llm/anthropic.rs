@@ -657,7 +657,7 @@ pub(super) async fn stream_reply(
                     continue;
                 };
                 let added = accumulator.push(chunk)?;
-                super::forward(shared, job, added, started, &mut first_token);
+                super::forward(job, added, started, &mut first_token);
             }
         }
     }

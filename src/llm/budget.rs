@@ -12,6 +12,20 @@ use crate::persistence::WriteJob;
 use crate::state_machine::{ErrorKind, Usage};
 use crate::store::{BudgetState, Reservation, Store, UsageRecord};
 
+/// Token budgets, kept in the database: a reservation is atomic across conversations and
+/// nodes, and its answer decides whether a request goes, so it is the one write the gateway
+/// makes itself (README, "Architecture invariants").
+#[derive(Clone, Debug)]
+pub struct Budgets {
+    store: Store,
+}
+
+impl Budgets {
+    pub fn new(store: Store) -> Budgets {
+        Budgets { store }
+    }
+}
+
 /// A request's hold on its tenant's budget. Settled with the tokens the answer reports; a
 /// request that ends any other way (an error, a cancel that drops it) gives the
 /// reservation back when this is dropped. Both run in tasks of their own, so that a cancel
@@ -154,6 +168,7 @@ pub(super) async fn reserve(shared: &Shared, job: &LlmJob, estimate: u32) -> Res
     let budgets = &shared.settings.budgets;
     let default = (budgets.tenant_tokens, budgets.period);
     let reservation = shared
+        .budgets
         .store
         .reserve_budget(
             &job.tenant_id,
@@ -193,7 +208,7 @@ pub(super) async fn reserve(shared: &Shared, job: &LlmJob, estimate: u32) -> Res
         Reservation::Reserved { .. } | Reservation::Unlimited => {}
     }
     Ok(Hold {
-        store: shared.store.clone(),
+        store: shared.budgets.store.clone(),
         persistence: shared.persistence.clone(),
         metrics: metrics.clone(),
         tenant_id: job.tenant_id.clone(),

@@ -17,7 +17,6 @@ use super::request::{Wire, starts_turn, wire};
 use crate::config::Provider;
 use crate::metrics::Metrics;
 use crate::model::ConversationCommit;
-use crate::store::{Store, StoreError};
 
 /// A conversation's history as the backend gets it.
 #[derive(Debug, Default)]
@@ -115,13 +114,13 @@ pub fn new_history() -> HistoryHandle {
 pub async fn current(
     handle: &HistoryHandle,
     held: &Arc<Held>,
-    store: &Store,
+    records: &dyn super::Records,
     metrics: &Metrics,
     id: &str,
     recent: &[Arc<ConversationCommit>],
     through: i64,
     provider: Provider,
-) -> Result<OwnedMutexGuard<History>, StoreError> {
+) -> Result<OwnedMutexGuard<History>, String> {
     let mut history = Arc::clone(handle).lock_owned().await;
     if history.held.is_none() {
         history.held = Some(Arc::clone(held));
@@ -143,9 +142,7 @@ pub async fn current(
     }
     if history.last < through {
         metrics.history_read();
-        let newer = store
-            .messages_after(id, history.last, u64::MAX >> 1)
-            .await?;
+        let newer = records.messages_after(id, history.last).await?;
         if let Some(last) = newer.last() {
             history.last = last.sequence_id;
         }
@@ -170,7 +167,47 @@ mod tests {
     use super::*;
     use crate::model::MessageRecord;
     use crate::state_machine::MessageContent;
-    use crate::store::testing::{at, sqlite_store};
+    use std::sync::Mutex;
+    use std::sync::atomic::AtomicBool;
+
+    use chrono::{DateTime, Utc};
+    use futures::future::BoxFuture;
+
+    fn at() -> DateTime<Utc> {
+        DateTime::from_timestamp(1_700_000_000, 0).unwrap_or_default()
+    }
+
+    /// Stored messages of conversation `c`, as the runtime's records read them; once
+    /// closed, a read fails (as the store's would after its pool is closed).
+    #[derive(Debug, Default)]
+    struct Recorded {
+        messages: Mutex<Vec<MessageRecord>>,
+        closed: AtomicBool,
+    }
+
+    impl super::super::Records for Recorded {
+        fn messages_after<'a>(
+            &'a self,
+            _conversation_id: &'a str,
+            after: i64,
+        ) -> BoxFuture<'a, Result<Vec<MessageRecord>, String>> {
+            Box::pin(async move {
+                if self.closed.load(Ordering::Relaxed) {
+                    return Err("closed".to_owned());
+                }
+                let messages = self.messages.lock().map_err(|e| e.to_string())?;
+                Ok(messages
+                    .iter()
+                    .filter(|m| m.sequence_id > after)
+                    .cloned()
+                    .collect())
+            })
+        }
+
+        fn image<'a>(&'a self, _: &'a str, _: &'a str) -> BoxFuture<'a, Option<(String, Vec<u8>)>> {
+            Box::pin(async { None })
+        }
+    }
 
     fn user(seq: i64) -> MessageRecord {
         MessageRecord {
@@ -188,7 +225,7 @@ mod tests {
     }
 
     /// Stores messages `from..=to` of conversation `c` as one commit.
-    async fn store_messages(store: &Store, from: i64, to: i64) -> Arc<ConversationCommit> {
+    fn store_messages(store: &Recorded, from: i64, to: i64) -> Arc<ConversationCommit> {
         let commit = Arc::new(ConversationCommit {
             conversation_id: "c".into(),
             state: None,
@@ -202,10 +239,9 @@ mod tests {
             at: at(),
             lease: None,
         });
-        store
-            .commit_batch(std::slice::from_ref(&commit))
-            .await
-            .expect("commits");
+        if let Ok(mut messages) = store.messages.lock() {
+            messages.extend(commit.messages.iter().cloned());
+        }
         commit
     }
 
@@ -223,14 +259,14 @@ mod tests {
     }
 
     /// The history is the same whether it comes from the commits the conversation hands
-    /// over or from the database, and the database is read only for what those commits do
-    /// not cover (after the pool is closed, a read would fail).
+    /// over or from the database, and the records are read only for what those commits do
+    /// not cover (once they are closed, a read fails).
     #[tokio::test]
     async fn handed_over_messages_spare_the_database_read() {
-        let (store, dir) = sqlite_store("history", &["c"]).await;
+        let store = Recorded::default();
         let (held, metrics) = (Held::new(usize::MAX), Metrics::default());
         let (mine, reference) = (new_history(), new_history());
-        store_messages(&store, 1, 2).await;
+        store_messages(&store, 1, 2);
         // Cold: read from the database.
         let first = texts(
             &current(
@@ -248,7 +284,7 @@ mod tests {
         );
         assert_eq!(first.len(), 2);
 
-        let recent = store_messages(&store, 3, 4).await;
+        let recent = store_messages(&store, 3, 4);
         let from_db = texts(
             &current(
                 &reference,
@@ -263,12 +299,12 @@ mod tests {
             .await
             .expect("read"),
         );
-        let stored = store_messages(&store, 5, 6).await;
+        let stored = store_messages(&store, 5, 6);
         let gap = Arc::new(ConversationCommit {
             messages: vec![user(6)],
             ..(*stored).clone()
         });
-        store.clone().close().await.expect("closes");
+        store.closed.store(true, Ordering::Relaxed);
 
         let handed = texts(
             &current(
@@ -300,16 +336,15 @@ mod tests {
             .await
             .is_err()
         );
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// Every history's bytes are counted and given back when it goes; past the budget a
     /// history is emptied after its request, and its next request reads it back whole.
     #[tokio::test]
     async fn histories_hold_their_bytes_within_the_budget() {
-        let (store, dir) = sqlite_store("history-budget", &["c"]).await;
+        let store = Recorded::default();
         let metrics = Metrics::default();
-        store_messages(&store, 1, 3).await;
+        store_messages(&store, 1, 3);
         let roomy = Held::new(usize::MAX);
         let history = new_history();
         let bytes = {
@@ -365,6 +400,5 @@ mod tests {
         .await
         .expect("read back");
         assert_eq!(again.messages.len(), 3, "read back whole");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -8,6 +8,8 @@
 
 pub mod anthropic;
 mod budget;
+
+pub use budget::Budgets;
 pub mod chunk;
 mod history;
 mod http;
@@ -20,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use async_openai::config::OpenAIConfig;
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use secrecy::ExposeSecret;
 use tokio::sync::Semaphore;
@@ -32,10 +35,9 @@ pub use request::{RequestContext, system_prompt};
 pub use stream::{Accumulator, stream_error};
 
 use crate::config::{Provider, Settings};
-use crate::hub::{EventHub, Frame};
 use crate::metrics::Metrics;
+use crate::notice::Notice;
 use crate::state_machine::{ErrorKind, Event, LlmFailure, LlmReply, LlmRequestTag};
-use crate::store::Store;
 
 /// A failure as the gateway classifies it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,6 +71,27 @@ impl Failure {
 /// Where the answer to a request goes.
 pub type ReplyTo = Arc<dyn Fn(Event) + Send + Sync>;
 
+/// Where what a request streams goes as it comes (text and reasoning deltas).
+pub type Deltas = Arc<dyn Fn(Notice<'_>) + Send + Sync>;
+
+/// Where a request reads what its conversation's history does not hold: messages stored
+/// while no request ran here, a history emptied over its memory budget, and the images of
+/// user messages. The runtime hands its job the store's.
+pub trait Records: Send + Sync + std::fmt::Debug {
+    /// Messages with a sequence id above `after`, ascending.
+    fn messages_after<'a>(
+        &'a self,
+        conversation_id: &'a str,
+        after: i64,
+    ) -> BoxFuture<'a, Result<Vec<crate::model::MessageRecord>, String>>;
+    /// A user message's image: its media type and bytes.
+    fn image<'a>(
+        &'a self,
+        conversation_id: &'a str,
+        image_id: &'a str,
+    ) -> BoxFuture<'a, Option<(String, Vec<u8>)>>;
+}
+
 /// One LLM step to run.
 pub struct LlmJob {
     pub request: LlmRequestTag,
@@ -83,6 +106,10 @@ pub struct LlmJob {
     /// The summary request (context continuation): no tools are offered.
     pub summary: bool,
     pub reply: ReplyTo,
+    /// Where the reply's deltas go as they stream.
+    pub deltas: Deltas,
+    /// Where messages and images the history does not hold are read.
+    pub records: Arc<dyn Records>,
     pub cancel: CancellationToken,
     /// The turn's span, parent of the request's.
     pub span: tracing::Span,
@@ -126,8 +153,7 @@ tokio::task_local! {
 struct Shared {
     settings: Arc<Settings>,
     metrics: Arc<Metrics>,
-    store: Store,
-    hub: Arc<EventHub>,
+    budgets: Budgets,
     backend: Backend,
     /// The same HTTP client, for Anthropic's API (anthropic.rs).
     http: reqwest::Client,
@@ -146,8 +172,8 @@ pub struct LlmGateway;
 #[derive(Debug)]
 pub struct GatewayArgs {
     pub settings: Arc<Settings>,
-    pub store: Store,
-    pub hub: Arc<EventHub>,
+    /// Token budgets: reserved in the database before each request.
+    pub budgets: Budgets,
     pub metrics: Arc<Metrics>,
     pub quotas: Arc<crate::quotas::Quotas>,
     /// Where the usage of responses is written, with the group commit.
@@ -200,8 +226,7 @@ impl Actor for LlmGateway {
             shared: Arc::new(Shared {
                 settings: args.settings,
                 metrics: args.metrics,
-                store: args.store,
-                hub: args.hub,
+                budgets: args.budgets,
                 backend,
                 http,
                 permits,
@@ -289,29 +314,8 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
     let llm = &settings.llm;
     let model_settings = settings.model(&job.model);
     let provider = model_settings.provider;
-    match provider {
-        Provider::Openai
-            if llm.api_key.expose_secret().is_empty()
-                && llm.base_url.contains("api.openai.com") =>
-        {
-            return Err(Failure::new(
-                ErrorKind::Auth,
-                "no LLM API key is configured: set BEDROCK_LLM_API_KEY (or OPENAI_API_KEY), or point BEDROCK_LLM_BASE_URL at a backend that needs none",
-            ));
-        }
-        Provider::Anthropic
-            if settings.anthropic.api_key.expose_secret().is_empty()
-                && settings.anthropic.base_url.contains("api.anthropic.com") =>
-        {
-            return Err(Failure::new(
-                ErrorKind::Auth,
-                format!(
-                    "model {} is served by Anthropic's API and no key is configured for it: set ANTHROPIC_API_KEY (or BEDROCK_ANTHROPIC__API_KEY)",
-                    job.model
-                ),
-            ));
-        }
-        Provider::Openai | Provider::Anthropic => {}
+    if let Some(failure) = missing_key(settings, &job.model, provider) {
+        return Err(failure);
     }
     // The tenant's share first, so a tenant that floods the node waits behind its own
     // requests and holds no more than its share of the node's slots.
@@ -330,7 +334,7 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
     let mut history = history::current(
         &job.history,
         &shared.held,
-        &shared.store,
+        &*job.records,
         &shared.metrics,
         &job.conversation_id,
         &job.recent,
@@ -344,24 +348,7 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
             format!("cannot read the conversation's history: {e}"),
         )
     })?;
-    let mut images = HashMap::new();
-    for message in &history.messages {
-        if let request::Wire::Images(crate::state_machine::MessageContent::User {
-            images: refs,
-            ..
-        }) = message
-        {
-            for image in refs {
-                if let Ok(Some(found)) = shared
-                    .store
-                    .attachment(&job.conversation_id, &image.id)
-                    .await
-                {
-                    images.insert(found.id, (found.media_type, found.data));
-                }
-            }
-        }
-    }
+    let images = images_of(job, &history.messages).await;
     let ctx = RequestContext {
         model: &job.model,
         cwd: &job.cwd,
@@ -425,6 +412,54 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
     reply
 }
 
+/// A backend that needs a key and has none configured: the request fails at once, saying
+/// which setting to give.
+fn missing_key(settings: &Settings, model: &str, provider: Provider) -> Option<Failure> {
+    match provider {
+        Provider::Openai
+            if settings.llm.api_key.expose_secret().is_empty()
+                && settings.llm.base_url.contains("api.openai.com") =>
+        {
+            Some(Failure::new(
+                ErrorKind::Auth,
+                "no LLM API key is configured: set BEDROCK_LLM_API_KEY (or OPENAI_API_KEY), or point BEDROCK_LLM_BASE_URL at a backend that needs none",
+            ))
+        }
+        Provider::Anthropic
+            if settings.anthropic.api_key.expose_secret().is_empty()
+                && settings.anthropic.base_url.contains("api.anthropic.com") =>
+        {
+            Some(Failure::new(
+                ErrorKind::Auth,
+                format!(
+                    "model {model} is served by Anthropic's API and no key is configured for it: set ANTHROPIC_API_KEY (or BEDROCK_ANTHROPIC__API_KEY)"
+                ),
+            ))
+        }
+        Provider::Openai | Provider::Anthropic => None,
+    }
+}
+
+/// The images of the history's user messages, by id, read through the job's records (one
+/// that cannot be read is left out).
+async fn images_of(job: &LlmJob, history: &[request::Wire]) -> HashMap<String, (String, Vec<u8>)> {
+    let mut images = HashMap::new();
+    for message in history {
+        if let request::Wire::Images(crate::state_machine::MessageContent::User {
+            images: refs,
+            ..
+        }) = message
+        {
+            for image in refs {
+                if let Some(found) = job.records.image(&job.conversation_id, &image.id).await {
+                    images.insert(image.id.clone(), found);
+                }
+            }
+        }
+    }
+    images
+}
+
 /// Sends `request` and accumulates the streamed reply, forwarding text deltas live. The body
 /// is serialised once, into the request async-openai sends.
 async fn stream_reply(
@@ -473,7 +508,7 @@ async fn stream_reply(
             Ok(Some(Err(error))) => return Err(http::classify(&error, &probe)),
             Ok(Some(Ok(chunk))) => {
                 let added = accumulator.push(chunk)?;
-                forward(shared, job, added, started, &mut first_token);
+                forward(job, added, started, &mut first_token);
             }
         }
     }
@@ -485,13 +520,7 @@ async fn stream_reply(
 
 /// Sends what a chunk added to the conversation's clients live (a `delta` frame), noting
 /// the time to the first token on the request's span.
-fn forward(
-    shared: &Shared,
-    job: &LlmJob,
-    added: stream::Added,
-    started: Instant,
-    first_token: &mut Option<u64>,
-) {
+fn forward(job: &LlmJob, added: stream::Added, started: Instant, first_token: &mut Option<u64>) {
     if added.text.is_none() && added.reasoning.is_none() {
         return;
     }
@@ -500,11 +529,10 @@ fn forward(
         *first_token = Some(ms);
         tracing::Span::current().record("ttft_ms", ms);
     }
-    let frame = Frame::of(&crate::wire::ServerFrame::Delta {
+    (job.deltas)(Notice::Delta {
         text: added.text.as_deref().unwrap_or_default(),
         reasoning: added.reasoning.as_deref(),
     });
-    shared.hub.publish(&job.conversation_id, Arc::new(frame));
 }
 
 /// What the ids of tool calls that come without one are made from: the same for the same

@@ -17,12 +17,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::Handles;
 use super::requests::emit;
-use crate::hub::Frame;
 use crate::model::{BackgroundTask, TaskStatus};
+use crate::notice::{Keyed, Notice, SystemEvent};
 use crate::persistence::WriteJob;
 use crate::state_machine::{BackgroundResult, Event, TurnId};
 use crate::tools::{BashOutcome, OnLine, ToolLimits, run_bash};
-use crate::wire::{DurableFrame, ServerFrame, SystemEvent};
 
 /// What starts a background task.
 #[derive(Clone, Debug)]
@@ -130,14 +129,14 @@ async fn run(
     _held: crate::quotas::Held,
 ) {
     let progress: OnLine = {
-        let (hub, conversation, task, tool_use_id) = (
-            handles.hub.clone(),
+        let (live, conversation, task, tool_use_id) = (
+            handles.clone(),
             spec.conversation_id.clone(),
             id.clone(),
             spec.tool_use_id.clone(),
         );
         Arc::new(move |line: &str| {
-            let frame = ServerFrame::ToolProgress {
+            let notice = Notice::ToolProgress {
                 tool_use_id: &tool_use_id,
                 tool_name: "bash",
                 task_id: Some(&task),
@@ -145,7 +144,7 @@ async fn run(
                 progress: None,
                 message: line,
             };
-            hub.publish(&conversation, Arc::new(Frame::of(&frame)));
+            live.hub.publish(&conversation, live.live(notice));
         })
     };
     // A process slot of the tenant's (waiting at most the task's own time limit), then
@@ -215,7 +214,7 @@ async fn run(
             "error": if result.ok { serde_json::Value::Null } else { json!(result.output) },
         }),
     );
-    let _ = emit(&live.actor, vec![DurableFrame::system_event(event, None)]).await;
+    let _ = emit(&live.actor, vec![Keyed::system_event(event, None)]).await;
     let wake = spec
         .wake
         .then(|| TurnId::new(uuid::Uuid::now_v7().to_string()));

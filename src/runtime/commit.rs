@@ -11,8 +11,8 @@ use crate::hub::Frame;
 use crate::model::{
     ConversationCommit, ConversationRecord, EventRecord, MessageRecord, StoredFrame, UsageTotals,
 };
+use crate::notice::{Encode, Keyed, Notice};
 use crate::state_machine::{ConvState, Effect, MessageContent, TransitionResult, Usage};
-use crate::wire::{self, DurableFrame, ServerFrame};
 
 /// What a transition writes, and what is done after the commit.
 #[derive(Debug)]
@@ -108,6 +108,7 @@ impl Plan {
 
 /// Numbers the effects of `result` from `base`'s counters.
 pub fn plan<'a>(
+    format: &dyn Encode,
     base: impl Into<Base<'a>>,
     result: TransitionResult,
     context_window: u64,
@@ -128,6 +129,7 @@ pub fn plan<'a>(
     let mut client_key = client_message_id;
 
     let mut frames = Numbered {
+        format,
         conversation_id: conv.id,
         next: next_event,
         events: &mut events,
@@ -154,9 +156,9 @@ pub fn plan<'a>(
                     created_at: at,
                 };
                 next_seq += 1;
-                frames.push(|event_id| ServerFrame::Message {
-                    message: wire::message(&message, context_window),
-                    event_id,
+                frames.push(Notice::Message {
+                    message: &message,
+                    context_window,
                 });
                 messages.push(message);
             }
@@ -168,21 +170,19 @@ pub fn plan<'a>(
                 attempt,
                 delay_ms,
                 error_kind,
-            } => frames.push(|event_id| ServerFrame::Retrying {
+            } => frames.push(Notice::Retrying {
                 attempt,
                 delay_ms,
-                error_kind: error_kind.into(),
-                event_id,
+                error_kind,
             }),
             Effect::WarnContext {
                 context_tokens,
                 context_window,
                 ratio,
-            } => frames.push(|event_id| ServerFrame::ContextWarning {
+            } => frames.push(Notice::ContextWarning {
                 context_tokens,
                 context_window,
                 ratio,
-                event_id,
             }),
             other @ (Effect::Continue { .. }
             | Effect::RequestLlm { .. }
@@ -197,11 +197,8 @@ pub fn plan<'a>(
         }
     }
     let state_changed = result.new_state != *conv.state;
-    if wire::state(&result.new_state) != wire::state(conv.state) {
-        frames.push(|event_id| ServerFrame::State {
-            state: wire::state(&result.new_state),
-            event_id,
-        });
+    if !format.same_state(conv.state, &result.new_state) {
+        frames.push(Notice::State(&result.new_state));
     }
     let next_event = frames.next;
     let frames = events.iter().map(frame_of).collect();
@@ -232,6 +229,7 @@ pub fn plan<'a>(
 /// Durable frames numbered on from a conversation's counter, each made into JSON once, for
 /// the store and the clients alike.
 struct Numbered<'e> {
+    format: &'e dyn Encode,
     conversation_id: &'e str,
     next: i64,
     events: &'e mut Vec<EventRecord>,
@@ -239,36 +237,35 @@ struct Numbered<'e> {
 }
 
 impl Numbered<'_> {
-    fn push<'f>(&mut self, frame: impl FnOnce(i64) -> ServerFrame<'f>) {
+    fn push(&mut self, notice: Notice<'_>) {
+        self.push_keyed(notice, None);
+    }
+
+    fn push_keyed(&mut self, notice: Notice<'_>, dedup_key: Option<String>) {
         let event_id = self.next;
         self.next += 1;
-        let frame = frame(event_id);
-        let stored = match &frame {
-            ServerFrame::Message { message, .. } => StoredFrame::Message {
+        let stored = match notice {
+            Notice::Message { message, .. } => StoredFrame::Message {
                 sequence_id: message.sequence_id,
             },
-            ServerFrame::State { state, .. } => StoredFrame::State(wire::to_json(state).into()),
-            ServerFrame::Snapshot { .. }
-            | ServerFrame::Delta { .. }
-            | ServerFrame::Retrying { .. }
-            | ServerFrame::ToolProgress { .. }
-            | ServerFrame::SubAgent { .. }
-            | ServerFrame::ClientRequest { .. }
-            | ServerFrame::ClientRequestResolved { .. }
-            | ServerFrame::ContextWarning { .. }
-            | ServerFrame::SystemEvent { .. }
-            | ServerFrame::Rejected { .. }
-            | ServerFrame::Pong
-            | ServerFrame::Closing { .. }
-            | ServerFrame::Gap { .. } => StoredFrame::Whole,
+            Notice::State(state) => StoredFrame::State(self.format.state(state).into()),
+            Notice::Retrying { .. }
+            | Notice::ContextWarning { .. }
+            | Notice::SystemEvent(_)
+            | Notice::ClientRequest { .. }
+            | Notice::ClientRequestResolved { .. }
+            | Notice::SubAgent { .. }
+            | Notice::ToolProgress { .. }
+            | Notice::Delta { .. } => StoredFrame::Whole,
         };
+        let frame = self.format.frame(notice, Some(event_id));
         self.events.push(EventRecord {
             conversation_id: self.conversation_id.to_owned(),
             event_id,
-            event_type: frame.kind().to_owned(),
-            payload: wire::to_json(&frame).into(),
+            event_type: frame.kind.to_owned(),
+            payload: frame.json.into(),
             stored,
-            dedup_key: None,
+            dedup_key,
             created_at: self.at,
         });
     }
@@ -286,26 +283,24 @@ fn frame_of(event: &EventRecord) -> Arc<Frame> {
 /// A commit of durable frames alone (client requests, system events), numbered from `conv`'s
 /// counters.
 pub fn plan_frames(
+    format: &dyn Encode,
     conv: &ConversationRecord,
-    frames: Vec<DurableFrame>,
+    notices: Vec<Keyed>,
     at: DateTime<Utc>,
 ) -> Plan {
     let at = at.trunc_subsecs(6);
-    let mut next_event = conv.next_event_id;
-    let mut events = Vec::with_capacity(frames.len());
-    for frame in frames {
-        let (kind, dedup_key) = (frame.kind, frame.dedup_key.clone());
-        events.push(EventRecord {
-            conversation_id: conv.id.clone(),
-            event_id: next_event,
-            event_type: kind.to_owned(),
-            payload: frame.json(next_event).into(),
-            stored: StoredFrame::Whole,
-            dedup_key,
-            created_at: at,
-        });
-        next_event += 1;
+    let mut events = Vec::with_capacity(notices.len());
+    let mut numbered = Numbered {
+        format,
+        conversation_id: &conv.id,
+        next: conv.next_event_id,
+        events: &mut events,
+        at,
+    };
+    for keyed in notices {
+        numbered.push_keyed(keyed.notice.notice(), keyed.dedup_key);
     }
+    let next_event = numbered.next;
     let frames = events.iter().map(frame_of).collect();
     Plan {
         commit: (!events.is_empty()).then(|| {
@@ -408,7 +403,7 @@ mod tests {
             if_busy: IfBusy::Reject,
         };
         let first = transition(&conv.state, &ctx(), event).expect("accepted");
-        let first = plan(&conv, first, 0, at, None);
+        let first = plan(&crate::wire::Frames, &conv, first, 0, at, None);
         assert!(
             matches!(first.dispatch.as_slice(), [Effect::Continue { .. }]),
             "{:?}",
@@ -418,7 +413,7 @@ mod tests {
         let base = Base::from(&conv).after(&stored);
         assert!(matches!(base.state, ConvState::AwaitingLlm { .. }));
         let second = transition(base.state, &ctx(), Event::Continue { turn }).expect("next");
-        let second = plan(base, second, 0, at, None);
+        let second = plan(&crate::wire::Frames, base, second, 0, at, None);
         let (first_events, second_events) = (first.frames.len(), second.frames.len());
 
         let both = Plan {

@@ -17,19 +17,18 @@ use super::Handles;
 use super::cancel::{CancelOutcome, CancelSlot};
 use super::commit;
 use super::context::context;
-use super::conversation_state::{Child, ConversationState, Turn, starting_blocked};
+use super::conversation_state::{Child, ConversationState, starting_blocked};
 use super::messages::{ConvMsg, EmitRequest, ParentLink, SendError, SendRequest};
-use opentelemetry::trace::TraceContextExt as _;
+use super::turn::Turn;
 use tracing::Instrument;
-use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::model::{ConversationRecord, MessageRecord};
+use crate::notice::{Keyed, Notice};
 use crate::state_machine::{
-    ConvState, Effect, Event, IfBusy, ImageRef, Interruption, InvalidTransition, Rejection,
-    ToolOutcome, TurnId, transition,
+    Effect, Event, IfBusy, ImageRef, Interruption, InvalidTransition, Rejection, ToolOutcome,
+    TurnId, transition,
 };
 use crate::store::StoreError;
-use crate::wire::DurableFrame;
 
 #[derive(Debug)]
 pub struct ConversationActor;
@@ -73,8 +72,43 @@ impl std::fmt::Debug for ConversationArgs {
 
 /// What applying an event came to.
 enum Applied {
-    Done { dispatched: Vec<Effect> },
+    Done { stopped: Stopped },
     Ignored,
+}
+
+/// The work a transition stopped (what a cancel reports).
+#[derive(Debug, Default)]
+struct Stopped {
+    tools: Vec<String>,
+    sub_agents: Vec<String>,
+    llm: bool,
+}
+
+impl Stopped {
+    fn of(effects: &[Effect]) -> Stopped {
+        let mut stopped = Stopped::default();
+        for effect in effects {
+            match effect {
+                Effect::CancelTool { tool_use_id, .. } => stopped.tools.push(tool_use_id.clone()),
+                Effect::StopSubAgents { agent_ids } => {
+                    stopped.sub_agents.extend(agent_ids.iter().cloned());
+                }
+                Effect::AbortLlm { .. } => stopped.llm = true,
+                Effect::Continue { .. }
+                | Effect::RequestLlm { .. }
+                | Effect::ScheduleRetry { .. }
+                | Effect::ExecuteTool { .. }
+                | Effect::SpawnSubAgents { .. }
+                | Effect::ReportToParent { .. }
+                | Effect::GraceTurnStarted
+                | Effect::PersistMessage(_)
+                | Effect::RecordUsage { .. }
+                | Effect::NotifyRetrying { .. }
+                | Effect::WarnContext { .. } => {}
+            }
+        }
+        stopped
+    }
 }
 
 impl Actor for ConversationActor {
@@ -341,23 +375,16 @@ async fn drain_cancels(
         return Ok(());
     }
     let applied = apply_internal(myself, state, Event::UserCancel).await?;
-    let mut outcome = CancelOutcome {
-        state: state.record.state.clone(),
-        stopped_tools: Vec::new(),
-        stopped_sub_agents: Vec::new(),
-        aborted_llm: false,
+    let stopped = match applied {
+        Applied::Done { stopped } => stopped,
+        Applied::Ignored => Stopped::default(),
     };
-    if let Applied::Done { dispatched, .. } = applied {
-        for effect in dispatched {
-            if let Effect::CancelTool { tool_use_id, .. } = effect {
-                outcome.stopped_tools.push(tool_use_id);
-            } else if let Effect::StopSubAgents { agent_ids } = effect {
-                outcome.stopped_sub_agents.extend(agent_ids);
-            } else if let Effect::AbortLlm { .. } = effect {
-                outcome.aborted_llm = true;
-            }
-        }
-    }
+    let outcome = CancelOutcome {
+        state: state.record.state.clone(),
+        stopped_tools: stopped.tools,
+        stopped_sub_agents: stopped.sub_agents,
+        aborted_llm: stopped.llm,
+    };
     for reply in waiting {
         let _ = reply.send(outcome.clone());
     }
@@ -434,11 +461,8 @@ async fn summarize(
 }
 
 /// Stores and publishes durable frames outside a transition.
-async fn emit_frames(
-    state: &mut ConversationState,
-    frames: Vec<DurableFrame>,
-) -> Result<bool, String> {
-    let plan = commit::plan_frames(&state.record, frames, Utc::now());
+async fn emit_frames(state: &mut ConversationState, frames: Vec<Keyed>) -> Result<bool, String> {
+    let plan = commit::plan_frames(&*state.handles.format, &state.record, frames, Utc::now());
     let Some(commit) = &plan.commit else {
         return Ok(true);
     };
@@ -490,7 +514,7 @@ async fn apply_internal(
             return Ok(Applied::Ignored);
         }
     };
-    let (_, dispatched) = store_and_dispatch(
+    let (_, stopped) = store_and_dispatch(
         myself,
         state,
         result,
@@ -502,7 +526,7 @@ async fn apply_internal(
     )
     .await
     .map_err(|e| ActorProcessingErr::from(format!("cannot store the conversation: {e}")))?;
-    Ok(Applied::Done { dispatched })
+    Ok(Applied::Done { stopped })
 }
 
 /// Stores a transition, publishes its frames, then dispatches its effects.
@@ -512,7 +536,7 @@ async fn store_and_dispatch(
     result: crate::state_machine::TransitionResult,
     client_message_id: Option<String>,
     how: Commit,
-) -> Result<(Option<Arc<crate::model::ConversationCommit>>, Vec<Effect>), StoreError> {
+) -> Result<(Option<Arc<crate::model::ConversationCommit>>, Stopped), StoreError> {
     let kind_before = state.record.state.kind();
     // A turn's span opens before the transition that starts it, so all of it is one trace.
     // An interrupting message starts a turn while another runs: that one ends here.
@@ -521,30 +545,14 @@ async fn store_and_dispatch(
         .new_state
         .turn()
         .is_some_and(|turn| Some(&turn.id) != turn_before.as_ref());
-    let mut replaced = None;
-    if starts_turn {
-        replaced = state.turn.take();
-        let span = tracing::info_span!(
-            parent: None,
-            "conversation.turn",
-            tenant = %state.record.tenant_id,
-            conversation = %state.record.id,
-            model = %state.record.model,
-            outcome = tracing::field::Empty,
-            trace_id = tracing::field::Empty,
-        );
-        // Log lines of the turn carry its trace id, so a log line leads to its trace.
-        let context = span.context().span().span_context().clone();
-        if context.is_valid() {
-            span.record("trace_id", context.trace_id().to_string());
-        }
-        state.turn = Some(Turn {
-            span,
-            started: std::time::Instant::now(),
-        });
-    }
+    let replaced = if starts_turn {
+        state.turn.replace(Turn::start(&state.record))
+    } else {
+        None
+    };
     let at = Utc::now();
     let mut plan = commit::plan(
+        &*state.handles.format,
         &state.record,
         result,
         state.ctx.context_window,
@@ -554,80 +562,83 @@ async fn store_and_dispatch(
     if !starting_blocked(state) {
         plan = continue_ahead(state, plan, at);
     }
-    if let Some(commit) = &plan.commit {
-        // A transition of a turn is a child of the turn's span; the commit, of the transition.
-        let transition = tracing::info_span!(
-            parent: state.turn.as_ref().and_then(|turn| turn.span.id()),
-            "conversation.transition",
-            tenant = %state.record.tenant_id,
-            conversation = %state.record.id,
-            from = kind_before,
-            to = commit.state.as_ref().map_or(kind_before, ConvState::kind),
-        );
-        let span = tracing::info_span!(
-            parent: &transition,
-            "persistence.commit",
-            conversation = %state.record.id,
-            messages = commit.messages.len(),
-            events = commit.events.len(),
-        );
-        if let Err(error) = commit_with_retry(state, commit, how).instrument(span).await {
-            if starts_turn {
-                state.turn = replaced; // the turn did not start
-            }
-            return Err(error);
+    if let Some(commit) = &plan.commit
+        && let Err(error) = store(state, commit, how).await
+    {
+        if starts_turn {
+            state.turn = replaced; // the turn did not start
         }
-        commit::apply(&mut state.record, commit);
-        state
-            .cancel
-            .set_running_turn(state.record.state.turn().map(|turn| &turn.id));
-        state.ctx.context_tokens = state.record.usage.context_tokens;
-        if !commit.messages.is_empty() {
-            if state.unsent.len() >= MAX_UNSENT {
-                // Too many to hold: the gateway reads them from the database.
-                state.unsent.clear();
-            } else {
-                // Kept at rest too: a turn's last commit holds the agent's answer, which the
-                // next turn's first request would otherwise read back from the database.
-                state.unsent.push(Arc::clone(commit));
-            }
-        }
+        return Err(error);
     }
     for frame in &plan.frames {
         state.handles.hub.publish(&state.record.id, frame.clone());
     }
     show_progress(state);
-    let busy = state.record.state.is_busy();
+    count(state, kind_before, starts_turn, replaced, &plan.dispatch);
+    let stopped = Stopped::of(&plan.dispatch);
+    for effect in plan.dispatch {
+        super::effects::dispatch(myself, state, effect).await;
+    }
+    Ok((plan.commit, stopped))
+}
+
+/// Stores `commit` and applies it to the actor's record; the messages it stored are kept
+/// for the next LLM request, which would otherwise read them back.
+async fn store(
+    state: &mut ConversationState,
+    commit: &Arc<crate::model::ConversationCommit>,
+    how: Commit,
+) -> Result<(), StoreError> {
+    let span = super::turn::commit_span(state.turn.as_ref(), &state.record, commit);
+    commit_with_retry(state, commit, how)
+        .instrument(span)
+        .await?;
+    commit::apply(&mut state.record, commit);
+    state
+        .cancel
+        .set_running_turn(state.record.state.turn().map(|turn| &turn.id));
+    state.ctx.context_tokens = state.record.usage.context_tokens;
+    if !commit.messages.is_empty() {
+        if state.unsent.len() >= MAX_UNSENT {
+            // Too many to hold: the gateway reads them from the database.
+            state.unsent.clear();
+        } else {
+            // Kept at rest too: a turn's last commit holds the agent's answer, which the
+            // next turn's first request would otherwise read back from the database.
+            state.unsent.push(Arc::clone(commit));
+        }
+    }
+    Ok(())
+}
+
+/// The metrics of a stored transition: turns started and finished, states, retries.
+fn count(
+    state: &mut ConversationState,
+    kind_before: &'static str,
+    starts_turn: bool,
+    replaced: Option<Turn>,
+    dispatch: &[Effect],
+) {
     let metrics = &state.handles.metrics;
     if let Some(turn) = replaced {
-        finish_turn(metrics, turn, "interrupted");
+        turn.finish(metrics, "interrupted");
     }
     if starts_turn {
         metrics.turn_started();
-    } else if !busy && let Some(turn) = state.turn.take() {
-        finish_turn(metrics, turn, state.record.state.kind());
+    } else if !state.record.state.is_busy()
+        && let Some(turn) = state.turn.take()
+    {
+        turn.finish(metrics, state.record.state.kind());
     }
     if kind_before != state.record.state.kind() {
         metrics.conversation_state(Some(kind_before), Some(state.record.state.kind()));
     }
-    if plan
-        .dispatch
+    if dispatch
         .iter()
         .any(|e| matches!(e, Effect::ScheduleRetry { .. }))
     {
         metrics.retry();
     }
-    for effect in &plan.dispatch {
-        super::effects::dispatch(myself, state, effect.clone()).await;
-    }
-    Ok((plan.commit, plan.dispatch))
-}
-
-/// Records a turn's end: its outcome on its span and in the metrics.
-fn finish_turn(metrics: &crate::metrics::Metrics, turn: Turn, outcome: &'static str) {
-    metrics.turn_finished(outcome, turn.started.elapsed().as_secs_f64());
-    turn.span.record("outcome", outcome);
-    tracing::info!(parent: &turn.span, outcome, "turn finished");
 }
 
 /// Plans the `Continue` a transition asks for together with that transition, so the turn's
@@ -660,7 +671,14 @@ fn continue_ahead(
     state.ctx.context_tokens = stored_tokens;
     match next {
         Ok(next) => {
-            let next = commit::plan(base, next, state.ctx.context_window, at, None);
+            let next = commit::plan(
+                &*state.handles.format,
+                base,
+                next,
+                state.ctx.context_window,
+                at,
+                None,
+            );
             plan.then(next)
         }
         // Whatever the actor would have done with the `Continue` message: nothing.
@@ -741,12 +759,14 @@ fn show_progress(state: &mut ConversationState) {
         return;
     }
     state.shown = Some((kind, steps));
-    let frame = crate::wire::ServerFrame::SubAgent {
+    let notice = Notice::SubAgent {
         agent_id: &state.record.id,
-        state: crate::wire::state(&state.record.state),
+        state: &state.record.state,
         steps,
         max_steps: state.ctx.limits.max_llm_steps,
     };
-    let frame = Arc::new(crate::hub::Frame::of(&frame));
-    state.handles.hub.publish(parent, frame);
+    state
+        .handles
+        .hub
+        .publish(parent, state.handles.live(notice));
 }

@@ -9,6 +9,7 @@ use ractor::ActorId;
 use super::Handles;
 use super::cancel::CancelSlot;
 use super::messages::ParentLink;
+use super::turn::Turn;
 use crate::model::ConversationRecord;
 use crate::state_machine::{ConvContext, TurnId};
 
@@ -47,12 +48,6 @@ impl std::fmt::Debug for ConversationState {
             .field("state", &self.record.state.kind())
             .finish_non_exhaustive()
     }
-}
-
-/// A user turn in progress: its trace span and when it started.
-pub(super) struct Turn {
-    pub(super) span: tracing::Span,
-    pub(super) started: std::time::Instant,
 }
 
 /// Whether new work must not start: this conversation or the server is stopping.

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorRef};
 
+use super::Handles;
 use super::conversation_state::{Child, ConversationState, starting_blocked};
 use super::messages::{ConvMsg, SupervisorMsg};
 use super::subagents::{SubAgentSupervisor, SupervisorArgs};
@@ -72,6 +73,12 @@ fn reply_to(myself: &ActorRef<ConvMsg>) -> crate::llm::ReplyTo {
     })
 }
 
+/// Where a request's deltas go: to the conversation's clients, live.
+fn deltas_to(handles: &Arc<Handles>, conversation_id: &str) -> crate::llm::Deltas {
+    let (handles, conversation_id) = (Arc::clone(handles), conversation_id.to_owned());
+    Arc::new(move |notice| handles.hub.publish(&conversation_id, handles.live(notice)))
+}
+
 /// Sends the history to the gateway; the answer comes back tagged with `request`.
 fn request_llm(
     myself: &ActorRef<ConvMsg>,
@@ -94,6 +101,8 @@ fn request_llm(
         only_submit,
         summary,
         reply: reply_to(myself),
+        deltas: deltas_to(&handles, &state.record.id),
+        records: Arc::clone(&handles.records),
         cancel,
         span: state
             .turn
@@ -139,6 +148,7 @@ async fn execute_tool(
 ) {
     let handles = state.handles.clone();
     let cancel = state.cancel.new_work();
+    let tool_use_id = tool.id.clone();
     let args = ToolRunArgs {
         turn: turn.clone(),
         span: tracing::info_span!(
@@ -152,7 +162,7 @@ async fn execute_tool(
             duration_ms = tracing::field::Empty,
         ),
         run: Run {
-            tool: tool.clone(),
+            tool,
             cwd: state.record.cwd.clone().into(),
             limits: handles.tool_limits_for(state.record.network),
             cancel: cancel.clone(),
@@ -166,19 +176,15 @@ async fn execute_tool(
     };
     match Actor::spawn_linked(None, ToolRun, args, myself.get_cell()).await {
         Ok((child, _)) => {
-            state.children.insert(
-                child.get_id(),
-                Child::Tool {
-                    turn,
-                    tool_use_id: tool.id,
-                },
-            );
+            state
+                .children
+                .insert(child.get_id(), Child::Tool { turn, tool_use_id });
         }
         Err(error) => {
             cancel.cancel();
             let _ = myself.cast(ConvMsg::event(Event::ToolComplete {
                 turn,
-                tool_use_id: tool.id,
+                tool_use_id,
                 outcome: ToolOutcome::failed(format!("the tool run could not start: {error}")),
             }));
         }

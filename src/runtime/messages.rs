@@ -5,8 +5,8 @@
 use ractor::{ActorRef, RpcReplyPort};
 
 use crate::model::{ConversationRecord, MessageRecord};
+use crate::notice::Keyed;
 use crate::state_machine::{Event, IfBusy, ImageRef, Rejection, SubAgentOutcome};
-use crate::wire::DurableFrame;
 
 /// Why a user message was not accepted.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -57,7 +57,7 @@ pub struct SendRequest {
 /// by `cast` from work the conversation started (a tool run's task, a background task),
 /// which waits on `reply`: nothing calls an ancestor.
 pub struct EmitRequest {
-    pub frames: Vec<DurableFrame>,
+    pub frames: Vec<Keyed>,
     pub reply: tokio::sync::oneshot::Sender<Result<bool, String>>,
 }
 
@@ -99,7 +99,7 @@ impl ConvMsg {
     }
 
     pub fn emit(
-        frames: Vec<DurableFrame>,
+        frames: Vec<Keyed>,
         reply: tokio::sync::oneshot::Sender<Result<bool, String>>,
     ) -> ConvMsg {
         ConvMsg::Emit(Box::new(EmitRequest { frames, reply }))

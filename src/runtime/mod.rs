@@ -21,6 +21,7 @@ mod conversation;
 mod conversation_state;
 mod effects;
 mod messages;
+mod records;
 mod recovery;
 mod registry;
 mod requests;
@@ -28,6 +29,7 @@ mod retention;
 mod subagents;
 mod system_events;
 mod tool_run;
+mod turn;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,6 +52,7 @@ use crate::config::Settings;
 use crate::hub::EventHub;
 use crate::llm::{Gateway, GatewayArgs, LlmGateway};
 use crate::metrics::Metrics;
+use crate::notice::Encode;
 use crate::persistence::{Persistence, PersistenceActor};
 use crate::sandbox::{Network, Sandbox};
 use crate::store::Store;
@@ -91,6 +94,10 @@ pub(crate) struct Handles {
     pub(crate) store: Store,
     pub(crate) persistence: Persistence,
     pub(crate) hub: Arc<EventHub>,
+    /// The format notices leave in (the API's, handed over by the composition root).
+    pub(crate) format: Arc<dyn Encode>,
+    /// What LLM requests read beyond the history they hold.
+    pub(crate) records: Arc<dyn crate::llm::Records>,
     pub(crate) gateway: Gateway,
     pub(crate) registry: Registry,
     pub(crate) quotas: Arc<crate::quotas::Quotas>,
@@ -106,6 +113,13 @@ pub(crate) struct Handles {
 }
 
 impl Handles {
+    /// A frame that is not stored (a sub-agent's progress, a tool's, a delta), as the hub
+    /// carries it.
+    pub(crate) fn live(&self, notice: crate::notice::Notice<'_>) -> Arc<crate::hub::Frame> {
+        let frame = self.format.frame(notice, None);
+        Arc::new(crate::hub::Frame::new(frame.kind, None, frame.json.into()))
+    }
+
     /// The tool limits of a conversation (`network`: what it was given at creation).
     pub(crate) fn tool_limits_for(&self, network: bool) -> ToolLimits {
         let mut limits = self.tool_limits.clone();
@@ -168,7 +182,7 @@ impl Conversations {
     pub async fn post_event(
         &self,
         conversation_id: &str,
-        event: crate::wire::SystemEvent,
+        event: crate::notice::SystemEvent,
     ) -> Result<bool, String> {
         system_events::post(&self.handles, conversation_id, event).await
     }
@@ -238,8 +252,9 @@ impl Runtime {
     pub async fn start(
         settings: Arc<Settings>,
         store: Store,
+        format: Arc<dyn Encode>,
     ) -> anyhow::Result<(Runtime, RecoveryReport)> {
-        Self::start_node(settings, store, Arc::new(Metrics::default()), None).await
+        Self::start_node(settings, store, format, Arc::new(Metrics::default()), None).await
     }
 
     /// [`start`](Self::start) with the process's metrics (exported as configured), as a
@@ -249,6 +264,7 @@ impl Runtime {
     pub async fn start_node(
         settings: Arc<Settings>,
         store: Store,
+        format: Arc<dyn Encode>,
         metrics: Arc<Metrics>,
         cluster: Option<Arc<crate::node::Cluster>>,
     ) -> anyhow::Result<(Runtime, RecoveryReport)> {
@@ -306,8 +322,7 @@ impl Runtime {
             LlmGateway,
             GatewayArgs {
                 settings: settings.clone(),
-                store: store.clone(),
-                hub: hub.clone(),
+                budgets: crate::llm::Budgets::new(store.clone()),
                 metrics: metrics.clone(),
                 quotas: quotas.clone(),
                 persistence: Persistence::new(persistence.clone(), write_timeout),
@@ -336,6 +351,8 @@ impl Runtime {
             store: store.clone(),
             persistence: persistence.clone(),
             hub: hub.clone(),
+            format,
+            records: Arc::new(records::Stored(store.clone())),
             gateway: Gateway::new(gateway),
             registry: Registry::new(conversation::spawn),
             quotas: quotas.clone(),

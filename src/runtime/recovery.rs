@@ -67,7 +67,14 @@ pub(super) async fn repair(
     ) else {
         return Ok(None);
     };
-    let plan = commit::plan(&*record, result, ctx.context_window, Utc::now(), None);
+    let plan = commit::plan(
+        &*handles.format,
+        &*record,
+        result,
+        ctx.context_window,
+        Utc::now(),
+        None,
+    );
     let Some(commit) = plan.commit else {
         return Ok(None);
     };

@@ -18,8 +18,8 @@ use tokio_util::sync::CancellationToken;
 use super::Handles;
 use super::messages::ConvMsg;
 use crate::model::{ClientRequest, RequestStatus};
+use crate::notice::{Durable, Keyed, RequestType};
 use crate::persistence::{WriteJob, WriteOutcome};
-use crate::wire::{DurableFrame, RequestType};
 
 /// How a request ended for the tool that asked.
 #[derive(Clone, Debug, PartialEq)]
@@ -139,7 +139,7 @@ impl RequestBroker {
         request_type: RequestType,
         timeout: Duration,
         cancel: &CancellationToken,
-        extra_frames: impl FnOnce(&str) -> Vec<DurableFrame>,
+        extra_frames: impl FnOnce(&str) -> Vec<Keyed>,
     ) -> (String, Asked) {
         let id = uuid::Uuid::now_v7().to_string();
         let now = Utc::now();
@@ -173,12 +173,12 @@ impl RequestBroker {
             broker: self,
             id: id.clone(),
         };
-        let mut frames = vec![DurableFrame::client_request(
-            id.clone(),
+        let mut frames = vec![Keyed::from(Durable::ClientRequest {
+            request_id: id.clone(),
             request_type,
             timeout_ms,
             tool_use_id,
-        )];
+        })];
         frames.extend(extra_frames(&id));
         if let Err(e) = emit(conversation, frames).await {
             self.resolve(handles, &id, RequestStatus::Expired).await;
@@ -213,7 +213,10 @@ impl RequestBroker {
             };
             let _ = emit(
                 conversation,
-                vec![DurableFrame::client_request_resolved(id.clone(), status)],
+                vec![Keyed::from(Durable::ClientRequestResolved {
+                    request_id: id.clone(),
+                    status,
+                })],
             )
             .await;
         }
@@ -259,10 +262,7 @@ pub fn expiry(now: chrono::DateTime<Utc>, timeout: Duration) -> (i64, chrono::Da
 }
 
 /// Stores durable frames through the conversation actor, which owns the event ids.
-pub async fn emit(
-    conversation: &ActorRef<ConvMsg>,
-    frames: Vec<DurableFrame>,
-) -> Result<bool, String> {
+pub async fn emit(conversation: &ActorRef<ConvMsg>, frames: Vec<Keyed>) -> Result<bool, String> {
     let (reply, stored) = oneshot::channel();
     conversation
         .cast(ConvMsg::emit(frames, reply))
@@ -382,8 +382,10 @@ pub async fn answer_request(
     }
     handles.requests.deliver(request_id, payload);
     if let Some(live) = handles.registry.get(conversation_id) {
-        let frame =
-            DurableFrame::client_request_resolved(request_id.to_owned(), RequestStatus::Answered);
+        let frame = Keyed::from(Durable::ClientRequestResolved {
+            request_id: request_id.to_owned(),
+            status: RequestStatus::Answered,
+        });
         let _ = emit(&live.actor, vec![frame]).await;
     }
     Ok(())

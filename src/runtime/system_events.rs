@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use super::Handles;
 use super::registry::Live;
 use super::requests::emit;
-use crate::wire::{DurableFrame, SystemEvent};
+use crate::notice::{Keyed, SystemEvent};
 
 /// What the user_request handlers know.
 pub const HANDLERS: [&str; 2] = ["usage", "tasks"];
@@ -38,10 +38,7 @@ async fn handle(handles: &Handles, live: &Live, kind: &str) -> Result<Value, Str
                 .background_tasks(&conv.id)
                 .await
                 .map_err(|e| e.to_string())?;
-            serde_json::to_value(crate::wire::TaskList {
-                tasks: tasks.iter().map(crate::wire::background_task).collect(),
-            })
-            .map_err(|e| e.to_string())
+            Ok(handles.format.tasks(&tasks))
         }
         other => Err(format!(
             "unknown request kind {other:?}; known kinds: {}",
@@ -73,7 +70,7 @@ pub async fn post(
             Ok(payload) => (payload, Value::Null),
             Err(error) => (Value::Null, Value::String(error)),
         };
-        answers.push(DurableFrame::system_event(
+        answers.push(Keyed::system_event(
             SystemEvent::new(
                 "user_response",
                 json!({
@@ -101,7 +98,7 @@ pub async fn post(
             tracing::debug!(request = %id, error = ?e, "approval_response did not resolve a request");
         }
     }
-    let mut frames = vec![DurableFrame::system_event(event, dedup)];
+    let mut frames = vec![Keyed::system_event(event, dedup)];
     frames.extend(answers);
     emit(&live.actor, frames).await
 }

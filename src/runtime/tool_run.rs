@@ -20,11 +20,11 @@ use super::admission::admit;
 use super::background::TaskSpec;
 use super::messages::ConvMsg;
 use super::requests::{Asked, emit};
+use crate::notice::{Keyed, RequestType, SelectOption, SystemEvent};
 use crate::state_machine::{
     Event, Question, QuestionKind, ToolAction, ToolOutcome, ToolPlan, ToolUse, TurnId,
 };
 use crate::tools::{self, ToolLimits, failed, preview};
-use crate::wire::{DurableFrame, RequestType, SelectOption, SystemEvent};
 
 #[derive(Debug)]
 pub struct ToolRun;
@@ -246,7 +246,7 @@ async fn approve(run: &Run) -> Result<(), ToolOutcome> {
             timeout,
             &run.cancel,
             |id| {
-                vec![DurableFrame::system_event(
+                vec![Keyed::system_event(
                     SystemEvent::new(
                         "approval_request",
                         json!({
@@ -289,7 +289,7 @@ async fn approve(run: &Run) -> Result<(), ToolOutcome> {
             format!("approval could not be requested ({why}); the tool did not run"),
         ),
     };
-    let frame = DurableFrame::system_event(
+    let frame = Keyed::system_event(
         SystemEvent::new(
             "approval_response",
             json!({

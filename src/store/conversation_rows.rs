@@ -10,10 +10,10 @@ use sea_orm::{
     TransactionTrait,
 };
 
+use super::codec;
 use super::{INTERNAL_KEY, Result, Store, StoreError, of_conversation};
 use crate::model::{ConversationRecord, ForkPoint, NewConversation, Page, UsageTotals};
 use crate::state_machine::ConvState;
-use crate::wire;
 
 impl Store {
     /// A tenant's conversation by id or slug.
@@ -215,7 +215,7 @@ impl Store {
             sequence_id: Set(1),
             id: Set(message_id.to_owned()),
             message_type: Set(summary.message_type().as_str().to_owned()),
-            content: Set(wire::content(summary)),
+            content: Set(codec::content(summary)),
             usage_data: Set(None),
             client_message_id: Set(None),
             created_at: Set(new.created_at),
@@ -278,7 +278,7 @@ impl Store {
             .map(|(row, id)| {
                 if row.message_type == "user"
                     && let Ok(crate::state_machine::MessageContent::User { images: shown, .. }) =
-                        wire::parse_content(&row.message_type, &row.content)
+                        codec::parse_content(&row.message_type, &row.content)
                 {
                     images.extend(shown.into_iter().map(|image| image.id));
                 }

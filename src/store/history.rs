@@ -7,9 +7,9 @@ use sea_orm::{
     QueryFilter, QueryOrder, QuerySelect,
 };
 
+use super::codec;
 use super::{Attachment, NewAttachment, Result, Store, StoreError, StoredRow, of_conversation};
 use crate::model::{FrameRow, MessageRecord};
-use crate::wire;
 
 impl Store {
     /// Messages with a sequence id above `after`, ascending, at most `limit`.
@@ -280,14 +280,14 @@ impl Store {
 
 /// A stored message of the conversation `conversation_id`.
 pub(super) fn message(conversation_id: &str, row: messages::Model) -> Result<MessageRecord> {
-    let content = wire::parse_content(&row.message_type, &row.content)
+    let content = codec::parse_content(&row.message_type, &row.content)
         .map_err(|e| StoreError::Corrupt(format!("message {}: {e}", row.id)))?;
     Ok(MessageRecord {
         id: row.id,
         conversation_id: conversation_id.to_owned(),
         sequence_id: row.sequence_id,
         content,
-        usage: row.usage_data.as_ref().and_then(wire::parse_stored_usage),
+        usage: row.usage_data.as_ref().and_then(codec::parse_usage),
         client_message_id: row.client_message_id,
         created_at: row.created_at,
     })

@@ -6,6 +6,7 @@
 //! round trip of its own (`sqlite.rs`, `postgres.rs`).
 
 mod cluster;
+mod codec;
 mod conversation_rows;
 mod error;
 mod history;

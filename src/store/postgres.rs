@@ -16,11 +16,11 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use sea_orm::{ConnectionTrait, DbBackend, Statement, Value};
 use serde::Serialize;
 
+use super::codec;
 use super::limits::SummedUsage;
 use super::{Result, StoreError, UsageRecord, to_i64};
 use crate::model::ConversationCommit;
 use crate::state_machine::ConvState;
-use crate::wire;
 
 /// The whole batch, written by the migrations' `bedrock_commit` function.
 const COMMIT: &str = "SELECT bedrock_commit($1::json, $2::json, $3::json)";
@@ -129,8 +129,8 @@ fn documents(commits: &[Arc<ConversationCommit>]) -> Result<[String; 3]> {
             conversation_id: &message.conversation_id,
             sequence_id: message.sequence_id,
             message_type: message.content.message_type().as_str(),
-            content: wire::content(&message.content),
-            usage_data: message.usage.as_ref().map(wire::stored_usage),
+            content: codec::content(&message.content),
+            usage_data: message.usage.as_ref().map(codec::usage),
             client_message_id: message.client_message_id.as_deref(),
             created_at: timestamp(message.created_at),
         }));

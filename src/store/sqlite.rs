@@ -46,9 +46,9 @@ use sea_orm::{
 use sea_query_sqlx::SqlxValues;
 use tokio::sync::{Mutex, oneshot};
 
+use super::codec;
 use super::{NewFrames, Result, StoreError, frame_rows, message_event_id, shaped_chunks, to_i64};
 use crate::model::{ConversationCommit, MessageRecord};
-use crate::wire;
 
 /// Statements kept prepared on the writer's connection. A batch's text depends on how many
 /// rows each of its statements carries (powers of two), so a busy server sees a few hundred
@@ -331,13 +331,8 @@ fn insert_messages(rows: &[(&ConversationCommit, &MessageRecord)]) -> Statement 
             Value::from(message.sequence_id),
             Value::from(message.id.as_str()),
             Value::from(message.content.message_type().as_str()),
-            Value::Json(Some(Box::new(wire::content(&message.content)))),
-            Value::Json(
-                message
-                    .usage
-                    .as_ref()
-                    .map(|u| Box::new(wire::stored_usage(u))),
-            ),
+            Value::Json(Some(Box::new(codec::content(&message.content)))),
+            Value::Json(message.usage.as_ref().map(|u| Box::new(codec::usage(u)))),
             Value::String(message.client_message_id.clone()),
             Value::ChronoDateTimeUtc(Some(message.created_at)),
             Value::BigInt(message_event_id(commit, message.sequence_id)),

@@ -407,6 +407,93 @@ fn layering_actors_are_called_only_at_their_doors() {
     assert_eq!(found, 2, "one call at each door");
 }
 
+/// A source file's code as it ships: [`code_of`] without its `#[cfg(test)] mod tests`
+/// block (a test may use whichever format it checks against).
+fn shipped_code_of(path: &Path) -> String {
+    let code = code_of(path);
+    let Some(start) = code.find("#[cfg(test)] mod tests {") else {
+        return code;
+    };
+    let body = start + "#[cfg(test)] mod tests ".len();
+    let mut depth = 0usize;
+    for (i, c) in code[body..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return format!("{}{}", &code[..start], &code[body + i + 1..]);
+                }
+            }
+            _ => {}
+        }
+    }
+    code[..start].to_owned()
+}
+
+/// One outside format per layer (README, "Architecture invariants"; issue 37). The wire's
+/// JSON is made by src/wire.rs for the HTTP layer alone: the runtime and the gateway emit
+/// notices (src/notice.rs) and encode them through the `Encode` port the composition root
+/// hands them; the store keeps contents in its own JSON (store/codec.rs); the hub carries
+/// frames as text and knows no transport; the gateway reads no history or image from the
+/// store (its job brings `Records`), and only its budgets (llm/budget.rs) name the store.
+#[test]
+fn layering_one_outside_format_per_layer() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let below_the_api = [
+        "runtime",
+        "llm",
+        "store",
+        "cluster",
+        "state_machine",
+        "hub.rs",
+        "notice.rs",
+        "model.rs",
+        "persistence.rs",
+    ];
+    let mut checked = 0;
+    for path in rust_files(&src) {
+        let relative = path.strip_prefix(&src).expect("under src");
+        if !below_the_api
+            .iter()
+            .any(|layer| relative.starts_with(layer))
+        {
+            continue;
+        }
+        let code = shipped_code_of(&path);
+        for needle in ["crate::wire", "wire::", "ServerFrame", "axum", "crate::api"] {
+            assert!(
+                !code.contains(needle),
+                "{}: `{needle}` is the HTTP layer's format; emit a notice::Notice",
+                path.display()
+            );
+        }
+        if relative.starts_with("llm") && relative != Path::new("llm/budget.rs") {
+            for needle in ["crate::store", "Store", "crate::hub", "EventHub"] {
+                assert!(
+                    !code.contains(needle),
+                    "{}: the gateway gets what it reads in its job (Records) and sends \
+                     deltas through it (Deltas), not through `{needle}`",
+                    path.display()
+                );
+            }
+        }
+        checked += 1;
+    }
+    assert!(
+        checked >= 40,
+        "expected the layers' files, checked {checked}"
+    );
+    let sample =
+        "fn a() {} #[cfg(test)] mod tests { fn b() { if x { crate::wire::y } } } fn c() {}";
+    let dir = std::env::temp_dir().join(format!("bedrock-arch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    let file = dir.join("sample.rs");
+    std::fs::write(&file, sample).expect("writes");
+    assert_eq!(shipped_code_of(&file), "fn a() {}  fn c() {}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The README's codemap names every file of the crate (issue 37: it had fallen behind), so
 /// that a new module is described where a newcomer starts reading.
 #[test]

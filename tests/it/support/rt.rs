@@ -95,9 +95,13 @@ impl TestRuntime {
         .await
         .expect("the test database connects");
         store.migrate().await.expect("migrations apply");
-        let (runtime, _) = Runtime::start(settings.clone(), store.clone())
-            .await
-            .expect("the runtime starts");
+        let (runtime, _) = Runtime::start(
+            settings.clone(),
+            store.clone(),
+            Arc::new(bedrock::wire::Frames),
+        )
+        .await
+        .expect("the runtime starts");
         let tenant_id = "tenant-test".to_owned();
         runtime
             .persistence
