@@ -84,6 +84,7 @@ async fn run(
                 continuation_permille: 0,
                 require_approval: Vec::new(),
                 mcp_tools: Vec::new(),
+                tools: None,
             };
             let mut latencies = Vec::new();
             let mut n = 0u64;

@@ -271,10 +271,35 @@ function renderList() {
   $('more').hidden = !S.list.cursor;
 }
 
+// The tenant's agents, each at its latest version, offered when creating a conversation.
+async function loadAgents() {
+  try {
+    const { agents } = await api('GET', '/v1/agents');
+    const select = $('new-agent');
+    const chosen = select.value;
+    select.replaceChildren(select.options[0],
+      ...agents.map((a) => el('option', { value: `${a.name}@${a.version}` },
+        `${a.name} (v${a.version}, ${a.model})`)));
+    select.value = [...select.options].some((o) => o.value === chosen) ? chosen : '';
+    agentChosen();
+  } catch (e) { if (e.status !== 401) failed(e); }
+}
+
+// An agent owns its model and prompt: those fields are off while one is chosen.
+function agentChosen() {
+  const agent = $('new-agent').value;
+  for (const id of ['new-model', 'new-system']) $(id).disabled = Boolean(agent);
+}
+
 async function create(ev) {
   ev.preventDefault();
   const body = {};
-  for (const [field, id] of [['slug', 'new-slug'], ['cwd', 'new-cwd'], ['model', 'new-model'], ['system_prompt', 'new-system']]) {
+  const agent = $('new-agent').value;
+  const fields = agent
+    ? [['slug', 'new-slug'], ['cwd', 'new-cwd']]
+    : [['slug', 'new-slug'], ['cwd', 'new-cwd'], ['model', 'new-model'], ['system_prompt', 'new-system']];
+  if (agent) body.agent = agent;
+  for (const [field, id] of fields) {
     const v = $(id).value.trim();
     if (v) body[field] = v;
   }
@@ -282,6 +307,7 @@ async function create(ev) {
   try {
     const c = await api('POST', '/v1/conversations', body);
     $('create-form').reset();
+    agentChosen();
     $('create').open = false;
     if (S.list.archived) { S.list.archived = false; $('show-archived').checked = false; }
     await loadList(true);
@@ -378,7 +404,9 @@ function renderHead() {
   const c = S.conv;
   $('chat-title').textContent = title(c);
   $('chat-title').title = c.id;
-  $('chat-cwd').textContent = `${c.cwd} · ${c.model}`;
+  $('chat-cwd').textContent = c.agent
+    ? `${c.cwd} · ${c.model} · agent ${c.agent.name}@${c.agent.version}`
+    : `${c.cwd} · ${c.model}`;
   const parent = $('chat-parent');
   parent.hidden = !c.parent_id;
   if (c.parent_id) parent.href = `#/c/${enc(c.parent_id)}`;
@@ -1064,6 +1092,8 @@ function wire() {
   $('signin-form').addEventListener('submit', signIn);
   $('signout').addEventListener('click', () => signOut(''));
   $('create-form').addEventListener('submit', create);
+  $('new-agent').addEventListener('change', agentChosen);
+  $('create').addEventListener('toggle', () => { if ($('create').open) loadAgents(); });
   $('show-archived').addEventListener('change', (e) => { S.list.archived = e.target.checked; loadList(true); });
   $('refresh').addEventListener('click', () => loadList(true));
   $('more').addEventListener('click', () => loadList(false));

@@ -455,6 +455,85 @@ pub fn no_delay(
     })
 }
 
+/// `bedrock agent export TENANT AGENT [--latest]`: the agent's document.
+pub async fn export_agent(
+    settings: &Settings,
+    tenant: &str,
+    agent: &str,
+    latest: bool,
+) -> anyhow::Result<serde_json::Value> {
+    let store = open_store(settings).await?;
+    let tenant = store
+        .tenant_by_name(tenant)
+        .await?
+        .with_context(|| format!("no tenant is named {tenant:?}"))?;
+    let mut versions = store.agent_versions(&tenant.id, agent).await?;
+    store.close().await?;
+    anyhow::ensure!(
+        !versions.is_empty(),
+        "the tenant has no agent named {agent:?}"
+    );
+    if latest {
+        versions = versions.split_off(versions.len() - 1);
+    }
+    Ok(serde_json::to_value(api::agents::document(
+        agent, &versions,
+    ))?)
+}
+
+/// `bedrock agent import TENANT FILE [--as NAME]`: the versions made. Checked as
+/// POST /v1/agents/import checks it, the `agents` quota included; written as the tenant
+/// commands write (a process of its own, beside the servers).
+pub async fn import_agent(
+    settings: &Settings,
+    tenant: &str,
+    text: &str,
+    as_name: Option<String>,
+) -> anyhow::Result<serde_json::Value> {
+    let document: crate::wire::AgentDocument =
+        serde_json::from_str(text).context("not an agent document")?;
+    let (name, definitions) = api::agents::importable(settings, document, as_name)
+        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    let store = open_store(settings).await?;
+    let tenant = store
+        .tenant_by_name(tenant)
+        .await?
+        .with_context(|| format!("no tenant is named {tenant:?}"))?;
+    let own = store.tenant_quotas(&tenant.id).await?;
+    let limit = own
+        .iter()
+        .find(|(quota, _)| quota == crate::quotas::Quota::Agents.name())
+        .map_or(settings.quotas.agents, |(_, limit)| *limit);
+    let count = store.agent_count(&tenant.id).await?;
+    anyhow::ensure!(
+        count < limit,
+        "the tenant has {count} agents, its agents quota ({limit})"
+    );
+    let made = store
+        .put_agent_versions(
+            &tenant.id,
+            &name,
+            &definitions,
+            crate::store::Making::Create,
+            Utc::now(),
+        )
+        .await;
+    store.close().await?;
+    let made = made.map_err(|e| match e {
+        crate::store::StoreError::Conflict(_) => {
+            anyhow::anyhow!("the tenant has an agent named {name:?}; import it --as another name")
+        }
+        other @ (crate::store::StoreError::Unavailable(_)
+        | crate::store::StoreError::NotFound
+        | crate::store::StoreError::Corrupt(_)
+        | crate::store::StoreError::Other(_)) => other.into(),
+    })?;
+    Ok(serde_json::json!({
+        "name": name,
+        "versions": made.iter().map(|v| v.version).collect::<Vec<_>>(),
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -410,6 +410,8 @@ pub struct QuotaSettings {
     pub streams: u64,
     /// Registered MCP servers.
     pub mcp_servers: u64,
+    /// Agents (not deleted).
+    pub agents: u64,
     /// LLM requests in flight at once, per node (its share of `llm.max_concurrency`); more
     /// wait their turn behind the tenant's own.
     pub llm_concurrency: u64,
@@ -609,6 +611,7 @@ impl Settings {
             ("quotas.background_tasks", self.quotas.background_tasks),
             ("quotas.streams", self.quotas.streams),
             ("quotas.mcp_servers", self.quotas.mcp_servers),
+            ("quotas.agents", self.quotas.agents),
             ("quotas.llm_concurrency", self.quotas.llm_concurrency),
             ("quotas.workspace_bytes", self.quotas.workspace_bytes),
             ("quotas.measure_every_ms", self.quotas.measure_every_ms),

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use bedrock::app::{
-    Application, create_key, create_tenant, list_keys, open_store, revoke_key, set_tenant_budget,
-    set_tenant_quotas, set_tenant_rate,
+    Application, create_key, create_tenant, export_agent, import_agent, list_keys, open_store,
+    revoke_key, set_tenant_budget, set_tenant_quotas, set_tenant_rate,
 };
 use bedrock::config::BudgetPeriod;
 use bedrock::config::Settings;
@@ -45,6 +45,11 @@ enum Command {
     Tenant {
         #[command(subcommand)]
         command: TenantCommand,
+    },
+    /// A tenant's agents as documents: export one, import one.
+    Agent {
+        #[command(subcommand)]
+        command: AgentCommand,
     },
     /// Print the effective configuration, secrets masked.
     Config,
@@ -85,7 +90,8 @@ enum TenantCommand {
     /// Give a tenant its own quotas (`tool_processes=4`), or `QUOTA=default` to go back to
     /// [quotas] of the configuration; prints the tenant's quotas. Quotas: conversations,
     /// concurrent_turns, tool_processes, background_tasks, streams, mcp_servers,
-    /// llm_concurrency, workspace_bytes. Servers apply a change within quotas.cache_ms.
+    /// llm_concurrency, workspace_bytes, agents. Servers apply a change within
+    /// quotas.cache_ms.
     Quota {
         name: String,
         #[arg(value_name = "QUOTA=VALUE")]
@@ -95,6 +101,27 @@ enum TenantCommand {
     Key {
         #[command(subcommand)]
         command: KeyCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum AgentCommand {
+    /// Print the tenant's agent as one document (every version, or `--latest`), as
+    /// GET /v1/agents/{name}/export gives it.
+    Export {
+        tenant: String,
+        agent: String,
+        #[arg(long)]
+        latest: bool,
+    },
+    /// Make an agent of the tenant's from a document (a file, or `-` for standard input),
+    /// as POST /v1/agents/import does; prints the versions made.
+    Import {
+        tenant: String,
+        file: PathBuf,
+        /// The name to import it as (default: the document's).
+        #[arg(long = "as", value_name = "NAME")]
+        as_name: Option<String>,
     },
 }
 
@@ -229,6 +256,36 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
                 KeyCommand::Revoke { name, key } => revoke_key(&settings, &name, &key).await?,
             };
             println!("{answer}");
+            Ok(())
+        }
+        Command::Agent {
+            command:
+                AgentCommand::Export {
+                    tenant,
+                    agent,
+                    latest,
+                },
+        } => {
+            let document = export_agent(&settings, &tenant, &agent, latest).await?;
+            println!("{document}");
+            Ok(())
+        }
+        Command::Agent {
+            command:
+                AgentCommand::Import {
+                    tenant,
+                    file,
+                    as_name,
+                },
+        } => {
+            let text = if file.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin()).context("cannot read standard input")?
+            } else {
+                std::fs::read_to_string(&file)
+                    .with_context(|| format!("cannot read {}", file.display()))?
+            };
+            let made = import_agent(&settings, &tenant, &text, as_name).await?;
+            println!("{made}");
             Ok(())
         }
         Command::Config => {

@@ -80,6 +80,52 @@ pub struct ConversationRecord {
     pub continued_from: Option<String>,
     /// Its tenant's MCP tools, as listed at its creation.
     pub mcp_tools: std::sync::Arc<Vec<McpTool>>,
+    /// The agent version it was created from (its sub-agents, forks and continuations keep it).
+    pub agent: Option<AgentRef>,
+    /// The built-in tools it may use (`None`: all of them); its agent's `tools`.
+    pub tools: Option<Vec<String>>,
+}
+
+/// An agent version, as a conversation names the one it was created from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentRef {
+    pub name: String,
+    pub version: u32,
+}
+
+/// One version of an agent: what a conversation created from it is given. Immutable once
+/// stored; the store keeps it as this type's JSON.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AgentDefinition {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_prompt: Option<String>,
+    /// The built-in tools it gets (`None`: all of them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
+    /// The tenant's MCP servers whose tools it gets, by name (`None`: all of them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp_servers: Option<Vec<String>>,
+    #[serde(default)]
+    pub require_approval: Vec<String>,
+    #[serde(default)]
+    pub network: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// A stored agent version.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AgentVersion {
+    pub name: String,
+    pub version: u32,
+    pub definition: AgentDefinition,
+    /// When this version was made (RFC 3339).
+    pub created_at: String,
 }
 
 /// A fork's source and the last of its messages the fork copied.
@@ -111,6 +157,8 @@ pub struct NewConversation {
     pub network: bool,
     pub budget_tokens: Option<u64>,
     pub mcp_tools: Vec<McpTool>,
+    pub agent: Option<AgentRef>,
+    pub tools: Option<Vec<String>>,
     pub created_at: DateTime<Utc>,
 }
 
@@ -133,6 +181,8 @@ impl NewConversation {
             system_prompt: None,
             budget_tokens: None,
             mcp_tools: Vec::new(),
+            agent: None,
+            tools: None,
             parent_id: None,
             user_initiated: true,
             require_approval: Vec::new(),
@@ -168,6 +218,8 @@ impl NewConversation {
             budget_tokens: self.budget_tokens,
             continued_from: None,
             mcp_tools: std::sync::Arc::new(self.mcp_tools.clone()),
+            agent: self.agent.clone(),
+            tools: self.tools.clone(),
         }
     }
 }

@@ -145,6 +145,22 @@ pub enum WriteJob {
         tenant_id: String,
         name: String,
     },
+    /// Versions of a tenant's agent made, in order and all or none: `Version(the first's
+    /// number)` (the others follow it); a live agent of the name is a conflict when
+    /// creating, none is not found when changing.
+    PutAgent {
+        tenant_id: String,
+        name: String,
+        definitions: Vec<crate::model::AgentDefinition>,
+        making: crate::store::Making,
+        at: DateTime<Utc>,
+    },
+    /// A tenant's agent deleted (its versions stay): `Resolved(whether it was live)`.
+    DeleteAgent {
+        tenant_id: String,
+        name: String,
+        at: DateTime<Utc>,
+    },
 }
 
 /// What a write reports back.
@@ -157,6 +173,8 @@ pub enum WriteOutcome {
     Expired(u64, u64),
     /// Rows of frames removed by `PruneFrames`.
     Pruned(u64),
+    /// The number of the first version `PutAgent` made.
+    Version(u32),
 }
 
 type Reply<T> = RpcReplyPort<Result<T, StoreError>>;
@@ -634,6 +652,28 @@ async fn write(store: &Store, job: WriteJob) -> Result<WriteOutcome, StoreError>
         WriteJob::DeleteMcpServer { tenant_id, name } => {
             return Ok(WriteOutcome::Resolved(
                 store.delete_mcp_server(&tenant_id, &name).await?,
+            ));
+        }
+        WriteJob::PutAgent {
+            tenant_id,
+            name,
+            definitions,
+            making,
+            at,
+        } => {
+            let made = store
+                .put_agent_versions(&tenant_id, &name, &definitions, making, at)
+                .await?;
+            let first = made.first().map_or(0, |version| version.version);
+            return Ok(WriteOutcome::Version(first));
+        }
+        WriteJob::DeleteAgent {
+            tenant_id,
+            name,
+            at,
+        } => {
+            return Ok(WriteOutcome::Resolved(
+                store.delete_agent(&tenant_id, &name, at).await?,
             ));
         }
     }

@@ -30,10 +30,11 @@ pub enum Quota {
     McpServers,
     LlmConcurrency,
     WorkspaceBytes,
+    Agents,
 }
 
 impl Quota {
-    pub const ALL: [Quota; 8] = [
+    pub const ALL: [Quota; 9] = [
         Quota::Conversations,
         Quota::ConcurrentTurns,
         Quota::ToolProcesses,
@@ -42,6 +43,7 @@ impl Quota {
         Quota::McpServers,
         Quota::LlmConcurrency,
         Quota::WorkspaceBytes,
+        Quota::Agents,
     ];
 
     pub fn name(self) -> &'static str {
@@ -54,6 +56,7 @@ impl Quota {
             Quota::McpServers => "mcp_servers",
             Quota::LlmConcurrency => "llm_concurrency",
             Quota::WorkspaceBytes => "workspace_bytes",
+            Quota::Agents => "agents",
         }
     }
 
@@ -71,6 +74,7 @@ impl Quota {
             Quota::McpServers => settings.mcp_servers,
             Quota::LlmConcurrency => settings.llm_concurrency,
             Quota::WorkspaceBytes => settings.workspace_bytes,
+            Quota::Agents => settings.agents,
         }
     }
 }
@@ -92,6 +96,7 @@ fn hint(quota: Quota) -> &'static str {
         Quota::ConcurrentTurns => "; try again when a turn ends",
         Quota::Streams => "; close a stream first",
         Quota::McpServers => "; delete an MCP server first",
+        Quota::Agents => "; delete an agent first",
         Quota::BackgroundTasks => "; wait for a background task to end",
         Quota::WorkspaceBytes => "; remove files from the tenant's workspace",
         Quota::ToolProcesses | Quota::LlmConcurrency => "",
@@ -359,6 +364,7 @@ impl Quotas {
                     Quota::WorkspaceBytes => Some(self.defaults.measure_every_ms.div_ceil(1000)),
                     Quota::Conversations
                     | Quota::McpServers
+                    | Quota::Agents
                     | Quota::ToolProcesses
                     | Quota::LlmConcurrency => None,
                 },
@@ -574,6 +580,7 @@ mod tests {
             background_tasks: 1,
             streams: 1,
             mcp_servers: 1,
+            agents: 1,
             llm_concurrency: 1,
             workspace_bytes: u64::MAX,
             measure_every_ms: 1000,

@@ -14,7 +14,9 @@ use serde::{Deserialize, Serialize, Serializer};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
-use crate::model::{BackgroundTask, ClientRequest, ConversationRecord, MessageRecord};
+use crate::model::{
+    AgentVersion, BackgroundTask, ClientRequest, ConversationRecord, MessageRecord,
+};
 use crate::notice::Notice;
 pub use crate::notice::{RequestType, SelectOption, SystemEvent};
 use crate::state_machine::{self as core, ConvState, MessageContent};
@@ -222,12 +224,26 @@ pub struct Conversation<'a> {
     /// (`server__tool`); absent when none. *Extension.*
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub mcp_tools: Vec<&'a str>,
+    /// The agent version it was created from (its sub-agents, forks and continuations keep
+    /// it); absent otherwise. *Extension.*
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<AgentPin<'a>>,
+    /// The built-in tools it may use, when its agent bounds them. *Extension.*
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tools: Option<&'a [String]>,
     #[serde(serialize_with = "rfc3339")]
     #[schema(value_type = String, format = DateTime)]
     pub created_at: DateTime<Utc>,
     #[serde(serialize_with = "rfc3339")]
     #[schema(value_type = String, format = DateTime)]
     pub updated_at: DateTime<Utc>,
+}
+
+/// An agent version, as a conversation names the one it was created from. *Extension.*
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+pub struct AgentPin<'a> {
+    pub name: &'a str,
+    pub version: u32,
 }
 
 /// The turn in progress of a conversation (a sub-agent's steps, for a client's tree).
@@ -272,6 +288,11 @@ pub fn conversation(conv: &ConversationRecord, context_window: u64) -> Conversat
             .as_deref()
             .map(|conversation_id| ContinuedFrom { conversation_id }),
         mcp_tools: conv.mcp_tools.iter().map(|t| t.name.as_str()).collect(),
+        agent: conv.agent.as_ref().map(|agent| AgentPin {
+            name: &agent.name,
+            version: agent.version,
+        }),
+        tools: conv.tools.as_deref(),
         usage: Usage {
             input_tokens: conv.usage.input_tokens,
             output_tokens: conv.usage.output_tokens,
@@ -469,6 +490,142 @@ pub struct CreateConversation {
     /// same): past it, its turns end in error kind `budget`. *Extension.*
     #[schema(minimum = 1, maximum = 9_223_372_036_854_775_807_u64)]
     pub budget_tokens: Option<u64>,
+    /// The agent to create it from: `name` (its latest version) or `name@N` (version N).
+    /// The conversation gets the agent's model, system prompt, tools, MCP servers,
+    /// approvals, network and budget; only `cwd` and `slug` may be given with it.
+    /// *Extension.*
+    #[schema(max_length = 80)]
+    pub agent: Option<String>,
+}
+
+/// `POST /v1/agents` and `PUT /v1/agents/{name}`: an agent's definition, which makes its
+/// next version. *Extension.*
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AgentBody {
+    /// 1 to 64 characters of a-z, 0-9, `-` and `_`; unique per tenant. Required to create;
+    /// to change one, absent or the name in the path.
+    #[schema(pattern = "^[a-z0-9_-]{1,64}$")]
+    pub name: Option<String>,
+    #[schema(max_length = 2000)]
+    pub description: Option<String>,
+    #[schema(min_length = 1, max_length = 200, pattern = "\\S")]
+    pub model: String,
+    pub system_prompt: Option<String>,
+    /// The built-in tools its conversations get (default: all). A sub-agent always has
+    /// `submit_result`.
+    #[schema(max_items = 32)]
+    pub tools: Option<Vec<String>>,
+    /// The tenant's MCP servers whose tools its conversations get, by name (default: all).
+    #[schema(max_items = 32)]
+    pub mcp_servers: Option<Vec<String>>,
+    /// Tools that ask the client (a `confirm` request) before each run.
+    #[schema(max_items = 32)]
+    pub require_approval: Option<Vec<String>>,
+    /// Network access for its conversations' tool processes, where the operator allows it.
+    pub network: Option<bool>,
+    /// Each conversation's own token budget.
+    #[schema(minimum = 1, maximum = 9_223_372_036_854_775_807_u64)]
+    pub budget_tokens: Option<u64>,
+    /// Anything the client keeps with the agent (a JSON object of at most 16 KiB).
+    #[schema(value_type = Object)]
+    pub metadata: Option<serde_json::Map<String, Value>>,
+}
+
+/// One version of an agent. *Extension.*
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AgentView<'a> {
+    pub name: &'a str,
+    pub version: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<&'a str>,
+    pub model: &'a str,
+    #[schema(required = true)]
+    pub system_prompt: Option<&'a str>,
+    /// Absent: every built-in tool.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tools: Option<&'a [String]>,
+    /// Absent: every MCP server of the tenant.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mcp_servers: Option<&'a [String]>,
+    pub require_approval: &'a [String],
+    pub network: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Object)]
+    pub metadata: Option<&'a serde_json::Map<String, Value>>,
+    /// When this version was made.
+    pub created_at: &'a str,
+}
+
+/// An agent version as the API shows it.
+pub fn agent(version: &AgentVersion) -> AgentView<'_> {
+    let definition = &version.definition;
+    AgentView {
+        name: &version.name,
+        version: version.version,
+        description: definition.description.as_deref(),
+        model: &definition.model,
+        system_prompt: definition.system_prompt.as_deref(),
+        tools: definition.tools.as_deref(),
+        mcp_servers: definition.mcp_servers.as_deref(),
+        require_approval: &definition.require_approval,
+        network: definition.network,
+        budget_tokens: definition.budget_tokens,
+        metadata: definition.metadata.as_ref(),
+        created_at: &version.created_at,
+    }
+}
+
+/// An agent as one document (`GET /v1/agents/{name}/export`, `POST /v1/agents/import`,
+/// `bedrock agent export|import`). *Extension.*
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AgentDocument {
+    /// `bedrock.agent/1`.
+    pub format: String,
+    pub name: String,
+    /// Oldest first; an import makes them in this order.
+    #[schema(min_items = 1, max_items = 1000)]
+    pub versions: Vec<AgentDocumentVersion>,
+}
+
+/// One version in an agent's document. *Extension.*
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AgentDocumentVersion {
+    /// Its number where it was exported (an import numbers its own).
+    pub version: u32,
+    pub created_at: String,
+    /// As `POST /v1/agents` takes it, without `name`.
+    #[schema(value_type = Object)]
+    pub definition: Value,
+}
+
+/// `GET /v1/agents/{name}/export`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ExportQuery {
+    /// The latest version alone (default: every version).
+    pub latest: Option<bool>,
+}
+
+/// `POST /v1/agents/import`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ImportQuery {
+    /// The name to import it as (default: the document's).
+    #[serde(rename = "as")]
+    #[param(rename = "as")]
+    pub as_name: Option<String>,
+}
+
+/// `GET /v1/agents` (each agent's latest version) and `GET /v1/agents/{name}/versions`
+/// (every version, oldest first). *Extension.*
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AgentList<'a> {
+    pub agents: Vec<AgentView<'a>>,
 }
 
 /// `GET /v1/conversations`.

@@ -44,6 +44,11 @@ pub struct Model {
     pub budget_tokens: Option<i64>,
     pub continued_from_id: Option<String>,
     pub mcp_tools: Option<String>,
+    /// The agent (name and version) it was created from.
+    pub agent_name: Option<String>,
+    pub agent_version: Option<i64>,
+    /// The built-in tools it may use, as JSON (`None`: all of them).
+    pub tools: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -15,7 +15,9 @@ use super::delivery::{
     post_event,
 };
 use super::error::{ApiError, Body, ErrorBody, Path, Query, reply};
-use crate::model::{ConversationRecord, MessageRecord, NewConversation, TaskStatus};
+use crate::model::{
+    AgentRef, AgentVersion, ConversationRecord, MessageRecord, NewConversation, TaskStatus,
+};
 use crate::persistence::WriteJob;
 use crate::quotas::{Held, Quota};
 use crate::runtime::Live;
@@ -189,25 +191,34 @@ pub async fn create(
     Body(body): Body<CreateConversation>,
 ) -> Result<Response, ApiError> {
     let id = uuid::Uuid::now_v7().to_string();
-    let checked = check_create(&app, &body, &id)?;
-    let network = network_for(&app, &caller, body.network.unwrap_or(false))?;
+    let checked = match body.agent.as_deref() {
+        Some(spec) => {
+            let agent = super::agents::resolve(&app, &caller, spec).await?;
+            check_create_from(&body, &id, agent)?
+        }
+        None => check_create(&app, &body, &id)?,
+    };
+    let network = network_for(&app, &caller, checked.network)?;
     let creating = app.admit_conversation(&caller.0.id).await?;
     let cwd = working_directory(&app, &caller.0.id, body.cwd.clone(), &id).await?;
     // The tenant's MCP servers' tools, fixed for the conversation from now on; a server that
     // does not answer is left out, and the conversation says so in a system message.
-    let (mcp_tools, notices) = super::mcp_servers::tools_of(&app, &caller.0.id).await?;
+    let (mcp_tools, notices) =
+        super::mcp_servers::tools_of(&app, &caller.0.id, checked.mcp_servers.as_deref()).await?;
     let new = NewConversation {
         id: id.clone(),
         tenant_id: caller.0.id.clone(),
         slug: checked.slug,
         cwd,
         model: checked.model,
-        system_prompt: body.system_prompt,
+        system_prompt: checked.system_prompt,
         parent_id: None,
         user_initiated: true,
         require_approval: checked.require_approval,
         network,
-        budget_tokens: body.budget_tokens,
+        budget_tokens: checked.budget_tokens,
+        agent: checked.agent,
+        tools: checked.tools,
         mcp_tools,
         // As stored: the databases keep microseconds.
         created_at: Utc::now().trunc_subsecs(6),
@@ -242,11 +253,78 @@ pub async fn create(
     Ok(app.created(conv).await)
 }
 
-/// What a create request may get wrong, checked before anything is admitted or made.
+/// What a create request may get wrong, checked before anything is admitted or made, and
+/// what the conversation is given (from the request, or from its agent).
 struct CreateChecked {
     model: String,
     slug: String,
+    system_prompt: Option<String>,
     require_approval: Vec<String>,
+    budget_tokens: Option<u64>,
+    /// Network access asked for.
+    network: bool,
+    /// The tenant's MCP servers it gets (`None`: all).
+    mcp_servers: Option<Vec<String>>,
+    agent: Option<AgentRef>,
+    tools: Option<Vec<String>>,
+}
+
+/// The slug asked for, checked, or one made from the id.
+fn slug_of(body: &CreateConversation, id: &str) -> Result<String, ApiError> {
+    match &body.slug {
+        Some(slug) if valid_slug(slug) => Ok(slug.clone()),
+        Some(_) => Err(ApiError::invalid(
+            "slug must be 1 to 64 characters of a-z, 0-9, - and _",
+        )),
+        None => Ok(format!("conv-{}", &id[id.len() - 12..])),
+    }
+}
+
+/// A conversation from an agent's version: the agent's settings, and only `cwd` and
+/// `slug` of the request's (anything else it gives is refused, not ignored).
+fn check_create_from(
+    body: &CreateConversation,
+    id: &str,
+    agent: AgentVersion,
+) -> Result<CreateChecked, ApiError> {
+    check_cwd(body.cwd.as_deref())?;
+    let given = [
+        ("model", body.model.is_some()),
+        ("system_prompt", body.system_prompt.is_some()),
+        ("require_approval", body.require_approval.is_some()),
+        ("network", body.network.is_some()),
+        ("budget_tokens", body.budget_tokens.is_some()),
+    ];
+    if let Some((field, _)) = given.iter().find(|(_, given)| *given) {
+        return Err(ApiError::invalid(format!(
+            "{field} is the agent's: with `agent`, only cwd and slug may be given"
+        )));
+    }
+    let definition = agent.definition;
+    Ok(CreateChecked {
+        model: definition.model,
+        slug: slug_of(body, id)?,
+        system_prompt: definition.system_prompt,
+        require_approval: definition.require_approval,
+        budget_tokens: definition.budget_tokens,
+        network: definition.network,
+        mcp_servers: definition.mcp_servers,
+        agent: Some(AgentRef {
+            name: agent.name,
+            version: agent.version,
+        }),
+        tools: definition.tools,
+    })
+}
+
+fn check_cwd(cwd: Option<&str>) -> Result<(), ApiError> {
+    match cwd {
+        Some(cwd) if cwd.len() > 4096 => Err(ApiError::invalid("cwd is longer than 4096 bytes")),
+        Some(cwd) if cwd.trim().is_empty() => Err(ApiError::invalid(
+            "cwd is empty: leave it out for a directory of the conversation's own, or give \".\" for the tenant's root",
+        )),
+        Some(_) | None => Ok(()),
+    }
 }
 
 fn check_create(
@@ -254,17 +332,7 @@ fn check_create(
     body: &CreateConversation,
     id: &str,
 ) -> Result<CreateChecked, ApiError> {
-    match body.cwd.as_deref() {
-        Some(cwd) if cwd.len() > 4096 => {
-            return Err(ApiError::invalid("cwd is longer than 4096 bytes"));
-        }
-        Some(cwd) if cwd.trim().is_empty() => {
-            return Err(ApiError::invalid(
-                "cwd is empty: leave it out for a directory of the conversation's own, or give \".\" for the tenant's root",
-            ));
-        }
-        Some(_) | None => {}
-    }
+    check_cwd(body.cwd.as_deref())?;
     let model = body
         .model
         .clone()
@@ -284,15 +352,7 @@ fn check_create(
             app.settings.server.max_text_bytes
         )));
     }
-    let slug = match &body.slug {
-        Some(slug) if valid_slug(slug) => slug.clone(),
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "slug must be 1 to 64 characters of a-z, 0-9, - and _",
-            ));
-        }
-        None => format!("conv-{}", &id[id.len() - 12..]),
-    };
+    let slug = slug_of(body, id)?;
     let require_approval = body.require_approval.clone().unwrap_or_default();
     if require_approval
         .iter()
@@ -313,7 +373,13 @@ fn check_create(
     Ok(CreateChecked {
         model,
         slug,
+        system_prompt: body.system_prompt.clone(),
         require_approval,
+        budget_tokens: body.budget_tokens,
+        network: body.network.unwrap_or(false),
+        mcp_servers: None,
+        agent: None,
+        tools: None,
     })
 }
 

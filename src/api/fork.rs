@@ -110,6 +110,8 @@ async fn create(
         network,
         budget_tokens: source.budget_tokens,
         mcp_tools: source.mcp_tools.as_ref().clone(),
+        agent: source.agent.clone(),
+        tools: source.tools.clone(),
         created_at: Utc::now().trunc_subsecs(6),
     };
     let from = ForkPoint {

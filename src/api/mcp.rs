@@ -512,6 +512,9 @@ pub struct CreateArgs {
     pub system_prompt: Option<String>,
     /// A name: 1 to 64 characters of a-z, 0-9, `-` and `_`.
     pub slug: Option<String>,
+    /// An agent of the tenant's to create it from: `name` (its latest version) or
+    /// `name@N`. With it, only cwd and slug may be given.
+    pub agent: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -748,6 +751,7 @@ impl BedrockMcp {
             ("model", args.model),
             ("system_prompt", args.system_prompt),
             ("slug", args.slug),
+            ("agent", args.agent),
         ] {
             if let Some(value) = value {
                 body.insert(key.into(), Value::String(value));

@@ -160,13 +160,17 @@ pub async fn delete(
     }
 }
 
-/// The tools of the tenant's servers, listed concurrently, and a notice for each server that
-/// did not answer.
+/// The tools of the tenant's servers (`only` those named, when given: an agent's
+/// `mcp_servers`), listed concurrently, and a notice for each server that did not answer.
 pub async fn tools_of(
     app: &AppState,
     tenant_id: &str,
+    only: Option<&[String]>,
 ) -> Result<(Vec<McpTool>, Vec<String>), ApiError> {
-    let servers = app.store.mcp_servers(tenant_id).await?;
+    let mut servers = app.store.mcp_servers(tenant_id).await?;
+    if let Some(only) = only {
+        servers.retain(|server| only.contains(&server.name));
+    }
     let listed = futures::future::join_all(
         servers
             .iter()

@@ -1,6 +1,7 @@
 //! The HTTP edge: REST, WebSocket and SSE per ../shared/api.md, on axum. The only layer that
 //! knows the wire format of requests; every error leaves in the contract's shape.
 
+pub(crate) mod agents;
 mod auth;
 mod cluster;
 mod console;
@@ -231,7 +232,13 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(stream::sse))
         .routes(routes!(usage::usage))
         .routes(routes!(mcp_servers::create, mcp_servers::list))
-        .routes(routes!(mcp_servers::delete));
+        .routes(routes!(mcp_servers::delete))
+        .routes(routes!(agents::create, agents::list))
+        .routes(routes!(agents::import))
+        .routes(routes!(agents::export))
+        .routes(routes!(agents::get, agents::change, agents::delete))
+        .routes(routes!(agents::versions))
+        .routes(routes!(agents::version));
     OpenApiRouter::with_openapi(openapi::Document::openapi())
         .nest("/v1", v1)
         .routes(routes!(ops::healthz))

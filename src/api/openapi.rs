@@ -31,6 +31,7 @@ use crate::wire;
         (name = "operations", description = "Health, readiness, metrics and this document; no key"),
         (name = "usage", description = "Token usage and budgets"),
         (name = "mcp", description = "The tenant's own MCP tool servers"),
+        (name = "agents", description = "The tenant's agents: versioned definitions that conversations are created from"),
     ),
 )]
 pub struct Document;

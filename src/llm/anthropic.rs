@@ -824,6 +824,7 @@ mod tests {
             only_submit: false,
             no_tools: false,
             mcp_tools: &[],
+            tools: None,
             max_output_tokens: 1000,
             echo_reasoning: true,
         };

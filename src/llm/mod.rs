@@ -124,6 +124,8 @@ pub struct LlmJob {
     pub budget: Option<(u64, u64)>,
     /// Its tenant's MCP tools, offered with the built-in ones.
     pub mcp_tools: Arc<Vec<crate::model::McpTool>>,
+    /// The built-in tools its agent allows (`None`: all of them).
+    pub tools: Option<Vec<String>>,
 }
 
 impl std::fmt::Debug for LlmJob {
@@ -357,6 +359,7 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
         only_submit: job.only_submit,
         no_tools: job.summary,
         mcp_tools: &job.mcp_tools,
+        tools: job.tools.as_deref(),
         max_output_tokens: model_settings.max_output_tokens,
         echo_reasoning: model_settings.echo_reasoning,
     };

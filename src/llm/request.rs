@@ -37,6 +37,8 @@ pub struct RequestContext<'a> {
     pub no_tools: bool,
     /// The conversation's tools of its tenant's MCP servers, offered after the built-in ones.
     pub mcp_tools: &'a [crate::model::McpTool],
+    /// The built-in tools its agent allows (`None`: all of them).
+    pub tools: Option<&'a [String]>,
     pub max_output_tokens: u32,
     /// Send the turn's reasoning back (`[models] echo_reasoning`).
     pub echo_reasoning: bool,
@@ -239,19 +241,32 @@ pub enum Tools<'a> {
     Own(Box<RawValue>),
 }
 
-/// The built-in tools' JSON (`cached`) with the conversation's MCP tools after them, each
-/// made by `entry` (not in a sub-agent's grace turn, which offers submit_result alone).
+/// The built-in tools' JSON (`cached`), less those the agent does not allow, with the
+/// conversation's MCP tools after them, each made by `entry` (not in a sub-agent's grace
+/// turn, which offers submit_result alone).
 pub fn with_mcp<'a, T: serde::Serialize>(
     cached: &'a RawValue,
     ctx: &RequestContext<'_>,
     entry: impl Fn(&crate::model::McpTool) -> T,
 ) -> serde_json::Result<Tools<'a>> {
-    if ctx.mcp_tools.is_empty() || (ctx.is_sub_agent && ctx.only_submit) {
+    if (ctx.mcp_tools.is_empty() && ctx.tools.is_none()) || (ctx.is_sub_agent && ctx.only_submit) {
         return Ok(Tools::Cached(cached));
     }
+    // `cached` holds the built-in tools in the order `tools::definitions` gives them.
+    let names = crate::tools::definitions(ctx.is_sub_agent)
+        .into_iter()
+        .map(|tool| tool.name);
+    let allowed = |name: &str| {
+        (ctx.is_sub_agent && name == crate::state_machine::SUBMIT_RESULT)
+            || ctx
+                .tools
+                .is_none_or(|tools| tools.iter().any(|tool| tool == name))
+    };
     let mut all: Vec<Box<RawValue>> = serde_json::from_str::<Vec<&RawValue>>(cached.get())?
         .into_iter()
-        .map(|t| t.to_owned())
+        .zip(names)
+        .filter(|(_, name)| allowed(name))
+        .map(|(t, _)| t.to_owned())
         .collect();
     for tool in ctx.mcp_tools {
         all.push(serde_json::value::to_raw_value(&entry(tool))?);
@@ -621,6 +636,7 @@ mod tests {
             only_submit: false,
             no_tools: false,
             mcp_tools: &[],
+            tools: None,
             max_output_tokens: 512,
             echo_reasoning: false,
         };
@@ -713,6 +729,7 @@ mod tests {
             only_submit: false,
             no_tools: false,
             mcp_tools: &[],
+            tools: None,
             max_output_tokens: 512,
             echo_reasoning: true,
         };
@@ -805,6 +822,7 @@ mod tests {
                 only_submit: false,
                 no_tools: false,
                 mcp_tools: &[],
+                tools: None,
                 max_output_tokens: 512,
                 echo_reasoning: echo,
             };

@@ -370,6 +370,8 @@ mod tests {
             budget_tokens: None,
             continued_from: None,
             mcp_tools: Default::default(),
+            agent: None,
+            tools: None,
         }
     }
 
@@ -385,6 +387,7 @@ mod tests {
             continuation_permille: 0,
             require_approval: Vec::new(),
             mcp_tools: Vec::new(),
+            tools: None,
         }
     }
 

@@ -20,5 +20,6 @@ pub fn context(settings: &Settings, record: &ConversationRecord) -> ConvContext 
         continuation_permille: (model.continuation_threshold * 1000.0).round() as u32,
         require_approval: record.require_approval.clone(),
         mcp_tools: record.mcp_tools.iter().map(|t| t.name.clone()).collect(),
+        tools: record.tools.clone(),
     }
 }

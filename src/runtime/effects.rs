@@ -112,6 +112,7 @@ fn request_llm(
         through: state.record.next_sequence_id - 1,
         history: Arc::clone(&state.history),
         mcp_tools: state.record.mcp_tools.clone(),
+        tools: state.record.tools.clone(),
         budget: state.record.budget_tokens.map(|limit| {
             let usage = &state.record.usage;
             (limit, usage.input_tokens + usage.output_tokens)

@@ -121,6 +121,8 @@ impl Actor for SubAgentSupervisor {
                 budget_tokens: parent.budget_tokens,
                 // Sub-agents inherit their parent's MCP tools.
                 mcp_tools: parent.mcp_tools.as_ref().clone(),
+                agent: parent.agent.clone(),
+                tools: parent.tools.clone(),
                 created_at: now,
             };
             if let Err(error) = handles

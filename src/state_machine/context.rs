@@ -52,4 +52,20 @@ pub struct ConvContext {
     pub require_approval: Vec<String>,
     /// The names of the conversation's tools of its tenant's MCP servers.
     pub mcp_tools: Vec<String>,
+    /// The built-in tools it may use (its agent's `tools`; `None`: all of them). A call of
+    /// any other is refused without running.
+    pub tools: Option<Vec<String>>,
+}
+
+impl ConvContext {
+    /// Whether the conversation may call `name`: one of its MCP tools, a built-in tool its
+    /// agent allows, or (a sub-agent's) submit_result, which ends its task.
+    pub fn offers(&self, name: &str) -> bool {
+        self.mcp_tools.iter().any(|tool| tool == name)
+            || (self.is_sub_agent && name == super::transition::SUBMIT_RESULT)
+            || self
+                .tools
+                .as_ref()
+                .is_none_or(|tools| tools.iter().any(|tool| tool == name))
+    }
 }

@@ -359,6 +359,7 @@ proptest! {
             continuation_permille: 0,
             require_approval: if approve { vec![name.clone()] } else { Vec::new() },
             mcp_tools: if mcp { vec!["srv__tool".into()] } else { Vec::new() },
+            tools: None,
         };
         let tool = ToolUse::new("t", name.clone(), input);
         match plan_tool(&ctx, &tool) {
@@ -377,5 +378,120 @@ proptest! {
                 prop_assert!(name == ASK_USER || name == "bash");
             }
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Issue 38: whatever an agent's tools and whatever the LLM calls, a call of a tool the
+    /// conversation does not offer is never carried out (no ExecuteTool, no SpawnSubAgents)
+    /// and gets exactly one result, at once; every call gets exactly one result.
+    #[test]
+    fn a_tool_the_agent_lacks_never_runs(
+        allowed in proptest::sample::subsequence(
+            vec!["bash", "patch", "think", "keyword_search", "spawn_sub_agents", "ask_user"],
+            0..=6,
+        ),
+        names in proptest::collection::vec(
+            prop_oneof![
+                Just("bash".to_owned()),
+                Just("think".to_owned()),
+                Just("spawn_sub_agents".to_owned()),
+                Just("submit_result".to_owned()),
+                Just("srv__tool".to_owned()),
+                "[a-z_]{1,8}",
+            ],
+            1..6,
+        ),
+        is_sub_agent in any::<bool>(),
+    ) {
+        let ctx = ConvContext {
+            conversation_id: "c".into(),
+            working_dir: "/w".into(),
+            model_id: "m".into(),
+            is_sub_agent,
+            limits: TurnLimits::default(),
+            context_window: 0,
+            context_tokens: 0,
+            continuation_permille: 0,
+            require_approval: Vec::new(),
+            mcp_tools: vec!["srv__tool".into()],
+            tools: Some(allowed.iter().map(|name| (*name).to_owned()).collect()),
+        };
+        let first = ToolUse::new("first", "think", serde_json::json!({}));
+        let calls: Vec<ToolUse> = names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| ToolUse::new(format!("c{i}"), name.clone(), serde_json::json!({})))
+            .collect();
+        let turn = TurnId::new("t1");
+        let mut state = ConvState::ToolExecuting {
+            turn: Turn {
+                tool_calls: 1 + calls.len() as u32,
+                ..Turn::new(turn.clone())
+            },
+            current: first.clone(),
+            remaining: calls.clone(),
+            completed: 0,
+        };
+        let mut done = first.id.clone();
+        let mut results: Vec<String> = Vec::new();
+        // Each call that is carried out completes at once; stop when the turn moves on.
+        while let Ok(step) = transition(
+            &state,
+            &ctx,
+            Event::ToolComplete {
+                turn: turn.clone(),
+                tool_use_id: done.clone(),
+                outcome: ToolOutcome { ok: true, output: "ok".into() },
+            },
+        ) {
+            let mut started = None;
+            for effect in &step.effects {
+                match effect {
+                    Effect::PersistMessage(MessageContent::Tool(result)) => {
+                        results.push(result.tool_use_id.clone());
+                        if let Some(call) = calls.iter().find(|c| c.id == result.tool_use_id)
+                            && !ctx.offers(&call.name)
+                        {
+                            prop_assert!(!result.ok);
+                            prop_assert!(result.output.contains("has no tool named"));
+                        }
+                    }
+                    Effect::ExecuteTool { tool, .. } => {
+                        prop_assert!(ctx.offers(&tool.name), "{} ran", tool.name);
+                        started = Some(tool.id.clone());
+                    }
+                    Effect::SpawnSubAgents { .. } => {
+                        prop_assert!(ctx.offers("spawn_sub_agents"));
+                        started = None;
+                    }
+                    Effect::PersistMessage(_)
+                    | Effect::Continue { .. }
+                    | Effect::RequestLlm { .. }
+                    | Effect::AbortLlm { .. }
+                    | Effect::ScheduleRetry { .. }
+                    | Effect::CancelTool { .. }
+                    | Effect::StopSubAgents { .. }
+                    | Effect::ReportToParent { .. }
+                    | Effect::GraceTurnStarted
+                    | Effect::RecordUsage { .. }
+                    | Effect::NotifyRetrying { .. }
+                    | Effect::WarnContext { .. } => {}
+                }
+            }
+            state = step.new_state;
+            match started {
+                Some(id) => done = id,
+                None => break,
+            }
+        }
+        // Calls after a spawn or a sub-agent's submit wait or are answered elsewhere; those
+        // answered here were answered once each.
+        let mut seen = results.clone();
+        seen.sort();
+        seen.dedup();
+        prop_assert_eq!(seen.len(), results.len());
     }
 }

@@ -104,6 +104,7 @@ impl World {
                 continuation_permille: 900,
                 require_approval: Vec::new(),
                 mcp_tools: Vec::new(),
+                tools: None,
             },
             log: Vec::new(),
             delivered: Vec::new(),

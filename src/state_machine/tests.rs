@@ -26,6 +26,7 @@ fn ctx() -> ConvContext {
         continuation_permille: 0,
         require_approval: Vec::new(),
         mcp_tools: Vec::new(),
+        tools: None,
     }
 }
 
@@ -2105,6 +2106,7 @@ fn continuing() -> ConvContext {
         continuation_permille: 900,
         require_approval: Vec::new(),
         mcp_tools: Vec::new(),
+        tools: None,
         ..ctx()
     }
 }
@@ -2559,4 +2561,59 @@ fn req_bed_009_plan_a_sub_agent_cannot_ask_the_user() {
         call("q", ASK_USER, json!({"question": "Which?"})),
         "ask_user is only available in user conversations",
     );
+}
+
+/// Issue 38: an agent's `tools` bound the built-in tools its conversations may call. A call
+/// of any other is refused by the core without running (its one result says why) and the
+/// next call starts; the conversation's MCP tools are its servers' (an agent chooses them
+/// with `mcp_servers`), not bounded by `tools`.
+#[test]
+fn agent_tools_a_tool_the_agent_lacks_is_refused_without_running() {
+    let bounded = ConvContext {
+        tools: Some(vec!["bash".into()]),
+        mcp_tools: vec!["files__read".into()],
+        ..ctx()
+    };
+    for name in [
+        "think",
+        "patch",
+        "keyword_search",
+        "spawn_sub_agents",
+        "ask_user",
+        "submit_result",
+        "no_such_tool",
+    ] {
+        refused_after_a(
+            &bounded,
+            call("x", name, json!({})),
+            &format!("this agent has no tool named {name:?}; it did not run"),
+        );
+    }
+    after_a(
+        &bounded,
+        call("b", "files__read", json!({"path": "x"})),
+        ToolPlan {
+            approval: false,
+            action: ToolAction::Mcp,
+        },
+    );
+    // No `tools`: every built-in tool, as before agents.
+    after_a(&ctx(), call("b", "patch", json!({})), workspace());
+}
+
+/// A sub-agent always has submit_result, whatever its agent's tools: its task ends only
+/// with it.
+#[test]
+fn agent_tools_a_sub_agent_always_has_submit_result() {
+    let sub = ConvContext {
+        tools: Some(Vec::new()),
+        ..sub_ctx()
+    };
+    assert!(sub.offers(SUBMIT_RESULT));
+    assert!(!sub.offers("bash"));
+    let user = ConvContext {
+        tools: Some(Vec::new()),
+        ..ctx()
+    };
+    assert!(!user.offers(SUBMIT_RESULT));
 }

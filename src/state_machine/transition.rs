@@ -960,8 +960,9 @@ fn next_tool(
 }
 
 /// Starts `tool`. The core settles its own tools (submit_result, a refused or malformed
-/// spawn_sub_agents) and the calls its plan refuses (ask_user in a sub-agent, a malformed
-/// question or background command) at once and moves on; every other tool becomes an
+/// spawn_sub_agents), a call of a tool the conversation's agent does not offer, and the
+/// calls its plan refuses (ask_user in a sub-agent, a malformed question or background
+/// command) at once and moves on; every other tool becomes an
 /// `ExecuteTool` with the plan the runtime carries out.
 fn start_tool(
     mut fx: Effects,
@@ -972,6 +973,9 @@ fn start_tool(
     completed: u32,
 ) -> TransitionResult {
     let settled = match tool.name.as_str() {
+        name if !ctx.offers(name) => {
+            format!("this agent has no tool named {name:?}; it did not run")
+        }
         SUBMIT_RESULT if ctx.is_sub_agent => match parse_submit(&tool.input) {
             Ok(outcome) => return submit(fx, turn, &tool, &remaining, outcome),
             Err(why) => why,

@@ -12,7 +12,7 @@ use sea_orm::{
 
 use super::codec;
 use super::{INTERNAL_KEY, Result, Store, StoreError, of_conversation};
-use crate::model::{ConversationRecord, ForkPoint, NewConversation, Page, UsageTotals};
+use crate::model::{AgentRef, ConversationRecord, ForkPoint, NewConversation, Page, UsageTotals};
 use crate::state_machine::ConvState;
 
 impl Store {
@@ -360,6 +360,12 @@ pub(super) fn conversation_row(new: &NewConversation) -> Result<conversations::A
         continued_from_id: Set(None),
         mcp_tools: Set((!new.mcp_tools.is_empty())
             .then(|| serde_json::to_string(&new.mcp_tools).unwrap_or_default())),
+        agent_name: Set(new.agent.as_ref().map(|agent| agent.name.clone())),
+        agent_version: Set(new.agent.as_ref().map(|agent| i64::from(agent.version))),
+        tools: Set(new
+            .tools
+            .as_ref()
+            .map(|tools| serde_json::to_string(tools).unwrap_or_default())),
     })
 }
 
@@ -370,6 +376,13 @@ pub(super) fn conversation(row: conversations::Model) -> Result<ConversationReco
         serde_json::from_value(row.require_approval).map_err(|e| {
             StoreError::Corrupt(format!("conversation {}: require_approval: {e}", row.id))
         })?;
+    let tools = match row.tools.as_deref() {
+        Some(json) => Some(
+            serde_json::from_str(json)
+                .map_err(|e| StoreError::Corrupt(format!("conversation {}: tools: {e}", row.id)))?,
+        ),
+        None => None,
+    };
     Ok(ConversationRecord {
         id: row.id,
         tenant_id: row.tenant_id,
@@ -401,6 +414,11 @@ pub(super) fn conversation(row: conversations::Model) -> Result<ConversationReco
                 .and_then(|json| serde_json::from_str(json).ok())
                 .unwrap_or_default(),
         ),
+        agent: row
+            .agent_name
+            .zip(row.agent_version.and_then(|v| u32::try_from(v).ok()))
+            .map(|(name, version)| AgentRef { name, version }),
+        tools,
         forked_from: row.forked_from_id.zip(row.forked_from_sequence).map(
             |(conversation_id, sequence_id)| ForkPoint {
                 conversation_id,

@@ -5,6 +5,7 @@
 //! and Postgres share every code path here but the group commit, which each does in one
 //! round trip of its own (`sqlite.rs`, `postgres.rs`).
 
+mod agents;
 mod cluster;
 mod codec;
 mod conversation_rows;
@@ -34,6 +35,7 @@ use sea_orm::{
 };
 use serde::Serialize;
 
+pub use agents::Making;
 pub use cluster::{FRAMES_CHANNEL, Lease, Node, Owner, WATCH_CHANNEL};
 pub use error::StoreError;
 pub use limits::{BudgetState, ModelUsage, Reservation, TenantLimits, UsageRecord, period_of};

@@ -83,6 +83,31 @@ def test_create_list_archive_delete(page, server):
     expect(page.locator("#create-error")).to_contain_text("invalid_request")
 
 
+def test_create_from_an_agent_and_see_its_version(page, server):
+    status, made = http("POST", f"{server.url}/v1/agents", server.key,
+                        {"name": "console-agent", "model": "fake-model", "system_prompt": "From the agent."})
+    assert status == 201, made
+    status, _ = http("PUT", f"{server.url}/v1/agents/console-agent", server.key,
+                     {"model": "fake-model", "system_prompt": "Version two."})
+    assert status == 200
+    sign_in(page, server)
+    page.get_by_text("New conversation", exact=True).click()
+    page.get_by_label("Agent").select_option("console-agent@2")
+    # The agent owns its model and prompt.
+    expect(page.get_by_label("Model")).to_be_disabled()
+    expect(page.get_by_label("System prompt")).to_be_disabled()
+    page.get_by_label("Name").fill("from-agent")
+    before = page.evaluate("location.hash")
+    page.get_by_role("button", name="Create", exact=True).click()
+    page.wait_for_function("(before) => location.hash.startsWith('#/c/') && location.hash !== before", arg=before)
+    conv = page.evaluate("decodeURIComponent(location.hash.slice(4))")
+    open_conversation(page, conv)
+    expect(page.locator("#chat-cwd")).to_contain_text("agent console-agent@2")
+    status, body = http("GET", f"{server.url}/v1/conversations/{conv}", server.key)
+    assert status == 200 and body["agent"] == {"name": "console-agent", "version": 2}
+    assert body["system_prompt"] == "Version two." and body["slug"] == "from-agent"
+
+
 def test_a_tool_using_turn_and_streamed_deltas(page, server):
     sign_in(page, server)
     create_conversation(page)

@@ -310,6 +310,23 @@ async fn errors_have_the_contract_shape() {
     app.post("/v1/conversations", json!({"slug": "Bad Slug!"}))
         .await
         .expect_error(400, "invalid_request");
+    // A create that is refused makes nothing: its fields are checked before its directory
+    // is made (a tenant could otherwise fill the disk with directories of refused creates).
+    for body in [
+        json!({"cwd": "refused-slug", "slug": "Bad Slug!"}),
+        json!({"cwd": "refused-model", "model": ""}),
+        json!({"cwd": "refused-approvals", "require_approval": [""]}),
+        json!({"cwd": "refused-budget", "budget_tokens": 0}),
+    ] {
+        let dir = body["cwd"].as_str().unwrap_or_default().to_owned();
+        app.post("/v1/conversations", body)
+            .await
+            .expect_error(400, "invalid_request");
+        assert!(
+            !tenant_root.join(&dir).exists(),
+            "a refused create made {dir}"
+        );
+    }
     // Images: too many, wrong type, bad base64, not an image.
     let img = |media_type: &str, data: &str| json!({"media_type": media_type, "data": data});
     let many: Vec<Value> = (0..9)

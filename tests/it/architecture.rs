@@ -326,6 +326,8 @@ fn layering_only_the_persistence_actor_writes() {
         ".delete_conversation(",
         ".insert_attachments(",
         ".write_batch(",
+        ".put_agent(",
+        ".delete_agent(",
     ];
     let mut seen = 0;
     for path in rust_files(&src) {

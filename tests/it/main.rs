@@ -7,6 +7,7 @@
 
 mod support;
 
+mod agents;
 mod anthropic;
 mod api;
 mod architecture;

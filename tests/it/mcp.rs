@@ -227,6 +227,35 @@ async fn create(client: &RunningService<RoleClient, Client>) -> String {
         .to_owned()
 }
 
+/// Issue 38: an MCP client creates a conversation from one of its tenant's agents, and
+/// cannot reach another tenant's.
+#[tokio::test]
+async fn an_mcp_client_creates_a_conversation_from_an_agent() {
+    for db in TestDb::each().await {
+        let app = TestApp::spawn(&db).await;
+        app.post(
+            "/v1/agents",
+            json!({"name": "helper", "model": "fake-model", "tools": ["think"]}),
+        )
+        .await
+        .expect(201);
+        let client = connect(&app, &app.key_a, Client::new(Answer::Accept)).await;
+        let created = call(&client, "create_conversation", json!({"agent": "helper@1"})).await;
+        assert_ne!(created.is_error, Some(true), "{}", text(&created));
+        let conversation = created.structured_content.expect("the conversation");
+        assert_eq!(
+            conversation["agent"],
+            json!({"name": "helper", "version": 1})
+        );
+        assert_eq!(conversation["tools"], json!(["think"]));
+        let other = connect(&app, &app.key_b, Client::new(Answer::Accept)).await;
+        let refused = call(&other, "create_conversation", json!({"agent": "helper"})).await;
+        assert_eq!(refused.is_error, Some(true));
+        assert!(text(&refused).contains("not_found"), "{}", text(&refused));
+        app.cleanup(db).await;
+    }
+}
+
 #[tokio::test]
 async fn an_mcp_client_runs_a_tool_using_turn() {
     for db in TestDb::each().await {

@@ -1,0 +1,529 @@
+//! A tenant's agents (docs/api.md, "Agents"; issue 38): `POST/GET /v1/agents`,
+//! `GET/PUT/DELETE /v1/agents/{name}`, `GET /v1/agents/{name}/versions[/{n}]`. Each change
+//! is a new, immutable version; a conversation created from an agent (`agent` in
+//! `POST /v1/conversations`) keeps the version it was created from, and so do its
+//! sub-agents, forks and continuations.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse as _, Response};
+use chrono::Utc;
+
+use super::AppState;
+use super::auth::Caller;
+use super::error::{ApiError, Body, ErrorBody, Path, Query, reply};
+use crate::model::{AgentDefinition, AgentVersion};
+use crate::persistence::{WriteJob, WriteOutcome};
+use crate::quotas::Quota;
+use crate::store::{Making, StoreError};
+use crate::wire::{
+    self, AgentBody, AgentDocument, AgentDocumentVersion, AgentList, AgentView, ExportQuery,
+    ImportQuery,
+};
+
+/// Versions one agent may have: past it, a change is refused (create the agent under a new
+/// name, or delete and create it again: its numbering goes on).
+pub const MAX_VERSIONS: u32 = 1000;
+
+/// The most `metadata` may hold, as JSON.
+const MAX_METADATA_BYTES: usize = 16 * 1024;
+
+/// A name an agent may have: `import` is the import's route.
+fn valid_name(name: &str) -> bool {
+    name != "import"
+        && (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
+/// The built-in tools an agent may name in `tools` (a sub-agent's submit_result is always
+/// its own).
+fn built_in_tools() -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = crate::tools::definitions(false)
+        .into_iter()
+        .chain(crate::tools::definitions(true))
+        .map(|tool| tool.name)
+        .filter(|name| *name != crate::state_machine::SUBMIT_RESULT)
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+}
+
+/// A list of at most 32 names, each passing `valid`, without repeats.
+fn names(
+    field: &str,
+    given: Option<Vec<String>>,
+    valid: impl Fn(&str) -> bool,
+) -> Result<Option<Vec<String>>, ApiError> {
+    let Some(mut given) = given else {
+        return Ok(None);
+    };
+    if given.len() > 32 {
+        return Err(ApiError::invalid(format!(
+            "{field} may name at most 32 entries"
+        )));
+    }
+    if let Some(bad) = given.iter().find(|name| !valid(name)) {
+        return Err(ApiError::invalid(format!(
+            "{field}: {bad:?} is not a valid entry"
+        )));
+    }
+    given.sort();
+    given.dedup();
+    Ok(Some(given))
+}
+
+/// The definition a body gives, checked.
+fn definition(app: &AppState, body: AgentBody) -> Result<AgentDefinition, ApiError> {
+    check_definition(&app.settings, body)
+}
+
+/// The definition a body gives, checked (the API's routes and `bedrock agent import`).
+pub(crate) fn check_definition(
+    settings: &crate::config::Settings,
+    body: AgentBody,
+) -> Result<AgentDefinition, ApiError> {
+    if body.description.as_ref().is_some_and(|d| d.len() > 2000) {
+        return Err(ApiError::invalid("description is longer than 2000 bytes"));
+    }
+    if body.model.trim().is_empty() || body.model.len() > 200 {
+        return Err(ApiError::invalid(
+            "model must be a non-empty string of at most 200 characters",
+        ));
+    }
+    let max_text = settings.server.max_text_bytes;
+    if body
+        .system_prompt
+        .as_ref()
+        .is_some_and(|p| p.len() > max_text)
+    {
+        return Err(ApiError::too_large(format!(
+            "system_prompt is longer than {max_text} bytes"
+        )));
+    }
+    let known = built_in_tools();
+    let tools = names("tools", body.tools, |name| known.contains(&name)).map_err(|_| {
+        ApiError::invalid(format!(
+            "tools must name at most 32 of the built-in tools: {}",
+            known.join(", ")
+        ))
+    })?;
+    let mcp_servers = names("mcp_servers", body.mcp_servers, |name| {
+        (1..=32).contains(&name.len())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+    })?;
+    let require_approval = names("require_approval", body.require_approval, |name| {
+        (1..=64).contains(&name.len())
+    })?
+    .unwrap_or_default();
+    if let Some(budget) = body.budget_tokens
+        && !(1..=i64::MAX as u64).contains(&budget)
+    {
+        return Err(ApiError::invalid(format!(
+            "budget_tokens must be a positive number of tokens, not {budget}"
+        )));
+    }
+    if let Some(metadata) = &body.metadata
+        && serde_json::to_string(metadata).map_or(usize::MAX, |json| json.len())
+            > MAX_METADATA_BYTES
+    {
+        return Err(ApiError::invalid(format!(
+            "metadata is larger than {MAX_METADATA_BYTES} bytes as JSON"
+        )));
+    }
+    Ok(AgentDefinition {
+        description: body.description,
+        model: body.model,
+        system_prompt: body.system_prompt,
+        tools,
+        mcp_servers,
+        require_approval,
+        network: body.network.unwrap_or(false),
+        budget_tokens: body.budget_tokens,
+        metadata: body.metadata,
+    })
+}
+
+/// Stores the next version of `name` and answers it as the API shows it.
+async fn put(
+    app: &AppState,
+    caller: &Caller,
+    name: String,
+    definition: AgentDefinition,
+    making: Making,
+) -> Result<AgentVersion, ApiError> {
+    put_all(app, caller, name, vec![definition], making)
+        .await?
+        .pop()
+        .ok_or_else(|| ApiError::internal("no agent version was made"))
+}
+
+/// Stores versions of `name` in order, all or none, and answers them.
+async fn put_all(
+    app: &AppState,
+    caller: &Caller,
+    name: String,
+    definitions: Vec<AgentDefinition>,
+    making: Making,
+) -> Result<Vec<AgentVersion>, ApiError> {
+    let at = Utc::now();
+    let written = app
+        .persistence
+        .write(WriteJob::PutAgent {
+            tenant_id: caller.0.id.clone(),
+            name: name.clone(),
+            definitions: definitions.clone(),
+            making,
+            at,
+        })
+        .await
+        .map_err(|e| match e {
+            StoreError::Conflict(_) => ApiError::new(
+                StatusCode::CONFLICT,
+                "agent_exists",
+                format!("the tenant has an agent named {name:?}; PUT /v1/agents/{name} makes its next version"),
+            ),
+            StoreError::NotFound => ApiError::not_found("agent"),
+            other @ (StoreError::Unavailable(_) | StoreError::Corrupt(_) | StoreError::Other(_)) => {
+                other.into()
+            }
+        })?;
+    let WriteOutcome::Version(first) = written else {
+        return Err(ApiError::internal("the agent's version was not reported"));
+    };
+    Ok(definitions
+        .into_iter()
+        .zip(first..)
+        .map(|(definition, version)| AgentVersion {
+            name: name.clone(),
+            version,
+            definition,
+            created_at: at.to_rfc3339(),
+        })
+        .collect())
+}
+
+/// Creates an agent: its version 1 (or, for a name deleted before, the next number).
+/// *Extension.*
+#[utoipa::path(post, path = "/agents", tag = "agents",
+    request_body = AgentBody,
+    responses(
+        (status = 201, description = "The agent's first version", body = AgentView),
+        (status = 400, description = "`invalid_request`: a bad name, model, tool, server or field", body = ErrorBody),
+        (status = 409, description = "`agent_exists`: the tenant has an agent of that name", body = ErrorBody),
+        (status = 429, description = "`quota_exceeded`: over the tenant's `agents` quota", body = ErrorBody),
+    ))]
+pub async fn create(
+    State(app): State<AppState>,
+    caller: Caller,
+    Body(body): Body<AgentBody>,
+) -> Result<Response, ApiError> {
+    let name = match &body.name {
+        Some(name) if valid_name(name) => name.clone(),
+        Some(_) | None => {
+            return Err(ApiError::invalid(
+                "name must be 1 to 64 characters of a-z, 0-9, - and _",
+            ));
+        }
+    };
+    let definition = definition(&app, body)?;
+    let count = app.store.agent_count(&caller.0.id).await?;
+    app.quotas.check(&caller.0.id, Quota::Agents, count).await?;
+    let made = put(&app, &caller, name, definition, Making::Create).await?;
+    Ok(reply(StatusCode::CREATED, &wire::agent(&made)))
+}
+
+/// Changes an agent: its next version. Conversations created from earlier versions keep
+/// theirs. *Extension.*
+#[utoipa::path(put, path = "/agents/{name}", tag = "agents",
+    params(("name" = String, Path, description = "The agent's name")),
+    request_body = AgentBody,
+    responses(
+        (status = 200, description = "The agent's new version", body = AgentView),
+        (status = 400, description = "`invalid_request`: a bad field, or a `name` other than the path's", body = ErrorBody),
+        (status = 404, description = "No such agent", body = ErrorBody),
+        (status = 429, description = "`quota_exceeded`: the agent has its most versions (`agent_versions`, 1000)", body = ErrorBody),
+    ))]
+pub async fn change(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    Body(body): Body<AgentBody>,
+) -> Result<Response, ApiError> {
+    if body.name.as_ref().is_some_and(|given| *given != name) {
+        return Err(ApiError::invalid(
+            "name, when given, must be the agent's name in the path (an agent is not renamed)",
+        ));
+    }
+    let definition = definition(&app, body)?;
+    let latest = app
+        .store
+        .agent(&caller.0.id, &name, None)
+        .await?
+        .ok_or_else(|| ApiError::not_found("agent"))?;
+    if latest.version >= MAX_VERSIONS {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "quota_exceeded",
+            format!("agent {name:?} has {MAX_VERSIONS} versions, the most one may have"),
+        ));
+    }
+    let made = put(&app, &caller, name, definition, Making::Change).await?;
+    Ok(reply(StatusCode::OK, &wire::agent(&made)))
+}
+
+/// The tenant's agents, each at its latest version, by name. *Extension.*
+#[utoipa::path(get, path = "/agents", tag = "agents",
+    responses((status = 200, description = "The tenant's agents", body = AgentList)))]
+pub async fn list(State(app): State<AppState>, caller: Caller) -> Result<Response, ApiError> {
+    let agents = app.store.agents(&caller.0.id).await?;
+    Ok(reply(
+        StatusCode::OK,
+        &AgentList {
+            agents: agents.iter().map(wire::agent).collect(),
+        },
+    ))
+}
+
+/// An agent's latest version. *Extension.*
+#[utoipa::path(get, path = "/agents/{name}", tag = "agents",
+    params(("name" = String, Path, description = "The agent's name")),
+    responses(
+        (status = 200, description = "Its latest version", body = AgentView),
+        (status = 404, description = "No such agent", body = ErrorBody),
+    ))]
+pub async fn get(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    let found = app
+        .store
+        .agent(&caller.0.id, &name, None)
+        .await?
+        .ok_or_else(|| ApiError::not_found("agent"))?;
+    Ok(reply(StatusCode::OK, &wire::agent(&found)))
+}
+
+/// Deletes an agent: no new conversation may use it; those created from it keep their
+/// version. Created again, its versions go on from the last. *Extension.*
+#[utoipa::path(delete, path = "/agents/{name}", tag = "agents",
+    params(("name" = String, Path, description = "The agent's name")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 404, description = "No such agent", body = ErrorBody),
+    ))]
+pub async fn delete(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    let deleted = app
+        .persistence
+        .write(WriteJob::DeleteAgent {
+            tenant_id: caller.0.id.clone(),
+            name,
+            at: Utc::now(),
+        })
+        .await?;
+    if deleted == WriteOutcome::Resolved(true) {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(ApiError::not_found("agent"))
+    }
+}
+
+/// Every version of an agent, oldest first. *Extension.*
+#[utoipa::path(get, path = "/agents/{name}/versions", tag = "agents",
+    params(("name" = String, Path, description = "The agent's name")),
+    responses(
+        (status = 200, description = "Its versions, oldest first", body = AgentList),
+        (status = 404, description = "No such agent", body = ErrorBody),
+    ))]
+pub async fn versions(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    let versions = app.store.agent_versions(&caller.0.id, &name).await?;
+    if versions.is_empty() {
+        return Err(ApiError::not_found("agent"));
+    }
+    Ok(reply(
+        StatusCode::OK,
+        &AgentList {
+            agents: versions.iter().map(wire::agent).collect(),
+        },
+    ))
+}
+
+/// One version of an agent. *Extension.*
+#[utoipa::path(get, path = "/agents/{name}/versions/{version}", tag = "agents",
+    params(
+        ("name" = String, Path, description = "The agent's name"),
+        ("version" = u32, Path, description = "The version's number, from 1"),
+    ),
+    responses(
+        (status = 200, description = "That version", body = AgentView),
+        (status = 404, description = "No such agent or version", body = ErrorBody),
+    ))]
+pub async fn version(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path((name, version)): Path<(String, u32)>,
+) -> Result<Response, ApiError> {
+    let found = app
+        .store
+        .agent(&caller.0.id, &name, Some(version))
+        .await?
+        .ok_or_else(|| ApiError::not_found("agent version"))?;
+    Ok(reply(StatusCode::OK, &wire::agent(&found)))
+}
+
+/// The agent version `spec` names (`name` or `name@N`) for a new conversation of the
+/// caller's: another tenant's, a deleted one's, or a missing one is not found.
+pub(super) async fn resolve(
+    app: &AppState,
+    caller: &Caller,
+    spec: &str,
+) -> Result<AgentVersion, ApiError> {
+    let (name, version) = match spec.rsplit_once('@') {
+        Some((name, number)) => match number.parse::<u32>() {
+            Ok(version) if version >= 1 => (name, Some(version)),
+            Ok(_) | Err(_) => {
+                return Err(ApiError::invalid(
+                    "agent must be `name` or `name@N` with N a version from 1",
+                ));
+            }
+        },
+        None => (spec, None),
+    };
+    if !valid_name(name) {
+        return Err(ApiError::invalid(
+            "agent must be `name` or `name@N`: a name is 1 to 64 characters of a-z, 0-9, - and _",
+        ));
+    }
+    app.store
+        .agent(&caller.0.id, name, version)
+        .await?
+        .ok_or_else(|| ApiError::not_found("agent"))
+}
+
+/// An agent as one document: its versions (or its latest), oldest first.
+pub(crate) fn document(name: &str, versions: &[AgentVersion]) -> AgentDocument {
+    AgentDocument {
+        format: DOCUMENT_FORMAT.to_owned(),
+        name: name.to_owned(),
+        versions: versions
+            .iter()
+            .map(|version| AgentDocumentVersion {
+                version: version.version,
+                created_at: version.created_at.clone(),
+                definition: serde_json::to_value(&version.definition).unwrap_or_default(),
+            })
+            .collect(),
+    }
+}
+
+/// What a document to import makes: its name (or `as`) and its definitions, checked as
+/// `POST /v1/agents` checks one.
+pub(crate) fn importable(
+    settings: &crate::config::Settings,
+    document: AgentDocument,
+    as_name: Option<String>,
+) -> Result<(String, Vec<AgentDefinition>), ApiError> {
+    if document.format != DOCUMENT_FORMAT {
+        return Err(ApiError::invalid(format!(
+            "format must be {DOCUMENT_FORMAT:?}"
+        )));
+    }
+    let name = as_name.unwrap_or(document.name);
+    if !valid_name(&name) {
+        return Err(ApiError::invalid(
+            "the agent's name must be 1 to 64 characters of a-z, 0-9, - and _",
+        ));
+    }
+    if document.versions.is_empty() || document.versions.len() > MAX_VERSIONS as usize {
+        return Err(ApiError::invalid(format!(
+            "versions must hold 1 to {MAX_VERSIONS} versions"
+        )));
+    }
+    let definitions = document
+        .versions
+        .into_iter()
+        .map(|version| {
+            let body: AgentBody = serde_json::from_value(version.definition)
+                .map_err(|e| ApiError::invalid(format!("version {}: {e}", version.version)))?;
+            if body.name.is_some() {
+                return Err(ApiError::invalid(format!(
+                    "version {}: a definition has no name (the document's is the agent's)",
+                    version.version
+                )));
+            }
+            check_definition(settings, body)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((name, definitions))
+}
+
+/// The format of an agent's document.
+pub(crate) const DOCUMENT_FORMAT: &str = "bedrock.agent/1";
+
+/// An agent as one document, to keep or to import elsewhere: every version, or with
+/// `?latest=true` the latest alone. Nothing secret is in it (an agent names MCP servers; their
+/// headers are the tenant's, not the agent's). *Extension.*
+#[utoipa::path(get, path = "/agents/{name}/export", tag = "agents",
+    params(("name" = String, Path, description = "The agent's name"), ExportQuery),
+    responses(
+        (status = 200, description = "The agent's document", body = AgentDocument),
+        (status = 404, description = "No such agent", body = ErrorBody),
+    ))]
+pub async fn export(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    Query(query): Query<ExportQuery>,
+) -> Result<Response, ApiError> {
+    let mut versions = app.store.agent_versions(&caller.0.id, &name).await?;
+    if versions.is_empty() {
+        return Err(ApiError::not_found("agent"));
+    }
+    if query.latest.unwrap_or(false) {
+        versions = versions.split_off(versions.len() - 1);
+    }
+    Ok(reply(StatusCode::OK, &document(&name, &versions)))
+}
+
+/// Makes an agent from a document (`GET /v1/agents/{name}/export`'s): its versions in
+/// order, all or none, under the document's name or `?as=`. A name the tenant uses is 409.
+/// *Extension.*
+#[utoipa::path(post, path = "/agents/import", tag = "agents",
+    params(ImportQuery),
+    request_body = AgentDocument,
+    responses(
+        (status = 201, description = "The versions made, oldest first (numbered as the importing tenant numbers them)", body = AgentList),
+        (status = 400, description = "`invalid_request`: not an agent document, or a version that `POST /v1/agents` would refuse", body = ErrorBody),
+        (status = 409, description = "`agent_exists`: the tenant has an agent of that name (import it `?as=` another)", body = ErrorBody),
+        (status = 429, description = "`quota_exceeded`: over the tenant's `agents` quota", body = ErrorBody),
+    ))]
+pub async fn import(
+    State(app): State<AppState>,
+    caller: Caller,
+    Query(query): Query<ImportQuery>,
+    Body(document): Body<AgentDocument>,
+) -> Result<Response, ApiError> {
+    let (name, definitions) = importable(&app.settings, document, query.as_name)?;
+    let count = app.store.agent_count(&caller.0.id).await?;
+    app.quotas.check(&caller.0.id, Quota::Agents, count).await?;
+    let made = put_all(&app, &caller, name, definitions, Making::Create).await?;
+    Ok(reply(
+        StatusCode::CREATED,
+        &AgentList {
+            agents: made.iter().map(wire::agent).collect(),
+        },
+    ))
+}
