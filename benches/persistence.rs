@@ -85,6 +85,7 @@ async fn run(
                 require_approval: Vec::new(),
                 mcp_tools: Vec::new(),
                 tools: None,
+                permissions: Vec::new(),
             };
             let mut latencies = Vec::new();
             let mut n = 0u64;

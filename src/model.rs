@@ -3,7 +3,7 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::state_machine::{ConvState, MessageContent, Usage};
+use crate::state_machine::{ConvState, MessageContent, PermissionRule, Usage};
 
 /// A tenant: the owner of keys, conversations and everything below them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -84,6 +84,8 @@ pub struct ConversationRecord {
     pub agent: Option<AgentRef>,
     /// The built-in tools it may use (`None`: all of them); its agent's `tools`.
     pub tools: Option<Vec<String>>,
+    /// Its agent's permission rules, in order.
+    pub permissions: Vec<PermissionRule>,
 }
 
 /// An agent version, as a conversation names the one it was created from.
@@ -116,6 +118,9 @@ pub struct AgentDefinition {
     pub budget_tokens: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    /// What its conversations' tool calls may do, first match first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub permissions: Vec<PermissionRule>,
 }
 
 /// A stored agent version.
@@ -159,6 +164,7 @@ pub struct NewConversation {
     pub mcp_tools: Vec<McpTool>,
     pub agent: Option<AgentRef>,
     pub tools: Option<Vec<String>>,
+    pub permissions: Vec<PermissionRule>,
     pub created_at: DateTime<Utc>,
 }
 
@@ -183,6 +189,7 @@ impl NewConversation {
             mcp_tools: Vec::new(),
             agent: None,
             tools: None,
+            permissions: Vec::new(),
             parent_id: None,
             user_initiated: true,
             require_approval: Vec::new(),
@@ -220,6 +227,7 @@ impl NewConversation {
             mcp_tools: std::sync::Arc::new(self.mcp_tools.clone()),
             agent: self.agent.clone(),
             tools: self.tools.clone(),
+            permissions: self.permissions.clone(),
         }
     }
 }

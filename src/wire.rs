@@ -231,6 +231,10 @@ pub struct Conversation<'a> {
     /// The built-in tools it may use, when its agent bounds them. *Extension.*
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tools: Option<&'a [String]>,
+    /// Its agent's permission rules, in order; absent when it has none. *Extension.*
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    #[schema(value_type = Vec<PermissionRuleBody>)]
+    pub permissions: &'a [core::PermissionRule],
     #[serde(serialize_with = "rfc3339")]
     #[schema(value_type = String, format = DateTime)]
     pub created_at: DateTime<Utc>,
@@ -293,6 +297,7 @@ pub fn conversation(conv: &ConversationRecord, context_window: u64) -> Conversat
             version: agent.version,
         }),
         tools: conv.tools.as_deref(),
+        permissions: &conv.permissions,
         usage: Usage {
             input_tokens: conv.usage.input_tokens,
             output_tokens: conv.usage.output_tokens,
@@ -530,6 +535,29 @@ pub struct AgentBody {
     /// Anything the client keeps with the agent (a JSON object of at most 16 KiB).
     #[schema(value_type = Object)]
     pub metadata: Option<serde_json::Map<String, Value>>,
+    /// What its conversations' tool calls may do: the first rule that matches a call
+    /// decides it; no rule matching, `require_approval` does.
+    #[schema(max_items = 64)]
+    pub permissions: Option<Vec<PermissionRuleBody>>,
+}
+
+/// A permission rule of an agent. *Extension.*
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PermissionRuleBody {
+    /// A pattern of tool names (`*`: any run of characters, `?`: one): built-in, MCP
+    /// (`server__*`) and client tools alike.
+    #[schema(min_length = 1, max_length = 200)]
+    pub tool: String,
+    /// String fields of the call's input, each with a pattern its whole value must match.
+    pub input: Option<std::collections::BTreeMap<String, String>>,
+    /// `allow` (run it, no approval), `deny` (refuse it; the LLM gets `message`) or `ask`
+    /// (a `confirm` request first).
+    #[schema(value_type = String, pattern = "^(allow|deny|ask)$")]
+    pub action: core::PermissionAction,
+    /// With `deny`: what the LLM is told.
+    #[schema(max_length = 1000)]
+    pub message: Option<String>,
 }
 
 /// One version of an agent. *Extension.*
@@ -555,6 +583,10 @@ pub struct AgentView<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Object)]
     pub metadata: Option<&'a serde_json::Map<String, Value>>,
+    /// Its permission rules, in order; absent when it has none.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    #[schema(value_type = Vec<PermissionRuleBody>)]
+    pub permissions: &'a [core::PermissionRule],
     /// When this version was made.
     pub created_at: &'a str,
 }
@@ -574,6 +606,7 @@ pub fn agent(version: &AgentVersion) -> AgentView<'_> {
         network: definition.network,
         budget_tokens: definition.budget_tokens,
         metadata: definition.metadata.as_ref(),
+        permissions: &definition.permissions,
         created_at: &version.created_at,
     }
 }

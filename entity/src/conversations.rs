@@ -49,6 +49,8 @@ pub struct Model {
     pub agent_version: Option<i64>,
     /// The built-in tools it may use, as JSON (`None`: all of them).
     pub tools: Option<String>,
+    /// Its agent's permission rules, as JSON (`None`: none).
+    pub permissions: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

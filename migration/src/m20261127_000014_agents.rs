@@ -4,7 +4,8 @@
 //! `agents` holds one row per name: its latest version and, once deleted, when (no new
 //! conversation may use it then; its versions stay for the conversations that run them, and
 //! a name created again goes on from its last version, so `name@N` always means one
-//! definition). `agent_versions` holds every version's definition (JSON).
+//! definition). `agent_versions` holds every version's definition (JSON). A conversation
+//! keeps its agent version, its built-in tools and its permission rules.
 
 use sea_orm_migration::prelude::*;
 
@@ -33,6 +34,7 @@ const SQLITE_UP: &[&str] = &[
     "ALTER TABLE conversations ADD COLUMN agent_name TEXT NULL",
     "ALTER TABLE conversations ADD COLUMN agent_version INTEGER NULL",
     "ALTER TABLE conversations ADD COLUMN tools TEXT NULL",
+    "ALTER TABLE conversations ADD COLUMN permissions TEXT NULL",
 ];
 
 const POSTGRES_UP: &[&str] = &[
@@ -57,9 +59,11 @@ const POSTGRES_UP: &[&str] = &[
     "ALTER TABLE conversations ADD COLUMN agent_name text NULL",
     "ALTER TABLE conversations ADD COLUMN agent_version bigint NULL",
     "ALTER TABLE conversations ADD COLUMN tools text NULL",
+    "ALTER TABLE conversations ADD COLUMN permissions text NULL",
 ];
 
 const DOWN: &[&str] = &[
+    "ALTER TABLE conversations DROP COLUMN permissions",
     "ALTER TABLE conversations DROP COLUMN tools",
     "ALTER TABLE conversations DROP COLUMN agent_version",
     "ALTER TABLE conversations DROP COLUMN agent_name",

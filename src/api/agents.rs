@@ -15,10 +15,11 @@ use super::error::{ApiError, Body, ErrorBody, Path, Query, reply};
 use crate::model::{AgentDefinition, AgentVersion};
 use crate::persistence::{WriteJob, WriteOutcome};
 use crate::quotas::Quota;
+use crate::state_machine::PermissionRule;
 use crate::store::{Making, StoreError};
 use crate::wire::{
     self, AgentBody, AgentDocument, AgentDocumentVersion, AgentList, AgentView, ExportQuery,
-    ImportQuery,
+    ImportQuery, PermissionRuleBody,
 };
 
 /// Versions one agent may have: past it, a change is refused (create the agent under a new
@@ -135,7 +136,9 @@ pub(crate) fn check_definition(
             "metadata is larger than {MAX_METADATA_BYTES} bytes as JSON"
         )));
     }
+    let permissions = permissions(body.permissions)?;
     Ok(AgentDefinition {
+        permissions,
         description: body.description,
         model: body.model,
         system_prompt: body.system_prompt,
@@ -146,6 +149,40 @@ pub(crate) fn check_definition(
         budget_tokens: body.budget_tokens,
         metadata: body.metadata,
     })
+}
+
+/// The rules a body gives, checked: at most 64, each with a tool pattern of 1 to 200
+/// characters, at most 16 input fields (names of 1 to 64 characters, patterns of at most
+/// 1000) and a message of at most 1000 bytes.
+fn permissions(given: Option<Vec<PermissionRuleBody>>) -> Result<Vec<PermissionRule>, ApiError> {
+    let given = given.unwrap_or_default();
+    if given.len() > 64 {
+        return Err(ApiError::invalid("permissions may hold at most 64 rules"));
+    }
+    given
+        .into_iter()
+        .enumerate()
+        .map(|(i, rule)| {
+            let input = rule.input.unwrap_or_default();
+            let fits = (1..=200).contains(&rule.tool.len())
+                && input.len() <= 16
+                && input
+                    .iter()
+                    .all(|(field, pattern)| (1..=64).contains(&field.len()) && pattern.len() <= 1000)
+                && rule.message.as_ref().is_none_or(|m| m.len() <= 1000);
+            if !fits {
+                return Err(ApiError::invalid(format!(
+                    "permissions[{i}]: a tool pattern of 1 to 200 characters, at most 16 input fields (names of 1 to 64 characters, patterns of at most 1000) and a message of at most 1000 bytes"
+                )));
+            }
+            Ok(PermissionRule {
+                tool: rule.tool,
+                input,
+                action: rule.action,
+                message: rule.message,
+            })
+        })
+        .collect()
 }
 
 /// Stores the next version of `name` and answers it as the API shows it.

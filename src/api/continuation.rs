@@ -79,6 +79,7 @@ pub async fn continue_conversation(
         mcp_tools: source.mcp_tools.as_ref().clone(),
         agent: source.agent.clone(),
         tools: source.tools.clone(),
+        permissions: source.permissions.clone(),
         created_at: Utc::now().trunc_subsecs(6),
     };
     let mut record = new.record();

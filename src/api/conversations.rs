@@ -21,6 +21,7 @@ use crate::model::{
 use crate::persistence::WriteJob;
 use crate::quotas::{Held, Quota};
 use crate::runtime::Live;
+use crate::state_machine::PermissionRule;
 use crate::store::StoreError;
 use crate::wire::{
     self, Answered, Cancelled, Conversation, ConversationList, ConversationPage,
@@ -219,6 +220,7 @@ pub async fn create(
         budget_tokens: checked.budget_tokens,
         agent: checked.agent,
         tools: checked.tools,
+        permissions: checked.permissions,
         mcp_tools,
         // As stored: the databases keep microseconds.
         created_at: Utc::now().trunc_subsecs(6),
@@ -267,6 +269,7 @@ struct CreateChecked {
     mcp_servers: Option<Vec<String>>,
     agent: Option<AgentRef>,
     tools: Option<Vec<String>>,
+    permissions: Vec<PermissionRule>,
 }
 
 /// The slug asked for, checked, or one made from the id.
@@ -314,6 +317,7 @@ fn check_create_from(
             version: agent.version,
         }),
         tools: definition.tools,
+        permissions: definition.permissions,
     })
 }
 
@@ -380,6 +384,7 @@ fn check_create(
         mcp_servers: None,
         agent: None,
         tools: None,
+        permissions: Vec::new(),
     })
 }
 

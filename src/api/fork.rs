@@ -112,6 +112,7 @@ async fn create(
         mcp_tools: source.mcp_tools.as_ref().clone(),
         agent: source.agent.clone(),
         tools: source.tools.clone(),
+        permissions: source.permissions.clone(),
         created_at: Utc::now().trunc_subsecs(6),
     };
     let from = ForkPoint {

@@ -372,6 +372,7 @@ mod tests {
             mcp_tools: Default::default(),
             agent: None,
             tools: None,
+            permissions: Vec::new(),
         }
     }
 
@@ -388,6 +389,7 @@ mod tests {
             require_approval: Vec::new(),
             mcp_tools: Vec::new(),
             tools: None,
+            permissions: Vec::new(),
         }
     }
 

@@ -21,5 +21,6 @@ pub fn context(settings: &Settings, record: &ConversationRecord) -> ConvContext 
         require_approval: record.require_approval.clone(),
         mcp_tools: record.mcp_tools.iter().map(|t| t.name.clone()).collect(),
         tools: record.tools.clone(),
+        permissions: record.permissions.clone(),
     }
 }

@@ -123,6 +123,7 @@ impl Actor for SubAgentSupervisor {
                 mcp_tools: parent.mcp_tools.as_ref().clone(),
                 agent: parent.agent.clone(),
                 tools: parent.tools.clone(),
+                permissions: parent.permissions.clone(),
                 created_at: now,
             };
             if let Err(error) = handles

@@ -55,6 +55,8 @@ pub struct ConvContext {
     /// The built-in tools it may use (its agent's `tools`; `None`: all of them). A call of
     /// any other is refused without running.
     pub tools: Option<Vec<String>>,
+    /// Its agent's permission rules, in order (`permissions.rs`).
+    pub permissions: Vec<super::permissions::PermissionRule>,
 }
 
 impl ConvContext {

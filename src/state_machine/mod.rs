@@ -12,6 +12,7 @@ mod context;
 mod effect;
 mod event;
 mod message;
+mod permissions;
 mod plan;
 mod state;
 mod transition;
@@ -32,6 +33,7 @@ pub use event::{
     Event, IfBusy, Interruption, LlmFailure, LlmReply, LlmRequestTag, ToolOutcome, Usage,
 };
 pub use message::{ImageRef, MessageContent, MessageType, Reasoning, ToolResult};
+pub use permissions::{Permission, PermissionAction, PermissionRule, decide as decide_permission};
 pub use plan::{
     ASK_USER, Question, QuestionKind, ToolAction, ToolPlan, WORKSPACE_TOOLS, plan as plan_tool,
 };

@@ -6,6 +6,7 @@
 use serde_json::Value;
 
 use super::context::ConvContext;
+use super::permissions::{Permission, decide};
 use super::state::ToolUse;
 
 /// The tool that asks the user a question; only user conversations have it.
@@ -77,8 +78,15 @@ impl QuestionKind {
 }
 
 /// The plan for `tool`, or why it is refused without running (that reason is its result).
+/// The agent's permission rules decide first: a denied call is refused, an allowed one
+/// needs no approval, one to ask about does; no rule matching, `require_approval` decides.
 pub fn plan(ctx: &ConvContext, tool: &ToolUse) -> Result<ToolPlan, String> {
-    let approval = ctx.require_approval.contains(&tool.name);
+    let approval = match decide(&ctx.permissions, &tool.name, &tool.input) {
+        Permission::Denied(why) => return Err(why),
+        Permission::Allowed => false,
+        Permission::Ask => true,
+        Permission::Unruled => ctx.require_approval.contains(&tool.name),
+    };
     let action = if ctx.mcp_tools.contains(&tool.name) {
         ToolAction::Mcp
     } else {

@@ -360,6 +360,7 @@ proptest! {
             require_approval: if approve { vec![name.clone()] } else { Vec::new() },
             mcp_tools: if mcp { vec!["srv__tool".into()] } else { Vec::new() },
             tools: None,
+            permissions: Vec::new(),
         };
         let tool = ToolUse::new("t", name.clone(), input);
         match plan_tool(&ctx, &tool) {
@@ -418,6 +419,7 @@ proptest! {
             require_approval: Vec::new(),
             mcp_tools: vec!["srv__tool".into()],
             tools: Some(allowed.iter().map(|name| (*name).to_owned()).collect()),
+            permissions: Vec::new(),
         };
         let first = ToolUse::new("first", "think", serde_json::json!({}));
         let calls: Vec<ToolUse> = names
@@ -493,5 +495,72 @@ proptest! {
         seen.sort();
         seen.dedup();
         prop_assert_eq!(seen.len(), results.len());
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Issue 38: whatever the rules and the call, the plan is one of the rules' three
+    /// decisions (or `require_approval`'s when none matches): a call the first matching rule
+    /// denies is refused with its message, an allowed one needs no approval, one to ask
+    /// about does.
+    #[test]
+    fn permission_rules_decide_every_call(
+        rules in proptest::collection::vec(
+            (
+                prop_oneof![Just("*"), Just("bash"), Just("ba*"), Just("think"), Just("srv__*"), Just("?ash")],
+                proptest::option::of(prop_oneof![Just("git *"), Just("rm *"), Just("*"), Just("ls")]),
+                prop_oneof![Just(PermissionAction::Allow), Just(PermissionAction::Deny), Just(PermissionAction::Ask)],
+            ),
+            0..6,
+        ),
+        name in prop_oneof![Just("bash"), Just("think"), Just("srv__tool"), Just("patch")],
+        command in prop_oneof![Just("git status"), Just("rm -rf x"), Just("ls"), Just("echo")],
+        approve in any::<bool>(),
+    ) {
+        let rules: Vec<PermissionRule> = rules
+            .into_iter()
+            .map(|(tool, pattern, action)| PermissionRule {
+                tool: tool.to_owned(),
+                input: pattern
+                    .map(|p| [("command".to_owned(), p.to_owned())].into())
+                    .unwrap_or_default(),
+                action,
+                message: Some(format!("{tool} is denied")),
+            })
+            .collect();
+        let ctx = ConvContext {
+            conversation_id: "c".into(),
+            working_dir: "/w".into(),
+            model_id: "m".into(),
+            is_sub_agent: false,
+            limits: TurnLimits::default(),
+            context_window: 0,
+            context_tokens: 0,
+            continuation_permille: 0,
+            require_approval: if approve { vec![name.to_owned()] } else { Vec::new() },
+            mcp_tools: vec!["srv__tool".into()],
+            tools: None,
+            permissions: rules.clone(),
+        };
+        let input = serde_json::json!({"command": command});
+        let first = rules.iter().find(|rule| {
+            wildmatch::WildMatch::new(&rule.tool).matches(name)
+                && rule.input.values().all(|p| wildmatch::WildMatch::new(p).matches(command))
+        });
+        let tool = ToolUse::new("t", name, input);
+        match (plan_tool(&ctx, &tool), first) {
+            (Err(why), Some(rule)) => {
+                prop_assert_eq!(rule.action, PermissionAction::Deny);
+                prop_assert_eq!(Some(why), rule.message.clone());
+            }
+            (Err(why), None) => prop_assert!(false, "refused without a rule: {}", why),
+            (Ok(plan), Some(rule)) => {
+                prop_assert_ne!(rule.action, PermissionAction::Deny);
+                prop_assert_eq!(plan.approval, rule.action == PermissionAction::Ask);
+            }
+            (Ok(plan), None) => prop_assert_eq!(plan.approval, approve),
+        }
     }
 }

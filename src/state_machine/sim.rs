@@ -105,6 +105,7 @@ impl World {
                 require_approval: Vec::new(),
                 mcp_tools: Vec::new(),
                 tools: None,
+                permissions: Vec::new(),
             },
             log: Vec::new(),
             delivered: Vec::new(),

@@ -27,6 +27,7 @@ fn ctx() -> ConvContext {
         require_approval: Vec::new(),
         mcp_tools: Vec::new(),
         tools: None,
+        permissions: Vec::new(),
     }
 }
 
@@ -2107,6 +2108,7 @@ fn continuing() -> ConvContext {
         require_approval: Vec::new(),
         mcp_tools: Vec::new(),
         tools: None,
+        permissions: Vec::new(),
         ..ctx()
     }
 }
@@ -2616,4 +2618,138 @@ fn agent_tools_a_sub_agent_always_has_submit_result() {
         ..ctx()
     };
     assert!(!user.offers(SUBMIT_RESULT));
+}
+
+fn rule(
+    tool: &str,
+    input: &[(&str, &str)],
+    action: PermissionAction,
+    message: Option<&str>,
+) -> PermissionRule {
+    PermissionRule {
+        tool: tool.into(),
+        input: input
+            .iter()
+            .map(|(field, pattern)| ((*field).to_owned(), (*pattern).to_owned()))
+            .collect(),
+        action,
+        message: message.map(str::to_owned),
+    }
+}
+
+/// Issue 38: an agent's permission rules, first match first. `deny` refuses a call without
+/// running it (built-in, MCP or the core's own spawn_sub_agents) and the LLM gets the
+/// rule's message; the next call starts.
+#[test]
+fn permissions_a_denied_call_never_runs() {
+    let ctx = ConvContext {
+        mcp_tools: vec!["files__read".into()],
+        permissions: vec![
+            rule(
+                "bash",
+                &[("command", "rm *")],
+                PermissionAction::Deny,
+                Some("no deleting"),
+            ),
+            rule("files__*", &[], PermissionAction::Deny, None),
+            rule(
+                "spawn_sub_agents",
+                &[],
+                PermissionAction::Deny,
+                Some("work alone"),
+            ),
+        ],
+        ..ctx()
+    };
+    refused_after_a(
+        &ctx,
+        call("x", "bash", json!({"command": "rm -rf /"})),
+        "no deleting",
+    );
+    refused_after_a(
+        &ctx,
+        call("x", "files__read", json!({"path": "x"})),
+        "the agent's permission rules deny this call of files__read; it did not run",
+    );
+    refused_after_a(
+        &ctx,
+        call("x", "spawn_sub_agents", json!({"tasks": [{"prompt": "p"}]})),
+        "work alone",
+    );
+    // A field that is absent or not a string does not match: the rule does not apply.
+    after_a(&ctx, call("b", "bash", json!({"command": 7})), workspace());
+}
+
+/// `allow` runs a call without approval even where `require_approval` names its tool; `ask`
+/// asks where it does not; no rule matching, `require_approval` decides as before.
+#[test]
+fn permissions_allow_and_ask_decide_approval() {
+    let ctx = ConvContext {
+        require_approval: vec!["bash".into()],
+        permissions: vec![
+            rule(
+                "bash",
+                &[("command", "git *")],
+                PermissionAction::Allow,
+                None,
+            ),
+            rule("th?nk", &[], PermissionAction::Ask, None),
+        ],
+        ..ctx()
+    };
+    after_a(
+        &ctx,
+        call("b", "bash", json!({"command": "git status"})),
+        workspace(),
+    );
+    after_a(
+        &ctx,
+        call("b", "bash", json!({"command": "ls"})),
+        ToolPlan {
+            approval: true,
+            action: ToolAction::Workspace,
+        },
+    );
+    after_a(
+        &ctx,
+        call("b", "think", json!({"thoughts": "x"})),
+        ToolPlan {
+            approval: true,
+            action: ToolAction::Direct,
+        },
+    );
+    after_a(&ctx, call("b", "patch", json!({})), workspace());
+}
+
+/// A sub-agent's submit_result is never denied: its task ends only with it.
+#[test]
+fn permissions_never_deny_a_sub_agents_submit() {
+    let ctx = ConvContext {
+        permissions: vec![rule("*", &[], PermissionAction::Deny, None)],
+        ..sub_ctx()
+    };
+    assert_eq!(
+        decide_permission(&ctx.permissions, SUBMIT_RESULT, &json!({})),
+        Permission::Denied(
+            "the agent's permission rules deny this call of submit_result; it did not run".into()
+        )
+    );
+    let result = transition(
+        &executing(
+            bash("a"),
+            vec![call("s", SUBMIT_RESULT, json!({"result": "done"}))],
+            0,
+        ),
+        &ctx,
+        complete("a", true, "ok"),
+    )
+    .expect("accepted");
+    assert!(
+        !result.effects.iter().any(|e| matches!(
+            e,
+            Effect::PersistMessage(MessageContent::Tool(r)) if r.tool_use_id == "s" && !r.ok
+        )),
+        "{:?}",
+        result.effects
+    );
 }

@@ -972,10 +972,19 @@ fn start_tool(
     remaining: Vec<ToolUse>,
     completed: u32,
 ) -> TransitionResult {
+    // The rules deny any call but a sub-agent's submit_result (its task ends only with it).
+    let denied = match super::permissions::decide(&ctx.permissions, &tool.name, &tool.input) {
+        super::permissions::Permission::Denied(why) if tool.name != SUBMIT_RESULT => Some(why),
+        super::permissions::Permission::Denied(_)
+        | super::permissions::Permission::Allowed
+        | super::permissions::Permission::Ask
+        | super::permissions::Permission::Unruled => None,
+    };
     let settled = match tool.name.as_str() {
         name if !ctx.offers(name) => {
             format!("this agent has no tool named {name:?}; it did not run")
         }
+        _ if denied.is_some() => denied.unwrap_or_default(),
         SUBMIT_RESULT if ctx.is_sub_agent => match parse_submit(&tool.input) {
             Ok(outcome) => return submit(fx, turn, &tool, &remaining, outcome),
             Err(why) => why,

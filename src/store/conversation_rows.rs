@@ -366,6 +366,8 @@ pub(super) fn conversation_row(new: &NewConversation) -> Result<conversations::A
             .tools
             .as_ref()
             .map(|tools| serde_json::to_string(tools).unwrap_or_default())),
+        permissions: Set((!new.permissions.is_empty())
+            .then(|| serde_json::to_string(&new.permissions).unwrap_or_default())),
     })
 }
 
@@ -382,6 +384,12 @@ pub(super) fn conversation(row: conversations::Model) -> Result<ConversationReco
                 .map_err(|e| StoreError::Corrupt(format!("conversation {}: tools: {e}", row.id)))?,
         ),
         None => None,
+    };
+    let permissions = match row.permissions.as_deref() {
+        Some(json) => serde_json::from_str(json).map_err(|e| {
+            StoreError::Corrupt(format!("conversation {}: permissions: {e}", row.id))
+        })?,
+        None => Vec::new(),
     };
     Ok(ConversationRecord {
         id: row.id,
@@ -419,6 +427,7 @@ pub(super) fn conversation(row: conversations::Model) -> Result<ConversationReco
             .zip(row.agent_version.and_then(|v| u32::try_from(v).ok()))
             .map(|(name, version)| AgentRef { name, version }),
         tools,
+        permissions,
         forked_from: row.forked_from_id.zip(row.forked_from_sequence).map(
             |(conversation_id, sequence_id)| ForkPoint {
                 conversation_id,

@@ -555,3 +555,98 @@ async fn the_command_line_exports_and_imports_agents() {
     assert!(!run(&["agent", "export", "acme", "nobody"]).status.success());
     let _ = std::fs::remove_file(&file);
 }
+
+/// An agent's permission rules through the real server: `allow` runs a call without the
+/// approval `require_approval` would ask for, `deny` refuses one without running it (the LLM
+/// gets the rule's message), `ask` asks the client first; the chain stays whole.
+#[tokio::test]
+async fn permission_rules_allow_deny_and_ask() {
+    for db in TestDb::each().await {
+        let app = TestApp::spawn(&db).await;
+        let created = app
+            .post(
+                "/v1/agents",
+                json!({
+                    "name": "careful",
+                    "model": "fake-model",
+                    "require_approval": ["bash"],
+                    "permissions": [
+                        {"tool": "bash", "input": {"command": "echo allowed*"}, "action": "allow"},
+                        {"tool": "bash", "input": {"command": "rm *"}, "action": "deny", "message": "no deleting here"},
+                        {"tool": "th?nk", "action": "ask"},
+                    ],
+                }),
+            )
+            .await
+            .expect(201);
+        assert_eq!(created["permissions"][1]["action"], "deny");
+        let conv = app
+            .post("/v1/conversations", json!({"agent": "careful"}))
+            .await
+            .expect(201);
+        assert_eq!(conv["permissions"].as_array().map(Vec::len), Some(3));
+        let id = conv["id"].as_str().expect("an id").to_owned();
+        app.cwd(&id).await;
+        std::fs::write(app.cwd(&id).await.join("data"), "keep me").expect("a file");
+        app.llm.push([
+            Llm::bash("call_allowed", "echo allowed one"),
+            Llm::bash("call_denied", "rm -rf data"),
+            Llm::tool("call_ask", "think", json!({"thoughts": "may I?"})),
+            Llm::text("done"),
+        ]);
+        let mut ws = crate::support::ws::Ws::connect(&app.ws_url(&id, "")).await;
+        ws.frame().await;
+        app.send(&id, "go").await;
+        // The only question is the one `ask` makes: the allowed bash ran without one.
+        let request = ws.frame_of("client_request").await;
+        assert_eq!(request["tool_use_id"], "call_ask");
+        let request_id = request["request_id"].as_str().expect("an id").to_owned();
+        app.post(
+            &format!("/v1/conversations/{id}/requests/{request_id}"),
+            json!({"payload": {"confirmed": true}}),
+        )
+        .await
+        .expect(200);
+        app.wait_kind(&id, "idle").await;
+        let messages = app.messages(&id).await;
+        let result = |call: &str| {
+            messages
+                .iter()
+                .find(|m| m["content"]["tool_use_id"] == call)
+                .unwrap_or_else(|| panic!("{call}'s result"))["content"]
+                .clone()
+        };
+        assert_eq!(result("call_allowed")["ok"], true);
+        assert!(
+            result("call_allowed")["output"]
+                .as_str()
+                .is_some_and(|o| o.contains("allowed one"))
+        );
+        assert_eq!(result("call_denied")["ok"], false);
+        assert_eq!(result("call_denied")["output"], "no deleting here");
+        assert_eq!(result("call_ask")["ok"], true);
+        assert_eq!(
+            std::fs::read_to_string(app.cwd(&id).await.join("data")).expect("still there"),
+            "keep me"
+        );
+        // Bad rules are refused at definition.
+        for permissions in [
+            json!([{"tool": "", "action": "allow"}]),
+            json!([{"tool": "bash", "action": "maybe"}]),
+            json!([{"tool": "bash", "action": "deny", "extra": 1}]),
+            json!(
+                (0..65)
+                    .map(|_| json!({"tool": "*", "action": "ask"}))
+                    .collect::<Vec<_>>()
+            ),
+        ] {
+            app.post(
+                "/v1/agents",
+                json!({"name": "bad", "model": "m", "permissions": permissions}),
+            )
+            .await
+            .expect_error(400, "invalid_request");
+        }
+        app.cleanup(db).await;
+    }
+}
