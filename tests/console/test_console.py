@@ -92,7 +92,7 @@ def test_create_from_an_agent_and_see_its_version(page, server):
     assert status == 200
     sign_in(page, server)
     page.get_by_text("New conversation", exact=True).click()
-    page.get_by_label("Agent").select_option("console-agent@2")
+    page.get_by_label("Agent", exact=True).select_option("console-agent@2")
     # The agent owns its model and prompt.
     expect(page.get_by_label("Model")).to_be_disabled()
     expect(page.get_by_label("System prompt")).to_be_disabled()
