@@ -349,18 +349,9 @@ proptest! {
         mcp in any::<bool>(),
     ) {
         let ctx = ConvContext {
-            conversation_id: "c".into(),
-            working_dir: "/w".into(),
-            model_id: "m".into(),
-            is_sub_agent,
-            limits: TurnLimits::default(),
-            context_window: 0,
-            context_tokens: 0,
-            continuation_permille: 0,
             require_approval: if approve { vec![name.clone()] } else { Vec::new() },
             mcp_tools: if mcp { vec!["srv__tool".into()] } else { Vec::new() },
-            tools: None,
-            permissions: Vec::new(),
+            ..context_of(is_sub_agent)
         };
         let tool = ToolUse::new("t", name.clone(), input);
         match plan_tool(&ctx, &tool) {
@@ -408,18 +399,9 @@ proptest! {
         is_sub_agent in any::<bool>(),
     ) {
         let ctx = ConvContext {
-            conversation_id: "c".into(),
-            working_dir: "/w".into(),
-            model_id: "m".into(),
-            is_sub_agent,
-            limits: TurnLimits::default(),
-            context_window: 0,
-            context_tokens: 0,
-            continuation_permille: 0,
-            require_approval: Vec::new(),
             mcp_tools: vec!["srv__tool".into()],
             tools: Some(allowed.iter().map(|name| (*name).to_owned()).collect()),
-            permissions: Vec::new(),
+            ..context_of(is_sub_agent)
         };
         let first = ToolUse::new("first", "think", serde_json::json!({}));
         let calls: Vec<ToolUse> = names
@@ -531,18 +513,10 @@ proptest! {
             })
             .collect();
         let ctx = ConvContext {
-            conversation_id: "c".into(),
-            working_dir: "/w".into(),
-            model_id: "m".into(),
-            is_sub_agent: false,
-            limits: TurnLimits::default(),
-            context_window: 0,
-            context_tokens: 0,
-            continuation_permille: 0,
             require_approval: if approve { vec![name.to_owned()] } else { Vec::new() },
             mcp_tools: vec!["srv__tool".into()],
-            tools: None,
             permissions: rules.clone(),
+            ..context_of(false)
         };
         let input = serde_json::json!({"command": command});
         let first = rules.iter().find(|rule| {
@@ -562,5 +536,23 @@ proptest! {
             }
             (Ok(plan), None) => prop_assert_eq!(plan.approval, approve),
         }
+    }
+}
+
+/// A context with no approvals, rules or tools of its own.
+fn context_of(is_sub_agent: bool) -> ConvContext {
+    ConvContext {
+        conversation_id: "c".into(),
+        working_dir: "/w".into(),
+        model_id: "m".into(),
+        is_sub_agent,
+        limits: TurnLimits::default(),
+        context_window: 0,
+        context_tokens: 0,
+        continuation_permille: 0,
+        require_approval: Vec::new(),
+        mcp_tools: Vec::new(),
+        tools: None,
+        permissions: Vec::new(),
     }
 }
