@@ -131,6 +131,11 @@ struct Tenant {
     background: AtomicU64,
     /// Conversations admitted on this node and not yet written.
     creating: AtomicU64,
+    /// Its stored conversations as last counted, and when (see [`Quotas::conversation`]).
+    stored: Mutex<Option<(Instant, u64)>>,
+    /// Conversations admitted here since that count (deletes are not taken off: an
+    /// overestimate only brings the next count sooner).
+    admitted_since: AtomicU64,
     /// Turns admitted on this node whose conversation has not yet taken them.
     starting: AtomicU64,
     /// Held while a conversation or a turn is admitted: what is in use and what is admitted
@@ -141,6 +146,13 @@ struct Tenant {
     workspace: Mutex<Option<(Instant, u64)>>,
     /// Held while its workspace is measured: one measurement at a time.
     measuring: tokio::sync::Mutex<()>,
+}
+
+/// A lock whose holder may have panicked: what it guards is a counter or a cache, whole.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A fair semaphore whose size follows the quota.
@@ -213,6 +225,8 @@ pub enum SlotWait {
 #[derive(Debug)]
 pub struct Quotas {
     defaults: QuotaSettings,
+    /// Other nodes create conversations too (a cluster): their count is always read.
+    clustered: bool,
     store: Store,
     /// Where `workspace_bytes` is measured.
     workspaces: Arc<crate::workspace::Workspaces>,
@@ -250,13 +264,16 @@ impl Drop for Held {
 }
 
 impl Quotas {
+    /// `clustered`: other nodes create this node's tenants' conversations too.
     pub fn new(
         defaults: QuotaSettings,
+        clustered: bool,
         store: Store,
         workspaces: Arc<crate::workspace::Workspaces>,
     ) -> Quotas {
         Quotas {
             defaults,
+            clustered,
             store,
             workspaces,
             tenants: Mutex::new(HashMap::new()),
@@ -289,6 +306,8 @@ impl Quotas {
                     streams: AtomicU64::new(0),
                     background: AtomicU64::new(0),
                     creating: AtomicU64::new(0),
+                    stored: Mutex::new(None),
+                    admitted_since: AtomicU64::new(0),
                     starting: AtomicU64::new(0),
                     admitting: tokio::sync::Mutex::new(()),
                     workspace: Mutex::new(None),
@@ -374,8 +393,14 @@ impl Quotas {
     }
 
     /// Room for one more conversation of the tenant (`conversations`): the stored ones
-    /// (`stored` reads them) and those admitted here and not yet written. Held until the
-    /// returned value is dropped, which the caller does once the conversation is written.
+    /// (`stored` counts them) and those admitted here and not yet written. Held until the
+    /// returned value is dropped: drop it once the conversation is written.
+    ///
+    /// On a single node the count is read once per `quotas.cache_ms` while the tenant is
+    /// far from its limit: the last count and the conversations admitted here since bound
+    /// what is stored (only this node writes them), so a create reads nothing and waits
+    /// behind no other create's read (issue 41). Near the limit, and on a cluster, every
+    /// create counts.
     pub async fn conversation<F>(
         &self,
         tenant_id: &str,
@@ -384,14 +409,27 @@ impl Quotas {
     where
         F: Future<Output = crate::store::Result<u64>>,
     {
-        self.admit(
-            tenant_id,
-            Quota::Conversations,
-            Counter::Creating,
-            None::<fn() -> u64>,
-            stored,
-        )
-        .await
+        let tenant = self.tenant(tenant_id);
+        let limit = self.limits(&tenant, tenant_id).await[Quota::Conversations];
+        let _one_at_a_time = tenant.admitting.lock().await;
+        let held = tenant.creating.load(Ordering::Acquire);
+        let fresh = Duration::from_millis(self.defaults.cache_ms);
+        let bound = (!self.clustered)
+            .then(|| *lock(&tenant.stored))
+            .flatten()
+            .filter(|(at, _)| at.elapsed() < fresh)
+            .map(|(_, count)| count + tenant.admitted_since.load(Ordering::Acquire));
+        if bound.is_none_or(|bound| bound >= limit) {
+            let count = stored().await?;
+            *lock(&tenant.stored) = Some((Instant::now(), count));
+            tenant.admitted_since.store(held, Ordering::Release);
+            if let Err(exceeded) = self.within(Quota::Conversations, limit, count + held) {
+                return Ok(Err(exceeded));
+            }
+        }
+        tenant.creating.fetch_add(1, Ordering::AcqRel);
+        tenant.admitted_since.fetch_add(1, Ordering::AcqRel);
+        Ok(Ok(Held(tenant.clone(), Counter::Creating)))
     }
 
     /// Room for one more running turn of the tenant (`concurrent_turns`): those running
@@ -595,7 +633,7 @@ mod tests {
     async fn a_turn_far_from_the_limit_is_admitted_without_counting_the_running_ones() {
         let (store, dir) = sqlite_store("quota-turns", &[]).await;
         let workspaces = crate::workspace::Workspaces::open(&dir.join("ws"), None).expect("a root");
-        let quotas = Quotas::new(settings(2), store, Arc::new(workspaces));
+        let quotas = Quotas::new(settings(2), false, store, Arc::new(workspaces));
         let counted = Cell::new(0);
         let running = |n: u64| {
             let counted = &counted;
@@ -632,6 +670,52 @@ mod tests {
             .turn("t", || 0, running(0))
             .await
             .expect("room again");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// On one node a create reads the stored count once per window while the count and
+    /// the creates admitted since leave room; near the limit it counts again and the quota
+    /// holds. On a cluster every create counts.
+    #[tokio::test]
+    async fn a_create_far_from_the_limit_reads_no_count() {
+        let (store, dir) = sqlite_store("quota-creates", &[]).await;
+        let workspaces =
+            Arc::new(crate::workspace::Workspaces::open(&dir.join("ws"), None).expect("a root"));
+        let counted = Cell::new(0);
+        let stored = |n: u64| {
+            let counted = &counted;
+            move || {
+                counted.set(counted.get() + 1);
+                std::future::ready(Ok(n))
+            }
+        };
+        // A limit of 10: the first create counts (none stored), the next nine do not.
+        let single = Quotas::new(settings(2), false, store.clone(), workspaces.clone());
+        for n in 0..10 {
+            let held = single.conversation("t", stored(n)).await.expect("reads");
+            drop(held.expect("room"));
+        }
+        assert_eq!(counted.get(), 1, "counted once");
+        // None stored at the count + 10 admitted since reach the limit: counted again, and
+        // the count (10 written) refuses the next.
+        let refused = single.conversation("t", stored(10)).await.expect("reads");
+        assert!(
+            matches!(refused, Err(Exceeded { used: 10, .. })),
+            "{refused:?}"
+        );
+        assert_eq!(counted.get(), 2);
+        // Deletes found by the next count make room again.
+        let held = single.conversation("t", stored(3)).await.expect("reads");
+        assert!(held.is_ok());
+        assert_eq!(counted.get(), 3);
+
+        let clustered = Quotas::new(settings(2), true, store, workspaces);
+        counted.set(0);
+        for _ in 0..3 {
+            let held = clustered.conversation("t", stored(0)).await.expect("reads");
+            drop(held.expect("room"));
+        }
+        assert_eq!(counted.get(), 3, "a cluster counts every create");
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -22,9 +22,14 @@ use crate::wire::{
     ImportQuery, PermissionRuleBody,
 };
 
-/// Versions one agent may have: past it, a change is refused (create the agent under a new
-/// name, or delete and create it again: its numbering goes on).
+/// Versions one agent may hold: past it, a change is refused (delete it and create it again:
+/// its versions go with it, its numbering goes on).
 pub const MAX_VERSIONS: u32 = 1000;
+
+/// The most an agent's permission rules may hold in patterns: each pattern 256 bytes, all
+/// of them 8 KiB (matching is linear in pattern and value, once per call).
+const MAX_PATTERN_BYTES: usize = 256;
+const MAX_RULES_PATTERN_BYTES: usize = 8 * 1024;
 
 /// The most `metadata` may hold, as JSON.
 const MAX_METADATA_BYTES: usize = 16 * 1024;
@@ -159,20 +164,35 @@ fn permissions(given: Option<Vec<PermissionRuleBody>>) -> Result<Vec<PermissionR
     if given.len() > 64 {
         return Err(ApiError::invalid("permissions may hold at most 64 rules"));
     }
+    let total: usize = given
+        .iter()
+        .map(|rule| {
+            rule.tool.len()
+                + rule
+                    .input
+                    .as_ref()
+                    .map_or(0, |input| input.values().map(String::len).sum())
+        })
+        .sum();
+    if total > MAX_RULES_PATTERN_BYTES {
+        return Err(ApiError::invalid(format!(
+            "permissions' patterns hold {total} bytes in all; at most {MAX_RULES_PATTERN_BYTES}"
+        )));
+    }
     given
         .into_iter()
         .enumerate()
         .map(|(i, rule)| {
             let input = rule.input.unwrap_or_default();
-            let fits = (1..=200).contains(&rule.tool.len())
+            let fits = (1..=MAX_PATTERN_BYTES).contains(&rule.tool.len())
                 && input.len() <= 16
-                && input
-                    .iter()
-                    .all(|(field, pattern)| (1..=64).contains(&field.len()) && pattern.len() <= 1000)
+                && input.iter().all(|(field, pattern)| {
+                    (1..=64).contains(&field.len()) && pattern.len() <= MAX_PATTERN_BYTES
+                })
                 && rule.message.as_ref().is_none_or(|m| m.len() <= 1000);
             if !fits {
                 return Err(ApiError::invalid(format!(
-                    "permissions[{i}]: a tool pattern of 1 to 200 characters, at most 16 input fields (names of 1 to 64 characters, patterns of at most 1000) and a message of at most 1000 bytes"
+                    "permissions[{i}]: a tool pattern of 1 to {MAX_PATTERN_BYTES} bytes, at most 16 input fields (names of 1 to 64 characters, patterns of at most {MAX_PATTERN_BYTES} bytes) and a message of at most 1000 bytes"
                 )));
             }
             Ok(PermissionRule {
@@ -297,16 +317,14 @@ pub async fn change(
         ));
     }
     let definition = definition(&app, body)?;
-    let latest = app
-        .store
-        .agent(&caller.0.id, &name, None)
-        .await?
-        .ok_or_else(|| ApiError::not_found("agent"))?;
-    if latest.version >= MAX_VERSIONS {
+    let held = app.store.agent_version_count(&caller.0.id, &name).await?;
+    if held >= u64::from(MAX_VERSIONS) {
         return Err(ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             "quota_exceeded",
-            format!("agent {name:?} has {MAX_VERSIONS} versions, the most one may have"),
+            format!(
+                "agent {name:?} holds {MAX_VERSIONS} versions, the most one may hold; delete it and create it again"
+            ),
         ));
     }
     let made = put(&app, &caller, name, definition, Making::Change).await?;

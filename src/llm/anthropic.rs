@@ -282,6 +282,7 @@ pub struct Body<'a> {
     max_tokens: u32,
     system: [Value; 1],
     messages: Messages<'a>,
+    #[serde(skip_serializing_if = "super::request::Tools::is_empty")]
     tools: super::request::Tools<'a>,
     /// `{"type": "none"}` for the summary request: the history's tool blocks need the tools
     /// defined, but none may be called.
@@ -297,6 +298,17 @@ pub fn body<'a>(
     history: &'a [Wire],
     images: &'a [Box<RawValue>],
 ) -> serde_json::Result<Body<'a>> {
+    let tools = super::request::with_mcp(
+        tools_json(ctx.is_sub_agent, ctx.only_submit)?,
+        ctx,
+        |tool| {
+            json!({
+                "name": tool.name,
+                "description": tool.description,
+                "input_schema": tool.input_schema,
+            })
+        },
+    )?;
     Ok(Body {
         model: ctx.model,
         max_tokens: ctx.max_output_tokens,
@@ -306,18 +318,8 @@ pub fn body<'a>(
             "cache_control": {"type": "ephemeral"},
         })],
         messages: Messages { history, images },
-        tools: super::request::with_mcp(
-            tools_json(ctx.is_sub_agent, ctx.only_submit)?,
-            ctx,
-            |tool| {
-                json!({
-                    "name": tool.name,
-                    "description": tool.description,
-                    "input_schema": tool.input_schema,
-                })
-            },
-        )?,
-        tool_choice: ctx.no_tools.then(|| json!({"type": "none"})),
+        tool_choice: (ctx.no_tools && !tools.is_empty()).then(|| json!({"type": "none"})),
+        tools,
         stream: true,
     })
 }

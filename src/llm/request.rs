@@ -241,6 +241,17 @@ pub enum Tools<'a> {
     Own(Box<RawValue>),
 }
 
+impl Tools<'_> {
+    /// None at all (an agent that allows no built-in tool and has no MCP tools): the
+    /// request then leaves `tools` out, as backends refuse an empty list.
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Tools::Cached(raw) => raw.get() == "[]",
+            Tools::Own(raw) => raw.get() == "[]",
+        }
+    }
+}
+
 /// The built-in tools' JSON (`cached`), less those the agent does not allow, with the
 /// conversation's MCP tools after them, each made by `entry` (not in a sub-agent's grace
 /// turn, which offers submit_result alone).
@@ -381,6 +392,7 @@ fn merged(run: &[&RawValue]) -> serde_json::Value {
 pub struct Body<'a> {
     model: &'a str,
     messages: Messages<'a>,
+    #[serde(skip_serializing_if = "Tools::is_empty")]
     tools: Tools<'a>,
     /// `"none"` for the summary request: the tools stay defined (the history uses them),
     /// but none may be called.
@@ -412,6 +424,20 @@ pub fn body<'a>(
     turn_from: usize,
     images: &'a [Box<RawValue>],
 ) -> serde_json::Result<Body<'a>> {
+    let tools = with_mcp(
+        tools_json(ctx.is_sub_agent, ctx.only_submit)?,
+        ctx,
+        |tool| {
+            ChatCompletionTools::Function(ChatCompletionTool {
+                function: FunctionObject {
+                    name: tool.name.clone(),
+                    description: Some(tool.description.clone()),
+                    parameters: Some(tool.input_schema.clone()),
+                    strict: None,
+                },
+            })
+        },
+    )?;
     Ok(Body {
         model: ctx.model,
         messages: Messages {
@@ -423,21 +449,8 @@ pub fn body<'a>(
             images,
             reasoning_from: ctx.echo_reasoning.then_some(turn_from),
         },
-        tools: with_mcp(
-            tools_json(ctx.is_sub_agent, ctx.only_submit)?,
-            ctx,
-            |tool| {
-                ChatCompletionTools::Function(ChatCompletionTool {
-                    function: FunctionObject {
-                        name: tool.name.clone(),
-                        description: Some(tool.description.clone()),
-                        parameters: Some(tool.input_schema.clone()),
-                        strict: None,
-                    },
-                })
-            },
-        )?,
-        tool_choice: ctx.no_tools.then_some("none"),
+        tool_choice: (ctx.no_tools && !tools.is_empty()).then_some("none"),
+        tools,
         stream: true,
         stream_options: ChatCompletionStreamOptions {
             include_usage: Some(true),

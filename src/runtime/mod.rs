@@ -314,6 +314,7 @@ impl Runtime {
         let workspaces = Arc::new(workspaces);
         let quotas = Arc::new(crate::quotas::Quotas::new(
             settings.quotas.clone(),
+            cluster.is_some(),
             store.clone(),
             workspaces.clone(),
         ));

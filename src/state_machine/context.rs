@@ -64,7 +64,7 @@ impl ConvContext {
     /// agent allows, or (a sub-agent's) submit_result, which ends its task.
     pub fn offers(&self, name: &str) -> bool {
         self.mcp_tools.iter().any(|tool| tool == name)
-            || (self.is_sub_agent && name == super::transition::SUBMIT_RESULT)
+            || (self.is_sub_agent && name == super::names::SUBMIT_RESULT)
             || self
                 .tools
                 .as_ref()

@@ -12,6 +12,7 @@ mod context;
 mod effect;
 mod event;
 mod message;
+mod names;
 mod permissions;
 mod plan;
 mod state;

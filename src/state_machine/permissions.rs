@@ -6,8 +6,13 @@
 //!
 //! A rule's `tool` is a pattern of the tool's name (`*` any run of characters, `?` one):
 //! built-in tools, MCP tools (`server__*`) and client tools alike. Its `input` names string
-//! fields of the call's input, each with a pattern the field's whole value must match (a
-//! field that is absent or not a string does not match).
+//! fields of the call's input, each with a pattern the field's whole value must match. A
+//! field that is absent matches no rule; one that is present and not a string (a list, an
+//! object: what a model may send to dodge a pattern) matches every `deny` and `ask` rule
+//! that names it and no `allow` rule: the rules fail closed.
+//!
+//! Patterns match text, not meaning (`./x` and `x` are two paths to them): they are a
+//! policy, not a sandbox. The sandbox confines what a call that runs can do.
 
 use std::collections::BTreeMap;
 
@@ -42,12 +47,14 @@ impl PermissionRule {
     /// Whether the rule applies to a call of `tool` with `input`.
     pub fn matches(&self, tool: &str, input: &Value) -> bool {
         WildMatch::new(&self.tool).matches(tool)
-            && self.input.iter().all(|(field, pattern)| {
-                input
-                    .get(field)
-                    .and_then(Value::as_str)
-                    .is_some_and(|value| WildMatch::new(pattern).matches(value))
-            })
+            && self
+                .input
+                .iter()
+                .all(|(field, pattern)| match input.get(field) {
+                    None => false,
+                    Some(Value::String(value)) => WildMatch::new(pattern).matches(value),
+                    Some(_) => self.action != PermissionAction::Allow,
+                })
     }
 }
 

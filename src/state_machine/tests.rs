@@ -2676,8 +2676,18 @@ fn permissions_a_denied_call_never_runs() {
         call("x", "spawn_sub_agents", json!({"tasks": [{"prompt": "p"}]})),
         "work alone",
     );
-    // A field that is absent or not a string does not match: the rule does not apply.
-    after_a(&ctx, call("b", "bash", json!({"command": 7})), workspace());
+    // A field that is present and not a string matches a deny rule (the rules fail closed);
+    // one that is absent matches none.
+    refused_after_a(
+        &ctx,
+        call("x", "bash", json!({"command": ["rm", "-rf"]})),
+        "no deleting",
+    );
+    after_a(
+        &ctx,
+        call("b", "bash", json!({"cmd": "rm -rf /"})),
+        workspace(),
+    );
 }
 
 /// `allow` runs a call without approval even where `require_approval` names its tool; `ask`

@@ -16,10 +16,7 @@ use super::state::{
     SubAgentSlot, ToolUse, Turn, TurnId,
 };
 
-/// Name of the tool that fans work out to sub-agents (user conversations only).
-pub const SPAWN_SUB_AGENTS: &str = "spawn_sub_agents";
-/// Name of the tool with which a sub-agent hands back its result (sub-agents only).
-pub const SUBMIT_RESULT: &str = "submit_result";
+pub use super::names::{SPAWN_SUB_AGENTS, SUBMIT_RESULT};
 
 /// Output of the synthetic result for the tool that was running when the user cancelled.
 pub const CANCELLED_BY_USER: &str = "cancelled by user";

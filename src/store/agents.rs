@@ -1,7 +1,7 @@
 //! Tenants' agents (docs/api.md, "Agents"; migration 14): each name's versions, immutable
-//! once made, and which is the latest. A deleted agent keeps its versions (conversations
-//! created from them go on using them) but gives no new conversation; created again, its
-//! versions go on from the last one, so `name@N` always means one definition.
+//! once made, and which is the latest. A conversation keeps what its version gave it in its
+//! own row, so a deleted agent's versions go with it; its row stays, and created again its
+//! versions go on from the last number, so `name@N` always means one definition.
 
 use sea_orm::{ConnectionTrait as _, FromQueryResult, TransactionTrait as _};
 
@@ -153,22 +153,44 @@ impl Store {
         })
     }
 
-    /// Deletes the tenant's agent `name` (its versions stay); whether it was live.
+    /// Deletes the tenant's agent `name` and its versions (its row keeps the last number);
+    /// whether it was live.
     pub async fn delete_agent(
         &self,
         tenant_id: &str,
         name: &str,
         now: chrono::DateTime<chrono::Utc>,
     ) -> Result<bool> {
-        let result = self
-            .writer()
+        let txn = self.writer().begin().await?;
+        let result = txn
             .execute_raw(self.statement(
                 "UPDATE agents SET deleted_at = $3, updated_at = $3 \
                  WHERE tenant_id = $1 AND name = $2 AND deleted_at IS NULL",
                 vec![tenant_id.into(), name.into(), now.to_rfc3339().into()],
             ))
             .await?;
+        txn.execute_raw(self.statement(
+            "DELETE FROM agent_versions WHERE tenant_id = $1 AND name = $2",
+            vec![tenant_id.into(), name.into()],
+        ))
+        .await?;
+        txn.commit().await?;
         Ok(result.rows_affected() == 1)
+    }
+
+    /// How many versions the tenant's live agent `name` holds.
+    pub async fn agent_version_count(&self, tenant_id: &str, name: &str) -> Result<u64> {
+        #[derive(FromQueryResult)]
+        struct Count {
+            n: i64,
+        }
+        let count = Count::find_by_statement(self.statement(
+            "SELECT COUNT(*) AS n FROM agent_versions WHERE tenant_id = $1 AND name = $2",
+            vec![tenant_id.into(), name.into()],
+        ))
+        .one(&self.db)
+        .await?;
+        Ok(count.map_or(0, |c| u64::try_from(c.n).unwrap_or(0)))
     }
 
     /// The latest version of each of the tenant's live agents, by name.
@@ -324,7 +346,15 @@ mod tests {
         let versions = store.agent_versions("t", "coder").await.expect("lists");
         assert_eq!(
             versions.iter().map(|v| v.version).collect::<Vec<_>>(),
-            [1, 2, 3]
+            [3],
+            "a deleted agent's versions went with it"
+        );
+        assert_eq!(
+            store
+                .agent_version_count("t", "coder")
+                .await
+                .expect("counts"),
+            1
         );
         store.close().await.expect("closes");
         let _ = std::fs::remove_dir_all(dir);

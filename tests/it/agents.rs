@@ -183,6 +183,37 @@ async fn agents_are_versioned_and_conversations_keep_their_version() {
             .await
             .expect(201);
         assert_eq!(again["version"], 3, "versions are never reused");
+        let held = app.get("/v1/agents/coder/versions").await.expect(200);
+        assert_eq!(
+            held["agents"].as_array().map(Vec::len),
+            Some(1),
+            "the deleted agent's versions went with it: {held}"
+        );
+        app.post("/v1/conversations", json!({"agent": "coder@1"}))
+            .await
+            .expect_error(404, "not_found");
+
+        // An agent with no tool at all: the request offers none (no empty `tools` list,
+        // which backends refuse).
+        app.post(
+            "/v1/agents",
+            json!({"name": "talker", "model": "fake-model", "tools": []}),
+        )
+        .await
+        .expect(201);
+        let talker = app
+            .post("/v1/conversations", json!({"agent": "talker"}))
+            .await
+            .expect(201)["id"]
+            .as_str()
+            .expect("an id")
+            .to_owned();
+        let before = app.llm.requests().len();
+        app.llm.push([Llm::text("just words")]);
+        app.send(&talker, "hello").await;
+        app.wait_kind(&talker, "idle").await;
+        let request = app.llm.requests()[before].clone();
+        assert!(request.get("tools").is_none(), "{request}");
         app.cleanup(db).await;
     }
 }

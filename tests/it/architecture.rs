@@ -248,14 +248,21 @@ fn layering_no_import_cycle_between_top_level_modules() {
 }
 
 /// Layering: no import cycle between the files of the HTTP layer, the runtime, the store,
-/// the gateway, the tools, the sandbox or the cluster. REST and the WebSocket share delivery
+/// the gateway, the tools, the sandbox, the cluster or the core. REST and the WebSocket share delivery
 /// through `api/delivery.rs`, not through each other; the runtime's files name the actors'
 /// mailboxes (`runtime/messages.rs`), not the actors, and the registry starts every
 /// conversation (sub-agents included) through the spawn the runtime gives it.
 #[test]
 fn layering_no_import_cycle_inside_a_layer() {
     for dir in [
-        "api", "runtime", "store", "llm", "tools", "sandbox", "cluster",
+        "api",
+        "runtime",
+        "store",
+        "llm",
+        "tools",
+        "sandbox",
+        "cluster",
+        "state_machine",
     ] {
         let graph = module_graph(dir);
         assert!(
