@@ -138,6 +138,8 @@ struct Tenant {
     admitted_since: AtomicU64,
     /// Turns admitted on this node whose conversation has not yet taken them.
     starting: AtomicU64,
+    /// Agents admitted on this node and not yet written.
+    making_agents: AtomicU64,
     /// Held while a conversation or a turn is admitted: what is in use and what is admitted
     /// and not yet under way are read together, so requests at once cannot each find room
     /// for themselves.
@@ -244,6 +246,7 @@ enum Counter {
     Background,
     Creating,
     Starting,
+    MakingAgents,
 }
 
 impl Counter {
@@ -253,6 +256,7 @@ impl Counter {
             Counter::Background => &tenant.background,
             Counter::Creating => &tenant.creating,
             Counter::Starting => &tenant.starting,
+            Counter::MakingAgents => &tenant.making_agents,
         }
     }
 }
@@ -309,6 +313,7 @@ impl Quotas {
                     stored: Mutex::new(None),
                     admitted_since: AtomicU64::new(0),
                     starting: AtomicU64::new(0),
+                    making_agents: AtomicU64::new(0),
                     admitting: tokio::sync::Mutex::new(()),
                     workspace: Mutex::new(None),
                     measuring: tokio::sync::Mutex::new(()),
@@ -430,6 +435,28 @@ impl Quotas {
         tenant.creating.fetch_add(1, Ordering::AcqRel);
         tenant.admitted_since.fetch_add(1, Ordering::AcqRel);
         Ok(Ok(Held(tenant.clone(), Counter::Creating)))
+    }
+
+    /// Room for one more agent of the tenant (`agents`): those stored (`stored` counts them)
+    /// and those admitted here and not yet written, read together so that creates at once
+    /// cannot each find the last place. Held until the returned value is dropped: drop it
+    /// once the agent is written.
+    pub async fn agent<F>(
+        &self,
+        tenant_id: &str,
+        stored: impl FnOnce() -> F,
+    ) -> crate::store::Result<Result<Held, Exceeded>>
+    where
+        F: Future<Output = crate::store::Result<u64>>,
+    {
+        self.admit(
+            tenant_id,
+            Quota::Agents,
+            Counter::MakingAgents,
+            None::<fn() -> u64>,
+            stored,
+        )
+        .await
     }
 
     /// Room for one more running turn of the tenant (`concurrent_turns`): those running

@@ -14,7 +14,6 @@ use super::auth::Caller;
 use super::error::{ApiError, Body, ErrorBody, Path, Query, reply};
 use crate::model::{AgentDefinition, AgentVersion};
 use crate::persistence::{WriteJob, WriteOutcome};
-use crate::quotas::Quota;
 use crate::state_machine::PermissionRule;
 use crate::store::{Making, StoreError};
 use crate::wire::{
@@ -288,8 +287,11 @@ pub async fn create(
         }
     };
     let definition = definition(&app, body)?;
-    let count = app.store.agent_count(&caller.0.id).await?;
-    app.quotas.check(&caller.0.id, Quota::Agents, count).await?;
+    let store = &app.store;
+    let _making = app
+        .quotas
+        .agent(&caller.0.id, || store.agent_count(&caller.0.id))
+        .await??;
     let made = put(&app, &caller, name, definition, Making::Create).await?;
     Ok(reply(StatusCode::CREATED, &wire::agent(&made)))
 }
@@ -572,8 +574,11 @@ pub async fn import(
     Body(document): Body<AgentDocument>,
 ) -> Result<Response, ApiError> {
     let (name, definitions) = importable(&app.settings, document, query.as_name)?;
-    let count = app.store.agent_count(&caller.0.id).await?;
-    app.quotas.check(&caller.0.id, Quota::Agents, count).await?;
+    let store = &app.store;
+    let _making = app
+        .quotas
+        .agent(&caller.0.id, || store.agent_count(&caller.0.id))
+        .await??;
     let made = put_all(&app, &caller, name, definitions, Making::Create).await?;
     Ok(reply(
         StatusCode::CREATED,

@@ -681,3 +681,25 @@ async fn permission_rules_allow_deny_and_ask() {
         app.cleanup(db).await;
     }
 }
+
+/// A flood of creates at once cannot pass the `agents` quota: what is stored and what is
+/// admitted and not yet written are counted together.
+#[tokio::test]
+async fn a_flood_of_agent_creates_makes_no_more_than_the_quota() {
+    for db in TestDb::each().await {
+        let app = TestApp::spawn_with(&db, &[("BEDROCK_QUOTAS__AGENTS", "3")]).await;
+        let creates = (0..12).map(|i| {
+            app.post(
+                "/v1/agents",
+                json!({"name": format!("flood-{i}"), "model": "fake-model"}),
+            )
+        });
+        let replies = futures::future::join_all(creates).await;
+        let made = replies.iter().filter(|r| r.status == 201).count();
+        let refused = replies.iter().filter(|r| r.status == 429).count();
+        assert_eq!((made, refused), (3, 9), "{}", db.backend);
+        let listed = app.get("/v1/agents").await.expect(200);
+        assert_eq!(listed["agents"].as_array().map(Vec::len), Some(3));
+        app.cleanup(db).await;
+    }
+}
