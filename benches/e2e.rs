@@ -20,7 +20,8 @@
 //! choose the rows. The server gets the bench's own `BEDROCK_*` settings (e.g.
 //! `BEDROCK_EVENTS__RETAIN=7d` for a frame retention window), and runs under
 //! `BENCH_SERVER_WRAP` when set (e.g. `heaptrack -o /tmp/heap`; its CPU and RSS figures are
-//! then the wrapper's). After each
+//! then the wrapper's). `BENCH_AGENT_RULES=N` creates every conversation from an agent with
+//! N permission rules (issue 38). After each
 //! mode the server stops and the database's growth per turn is printed (SQLite's file with
 //! its log checkpointed, Postgres's `pg_database_size`).
 //!
@@ -98,14 +99,53 @@ struct Client {
     http: reqwest::Client,
     base: String,
     ws_base: String,
+    /// What a new conversation is created with: `{}`, or `{"agent": ...}`.
+    create_body: Value,
 }
 
 impl Client {
+    /// With `BENCH_AGENT_RULES=N`, conversations are created from an agent whose N
+    /// permission rules every tool call is checked against (N - 1 that never match, then
+    /// one that allows everything): the cost of agents and their rules (issue 38).
+    async fn use_agent(&mut self) {
+        let Some(rules) = std::env::var("BENCH_AGENT_RULES")
+            .ok()
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|n| *n > 0)
+        else {
+            return;
+        };
+        let probe = self.create().await.unwrap();
+        let conversation: Value = self
+            .http
+            .get(format!("{}/v1/conversations/{probe}", self.base))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let mut permissions: Vec<Value> = (1..rules)
+            .map(|i| json!({"tool": "bash", "input": {"command": format!("never-{i} *")}, "action": "deny"}))
+            .collect();
+        permissions.push(json!({"tool": "*", "action": "allow"}));
+        let name = format!("bench-{}", std::process::id());
+        let made = self
+            .http
+            .post(format!("{}/v1/agents", self.base))
+            .json(&json!({"name": name, "model": conversation["model"], "permissions": permissions}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(made.status(), 201, "the bench's agent is made");
+        self.create_body = json!({ "agent": name });
+    }
+
     async fn create(&self) -> Result<String, String> {
         let response = self
             .http
             .post(format!("{}/v1/conversations", self.base))
-            .json(&json!({}))
+            .json(&self.create_body)
             .send()
             .await
             .map_err(|e| format!("create: {e}"))?;
@@ -263,7 +303,7 @@ fn load() {
     let measure = Duration::from_millis(arg("E2E_MEASURE_MS").parse().unwrap());
     let turns_per_conversation: usize = arg("E2E_TURNS_PER_CONVERSATION").parse().unwrap();
     runtime().block_on(async move {
-        let client = std::sync::Arc::new(Client {
+        let mut client = Client {
             http: reqwest::Client::builder()
                 .pool_max_idle_per_host(workers * 2)
                 .tcp_nodelay(true)
@@ -271,7 +311,10 @@ fn load() {
                 .unwrap(),
             ws_base: base.replacen("http://", "ws://", 1),
             base,
-        });
+            create_body: json!({}),
+        };
+        client.use_agent().await;
+        let client = std::sync::Arc::new(client);
         let (tasks, told): (Vec<tokio::task::JoinHandle<Tally>>, _) = if mode == Mode::Scale {
             let sockets = connect_all(&client, workers).await;
             let (window, told) = window_after(warmup, measure);
