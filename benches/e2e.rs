@@ -133,7 +133,9 @@ impl Client {
         let made = self
             .http
             .post(format!("{}/v1/agents", self.base))
-            .json(&json!({"name": name, "model": conversation["model"], "permissions": permissions}))
+            .json(
+                &json!({"name": name, "model": conversation["model"], "permissions": permissions}),
+            )
             .send()
             .await
             .unwrap();

@@ -111,7 +111,12 @@ impl Actor for SubAgentSupervisor {
                 tenant_id: parent.tenant_id.clone(),
                 slug: format!("{}-sub-{}-{}", parent.slug, index + 1, &id[id.len() - 8..]),
                 cwd: parent.cwd.clone(),
-                model: task.model.clone().unwrap_or_else(|| parent.model.clone()),
+                // An agent's conversation runs its agent's model, its sub-agents too (a
+                // task's `model` would let the LLM leave it).
+                model: match (&parent.agent, &task.model) {
+                    (None, Some(model)) => model.clone(),
+                    (Some(_), _) | (None, None) => parent.model.clone(),
+                },
                 system_prompt: None,
                 parent_id: Some(parent.id.clone()),
                 user_initiated: false,

@@ -325,7 +325,7 @@ async fn another_tenants_agents_are_out_of_reach() {
     }
 }
 
-/// A sub-agent keeps its parent's agent version and its tools (and always has
+/// A sub-agent keeps its parent's agent version, model and tools (and always has
 /// submit_result).
 #[tokio::test]
 async fn sub_agents_keep_their_parents_agent_version() {
@@ -350,7 +350,7 @@ async fn sub_agents_keep_their_parents_agent_version() {
                 Llm::tool(
                     "call_spawn",
                     "spawn_sub_agents",
-                    json!({"tasks": [{"prompt": "the child's task"}]}),
+                    json!({"tasks": [{"prompt": "the child's task", "model": "another-model"}]}),
                 ),
                 Llm::text("all done"),
             ],
@@ -371,6 +371,10 @@ async fn sub_agents_keep_their_parents_agent_version() {
             .expect(200);
         let child = &children["conversations"][0];
         assert_eq!(child["agent"], json!({"name": "lead", "version": 1}));
+        assert_eq!(
+            child["model"], "fake-model",
+            "a task cannot leave its agent's model"
+        );
         assert_eq!(child["tools"], json!(["spawn_sub_agents", "think"]));
         // The child was offered its agent's tools (less spawn_sub_agents, which sub-agents
         // never have) and submit_result, and its result reached the parent.
