@@ -204,6 +204,17 @@ fn permissions(given: Option<Vec<PermissionRuleBody>>) -> Result<Vec<PermissionR
         .collect()
 }
 
+/// 409 `agent_exists`.
+fn exists(name: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "agent_exists",
+        format!(
+            "the tenant has an agent named {name:?}; PUT /v1/agents/{name} makes its next version"
+        ),
+    )
+}
+
 /// Stores the next version of `name` and answers it as the API shows it.
 async fn put(
     app: &AppState,
@@ -227,27 +238,23 @@ async fn put_all(
     making: Making,
 ) -> Result<Vec<AgentVersion>, ApiError> {
     let at = Utc::now();
-    let written = app
-        .persistence
-        .write(WriteJob::PutAgent {
-            tenant_id: caller.0.id.clone(),
-            name: name.clone(),
-            definitions: definitions.clone(),
-            making,
-            at,
-        })
-        .await
-        .map_err(|e| match e {
-            StoreError::Conflict(_) => ApiError::new(
-                StatusCode::CONFLICT,
-                "agent_exists",
-                format!("the tenant has an agent named {name:?}; PUT /v1/agents/{name} makes its next version"),
-            ),
-            StoreError::NotFound => ApiError::not_found("agent"),
-            other @ (StoreError::Unavailable(_) | StoreError::Corrupt(_) | StoreError::Other(_)) => {
-                other.into()
-            }
-        })?;
+    let written =
+        app.persistence
+            .write(WriteJob::PutAgent {
+                tenant_id: caller.0.id.clone(),
+                name: name.clone(),
+                definitions: definitions.clone(),
+                making,
+                at,
+            })
+            .await
+            .map_err(|e| match e {
+                StoreError::Conflict(_) => exists(&name),
+                StoreError::NotFound => ApiError::not_found("agent"),
+                other @ (StoreError::Unavailable(_)
+                | StoreError::Corrupt(_)
+                | StoreError::Other(_)) => other.into(),
+            })?;
     let WriteOutcome::Version(first) = written else {
         return Err(ApiError::internal("the agent's version was not reported"));
     };
@@ -575,6 +582,10 @@ pub async fn import(
 ) -> Result<Response, ApiError> {
     let (name, definitions) = importable(&app.settings, document, query.as_name)?;
     let store = &app.store;
+    // A taken name is the answer before the quota (the write refuses it either way).
+    if store.agent(&caller.0.id, &name, None).await?.is_some() {
+        return Err(exists(&name));
+    }
     let _making = app
         .quotas
         .agent(&caller.0.id, || store.agent_count(&caller.0.id))

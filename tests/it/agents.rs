@@ -299,6 +299,21 @@ async fn another_tenants_agents_are_out_of_reach() {
         .await
         .expect_error(400, "invalid_request");
 
+        // A taken name answers 409 before the quota is looked at.
+        let document = app.get("/v1/agents/secret/export").await.expect(200);
+        app.post(
+            "/v1/agents",
+            json!({"name": "second", "model": "fake-model"}),
+        )
+        .await
+        .expect(201);
+        app.post("/v1/agents/import", document)
+            .await
+            .expect_error(409, "agent_exists");
+        app.request(Method::DELETE, "/v1/agents/second", Some(&app.key_a), None)
+            .await
+            .expect(204);
+
         // The quota: two agents; a deleted one gives its place back.
         app.post(
             "/v1/agents",
