@@ -45,10 +45,10 @@ fn valid_name(name: &str) -> bool {
 /// The built-in tools an agent may name in `tools` (a sub-agent's submit_result is always
 /// its own).
 fn built_in_tools() -> Vec<&'static str> {
-    let mut names: Vec<&'static str> = crate::tools::definitions(false)
-        .into_iter()
-        .chain(crate::tools::definitions(true))
-        .map(|tool| tool.name)
+    let mut names: Vec<&'static str> = crate::tools::names(false)
+        .iter()
+        .chain(crate::tools::names(true))
+        .copied()
         .filter(|name| *name != crate::state_machine::SUBMIT_RESULT)
         .collect();
     names.sort_unstable();
@@ -78,11 +78,6 @@ fn names(
     given.sort();
     given.dedup();
     Ok(Some(given))
-}
-
-/// The definition a body gives, checked.
-fn definition(app: &AppState, body: AgentBody) -> Result<AgentDefinition, ApiError> {
-    check_definition(&app.settings, body)
 }
 
 /// The definition a body gives, checked (the API's routes and `bedrock agent import`).
@@ -293,7 +288,7 @@ pub async fn create(
             ));
         }
     };
-    let definition = definition(&app, body)?;
+    let definition = check_definition(&app.settings, body)?;
     let store = &app.store;
     let _making = app
         .quotas
@@ -325,7 +320,7 @@ pub async fn change(
             "name, when given, must be the agent's name in the path (an agent is not renamed)",
         ));
     }
-    let definition = definition(&app, body)?;
+    let definition = check_definition(&app.settings, body)?;
     let held = app.store.agent_version_count(&caller.0.id, &name).await?;
     if held >= u64::from(MAX_VERSIONS) {
         return Err(ApiError::new(

@@ -264,9 +264,7 @@ pub fn with_mcp<'a, T: serde::Serialize>(
         return Ok(Tools::Cached(cached));
     }
     // `cached` holds the built-in tools in the order `tools::definitions` gives them.
-    let names = crate::tools::definitions(ctx.is_sub_agent)
-        .into_iter()
-        .map(|tool| tool.name);
+    let names = crate::tools::names(ctx.is_sub_agent);
     let allowed = |name: &str| {
         (ctx.is_sub_agent && name == crate::state_machine::SUBMIT_RESULT)
             || ctx
@@ -275,7 +273,7 @@ pub fn with_mcp<'a, T: serde::Serialize>(
     };
     let mut all: Vec<Box<RawValue>> = serde_json::from_str::<Vec<&RawValue>>(cached.get())?
         .into_iter()
-        .zip(names)
+        .zip(names.iter().copied())
         .filter(|(_, name)| allowed(name))
         .map(|(t, _)| t.to_owned())
         .collect();

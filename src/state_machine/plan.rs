@@ -81,7 +81,16 @@ impl QuestionKind {
 /// The agent's permission rules decide first: a denied call is refused, an allowed one
 /// needs no approval, one to ask about does; no rule matching, `require_approval` decides.
 pub fn plan(ctx: &ConvContext, tool: &ToolUse) -> Result<ToolPlan, String> {
-    let approval = match decide(&ctx.permissions, &tool.name, &tool.input) {
+    plan_decided(ctx, tool, decide(&ctx.permissions, &tool.name, &tool.input))
+}
+
+/// [`plan`] with the rules' decision already made (the transition makes it once per call).
+pub(super) fn plan_decided(
+    ctx: &ConvContext,
+    tool: &ToolUse,
+    permission: Permission,
+) -> Result<ToolPlan, String> {
+    let approval = match permission {
         Permission::Denied(why) => return Err(why),
         Permission::Allowed => false,
         Permission::Ask => true,

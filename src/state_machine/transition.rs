@@ -10,7 +10,7 @@ use super::event::{
     Event, IfBusy, Interruption, LlmFailure, LlmReply, LlmRequestTag, ToolOutcome, Usage,
 };
 use super::message::{ImageRef, MessageContent};
-use super::plan::plan;
+use super::plan::plan_decided;
 use super::state::{
     BackgroundResult, ConvState, ErrorKind, MAX_LLM_ATTEMPTS, SubAgentLimit, SubAgentOutcome,
     SubAgentSlot, ToolUse, Turn, TurnId,
@@ -969,28 +969,23 @@ fn start_tool(
     remaining: Vec<ToolUse>,
     completed: u32,
 ) -> TransitionResult {
-    // The rules deny any call but a sub-agent's submit_result (its task ends only with it).
-    let denied = match super::permissions::decide(&ctx.permissions, &tool.name, &tool.input) {
-        super::permissions::Permission::Denied(why) if tool.name != SUBMIT_RESULT => Some(why),
-        super::permissions::Permission::Denied(_)
-        | super::permissions::Permission::Allowed
-        | super::permissions::Permission::Ask
-        | super::permissions::Permission::Unruled => None,
-    };
-    let settled = match tool.name.as_str() {
-        name if !ctx.offers(name) => {
+    // The rules, decided once for the call, deny any call but a sub-agent's submit_result
+    // (its task ends only with it).
+    let permission = super::permissions::decide(&ctx.permissions, &tool.name, &tool.input);
+    let settled = match (tool.name.as_str(), permission) {
+        (name, _) if !ctx.offers(name) => {
             format!("this agent has no tool named {name:?}; it did not run")
         }
-        _ if denied.is_some() => denied.unwrap_or_default(),
-        SUBMIT_RESULT if ctx.is_sub_agent => match parse_submit(&tool.input) {
+        (name, super::permissions::Permission::Denied(why)) if name != SUBMIT_RESULT => why,
+        (SUBMIT_RESULT, _) if ctx.is_sub_agent => match parse_submit(&tool.input) {
             Ok(outcome) => return submit(fx, turn, &tool, &remaining, outcome),
             Err(why) => why,
         },
-        SUBMIT_RESULT => "submit_result is only available to sub-agents".to_owned(),
-        SPAWN_SUB_AGENTS if ctx.is_sub_agent => {
+        (SUBMIT_RESULT, _) => "submit_result is only available to sub-agents".to_owned(),
+        (SPAWN_SUB_AGENTS, _) if ctx.is_sub_agent => {
             "sub-agents cannot spawn sub-agents; do the work yourself".to_owned()
         }
-        SPAWN_SUB_AGENTS => match parse_spawn(&tool.input, &ctx.limits) {
+        (SPAWN_SUB_AGENTS, _) => match parse_spawn(&tool.input, &ctx.limits) {
             Ok(tasks) => {
                 fx.push(Effect::SpawnSubAgents {
                     turn: turn.id.clone(),
@@ -1001,7 +996,7 @@ fn start_tool(
             }
             Err(why) => why,
         },
-        _ => match plan(ctx, &tool) {
+        (_, permission) => match plan_decided(ctx, &tool, permission) {
             Ok(plan) => {
                 fx.push(Effect::ExecuteTool {
                     turn: turn.id.clone(),

@@ -180,17 +180,11 @@ impl Store {
 
     /// How many versions the tenant's live agent `name` holds.
     pub async fn agent_version_count(&self, tenant_id: &str, name: &str) -> Result<u64> {
-        #[derive(FromQueryResult)]
-        struct Count {
-            n: i64,
-        }
-        let count = Count::find_by_statement(self.statement(
+        self.count_of(
             "SELECT COUNT(*) AS n FROM agent_versions WHERE tenant_id = $1 AND name = $2",
             vec![tenant_id.into(), name.into()],
-        ))
-        .one(&self.db)
-        .await?;
-        Ok(count.map_or(0, |c| u64::try_from(c.n).unwrap_or(0)))
+        )
+        .await
     }
 
     /// The latest version of each of the tenant's live agents, by name.
@@ -239,17 +233,11 @@ impl Store {
 
     /// How many live agents the tenant has.
     pub async fn agent_count(&self, tenant_id: &str) -> Result<u64> {
-        #[derive(FromQueryResult)]
-        struct Count {
-            n: i64,
-        }
-        let count = Count::find_by_statement(self.statement(
+        self.count_of(
             "SELECT COUNT(*) AS n FROM agents WHERE tenant_id = $1 AND deleted_at IS NULL",
             vec![tenant_id.into()],
-        ))
-        .one(&self.db)
-        .await?;
-        Ok(count.map_or(0, |c| u64::try_from(c.n).unwrap_or(0)))
+        )
+        .await
     }
 
     async fn versions_where(

@@ -201,15 +201,7 @@ impl Store {
         let mut row = conversation_row(new)?;
         row.continued_from_id = Set(from.map(str::to_owned));
         row.next_sequence_id = Set(2);
-        conversations::Entity::insert(row).exec(&txn).await?;
-        let key: Option<i64> = conversations::Entity::find()
-            .select_only()
-            .column_as(Expr::col(INTERNAL_KEY), "key")
-            .filter(conversations::Column::Id.eq(&new.id))
-            .into_tuple()
-            .one(&txn)
-            .await?;
-        let key = key.ok_or_else(|| StoreError::Other("the continuation has no key".into()))?;
+        let key = inserted_key(&txn, row, &new.id).await?;
         messages::Entity::insert(messages::ActiveModel {
             conversation_key: Set(key),
             sequence_id: Set(1),
@@ -245,15 +237,7 @@ impl Store {
         row.forked_from_id = Set(Some(from.conversation_id.clone()));
         row.forked_from_sequence = Set(Some(from.sequence_id));
         row.next_sequence_id = Set(from.sequence_id + 1);
-        conversations::Entity::insert(row).exec(&txn).await?;
-        let key: Option<i64> = conversations::Entity::find()
-            .select_only()
-            .column_as(Expr::col(INTERNAL_KEY), "key")
-            .filter(conversations::Column::Id.eq(&new.id))
-            .into_tuple()
-            .one(&txn)
-            .await?;
-        let key = key.ok_or_else(|| StoreError::Other("the fork has no key".into()))?;
+        let key = inserted_key(&txn, row, &new.id).await?;
         let rows = messages::Entity::find()
             .filter(of_conversation(
                 messages::Column::ConversationKey,
@@ -327,6 +311,23 @@ impl Store {
 }
 
 /// The row of a new conversation: idle, nothing used, nothing numbered.
+/// Inserts a conversation's row in `txn` and reads back the key its messages refer to it by.
+async fn inserted_key(
+    txn: &sea_orm::DatabaseTransaction,
+    row: conversations::ActiveModel,
+    id: &str,
+) -> Result<i64> {
+    conversations::Entity::insert(row).exec(txn).await?;
+    let key: Option<i64> = conversations::Entity::find()
+        .select_only()
+        .column_as(Expr::col(INTERNAL_KEY), "key")
+        .filter(conversations::Column::Id.eq(id))
+        .into_tuple()
+        .one(txn)
+        .await?;
+    key.ok_or_else(|| StoreError::Other(format!("conversation {id} has no key")))
+}
+
 pub(super) fn conversation_row(new: &NewConversation) -> Result<conversations::ActiveModel> {
     let state = serde_json::to_value(ConvState::Idle)
         .map_err(|e| StoreError::Other(format!("state does not serialise: {e}")))?;

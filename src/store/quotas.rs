@@ -94,11 +94,14 @@ impl Store {
     }
 
     async fn count(&self, sql: &str, tenant_id: &str) -> Result<u64> {
-        Ok(
-            Count::find_by_statement(self.statement(sql, vec![tenant_id.into()]))
-                .one(&self.db)
-                .await?
-                .map_or(0, |row| u64::try_from(row.n).unwrap_or(0)),
-        )
+        self.count_of(sql, vec![tenant_id.into()]).await
+    }
+
+    /// The `n` that `sql` (with `values`) selects, 0 when it selects no row.
+    pub(super) async fn count_of(&self, sql: &str, values: Vec<sea_orm::Value>) -> Result<u64> {
+        Ok(Count::find_by_statement(self.statement(sql, values))
+            .one(&self.db)
+            .await?
+            .map_or(0, |row| u64::try_from(row.n).unwrap_or(0)))
     }
 }

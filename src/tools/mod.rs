@@ -74,6 +74,14 @@ impl ToolLimits {
 
 /// The tools offered to a conversation: sub-agents get submit_result and never
 /// spawn_sub_agents (REQ-BED-009).
+/// The built-in tools' names, in [`definitions`]' order, made once.
+pub fn names(is_sub_agent: bool) -> &'static [&'static str] {
+    static NAMES: std::sync::LazyLock<[Vec<&'static str>; 2]> = std::sync::LazyLock::new(|| {
+        [false, true].map(|sub| definitions(sub).into_iter().map(|tool| tool.name).collect())
+    });
+    &NAMES[usize::from(is_sub_agent)]
+}
+
 pub fn definitions(is_sub_agent: bool) -> Vec<ToolDefinition> {
     let mut tools = vec![
         ToolDefinition {

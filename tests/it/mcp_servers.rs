@@ -892,3 +892,51 @@ async fn the_connection_resolver_refuses_a_name_that_resolves_to_a_refused_addre
     assert_eq!(error, "nowhere.test does not resolve");
     stop.cancel();
 }
+
+/// Issue 38, as a hostile tenant tries it: an agent's `mcp_servers` chooses among its own
+/// tenant's servers only. Naming another tenant's server gives no tool; naming none gives
+/// none; naming its own gives that server's tools.
+#[tokio::test]
+async fn an_agent_reaches_only_its_own_tenants_mcp_servers() {
+    for db in TestDb::each().await {
+        let app = TestApp::spawn_with(&db, &[ALLOW_LOOPBACK]).await;
+        let (url, _seen, stop) = kit().await;
+        app.post("/v1/mcp_servers", json!({"name": "kit", "url": url}))
+            .await
+            .expect(201);
+        let (a, b) = (app.key_a.clone(), app.key_b.clone());
+        agent(&app, &a, "with-kit", json!(["kit"]))
+            .await
+            .expect(201);
+        agent(&app, &a, "without", json!([])).await.expect(201);
+        agent(&app, &b, "thief", json!(["kit"])).await.expect(201);
+        let mine = conversation(&app, &a, "with-kit").await.expect(201);
+        assert_eq!(mine["mcp_tools"], json!(["kit__echo", "kit__slow"]));
+        let none = conversation(&app, &a, "without").await.expect(201);
+        assert!(none.get("mcp_tools").is_none(), "{none}");
+        let theirs = conversation(&app, &b, "thief").await.expect(201);
+        assert!(theirs.get("mcp_tools").is_none(), "{theirs}");
+        stop.cancel();
+        app.cleanup(db).await;
+    }
+}
+
+async fn agent(app: &TestApp, key: &str, name: &str, servers: Value) -> crate::support::app::Reply {
+    app.request(
+        Method::POST,
+        "/v1/agents",
+        Some(key),
+        Some(json!({"name": name, "model": "fake-model", "mcp_servers": servers})),
+    )
+    .await
+}
+
+async fn conversation(app: &TestApp, key: &str, name: &str) -> crate::support::app::Reply {
+    app.request(
+        Method::POST,
+        "/v1/conversations",
+        Some(key),
+        Some(json!({"agent": name})),
+    )
+    .await
+}
