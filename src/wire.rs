@@ -533,7 +533,7 @@ pub struct AgentBody {
     #[schema(minimum = 1, maximum = 9_223_372_036_854_775_807_u64)]
     pub budget_tokens: Option<u64>,
     /// Anything the client keeps with the agent (a JSON object of at most 16 KiB).
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     pub metadata: Option<serde_json::Map<String, Value>>,
     /// What its conversations' tool calls may do: the first rule that matches a call
     /// decides it; no rule matching, `require_approval` does.
@@ -546,8 +546,8 @@ pub struct AgentBody {
 #[serde(deny_unknown_fields)]
 pub struct PermissionRuleBody {
     /// A pattern of tool names (`*`: any run of characters, `?`: one): built-in, MCP
-    /// (`server__*`) and client tools alike.
-    #[schema(min_length = 1, max_length = 200)]
+    /// (`server__*`) and client tools alike. At most 256 bytes.
+    #[schema(min_length = 1, max_length = 256)]
     pub tool: String,
     /// String fields of the call's input, each with a pattern its whole value must match.
     pub input: Option<std::collections::BTreeMap<String, String>>,

@@ -150,9 +150,9 @@ pub(crate) fn check_definition(
     })
 }
 
-/// The rules a body gives, checked: at most 64, each with a tool pattern of 1 to 200
-/// characters, at most 16 input fields (names of 1 to 64 characters, patterns of at most
-/// 1000) and a message of at most 1000 bytes.
+/// The rules a body gives, checked: at most 64, each with a tool pattern of 1 to 256
+/// bytes, at most 16 input fields (names of 1 to 64 characters, patterns of at most
+/// 256 bytes) and a message of at most 1000 bytes.
 fn permissions(given: Option<Vec<PermissionRuleBody>>) -> Result<Vec<PermissionRule>, ApiError> {
     let given = given.unwrap_or_default();
     if given.len() > 64 {
