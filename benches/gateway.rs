@@ -166,6 +166,7 @@ fn history_step_on(duration: Duration, anthropic: bool) -> (f64, f64, usize) {
         only_submit: false,
         no_tools: false,
         mcp_tools: &[],
+        client_tools: &[],
         tools: None,
         max_output_tokens: 4096,
         echo_reasoning: true,

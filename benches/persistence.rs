@@ -86,6 +86,7 @@ async fn run(
                 mcp_tools: Vec::new(),
                 tools: None,
                 permissions: Vec::new(),
+                client_tools: Vec::new(),
             };
             let mut latencies = Vec::new();
             let mut n = 0u64;

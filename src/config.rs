@@ -97,6 +97,9 @@ pub struct RequestSettings {
     pub select_timeout_ms: u64,
     pub custom_timeout_ms: u64,
     pub approval_timeout_ms: u64,
+    /// How long a call of a client tool waits for the client's answer, when the tool sets
+    /// no `timeout_ms` of its own.
+    pub client_tool_timeout_ms: u64,
     /// The longest timeout a request may have: what the model asks for (`ask_user`'s
     /// `timeout_ms`) is cut to it, and the defaults above may not pass it.
     pub max_timeout_ms: u64,
@@ -679,6 +682,7 @@ impl Settings {
             ("select_timeout_ms", requests.select_timeout_ms),
             ("custom_timeout_ms", requests.custom_timeout_ms),
             ("approval_timeout_ms", requests.approval_timeout_ms),
+            ("client_tool_timeout_ms", requests.client_tool_timeout_ms),
         ] {
             if value > requests.max_timeout_ms {
                 return Err(ConfigError(format!(

@@ -86,6 +86,8 @@ pub struct ConversationRecord {
     pub tools: Option<Vec<String>>,
     /// Its agent's permission rules, in order.
     pub permissions: Vec<PermissionRule>,
+    /// The tools its client runs.
+    pub client_tools: std::sync::Arc<Vec<ClientTool>>,
 }
 
 /// An agent version, as a conversation names the one it was created from.
@@ -121,6 +123,9 @@ pub struct AgentDefinition {
     /// What its conversations' tool calls may do, first match first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub permissions: Vec<PermissionRule>,
+    /// The tools its conversations' client runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub client_tools: Vec<ClientTool>,
 }
 
 /// A stored agent version.
@@ -165,6 +170,7 @@ pub struct NewConversation {
     pub agent: Option<AgentRef>,
     pub tools: Option<Vec<String>>,
     pub permissions: Vec<PermissionRule>,
+    pub client_tools: Vec<ClientTool>,
     pub created_at: DateTime<Utc>,
 }
 
@@ -190,6 +196,7 @@ impl NewConversation {
             agent: None,
             tools: None,
             permissions: Vec::new(),
+            client_tools: Vec::new(),
             parent_id: None,
             user_initiated: true,
             require_approval: Vec::new(),
@@ -228,6 +235,7 @@ impl NewConversation {
             agent: self.agent.clone(),
             tools: self.tools.clone(),
             permissions: self.permissions.clone(),
+            client_tools: std::sync::Arc::new(self.client_tools.clone()),
         }
     }
 }
@@ -352,6 +360,38 @@ pub struct ClientRequest {
     pub timeout_ms: i64,
     pub expires_at: DateTime<Utc>,
     pub created_at: DateTime<Utc>,
+}
+
+/// A tool the conversation's client runs (docs/api.md, "Client tools"): the LLM sees it
+/// beside the built-in ones; a call of it waits for the client's answer.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ClientTool {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// A JSON Schema object of its input.
+    pub input_schema: serde_json::Value,
+    /// How long a call waits for its answer (`None`: `[requests] client_tool_timeout_ms`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+/// A call of a client tool, from the moment the client is asked until it is answered (or
+/// expires, or is cancelled). A pending call outlives a restart.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClientToolCall {
+    pub id: String,
+    pub conversation_id: String,
+    pub tool_use_id: String,
+    pub name: String,
+    pub input: serde_json::Value,
+    pub status: RequestStatus,
+    pub output: Option<String>,
+    pub is_error: bool,
+    pub timeout_ms: i64,
+    pub expires_at: DateTime<Utc>,
+    pub created_at: DateTime<Utc>,
+    pub resolved_at: Option<DateTime<Utc>>,
 }
 
 /// A long-running tool run.

@@ -126,6 +126,20 @@ pub enum Notice<'a> {
         request_id: &'a str,
         status: RequestStatus,
     },
+    /// The LLM called a tool the client runs: the client answers with its result.
+    ClientToolCall {
+        call_id: &'a str,
+        tool_use_id: &'a str,
+        name: &'a str,
+        input: &'a Value,
+        /// RFC 3339.
+        expires_at: &'a str,
+    },
+    /// A client tool call was answered, expired or cancelled.
+    ClientToolResolved {
+        call_id: &'a str,
+        status: RequestStatus,
+    },
     /// A sub-agent changed state or took an LLM step. Not durable.
     SubAgent {
         agent_id: &'a str,
@@ -163,6 +177,17 @@ pub enum Durable {
         request_id: String,
         status: RequestStatus,
     },
+    ClientToolCall {
+        call_id: String,
+        tool_use_id: String,
+        name: String,
+        input: Value,
+        expires_at: String,
+    },
+    ClientToolResolved {
+        call_id: String,
+        status: RequestStatus,
+    },
 }
 
 impl Durable {
@@ -186,6 +211,23 @@ impl Durable {
                     status: *status,
                 }
             }
+            Durable::ClientToolCall {
+                call_id,
+                tool_use_id,
+                name,
+                input,
+                expires_at,
+            } => Notice::ClientToolCall {
+                call_id,
+                tool_use_id,
+                name,
+                input,
+                expires_at,
+            },
+            Durable::ClientToolResolved { call_id, status } => Notice::ClientToolResolved {
+                call_id,
+                status: *status,
+            },
         }
     }
 }

@@ -105,6 +105,16 @@ pub enum WriteJob {
         response: Option<serde_json::Value>,
         at: DateTime<Utc>,
     },
+    /// Ask the client to run one of its tools.
+    CreateClientToolCall(crate::model::ClientToolCall),
+    /// Resolve a pending client tool call (answered with its output and whether it is an
+    /// error, expired, cancelled); `Resolved(false)` when it was no longer pending.
+    ResolveClientToolCall {
+        id: String,
+        status: crate::model::RequestStatus,
+        answer: Option<(String, bool)>,
+        at: DateTime<Utc>,
+    },
     CreateBackgroundTask(crate::model::BackgroundTask),
     FinishBackgroundTask {
         id: String,
@@ -610,6 +620,18 @@ async fn write(store: &Store, job: WriteJob) -> Result<WriteOutcome, StoreError>
         } => {
             let resolved = store
                 .resolve_client_request(&id, status, response, at)
+                .await?;
+            return Ok(WriteOutcome::Resolved(resolved));
+        }
+        WriteJob::CreateClientToolCall(call) => store.insert_client_tool_call(&call).await?,
+        WriteJob::ResolveClientToolCall {
+            id,
+            status,
+            answer,
+            at,
+        } => {
+            let resolved = store
+                .resolve_client_tool_call(&id, status, answer, at)
                 .await?;
             return Ok(WriteOutcome::Resolved(resolved));
         }

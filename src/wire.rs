@@ -235,6 +235,9 @@ pub struct Conversation<'a> {
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     #[schema(value_type = Vec<PermissionRuleBody>)]
     pub permissions: &'a [core::PermissionRule],
+    /// The tools its client runs; absent when it has none. *Extension.*
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub client_tools: Vec<ClientToolView<'a>>,
     #[serde(serialize_with = "rfc3339")]
     #[schema(value_type = String, format = DateTime)]
     pub created_at: DateTime<Utc>,
@@ -298,6 +301,7 @@ pub fn conversation(conv: &ConversationRecord, context_window: u64) -> Conversat
         }),
         tools: conv.tools.as_deref(),
         permissions: &conv.permissions,
+        client_tools: client_tools(&conv.client_tools),
         usage: Usage {
             input_tokens: conv.usage.input_tokens,
             output_tokens: conv.usage.output_tokens,
@@ -501,6 +505,10 @@ pub struct CreateConversation {
     /// *Extension.*
     #[schema(max_length = 80)]
     pub agent: Option<String>,
+    /// Tools the client runs (docs/api.md, "Client tools"): the LLM sees them beside the
+    /// built-in ones, and a call of one waits for the client's answer. *Extension.*
+    #[schema(max_items = 32)]
+    pub client_tools: Option<Vec<ClientToolBody>>,
 }
 
 /// `POST /v1/agents` and `PUT /v1/agents/{name}`: an agent's definition, which makes its
@@ -539,6 +547,9 @@ pub struct AgentBody {
     /// decides it; no rule matching, `require_approval` does.
     #[schema(max_items = 64)]
     pub permissions: Option<Vec<PermissionRuleBody>>,
+    /// Tools its conversations' client runs (docs/api.md, "Client tools").
+    #[schema(max_items = 32)]
+    pub client_tools: Option<Vec<ClientToolBody>>,
 }
 
 /// A permission rule of an agent. *Extension.*
@@ -587,6 +598,9 @@ pub struct AgentView<'a> {
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     #[schema(value_type = Vec<PermissionRuleBody>)]
     pub permissions: &'a [core::PermissionRule],
+    /// The tools its conversations' client runs; absent when it has none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub client_tools: Vec<ClientToolView<'a>>,
     /// When this version was made.
     pub created_at: &'a str,
 }
@@ -607,6 +621,7 @@ pub fn agent(version: &AgentVersion) -> AgentView<'_> {
         budget_tokens: definition.budget_tokens,
         metadata: definition.metadata.as_ref(),
         permissions: &definition.permissions,
+        client_tools: client_tools(&definition.client_tools),
         created_at: &version.created_at,
     }
 }
@@ -848,6 +863,131 @@ pub struct SseEvent {
     data: String,
 }
 
+/// A tool the conversation's client runs, as an agent or a create request declares it.
+/// *Extension.*
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClientToolBody {
+    /// Its name, as the LLM calls it: 1 to 64 of `A-Za-z0-9_-`, without `__` (the MCP
+    /// tools' separator), and not a built-in tool's.
+    #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
+    pub name: String,
+    /// What the LLM is told it does (at most 2000 bytes).
+    #[schema(max_length = 2000)]
+    pub description: Option<String>,
+    /// A JSON Schema of its input: an object whose `type` is `"object"` (at most 16 KiB as
+    /// JSON).
+    #[schema(value_type = Object)]
+    pub input_schema: Value,
+    /// How long a call waits for the client's answer (default:
+    /// `[requests] client_tool_timeout_ms`; at most `max_timeout_ms`).
+    #[schema(minimum = 1)]
+    pub timeout_ms: Option<u64>,
+}
+
+/// A client tool as a conversation or an agent version shows it. *Extension.*
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ClientToolView<'a> {
+    pub name: &'a str,
+    pub description: &'a str,
+    #[schema(value_type = Object)]
+    pub input_schema: &'a Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+/// The client tools as the API shows them.
+pub fn client_tools(tools: &[crate::model::ClientTool]) -> Vec<ClientToolView<'_>> {
+    tools
+        .iter()
+        .map(|tool| ClientToolView {
+            name: &tool.name,
+            description: &tool.description,
+            input_schema: &tool.input_schema,
+            timeout_ms: tool.timeout_ms,
+        })
+        .collect()
+}
+
+/// `POST /v1/conversations/{id}/tool_results/{call_id}`. *Extension.*
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ToolResultBody {
+    /// What the tool gave: the call's result as the LLM sees it (cut to the tools' output
+    /// cap).
+    pub output: String,
+    /// The tool failed: the LLM sees a failed result.
+    #[serde(default)]
+    pub is_error: bool,
+}
+
+/// The answer to `POST /v1/conversations/{id}/tool_results/{call_id}`. *Extension.*
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ToolResultTaken<'a> {
+    pub answered: bool,
+    pub call_id: &'a str,
+}
+
+/// A call of a client tool. *Extension.*
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ClientToolCallView<'a> {
+    pub call_id: &'a str,
+    pub tool_use_id: &'a str,
+    pub name: &'a str,
+    #[schema(value_type = Object)]
+    pub input: &'a Value,
+    /// `pending`, `answered`, `expired` or `cancelled`.
+    pub status: &'a str,
+    /// The answer's output, once answered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<&'a str>,
+    /// With an answer: whether the client said the tool failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub is_error: Option<bool>,
+    #[serde(serialize_with = "rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub expires_at: DateTime<Utc>,
+    #[serde(serialize_with = "rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: DateTime<Utc>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub resolved_at: Option<String>,
+}
+
+/// A client tool call as the API shows it.
+pub fn client_tool_call(call: &crate::model::ClientToolCall) -> ClientToolCallView<'_> {
+    let answered = call.status == crate::model::RequestStatus::Answered;
+    ClientToolCallView {
+        call_id: &call.id,
+        tool_use_id: &call.tool_use_id,
+        name: &call.name,
+        input: &call.input,
+        status: call.status.as_str(),
+        output: call.output.as_deref(),
+        is_error: answered.then_some(call.is_error),
+        expires_at: call.expires_at,
+        created_at: call.created_at,
+        resolved_at: call.resolved_at.map(|at| at.to_rfc3339()),
+    }
+}
+
+/// `GET /v1/conversations/{id}/client_tool_calls`. *Extension.*
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ClientToolCallList<'a> {
+    /// Newest first, at most 100.
+    pub calls: Vec<ClientToolCallView<'a>>,
+}
+
+/// `GET /v1/conversations/{id}/client_tool_calls` queries.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ClientToolCallQuery {
+    /// Only the calls that wait for an answer.
+    pub pending: Option<bool>,
+}
+
 /// `POST /v1/conversations/{id}/requests/{request_id}`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -1061,6 +1201,10 @@ pub enum ServerFrame<'a> {
         /// The most recent, up to 50, ascending.
         messages: Vec<Message<'a>>,
         pending_requests: Vec<PendingRequest<'a>>,
+        /// Client tool calls that wait for the client's answer; absent when none does.
+        /// *Extension.*
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        pending_client_tool_calls: Vec<ClientToolCallView<'a>>,
         /// The latest durable frame's (0 when there is none).
         event_id: i64,
     },
@@ -1130,6 +1274,27 @@ pub enum ServerFrame<'a> {
         ratio: f64,
         event_id: i64,
     },
+    /// The LLM called one of the conversation's client tools: the client runs it and answers
+    /// once (`client_tool_result`, or `POST .../tool_results/{call_id}`) before
+    /// `expires_at`. *Extension.*
+    ClientToolCall {
+        call_id: &'a str,
+        tool_use_id: &'a str,
+        name: &'a str,
+        #[schema(value_type = Object)]
+        input: &'a Value,
+        #[schema(value_type = String, format = DateTime)]
+        expires_at: &'a str,
+        event_id: i64,
+    },
+    /// A client tool call was answered (here or elsewhere), expired or cancelled.
+    /// *Extension.*
+    ClientToolResolved {
+        call_id: &'a str,
+        /// `answered`, `expired` or `cancelled`.
+        status: &'a str,
+        event_id: i64,
+    },
     SystemEvent {
         event: Cow<'a, SystemEvent>,
         event_id: i64,
@@ -1169,6 +1334,8 @@ impl ServerFrame<'_> {
             ServerFrame::ClientRequest { .. } => "client_request",
             ServerFrame::ClientRequestResolved { .. } => "client_request_resolved",
             ServerFrame::ContextWarning { .. } => "context_warning",
+            ServerFrame::ClientToolCall { .. } => "client_tool_call",
+            ServerFrame::ClientToolResolved { .. } => "client_tool_resolved",
             ServerFrame::SystemEvent { .. } => "system_event",
             ServerFrame::Rejected { .. } => "rejected",
             ServerFrame::Pong => "pong",
@@ -1186,6 +1353,8 @@ impl ServerFrame<'_> {
             | ServerFrame::ClientRequest { event_id, .. }
             | ServerFrame::ClientRequestResolved { event_id, .. }
             | ServerFrame::ContextWarning { event_id, .. }
+            | ServerFrame::ClientToolCall { event_id, .. }
+            | ServerFrame::ClientToolResolved { event_id, .. }
             | ServerFrame::SystemEvent { event_id, .. } => Some(*event_id),
             ServerFrame::Snapshot { .. }
             | ServerFrame::Delta { .. }
@@ -1269,6 +1438,25 @@ impl crate::notice::Encode for Frames {
                     event_id: id,
                 }
             }
+            Notice::ClientToolCall {
+                call_id,
+                tool_use_id,
+                name,
+                input,
+                expires_at,
+            } => ServerFrame::ClientToolCall {
+                call_id,
+                tool_use_id,
+                name,
+                input,
+                expires_at,
+                event_id: id,
+            },
+            Notice::ClientToolResolved { call_id, status } => ServerFrame::ClientToolResolved {
+                call_id,
+                status: status.as_str(),
+                event_id: id,
+            },
             Notice::SubAgent {
                 agent_id,
                 state: conv,
@@ -1342,6 +1530,13 @@ pub enum ClientFrame {
         event: SystemEvent,
     },
     Ping,
+    /// The result of a client tool call (`client_tool_call`), once. *Extension.*
+    ClientToolResult {
+        call_id: String,
+        output: String,
+        #[serde(default)]
+        is_error: bool,
+    },
 }
 
 /// Serialises a frame (it always serialises: strings, numbers and JSON values only).

@@ -51,6 +51,8 @@ pub struct Model {
     pub tools: Option<String>,
     /// Its agent's permission rules, as JSON (`None`: none).
     pub permissions: Option<String>,
+    /// The tools its client runs, as JSON (`None`: none).
+    pub client_tools: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

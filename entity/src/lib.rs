@@ -8,6 +8,7 @@ pub mod attachment_shares;
 pub mod attachments;
 pub mod background_tasks;
 pub mod client_requests;
+pub mod client_tool_calls;
 pub mod conversation_frames;
 pub mod conversations;
 pub mod messages;

@@ -37,6 +37,7 @@ mod m20261125_000011_mcp_servers;
 mod m20261126_000012_tenant_quotas;
 mod m20261127_000013_conversation_counts;
 mod m20261127_000014_agents;
+mod m20261127_000015_client_tools;
 
 /// Runs a migration's statements for the database at hand, in order, each error naming its
 /// statement. SQLite and Postgres only.
@@ -87,6 +88,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261126_000012_tenant_quotas::Migration),
             Box::new(m20261127_000013_conversation_counts::Migration),
             Box::new(m20261127_000014_agents::Migration),
+            Box::new(m20261127_000015_client_tools::Migration),
         ]
     }
 }

@@ -136,8 +136,10 @@ pub(crate) fn check_definition(
         )));
     }
     let permissions = permissions(body.permissions)?;
+    let client_tools = super::client_tools::check(settings, body.client_tools)?;
     Ok(AgentDefinition {
         permissions,
+        client_tools,
         description: body.description,
         model: body.model,
         system_prompt: body.system_prompt,

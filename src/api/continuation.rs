@@ -80,6 +80,7 @@ pub async fn continue_conversation(
         agent: source.agent.clone(),
         tools: source.tools.clone(),
         permissions: source.permissions.clone(),
+        client_tools: source.client_tools.to_vec(),
         created_at: Utc::now().trunc_subsecs(6),
     };
     let mut record = new.record();

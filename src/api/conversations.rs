@@ -206,6 +206,11 @@ pub async fn create(
     // does not answer is left out, and the conversation says so in a system message.
     let (mcp_tools, notices) =
         super::mcp_servers::tools_of(&app, &caller.0.id, checked.mcp_servers.as_deref()).await?;
+    if let Some(name) = super::client_tools::shadows_mcp(&checked.client_tools, &mcp_tools) {
+        return Err(ApiError::invalid(format!(
+            "client_tools: {name:?} is one of the conversation's MCP tools"
+        )));
+    }
     let new = NewConversation {
         id: id.clone(),
         tenant_id: caller.0.id.clone(),
@@ -221,6 +226,7 @@ pub async fn create(
         agent: checked.agent,
         tools: checked.tools,
         permissions: checked.permissions,
+        client_tools: checked.client_tools,
         mcp_tools,
         // As stored: the databases keep microseconds.
         created_at: Utc::now().trunc_subsecs(6),
@@ -270,6 +276,7 @@ struct CreateChecked {
     agent: Option<AgentRef>,
     tools: Option<Vec<String>>,
     permissions: Vec<PermissionRule>,
+    client_tools: Vec<crate::model::ClientTool>,
 }
 
 /// The slug asked for, checked, or one made from the id.
@@ -297,6 +304,7 @@ fn check_create_from(
         ("require_approval", body.require_approval.is_some()),
         ("network", body.network.is_some()),
         ("budget_tokens", body.budget_tokens.is_some()),
+        ("client_tools", body.client_tools.is_some()),
     ];
     if let Some((field, _)) = given.iter().find(|(_, given)| *given) {
         return Err(ApiError::invalid(format!(
@@ -318,6 +326,7 @@ fn check_create_from(
         }),
         tools: definition.tools,
         permissions: definition.permissions,
+        client_tools: definition.client_tools,
     })
 }
 
@@ -385,6 +394,7 @@ fn check_create(
         agent: None,
         tools: None,
         permissions: Vec::new(),
+        client_tools: super::client_tools::check(&app.settings, body.client_tools.clone())?,
     })
 }
 

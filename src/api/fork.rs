@@ -113,6 +113,7 @@ async fn create(
         agent: source.agent.clone(),
         tools: source.tools.clone(),
         permissions: source.permissions.clone(),
+        client_tools: source.client_tools.to_vec(),
         created_at: Utc::now().trunc_subsecs(6),
     };
     let from = ForkPoint {

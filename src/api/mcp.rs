@@ -545,11 +545,22 @@ pub struct MessagesArgs {
 pub struct RespondArgs {
     /// The conversation's id or slug.
     pub conversation_id: String,
-    /// The request's id, as its notification named it.
-    pub request_id: String,
-    /// The reply: `{"confirmed": bool}`, `{"text": s}`, `{"selected": [values]}`,
-    /// `{"custom": any}` or `{"cancelled": true}`.
-    pub payload: Value,
+    /// A request's id, as its notification named it (with `payload`).
+    #[serde(default)]
+    pub request_id: Option<String>,
+    /// The reply to the request: `{"confirmed": bool}`, `{"text": s}`,
+    /// `{"selected": [values]}`, `{"custom": any}` or `{"cancelled": true}`.
+    #[serde(default)]
+    pub payload: Option<Value>,
+    /// Or a client tool call's id, as its notification named it (with `output`).
+    #[serde(default)]
+    pub call_id: Option<String>,
+    /// The client tool's result, as the agent gets it.
+    #[serde(default)]
+    pub output: Option<String>,
+    /// The client tool failed.
+    #[serde(default)]
+    pub is_error: Option<bool>,
 }
 
 /// An API answer that is not a success, as a tool result the model can read.
@@ -878,25 +889,39 @@ impl BedrockMcp {
     }
 
     #[tool(
-        description = "Answer a question the agent asked (a request named by a notification, for clients without elicitation)."
+        description = "Answer a question the agent asked (request_id and payload: a request named by a notification, for clients without elicitation), or give the result of a client tool the agent called (call_id and output, as its notification named it)."
     )]
     async fn respond(
         &self,
         Parameters(args): Parameters<RespondArgs>,
         Extension(parts): Extension<Parts>,
     ) -> Result<CallToolResult, ErrorData> {
-        let path = format!(
-            "/v1/conversations/{}/requests/{}",
-            segment(&args.conversation_id),
-            segment(&args.request_id)
-        );
-        self.call(
-            &parts,
-            Method::POST,
-            &path,
-            Some(json!({"payload": args.payload})),
-            |_| "answered".to_owned(),
-        )
+        let conversation = segment(&args.conversation_id);
+        let (path, body) = match (args.request_id, args.payload, args.call_id, args.output) {
+            (Some(request_id), Some(payload), None, None) => (
+                format!(
+                    "/v1/conversations/{conversation}/requests/{}",
+                    segment(&request_id)
+                ),
+                json!({"payload": payload}),
+            ),
+            (None, None, Some(call_id), Some(output)) => (
+                format!(
+                    "/v1/conversations/{conversation}/tool_results/{}",
+                    segment(&call_id)
+                ),
+                json!({"output": output, "is_error": args.is_error.unwrap_or(false)}),
+            ),
+            _ => {
+                return Err(ErrorData::invalid_params(
+                    "give request_id and payload (a question's answer), or call_id and output (a client tool's result)",
+                    None,
+                ));
+            }
+        };
+        self.call(&parts, Method::POST, &path, Some(body), |_| {
+            "answered".to_owned()
+        })
         .await
     }
 }
@@ -1093,6 +1118,9 @@ impl Turn<'_> {
                         followed.resolved.insert(request_id.to_owned());
                     }
                 }
+                // The client runs the tool and answers with `respond` (call_id, output)
+                // while this call goes on following the turn.
+                "client_tool_call" => tell_tool_call(self.ctx, &value).await,
                 "client_request" => {
                     let request_id = value["request_id"].as_str().unwrap_or_default();
                     if followed.resolved.contains(request_id)
@@ -1432,6 +1460,43 @@ async fn ask(
                 json!({"request_id": request_id, "request_type": request_type, "timeout_ms": frame["timeout_ms"], "message": text}),
             )
             .with_logger("bedrock.client_request"),
+        )
+        .await;
+}
+
+/// Tells the MCP client that the agent called one of its client tools: a progress
+/// notification and a log message with the call, to be answered with `respond`. (Logging is
+/// deprecated by a later protocol revision; it is what today's clients show, as for `ask`.)
+#[allow(deprecated)]
+async fn tell_tool_call(ctx: &RequestContext<RoleServer>, frame: &Value) {
+    let call_id = frame["call_id"].as_str().unwrap_or_default();
+    let name = frame["name"].as_str().unwrap_or_default();
+    let text = format!(
+        "the agent calls the client tool {name} (call {call_id}) with input {}; run it and answer with the respond tool: call_id and output (is_error when it failed), before {}",
+        crate::tools::preview(&frame["input"].to_string(), 2000),
+        frame["expires_at"].as_str().unwrap_or_default()
+    );
+    if let Some(token) = ctx.meta.get_progress_token() {
+        let _ = ctx
+            .peer
+            .notify_progress(ProgressNotificationParam::new(token, 0.0).with_message(&text))
+            .await;
+    }
+    let _ = ctx
+        .peer
+        .notify_logging_message(
+            LoggingMessageNotificationParam::new(
+                LoggingLevel::Notice,
+                json!({
+                    "call_id": call_id,
+                    "tool_use_id": frame["tool_use_id"],
+                    "name": name,
+                    "input": frame["input"],
+                    "expires_at": frame["expires_at"],
+                    "message": text,
+                }),
+            )
+            .with_logger("bedrock.client_tool_call"),
         )
         .await;
 }

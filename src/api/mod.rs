@@ -3,6 +3,7 @@
 
 pub(crate) mod agents;
 mod auth;
+mod client_tools;
 mod cluster;
 mod console;
 mod continuation;
@@ -226,6 +227,8 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(c::unarchive))
         .routes(routes!(c::system_event))
         .routes(routes!(c::respond))
+        .routes(routes!(client_tools::tool_result))
+        .routes(routes!(client_tools::calls))
         .routes(routes!(c::tasks))
         .routes(routes!(c::cancel_task))
         .routes(routes!(stream::websocket))

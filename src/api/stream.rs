@@ -75,16 +75,26 @@ async fn snapshot(app: &AppState, conv: &ConversationRecord) -> Result<Arc<Frame
         Vec::new()
     };
     // A request is pending only while the tool that asked runs: it is resolved (answered,
-    // expired, cancelled) before the tool's result is stored, and expired at a restart.
-    let pending = if matches!(conv.state, ConvState::ToolExecuting { .. }) {
-        store.pending_requests(&conv.id).await?
+    // expired, cancelled) before the tool's result is stored, and expired at a restart. A
+    // client tool's call waits while it is the tool that runs (a restart keeps it).
+    let (pending, calls) = if let ConvState::ToolExecuting { current, .. } = &conv.state {
+        let client_tool = conv.client_tools.iter().any(|t| t.name == current.name);
+        (
+            store.pending_requests(&conv.id).await?,
+            if client_tool {
+                store.client_tool_calls(&conv.id, true).await?
+            } else {
+                Vec::new()
+            },
+        )
     } else {
-        Vec::new()
+        (Vec::new(), Vec::new())
     };
     Ok(frame(&ServerFrame::Snapshot {
         conversation: app.conversation_json(conv),
         messages: messages.iter().map(|m| app.message_json(conv, m)).collect(),
         pending_requests: pending.iter().map(wire::pending_request).collect(),
+        pending_client_tool_calls: calls.iter().map(wire::client_tool_call).collect(),
         event_id: conv.last_event_id(),
     }))
 }
@@ -598,6 +608,13 @@ fn client_frame(
             } => answer_request(&app, &conv.id, &request_id, payload)
                 .await
                 .map(|()| None),
+            ClientFrame::ClientToolResult {
+                call_id,
+                output,
+                is_error,
+            } => super::client_tools::answer(&app, &conv.id, &call_id, output, is_error)
+                .await
+                .map(|()| None),
             ClientFrame::SystemEvent { event } => match check_client_event(&event) {
                 Ok(()) => post_event(&app, &conv.id, event).await.map(|()| None),
                 Err(e) => Err(e),
@@ -659,6 +676,14 @@ async fn carry_command(
         } => (
             &["requests", request_id.as_str()],
             serde_json::json!({"payload": payload}),
+        ),
+        ClientFrame::ClientToolResult {
+            call_id,
+            output,
+            is_error,
+        } => (
+            &["tool_results", call_id.as_str()],
+            serde_json::json!({"output": output, "is_error": is_error}),
         ),
         ClientFrame::Ping => return None,
     };

@@ -301,11 +301,11 @@ pub fn body<'a>(
     let tools = super::request::with_mcp(
         tools_json(ctx.is_sub_agent, ctx.only_submit)?,
         ctx,
-        |tool| {
+        |name, description, schema| {
             json!({
-                "name": tool.name,
-                "description": tool.description,
-                "input_schema": tool.input_schema,
+                "name": name,
+                "description": description,
+                "input_schema": schema,
             })
         },
     )?;
@@ -826,6 +826,7 @@ mod tests {
             only_submit: false,
             no_tools: false,
             mcp_tools: &[],
+            client_tools: &[],
             tools: None,
             max_output_tokens: 1000,
             echo_reasoning: true,

@@ -126,6 +126,8 @@ pub struct LlmJob {
     pub mcp_tools: Arc<Vec<crate::model::McpTool>>,
     /// The built-in tools its agent allows (`None`: all of them).
     pub tools: Option<Vec<String>>,
+    /// The tools its client runs.
+    pub client_tools: Arc<Vec<crate::model::ClientTool>>,
 }
 
 impl std::fmt::Debug for LlmJob {
@@ -360,6 +362,7 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
         no_tools: job.summary,
         mcp_tools: &job.mcp_tools,
         tools: job.tools.as_deref(),
+        client_tools: &job.client_tools,
         max_output_tokens: model_settings.max_output_tokens,
         echo_reasoning: model_settings.echo_reasoning,
     };

@@ -39,6 +39,8 @@ pub struct RequestContext<'a> {
     pub mcp_tools: &'a [crate::model::McpTool],
     /// The built-in tools its agent allows (`None`: all of them).
     pub tools: Option<&'a [String]>,
+    /// The tools its client runs, offered after the MCP ones.
+    pub client_tools: &'a [crate::model::ClientTool],
     pub max_output_tokens: u32,
     /// Send the turn's reasoning back (`[models] echo_reasoning`).
     pub echo_reasoning: bool,
@@ -253,14 +255,17 @@ impl Tools<'_> {
 }
 
 /// The built-in tools' JSON (`cached`), less those the agent does not allow, with the
-/// conversation's MCP tools after them, each made by `entry` (not in a sub-agent's grace
-/// turn, which offers submit_result alone).
+/// conversation's MCP tools and then its client tools after them, each made by `entry` from
+/// its name, description and input schema (not in a sub-agent's grace turn, which offers
+/// submit_result alone).
 pub fn with_mcp<'a, T: serde::Serialize>(
     cached: &'a RawValue,
     ctx: &RequestContext<'_>,
-    entry: impl Fn(&crate::model::McpTool) -> T,
+    entry: impl Fn(&str, &str, &serde_json::Value) -> T,
 ) -> serde_json::Result<Tools<'a>> {
-    if (ctx.mcp_tools.is_empty() && ctx.tools.is_none()) || (ctx.is_sub_agent && ctx.only_submit) {
+    if (ctx.mcp_tools.is_empty() && ctx.tools.is_none() && ctx.client_tools.is_empty())
+        || (ctx.is_sub_agent && ctx.only_submit)
+    {
         return Ok(Tools::Cached(cached));
     }
     // `cached` holds the built-in tools in the order `tools::definitions` gives them.
@@ -278,7 +283,18 @@ pub fn with_mcp<'a, T: serde::Serialize>(
         .map(|(t, _)| t.to_owned())
         .collect();
     for tool in ctx.mcp_tools {
-        all.push(serde_json::value::to_raw_value(&entry(tool))?);
+        all.push(serde_json::value::to_raw_value(&entry(
+            &tool.name,
+            &tool.description,
+            &tool.input_schema,
+        ))?);
+    }
+    for tool in ctx.client_tools {
+        all.push(serde_json::value::to_raw_value(&entry(
+            &tool.name,
+            &tool.description,
+            &tool.input_schema,
+        ))?);
     }
     serde_json::value::to_raw_value(&all).map(Tools::Own)
 }
@@ -425,12 +441,12 @@ pub fn body<'a>(
     let tools = with_mcp(
         tools_json(ctx.is_sub_agent, ctx.only_submit)?,
         ctx,
-        |tool| {
+        |name, description, schema| {
             ChatCompletionTools::Function(ChatCompletionTool {
                 function: FunctionObject {
-                    name: tool.name.clone(),
-                    description: Some(tool.description.clone()),
-                    parameters: Some(tool.input_schema.clone()),
+                    name: name.to_owned(),
+                    description: Some(description.to_owned()),
+                    parameters: Some(schema.clone()),
                     strict: None,
                 },
             })
@@ -647,6 +663,7 @@ mod tests {
             only_submit: false,
             no_tools: false,
             mcp_tools: &[],
+            client_tools: &[],
             tools: None,
             max_output_tokens: 512,
             echo_reasoning: false,
@@ -740,6 +757,7 @@ mod tests {
             only_submit: false,
             no_tools: false,
             mcp_tools: &[],
+            client_tools: &[],
             tools: None,
             max_output_tokens: 512,
             echo_reasoning: true,
@@ -833,6 +851,7 @@ mod tests {
                 only_submit: false,
                 no_tools: false,
                 mcp_tools: &[],
+                client_tools: &[],
                 tools: None,
                 max_output_tokens: 512,
                 echo_reasoning: echo,

@@ -254,6 +254,8 @@ impl Numbered<'_> {
             | Notice::SystemEvent(_)
             | Notice::ClientRequest { .. }
             | Notice::ClientRequestResolved { .. }
+            | Notice::ClientToolCall { .. }
+            | Notice::ClientToolResolved { .. }
             | Notice::SubAgent { .. }
             | Notice::ToolProgress { .. }
             | Notice::Delta { .. } => StoredFrame::Whole,
@@ -373,6 +375,7 @@ mod tests {
             agent: None,
             tools: None,
             permissions: Vec::new(),
+            client_tools: Default::default(),
         }
     }
 
@@ -390,6 +393,7 @@ mod tests {
             mcp_tools: Vec::new(),
             tools: None,
             permissions: Vec::new(),
+            client_tools: Vec::new(),
         }
     }
 

@@ -22,5 +22,6 @@ pub fn context(settings: &Settings, record: &ConversationRecord) -> ConvContext 
         mcp_tools: record.mcp_tools.iter().map(|t| t.name.clone()).collect(),
         tools: record.tools.clone(),
         permissions: record.permissions.clone(),
+        client_tools: record.client_tools.iter().map(|t| t.name.clone()).collect(),
     }
 }

@@ -41,7 +41,20 @@ pub(super) async fn dispatch(
         Effect::ScheduleRetry { request, delay_ms } => {
             schedule_retry(myself, state, request, delay_ms)
         }
-        Effect::AbortLlm { .. } | Effect::CancelTool { .. } | Effect::StopSubAgents { .. } => {
+        Effect::CancelTool { tool_use_id, .. } => {
+            state.cancel.stop_work();
+            // A client tool's call is resolved as cancelled (an actor that merely stops
+            // leaves it pending for the restart).
+            if !state.record.client_tools.is_empty() {
+                tokio::spawn(super::client_tools::cancel_call(
+                    state.handles.clone(),
+                    myself.clone(),
+                    state.record.id.clone(),
+                    tool_use_id,
+                ));
+            }
+        }
+        Effect::AbortLlm { .. } | Effect::StopSubAgents { .. } => {
             state.cancel.stop_work();
         }
         Effect::ExecuteTool { turn, tool, plan } if !blocked => {
@@ -113,6 +126,7 @@ fn request_llm(
         history: Arc::clone(&state.history),
         mcp_tools: state.record.mcp_tools.clone(),
         tools: state.record.tools.clone(),
+        client_tools: state.record.client_tools.clone(),
         budget: state.record.budget_tokens.map(|limit| {
             let usage = &state.record.usage;
             (limit, usage.input_tokens + usage.output_tokens)
@@ -173,6 +187,7 @@ async fn execute_tool(
             plan,
             tenant_id: state.record.tenant_id.clone(),
             mcp_tools: state.record.mcp_tools.clone(),
+            client_tools: state.record.client_tools.clone(),
         },
     };
     match Actor::spawn_linked(None, ToolRun, args, myself.get_cell()).await {

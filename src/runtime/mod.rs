@@ -15,6 +15,7 @@
 mod admission;
 mod background;
 mod cancel;
+mod client_tools;
 mod commit;
 mod context;
 mod conversation;
@@ -40,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use background::{BackgroundTasks, TaskSpec};
 pub use cancel::{CancelOutcome, CancelSlot};
+pub use client_tools::ToolResultError;
 pub use commit::{Plan, apply as apply_commit, plan as plan_commit, plan_frames};
 pub use messages::SendError;
 pub use recovery::RecoveryReport;
@@ -195,6 +197,18 @@ impl Conversations {
         payload: serde_json::Value,
     ) -> Result<(), AnswerError> {
         requests::answer_request(&self.handles, conversation_id, request_id, payload).await
+    }
+
+    /// Answers a pending client tool call once with its output; a second answer, or one
+    /// after its timeout, is refused.
+    pub async fn answer_tool_call(
+        &self,
+        conversation_id: &str,
+        call_id: &str,
+        output: String,
+        is_error: bool,
+    ) -> Result<(), ToolResultError> {
+        client_tools::answer(&self.handles, conversation_id, call_id, output, is_error).await
     }
 }
 

@@ -1,7 +1,11 @@
 //! Restart recovery (REQ-BED-007): every conversation that was busy when the process died
 //! becomes idle, with a synthetic result for every tool call that never finished, so the
 //! next LLM request of every conversation is valid; pending client requests expire and
-//! running background tasks are marked failed.
+//! running background tasks are marked failed. A conversation whose client tool's call was
+//! pending stays on it (the client may answer after the restart): it is started again so
+//! that the call's timeout holds.
+
+use std::sync::Arc;
 
 use chrono::Utc;
 
@@ -24,7 +28,7 @@ pub struct RecoveryReport {
 /// Start-up recovery of a single node (SQLite, or Postgres without a cluster). A cluster node
 /// repairs each conversation as it takes its lease instead (see `registry::claim`), and
 /// touches no conversation another live node holds.
-pub(crate) async fn recover(handles: &Handles) -> Result<RecoveryReport, StoreError> {
+pub(crate) async fn recover(handles: &Arc<Handles>) -> Result<RecoveryReport, StoreError> {
     let now = Utc::now();
     let mut report = RecoveryReport::default();
     if handles.cluster.is_some() {
@@ -32,11 +36,25 @@ pub(crate) async fn recover(handles: &Handles) -> Result<RecoveryReport, StoreEr
     }
     // The only node is starting: no LLM request is in flight, so no budget is held.
     handles.store.clear_reservations().await?;
+    let mut waiting = Vec::new();
     for mut record in handles.store.busy_conversations().await? {
         if let Some(synthetic) = repair(handles, &mut record).await? {
             report.synthetic_results += synthetic;
             report.conversations += 1;
         }
+        if record.state.is_busy() {
+            waiting.push(record.id);
+        }
+    }
+    if !waiting.is_empty() {
+        let handles = Arc::clone(handles);
+        tokio::spawn(async move {
+            for id in waiting {
+                if let Err(error) = handles.registry.get_or_start(&handles, &id).await {
+                    tracing::warn!(conversation = %id, %error, "a conversation waiting for its client tool did not start again");
+                }
+            }
+        });
     }
     if let WriteOutcome::Expired(requests, tasks) = handles
         .persistence

@@ -103,7 +103,7 @@ pub struct RequestBroker {
 }
 
 /// Removes a waiter when the asking future ends, however it ends.
-struct Waiter<'a> {
+pub(crate) struct Waiter<'a> {
     broker: &'a RequestBroker,
     id: String,
 }
@@ -117,6 +117,20 @@ impl Drop for Waiter<'_> {
 impl RequestBroker {
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, oneshot::Sender<Value>>> {
         self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits for `id`'s answer from now on: the receiver gets what [`deliver`](Self::deliver)
+    /// hands over; dropping the guard stops the wait.
+    pub(crate) fn wait_for(&self, id: &str) -> (oneshot::Receiver<Value>, Waiter<'_>) {
+        let (tx, rx) = oneshot::channel();
+        self.map().insert(id.to_owned(), tx);
+        (
+            rx,
+            Waiter {
+                broker: self,
+                id: id.to_owned(),
+            },
+        )
     }
 
     /// Wakes the tool waiting for `id` with the client's reply.
@@ -167,12 +181,7 @@ impl RequestBroker {
                 Asked::Failed(format!("the request could not be stored: {e}")),
             );
         }
-        let (tx, rx) = oneshot::channel();
-        self.map().insert(id.clone(), tx);
-        let _waiter = Waiter {
-            broker: self,
-            id: id.clone(),
-        };
+        let (rx, _waiter) = self.wait_for(&id);
         let mut frames = vec![Keyed::from(Durable::ClientRequest {
             request_id: id.clone(),
             request_type,

@@ -129,6 +129,8 @@ impl Actor for SubAgentSupervisor {
                 agent: parent.agent.clone(),
                 tools: parent.tools.clone(),
                 permissions: parent.permissions.clone(),
+                // The client watches the parent: its sub-agents get no client tools.
+                client_tools: Vec::new(),
                 created_at: now,
             };
             if let Err(error) = handles

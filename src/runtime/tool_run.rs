@@ -83,6 +83,8 @@ pub struct Run {
     pub tenant_id: String,
     /// The conversation's tools of its tenant's MCP servers.
     pub mcp_tools: Arc<Vec<crate::model::McpTool>>,
+    /// The tools its client runs.
+    pub client_tools: Arc<Vec<crate::model::ClientTool>>,
 }
 
 impl Actor for ToolRun {
@@ -151,12 +153,16 @@ impl Actor for ToolRun {
 }
 
 async fn execute(run: Run) -> ToolOutcome {
+    // A client tool's call made before a restart was approved then.
     if run.plan.approval
+        && !(run.plan.action == ToolAction::Client
+            && super::client_tools::asked_already(&run).await)
         && let Err(refused) = approve(&run).await
     {
         return refused;
     }
     match &run.plan.action {
+        ToolAction::Client => super::client_tools::run(&run).await,
         ToolAction::Mcp => match run.mcp_tools.iter().find(|t| t.name == run.tool.name) {
             Some(tool) => mcp_tool(&run, tool).await,
             None => failed(format!("unknown tool `{}`", run.tool.name)),

@@ -57,17 +57,26 @@ pub struct ConvContext {
     pub tools: Option<Vec<String>>,
     /// Its agent's permission rules, in order (`permissions.rs`).
     pub permissions: Vec<super::permissions::PermissionRule>,
+    /// The names of the tools its client runs: a call of one waits for the client's answer,
+    /// and a restart keeps it waiting.
+    pub client_tools: Vec<String>,
 }
 
 impl ConvContext {
-    /// Whether the conversation may call `name`: one of its MCP tools, a built-in tool its
-    /// agent allows, or (a sub-agent's) submit_result, which ends its task.
+    /// Whether the conversation may call `name`: one of its MCP or client tools, a built-in
+    /// tool its agent allows, or (a sub-agent's) submit_result, which ends its task.
     pub fn offers(&self, name: &str) -> bool {
         self.mcp_tools.iter().any(|tool| tool == name)
+            || self.is_client_tool(name)
             || (self.is_sub_agent && name == super::names::SUBMIT_RESULT)
             || self
                 .tools
                 .as_ref()
                 .is_none_or(|tools| tools.iter().any(|tool| tool == name))
+    }
+
+    /// Whether `name` is one of the tools its client runs.
+    pub fn is_client_tool(&self, name: &str) -> bool {
+        self.client_tools.iter().any(|tool| tool == name)
     }
 }

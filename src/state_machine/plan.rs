@@ -30,6 +30,9 @@ pub struct ToolPlan {
 pub enum ToolAction {
     /// A tool of the tenant's MCP server, called on the server registered under its name.
     Mcp,
+    /// A tool the conversation's client runs: the call waits for the client's answer, which
+    /// is its result. A restart keeps it waiting.
+    Client,
     /// One question to the user; the answer is the tool's result.
     Ask(Question),
     /// `bash` with `background: true`: a task that outlives the call; its result arrives
@@ -96,7 +99,9 @@ pub(super) fn plan_decided(
         Permission::Ask => true,
         Permission::Unruled => ctx.require_approval.contains(&tool.name),
     };
-    let action = if ctx.mcp_tools.contains(&tool.name) {
+    let action = if ctx.is_client_tool(&tool.name) {
+        ToolAction::Client
+    } else if ctx.mcp_tools.contains(&tool.name) {
         ToolAction::Mcp
     } else {
         match tool.name.as_str() {

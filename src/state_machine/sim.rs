@@ -8,6 +8,9 @@ use serde_json::json;
 
 use super::*;
 
+/// The client tool of the world's user conversation.
+pub const CLIENT_TOOL: &str = "lookup";
+
 /// A random choice of what happens next. Indices pick among outstanding work, modulo its size.
 #[derive(Clone, Debug)]
 pub enum Op {
@@ -106,6 +109,13 @@ impl World {
                 mcp_tools: Vec::new(),
                 tools: None,
                 permissions: Vec::new(),
+                // A user conversation's client runs `lookup` (sub-agents have no client
+                // tools).
+                client_tools: if is_sub_agent {
+                    Vec::new()
+                } else {
+                    vec![CLIENT_TOOL.to_owned()]
+                },
             },
             log: Vec::new(),
             delivered: Vec::new(),
@@ -249,7 +259,7 @@ impl World {
 
     fn tool_use(&mut self, pick: u8) -> ToolUse {
         let id = self.fresh("tool");
-        let (name, input) = match pick % 8 {
+        let (name, input) = match pick % 9 {
             0 | 1 => ("bash", json!({"command": "true"})),
             2 => ("think", json!({"thoughts": "hm"})),
             3 => (
@@ -260,7 +270,9 @@ impl World {
             5 => (SUBMIT_RESULT, json!({"result": "done"})),
             // A question (refused at once in a sub-agent), and a malformed one.
             6 => (ASK_USER, json!({"question": "which?"})),
-            _ => (ASK_USER, json!({"kind": "essay"})),
+            7 => (ASK_USER, json!({"kind": "essay"})),
+            // A client tool (in a sub-agent, no tool of its own).
+            _ => (CLIENT_TOOL, json!({"q": "x"})),
         };
         ToolUse::new(id, name, input)
     }

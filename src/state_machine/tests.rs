@@ -28,6 +28,7 @@ fn ctx() -> ConvContext {
         mcp_tools: Vec::new(),
         tools: None,
         permissions: Vec::new(),
+        client_tools: Vec::new(),
     }
 }
 
@@ -2109,6 +2110,7 @@ fn continuing() -> ConvContext {
         mcp_tools: Vec::new(),
         tools: None,
         permissions: Vec::new(),
+        client_tools: Vec::new(),
         ..ctx()
     }
 }
@@ -2761,5 +2763,136 @@ fn permissions_never_deny_a_sub_agents_submit() {
         )),
         "{:?}",
         result.effects
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Client tools (issue 38): tools the client runs.
+
+/// A user conversation whose client runs `lookup` and whose agent allows only `bash` of the
+/// built-in tools.
+fn with_client_tool() -> ConvContext {
+    ConvContext {
+        client_tools: vec!["lookup".into()],
+        tools: Some(vec!["bash".into()]),
+        ..ctx()
+    }
+}
+
+fn client_plan(approval: bool) -> ToolPlan {
+    ToolPlan {
+        approval,
+        action: ToolAction::Client,
+    }
+}
+
+#[test]
+fn plan_a_client_tool_waits_for_the_client() {
+    after_a(
+        &with_client_tool(),
+        call("b", "lookup", json!({"q": "x"})),
+        client_plan(false),
+    );
+    // Rules and approvals apply to it like any tool.
+    let asks = ConvContext {
+        require_approval: vec!["lookup".into()],
+        ..with_client_tool()
+    };
+    after_a(&asks, call("b", "lookup", json!({})), client_plan(true));
+    let denied = ConvContext {
+        permissions: vec![PermissionRule {
+            tool: "look*".into(),
+            input: Default::default(),
+            action: PermissionAction::Deny,
+            message: Some("not now".into()),
+        }],
+        ..with_client_tool()
+    };
+    refused_after_a(&denied, call("b", "lookup", json!({})), "not now");
+    // Without it, the name is no tool of this agent's.
+    refused_after_a(
+        &ConvContext {
+            client_tools: Vec::new(),
+            ..with_client_tool()
+        },
+        call("b", "lookup", json!({})),
+        "this agent has no tool named \"lookup\"; it did not run",
+    );
+}
+
+/// A restart (or a shutdown) does not end a client tool's call: the state stays on it and
+/// the call is taken up again; the tools after it still wait.
+#[test]
+fn restart_keeps_a_client_tool_call_waiting() {
+    let (a, b) = (tool("a", "lookup"), bash("b"));
+    for why in [Interruption::Restart, Interruption::Shutdown] {
+        check(
+            executing(a.clone(), vec![b.clone()], 0),
+            &with_client_tool(),
+            Event::Interrupted(why),
+            executing(a.clone(), vec![b.clone()], 0),
+            vec![Effect::ExecuteTool {
+                turn: tid("t1"),
+                tool: a.clone(),
+                plan: client_plan(false),
+            }],
+        );
+    }
+    // Its answer, after the restart, is the call's result; the next tool starts.
+    check(
+        executing(a.clone(), vec![b.clone()], 0),
+        &with_client_tool(),
+        complete("a", true, "42"),
+        executing(b.clone(), vec![], 1),
+        vec![
+            result(&a, true, "42", false),
+            Effect::ExecuteTool {
+                turn: tid("t1"),
+                tool: b.clone(),
+                plan: workspace(),
+            },
+        ],
+    );
+}
+
+/// A cancel ends a client tool's call like any tool's: the synthetic result, the tool
+/// stopped (the runtime resolves the call as cancelled).
+#[test]
+fn cancel_ends_a_client_tool_call() {
+    let (a, b) = (tool("a", "lookup"), bash("b"));
+    check(
+        executing(a.clone(), vec![b.clone()], 0),
+        &with_client_tool(),
+        Event::UserCancel,
+        ConvState::Idle,
+        vec![
+            Effect::CancelTool {
+                turn: tid("t1"),
+                tool_use_id: "a".into(),
+            },
+            result(&a, false, CANCELLED_BY_USER, true),
+            result(&b, false, SKIPPED_BY_CANCEL, true),
+        ],
+    );
+}
+
+/// A restart while a built-in tool runs before a client tool's call still ends the turn:
+/// only a client tool's call in flight survives.
+#[test]
+fn restart_while_a_built_in_tool_runs_ends_the_turn() {
+    let (a, b) = (bash("a"), tool("b", "lookup"));
+    check(
+        executing(a.clone(), vec![b.clone()], 0),
+        &with_client_tool(),
+        Event::Interrupted(Interruption::Restart),
+        ConvState::Idle,
+        vec![
+            Effect::CancelTool {
+                turn: tid("t1"),
+                tool_use_id: "a".into(),
+            },
+            result(&a, false, "interrupted by server restart", true),
+            result(&b, false, "interrupted by server restart", true),
+        ],
     );
 }

@@ -137,7 +137,7 @@ pub fn transition(
         }
         Event::BackgroundResult { result, wake } => Ok(background_result(state, result, wake)),
         Event::Interrupted(why) => {
-            interrupted(state, why).ok_or_else(|| ignored("nothing in flight"))
+            interrupted(state, ctx, why).ok_or_else(|| ignored("nothing in flight"))
         }
         Event::TimeLimit { timeout_ms } => time_limit(state, ctx, timeout_ms)
             .ok_or_else(|| ignored("no sub-agent turn is running")),
@@ -759,7 +759,27 @@ fn background_result(
 }
 
 /// A restart or shutdown cut the turn off: every open tool call gets its synthetic result.
-fn interrupted(state: &ConvState, why: Interruption) -> Option<TransitionResult> {
+fn interrupted(
+    state: &ConvState,
+    ctx: &ConvContext,
+    why: Interruption,
+) -> Option<TransitionResult> {
+    // A call of a client tool outlives the process: its client (a backend that may take
+    // minutes) answers it after the restart. The call is taken up again where it stands;
+    // the tools after it wait, as before.
+    if let ConvState::ToolExecuting { turn, current, .. } = state
+        && ctx.is_client_tool(&current.name)
+        && let Ok(plan) = super::plan::plan(ctx, current)
+    {
+        return Some(TransitionResult {
+            new_state: state.clone(),
+            effects: vec![Effect::ExecuteTool {
+                turn: turn.id.clone(),
+                tool: current.clone(),
+                plan,
+            }],
+        });
+    }
     let output = why.tool_output();
     let mut fx = Effects::default();
     let turn = stop_turn(&mut fx, state, output, output)?;

@@ -369,6 +369,8 @@ pub(super) fn conversation_row(new: &NewConversation) -> Result<conversations::A
             .map(|tools| serde_json::to_string(tools).unwrap_or_default())),
         permissions: Set((!new.permissions.is_empty())
             .then(|| serde_json::to_string(&new.permissions).unwrap_or_default())),
+        client_tools: Set((!new.client_tools.is_empty())
+            .then(|| serde_json::to_string(&new.client_tools).unwrap_or_default())),
     })
 }
 
@@ -389,6 +391,12 @@ pub(super) fn conversation(row: conversations::Model) -> Result<ConversationReco
     let permissions = match row.permissions.as_deref() {
         Some(json) => serde_json::from_str(json).map_err(|e| {
             StoreError::Corrupt(format!("conversation {}: permissions: {e}", row.id))
+        })?,
+        None => Vec::new(),
+    };
+    let client_tools = match row.client_tools.as_deref() {
+        Some(json) => serde_json::from_str(json).map_err(|e| {
+            StoreError::Corrupt(format!("conversation {}: client_tools: {e}", row.id))
         })?,
         None => Vec::new(),
     };
@@ -429,6 +437,7 @@ pub(super) fn conversation(row: conversations::Model) -> Result<ConversationReco
             .map(|(name, version)| AgentRef { name, version }),
         tools,
         permissions,
+        client_tools: Arc::new(client_tools),
         forked_from: row.forked_from_id.zip(row.forked_from_sequence).map(
             |(conversation_id, sequence_id)| ForkPoint {
                 conversation_id,

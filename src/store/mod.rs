@@ -6,6 +6,7 @@
 //! round trip of its own (`sqlite.rs`, `postgres.rs`).
 
 mod agents;
+mod client_tools;
 mod cluster;
 mod codec;
 mod conversation_rows;
