@@ -550,6 +550,11 @@ function onFrame(f) {
       addRequest({ request_id: f.request_id, request_type: f.request_type, tool_use_id: f.tool_use_id, expires: Date.now() + f.timeout_ms });
       return;
     case 'client_request_resolved': return removeRequest(f.request_id);
+    case 'client_tool_call':
+      if (f.event_id <= S.snapshot.eventId && !S.snapshot.pending.has(f.call_id)) return;
+      addRequest(toolCall(f));
+      return;
+    case 'client_tool_resolved': return removeRequest(f.call_id);
     case 'context_warning': return renderContext({ context_tokens: f.context_tokens, context_window: f.context_window });
     case 'system_event': return onSystemEvent(f.event);
     case 'rejected': return onRejected(f);
@@ -578,15 +583,17 @@ function onSnapshot(f) {
   const resumed = S.messages.size > 0;
   const newest = newestSeq();
   S.conv = f.conversation;
-  S.snapshot = { eventId: f.event_id, pending: new Set(f.pending_requests.map((r) => r.request_id)) };
+  const calls = f.pending_client_tool_calls || [];
+  S.snapshot = { eventId: f.event_id, pending: new Set([...f.pending_requests.map((r) => r.request_id), ...calls.map((c) => c.call_id)]) };
   setRetrying(null);
   renderHead();
   // Pending requests are the snapshot's: any other was answered while away.
-  const live = new Set(f.pending_requests.map((r) => r.request_id));
+  const live = S.snapshot.pending;
   for (const id of [...S.requests.keys()]) if (!live.has(id)) removeRequest(id);
   for (const r of f.pending_requests) {
     addRequest({ request_id: r.request_id, request_type: r.request_type, tool_use_id: r.tool_use_id, expires: Date.parse(r.expires_at) });
   }
+  for (const c of calls) addRequest(toolCall(c));
   for (const m of f.messages) onMessage(m);
   // Messages between what was shown and the snapshot's window come from REST.
   if (resumed && f.messages.length && f.messages[0].sequence_id > newest + 1) {
@@ -881,7 +888,49 @@ function approvalOf(r, kind, spec) {
   return m ? { tool: m[1], input: m[2] } : null;
 }
 
+// A call of a client tool (a client_tool_call frame, or the snapshot's pending one), shown
+// as a card like a request: the console answers it by hand.
+function toolCall(c) {
+  return { request_id: c.call_id, tool_use_id: c.tool_use_id, client_tool: { name: c.name, input: c.input }, expires: Date.parse(c.expires_at) };
+}
+
+function renderToolCallCard(r, card) {
+  const headingId = `rqh-${r.request_id}`;
+  card.setAttribute('aria-labelledby', headingId);
+  const countdown = el('span', { class: 'countdown', 'data-expires': r.expires });
+  const output = el('textarea', { rows: 4, 'aria-label': 'The tool\'s output' }, '');
+  const answer = (isError) => {
+    for (const b of card.querySelectorAll('button')) b.disabled = true;
+    answerToolCall(r.request_id, output.value, isError);
+  };
+  card.onsubmit = (ev) => { ev.preventDefault(); answer(false); };
+  card.replaceChildren(
+    el('h3', { id: headingId, tabindex: '-1' }, countdown, `Client tool: ${r.client_tool.name}`),
+    el('pre', {}, JSON.stringify(r.client_tool.input, null, 2)),
+    output,
+    el('div', { class: 'actions' },
+      el('button', { type: 'submit' }, 'Send result'),
+      el('button', { type: 'button', class: 'danger', onclick: () => answer(true) }, 'Send as error')));
+  tick();
+}
+
+async function answerToolCall(callId, output, isError) {
+  if (S.ws && S.ws.readyState === WebSocket.OPEN) {
+    S.ws.send(JSON.stringify({ type: 'client_tool_result', call_id: callId, output, is_error: isError }));
+    return; // the card goes when client_tool_resolved arrives
+  }
+  try {
+    await api('POST', convPath(S.conv.id, `/tool_results/${enc(callId)}`), { output, is_error: isError });
+    removeRequest(callId);
+  } catch (e) {
+    failed(e);
+    if (e.status === 404 || e.status === 409) removeRequest(callId);
+    else for (const b of (S.cards.get(callId)?.querySelectorAll('button') || [])) b.disabled = false;
+  }
+}
+
 function renderRequestCard(r, card) {
+  if (r.client_tool) return renderToolCallCard(r, card);
   const [kind, spec] = Object.entries(r.request_type)[0] || ['custom', {}];
   const approval = approvalOf(r, kind, spec);
   const refocus = card.contains(document.activeElement);

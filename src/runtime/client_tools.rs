@@ -16,7 +16,6 @@ use tokio::sync::oneshot;
 
 use super::Handles;
 use super::requests::{Waiter, emit, expiry};
-use super::tool_run::Run;
 use crate::model::{ClientToolCall, RequestStatus};
 use crate::notice::{Durable, Keyed};
 use crate::persistence::{WriteJob, WriteOutcome};
@@ -37,13 +36,27 @@ pub enum ToolResultError {
     Store(#[from] crate::store::StoreError),
 }
 
+/// What a client tool's call needs of its tool run.
+pub(super) struct Asking<'a> {
+    pub handles: &'a Arc<Handles>,
+    /// The conversation: its frames are stored through it.
+    pub conversation: &'a ractor::ActorRef<super::messages::ConvMsg>,
+    pub conversation_id: &'a str,
+    pub tool: &'a crate::state_machine::ToolUse,
+    /// The conversation's client tools (for the call's timeout).
+    pub tools: &'a [crate::model::ClientTool],
+    pub cancel: &'a tokio_util::sync::CancellationToken,
+    /// The tools' output cap, in bytes.
+    pub output_cap: usize,
+}
+
 /// Whether the client was asked for this call already (before a restart): its approval, if
 /// it needed one, was given then.
-pub(super) async fn asked_already(run: &Run) -> bool {
+pub(super) async fn asked_already(run: &Asking<'_>) -> bool {
     matches!(
         run.handles
             .store
-            .client_tool_call_for(&run.conversation_id, &run.tool.id)
+            .client_tool_call_for(run.conversation_id, &run.tool.id)
             .await,
         Ok(Some(_))
     )
@@ -51,11 +64,11 @@ pub(super) async fn asked_already(run: &Run) -> bool {
 
 /// Runs a call of a client tool: asks the client (once: a run after a restart finds the call
 /// it made) and waits for the answer, its timeout or a cancel.
-pub(super) async fn run(run: &Run) -> ToolOutcome {
+pub(super) async fn run(run: &Asking<'_>) -> ToolOutcome {
     let handles = &run.handles;
     let stored = match handles
         .store
-        .client_tool_call_for(&run.conversation_id, &run.tool.id)
+        .client_tool_call_for(run.conversation_id, &run.tool.id)
         .await
     {
         Ok(stored) => stored,
@@ -67,7 +80,7 @@ pub(super) async fn run(run: &Run) -> ToolOutcome {
             // An answer may have come between the read and the wait.
             let call = match handles
                 .store
-                .client_tool_call(&run.conversation_id, &call.id)
+                .client_tool_call(run.conversation_id, &call.id)
                 .await
             {
                 Ok(Some(now)) => now,
@@ -94,10 +107,10 @@ pub(super) async fn run(run: &Run) -> ToolOutcome {
         () = tokio::time::sleep(wait) => {
             // An answer may have won the race: only the first resolution counts.
             if resolve(handles, &call.id, RequestStatus::Expired, None).await {
-                let _ = emit(&run.conversation, vec![resolved(&call.id, RequestStatus::Expired)]).await;
+                let _ = emit(run.conversation, vec![resolved(&call.id, RequestStatus::Expired)]).await;
                 expired(&call)
             } else {
-                match handles.store.client_tool_call(&run.conversation_id, &call.id).await {
+                match handles.store.client_tool_call(run.conversation_id, &call.id).await {
                     Ok(Some(now)) => settled(run, &now),
                     Ok(None) | Err(_) => expired(&call),
                 }
@@ -110,13 +123,13 @@ pub(super) async fn run(run: &Run) -> ToolOutcome {
 }
 
 /// Makes the call and its frame.
-async fn ask(
-    run: &Run,
-) -> Result<(ClientToolCall, oneshot::Receiver<Value>, Waiter<'_>), ToolOutcome> {
+async fn ask<'a>(
+    run: &Asking<'a>,
+) -> Result<(ClientToolCall, oneshot::Receiver<Value>, Waiter<'a>), ToolOutcome> {
     let handles = &run.handles;
     let settings = &handles.settings.requests;
     let timeout = run
-        .client_tools
+        .tools
         .iter()
         .find(|tool| tool.name == run.tool.name)
         .and_then(|tool| tool.timeout_ms)
@@ -129,7 +142,7 @@ async fn ask(
     let (timeout_ms, expires_at) = expiry(now, timeout);
     let call = ClientToolCall {
         id: uuid::Uuid::now_v7().to_string(),
-        conversation_id: run.conversation_id.clone(),
+        conversation_id: run.conversation_id.to_owned(),
         tool_use_id: run.tool.id.clone(),
         name: run.tool.name.clone(),
         input: run.tool.input.clone(),
@@ -158,7 +171,7 @@ async fn ask(
         input: call.input.clone(),
         expires_at: call.expires_at.to_rfc3339(),
     });
-    if let Err(e) = emit(&run.conversation, vec![frame]).await {
+    if let Err(e) = emit(run.conversation, vec![frame]).await {
         resolve(handles, &call.id, RequestStatus::Expired, None).await;
         return Err(failed(format!("the client could not be asked: {e}")));
     }
@@ -167,7 +180,7 @@ async fn ask(
 
 /// The result of a call resolved before its run waited (answered before a restart ended, or
 /// expired, or cancelled).
-fn settled(run: &Run, call: &ClientToolCall) -> ToolOutcome {
+fn settled(run: &Asking<'_>, call: &ClientToolCall) -> ToolOutcome {
     match call.status {
         RequestStatus::Answered => outcome(
             run,
@@ -192,9 +205,9 @@ fn expired(call: &ClientToolCall) -> ToolOutcome {
 }
 
 /// The client's answer as the call's result, cut to the tools' output cap.
-fn outcome(run: &Run, payload: &Value) -> ToolOutcome {
+fn outcome(run: &Asking<'_>, payload: &Value) -> ToolOutcome {
     let output = payload["output"].as_str().unwrap_or_default();
-    let cap = run.limits.output_cap_bytes;
+    let cap = run.output_cap;
     let output = if output.len() > cap {
         format!(
             "{}\n[output cut at {cap} bytes of {}]",

@@ -153,16 +153,25 @@ impl Actor for ToolRun {
 }
 
 async fn execute(run: Run) -> ToolOutcome {
+    let asking = super::client_tools::Asking {
+        handles: &run.handles,
+        conversation: &run.conversation,
+        conversation_id: &run.conversation_id,
+        tool: &run.tool,
+        tools: &run.client_tools,
+        cancel: &run.cancel,
+        output_cap: run.limits.output_cap_bytes,
+    };
     // A client tool's call made before a restart was approved then.
     if run.plan.approval
         && !(run.plan.action == ToolAction::Client
-            && super::client_tools::asked_already(&run).await)
+            && super::client_tools::asked_already(&asking).await)
         && let Err(refused) = approve(&run).await
     {
         return refused;
     }
     match &run.plan.action {
-        ToolAction::Client => super::client_tools::run(&run).await,
+        ToolAction::Client => super::client_tools::run(&asking).await,
         ToolAction::Mcp => match run.mcp_tools.iter().find(|t| t.name == run.tool.name) {
             Some(tool) => mcp_tool(&run, tool).await,
             None => failed(format!("unknown tool `{}`", run.tool.name)),

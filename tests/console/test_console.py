@@ -216,6 +216,30 @@ def test_approve_and_deny_a_tool(page, server):
     expect(page.locator("pre.output").last).to_contain_text("denied")
 
 
+def test_answer_a_client_tool_call_by_hand(page, server):
+    """Issue 38: a pending client tool call is a card with its input and an answer form; it
+    is still there after a reload (from the snapshot); its answer is the call's result."""
+    status, conv = http("POST", f"{server.url}/v1/conversations", server.key, {"client_tools": [{
+        "name": "lookup", "description": "the client's dictionary",
+        "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}}}]})
+    assert status == 201, conv
+    sign_in(page, server)
+    page.goto(f"{server.url}/#/c/{conv['id']}")
+    open_conversation(page, conv["id"])
+    send(page, call("lookup", {"q": "ferrous"}))
+    card = page.locator(".request")
+    expect(card.get_by_role("heading")).to_contain_text("Client tool: lookup")
+    expect(card).to_contain_text("ferrous")
+    page.reload()
+    open_conversation(page, conv["id"])
+    expect(card.get_by_role("heading")).to_contain_text("Client tool: lookup")
+    card.get_by_label("The tool's output").fill("iron")
+    card.get_by_role("button", name="Send result").click()
+    expect(card).to_have_count(0)
+    expect(page.locator("pre.output").last).to_contain_text("iron")
+    expect(state(page)).to_have_text("idle")
+
+
 def test_agent_markdown_is_rendered_and_sanitised(page, server):
     sign_in(page, server)
     create_conversation(page)

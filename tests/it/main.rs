@@ -13,6 +13,7 @@ mod api;
 mod architecture;
 mod backends;
 mod chaos;
+mod client_tools;
 mod cluster;
 mod console;
 mod continuation;

@@ -494,6 +494,83 @@ async fn the_respond_tool_answers_for_a_client_without_elicitation() {
     app.cleanup(db).await;
 }
 
+/// Issue 38: an MCP client runs a client tool. The call is a notification naming it; the
+/// client answers it with the respond tool (call_id and output) while send_message goes on,
+/// and the answer is the call's result.
+#[tokio::test]
+async fn an_mcp_client_answers_a_client_tool_call_with_respond() {
+    let db = TestDb::sqlite();
+    let app = TestApp::spawn(&db).await;
+    app.post(
+        "/v1/agents",
+        json!({"name": "looker", "model": "fake-model", "client_tools": [{
+            "name": "lookup",
+            "description": "the client's dictionary",
+            "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}},
+        }]}),
+    )
+    .await
+    .expect(201);
+    let handler = Client::new(Answer::Unable);
+    let client = Arc::new(connect(&app, &app.key_a, handler.clone()).await);
+    let created = call(&client, "create_conversation", json!({"agent": "looker"})).await;
+    assert_ne!(created.is_error, Some(true), "{}", text(&created));
+    let id = created.structured_content.expect("the conversation")["id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    app.llm.push([
+        Reply::tool("call_lookup", "lookup", json!({"q": "ferrous"})),
+        Reply::text("ferrous means iron"),
+    ]);
+    let sending = {
+        let (client, id) = (client.clone(), id.clone());
+        tokio::spawn(async move {
+            call(
+                &client,
+                "send_message",
+                json!({"conversation_id": id, "text": "what is ferrous?"}),
+            )
+            .await
+        })
+    };
+    let notice = eventually("the client tool call's notification", WAIT, || async {
+        handler
+            .notices
+            .lock()
+            .ok()
+            .and_then(|n| n.iter().find(|n| n.get("call_id").is_some()).cloned())
+    })
+    .await;
+    assert_eq!(notice["name"], "lookup");
+    assert_eq!(notice["input"], json!({"q": "ferrous"}));
+    let call_id = notice["call_id"].as_str().expect("a call id").to_owned();
+    // Half an answer is refused (invalid params) and answers nothing.
+    let half = client
+        .call_tool(params(
+            "respond",
+            json!({"conversation_id": id, "call_id": call_id}),
+        ))
+        .await;
+    assert!(half.is_err(), "{half:?}");
+    let answered = call(
+        &client,
+        "respond",
+        json!({"conversation_id": id, "call_id": call_id, "output": "iron"}),
+    )
+    .await;
+    assert_ne!(answered.is_error, Some(true), "{}", text(&answered));
+    let result = sending.await.expect("the send ends");
+    assert_eq!(text(&result), "ferrous means iron");
+    let messages = app.messages(&id).await;
+    let tool_result = messages
+        .iter()
+        .find(|m| m["content"]["tool_use_id"] == "call_lookup")
+        .expect("the call's result");
+    assert_eq!(tool_result["content"]["output"], "iron");
+    app.cleanup(db).await;
+}
+
 /// REQ-BED-005: a send_message the MCP client cancels cancels the turn: the tool's process
 /// is killed. In both eras: notifications/cancelled (2025-11-25, sent when the call is
 /// dropped), the call's response stream closed (2026-07-28).
