@@ -1446,28 +1446,31 @@ async fn ask(
         describe(request_type),
         reply_shape(request_type)
     );
+    let data = json!({"request_id": request_id, "request_type": request_type, "timeout_ms": frame["timeout_ms"], "message": text});
+    tell(ctx, &text, data, "bedrock.client_request").await;
+}
+
+/// What the client is to do, as a progress notification (`text`) and a log message
+/// (`data`, from `logger`): what clients without a form show. (Logging is deprecated by a
+/// later protocol revision; it is what today's clients show.)
+#[allow(deprecated)]
+async fn tell(ctx: &RequestContext<RoleServer>, text: &str, data: Value, logger: &str) {
     if let Some(token) = ctx.meta.get_progress_token() {
         let _ = ctx
             .peer
-            .notify_progress(ProgressNotificationParam::new(token, 0.0).with_message(&text))
+            .notify_progress(ProgressNotificationParam::new(token, 0.0).with_message(text))
             .await;
     }
     let _ = ctx
         .peer
         .notify_logging_message(
-            LoggingMessageNotificationParam::new(
-                LoggingLevel::Notice,
-                json!({"request_id": request_id, "request_type": request_type, "timeout_ms": frame["timeout_ms"], "message": text}),
-            )
-            .with_logger("bedrock.client_request"),
+            LoggingMessageNotificationParam::new(LoggingLevel::Notice, data).with_logger(logger),
         )
         .await;
 }
 
-/// Tells the MCP client that the agent called one of its client tools: a progress
-/// notification and a log message with the call, to be answered with `respond`. (Logging is
-/// deprecated by a later protocol revision; it is what today's clients show, as for `ask`.)
-#[allow(deprecated)]
+/// Tells the MCP client that the agent called one of its client tools, to be answered with
+/// `respond`.
 async fn tell_tool_call(ctx: &RequestContext<RoleServer>, frame: &Value) {
     let call_id = frame["call_id"].as_str().unwrap_or_default();
     let name = frame["name"].as_str().unwrap_or_default();
@@ -1476,29 +1479,15 @@ async fn tell_tool_call(ctx: &RequestContext<RoleServer>, frame: &Value) {
         crate::tools::preview(&frame["input"].to_string(), 2000),
         frame["expires_at"].as_str().unwrap_or_default()
     );
-    if let Some(token) = ctx.meta.get_progress_token() {
-        let _ = ctx
-            .peer
-            .notify_progress(ProgressNotificationParam::new(token, 0.0).with_message(&text))
-            .await;
-    }
-    let _ = ctx
-        .peer
-        .notify_logging_message(
-            LoggingMessageNotificationParam::new(
-                LoggingLevel::Notice,
-                json!({
-                    "call_id": call_id,
-                    "tool_use_id": frame["tool_use_id"],
-                    "name": name,
-                    "input": frame["input"],
-                    "expires_at": frame["expires_at"],
-                    "message": text,
-                }),
-            )
-            .with_logger("bedrock.client_tool_call"),
-        )
-        .await;
+    let data = json!({
+        "call_id": call_id,
+        "tool_use_id": frame["tool_use_id"],
+        "name": name,
+        "input": frame["input"],
+        "expires_at": frame["expires_at"],
+        "message": text,
+    });
+    tell(ctx, &text, data, "bedrock.client_tool_call").await;
 }
 
 /// How a form's content becomes a reply (`None`: the content lacks the form's field).

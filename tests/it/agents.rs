@@ -283,7 +283,7 @@ async fn another_tenants_agents_are_out_of_reach() {
             json!({"name": "x", "model": "m", "mcp_servers": ["Not Valid"]}),
             json!({"name": "x", "model": "m", "budget_tokens": 0}),
             json!({"name": "x", "model": "m", "metadata": {"big": "y".repeat(20_000)}}),
-            json!({"name": "x", "model": "m", "client_tools": []}),
+            json!({"name": "x", "model": "m", "client_tools": [{"name": "bash", "input_schema": {"type": "object"}}]}),
             json!({"model": "m"}),
         ] {
             app.post("/v1/agents", body)

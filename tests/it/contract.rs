@@ -405,7 +405,13 @@ async fn responses_and_frames_match_the_openapi_document() {
         "POST",
         "/v1/conversations",
         "/v1/conversations",
-        Some(json!({"slug": "contract", "require_approval": ["bash"]})),
+        Some(
+            json!({"slug": "contract", "require_approval": ["bash"], "client_tools": [{
+                "name": "lookup",
+                "description": "the client's dictionary",
+                "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}},
+            }]})
+        ),
         201
     );
     let id = created["id"].as_str().expect("an id").to_owned();
@@ -435,6 +441,7 @@ async fn responses_and_frames_match_the_openapi_document() {
             "ask_user",
             json!({"question": "Colour?", "kind": "select", "options": ["red", "blue"]}),
         ),
+        Llm::tool("call_lookup", "lookup", json!({"q": "ferrous"})),
         Llm::tool(
             "call_spawn",
             "spawn_sub_agents",
@@ -481,9 +488,21 @@ async fn responses_and_frames_match_the_openapi_document() {
             }
             answered.insert(request_id);
         }
+        if frame["type"] == "client_tool_call" {
+            let call_id = frame["call_id"].as_str().expect("a call id").to_owned();
+            let url = format!("/v1/conversations/{id}/tool_results/{call_id}");
+            call!(
+                "POST",
+                "/v1/conversations/{id}/tool_results/{call_id}",
+                url,
+                Some(json!({"output": "iron"})),
+                200
+            );
+            answered.insert(call_id);
+        }
         let idle = frame["type"] == "state" && frame["state"]["kind"] == "idle";
         frames.push(frame);
-        if idle && answered.len() == 2 {
+        if idle && answered.len() == 3 {
             break;
         }
     }
@@ -508,6 +527,14 @@ async fn responses_and_frames_match_the_openapi_document() {
     );
 
     // The other routes.
+    let url = format!("/v1/conversations/{id}/client_tool_calls");
+    call!(
+        "GET",
+        "/v1/conversations/{id}/client_tool_calls",
+        url,
+        None,
+        200
+    );
     call!(
         "GET",
         "/v1/conversations",
