@@ -88,6 +88,10 @@ pub struct ConversationRecord {
     pub permissions: Vec<PermissionRule>,
     /// The tools its client runs.
     pub client_tools: std::sync::Arc<Vec<ClientTool>>,
+    /// Its agent's pre-tool-use hook.
+    pub pre_tool_use: Option<std::sync::Arc<PreToolUseHook>>,
+    /// Its agent's bounds (within the node's).
+    pub bounds: Bounds,
 }
 
 /// An agent version, as a conversation names the one it was created from.
@@ -126,6 +130,81 @@ pub struct AgentDefinition {
     /// The tools its conversations' client runs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub client_tools: Vec<ClientTool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hooks: Option<Hooks>,
+    /// Its conversations' turn bounds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<TurnBounds>,
+    /// Its conversations' sub-agent bounds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sub_agents: Option<SubAgentBounds>,
+}
+
+/// An agent's pre-tool-use hook (docs/api.md, "Agents"): Bedrock asks it about each tool
+/// call the rules did not deny, before the call runs.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PreToolUseHook {
+    pub url: String,
+    /// The key its requests are signed with (Standard Webhooks). Stored with the agent's
+    /// version and its conversations; never shown, never exported.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub secret: String,
+    pub timeout_ms: u64,
+    pub on_failure: HookFailure,
+}
+
+/// What a hook that cannot answer (timeout, refused, an answer that is not one) decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HookFailure {
+    Deny,
+    Allow,
+    Ask,
+}
+
+/// An agent's hooks.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Hooks {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pre_tool_use: Option<PreToolUseHook>,
+}
+
+/// An agent's bounds of one turn, each within the node's (`[limits]`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TurnBounds {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_llm_steps: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tool_calls: Option<u32>,
+}
+
+/// An agent's bounds of its sub-agents, each within the node's (`[sub_agents]`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SubAgentBounds {
+    /// Tasks in one spawn_sub_agents call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tasks: Option<u32>,
+    /// A sub-agent's LLM steps: its default and the most a task may ask for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<u32>,
+    /// A sub-agent's wall time: its default and the most a task may ask for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+/// The bounds a conversation keeps from its agent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Bounds {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<TurnBounds>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sub_agents: Option<SubAgentBounds>,
+}
+
+impl Bounds {
+    pub fn is_empty(&self) -> bool {
+        self.limits.is_none() && self.sub_agents.is_none()
+    }
 }
 
 /// A stored agent version.
@@ -171,6 +250,8 @@ pub struct NewConversation {
     pub tools: Option<Vec<String>>,
     pub permissions: Vec<PermissionRule>,
     pub client_tools: Vec<ClientTool>,
+    pub pre_tool_use: Option<PreToolUseHook>,
+    pub bounds: Bounds,
     pub created_at: DateTime<Utc>,
 }
 
@@ -197,6 +278,8 @@ impl NewConversation {
             tools: None,
             permissions: Vec::new(),
             client_tools: Vec::new(),
+            pre_tool_use: None,
+            bounds: Bounds::default(),
             parent_id: None,
             user_initiated: true,
             require_approval: Vec::new(),
@@ -236,6 +319,8 @@ impl NewConversation {
             tools: self.tools.clone(),
             permissions: self.permissions.clone(),
             client_tools: std::sync::Arc::new(self.client_tools.clone()),
+            pre_tool_use: self.pre_tool_use.clone().map(std::sync::Arc::new),
+            bounds: self.bounds,
         }
     }
 }

@@ -550,6 +550,82 @@ pub struct AgentBody {
     /// Tools its conversations' client runs (docs/api.md, "Client tools").
     #[schema(max_items = 32)]
     pub client_tools: Option<Vec<ClientToolBody>>,
+    /// Its hooks: `pre_tool_use`, asked about each tool call the rules do not deny.
+    pub hooks: Option<HooksBody>,
+    /// Its conversations' turn bounds, within the node's.
+    pub limits: Option<TurnBoundsBody>,
+    /// Its conversations' sub-agent bounds, within the node's.
+    pub sub_agents: Option<SubAgentBoundsBody>,
+}
+
+/// An agent's hooks. *Extension.*
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HooksBody {
+    pub pre_tool_use: Option<PreToolUseBody>,
+}
+
+/// An agent's pre-tool-use hook. *Extension.*
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PreToolUseBody {
+    /// `http` or `https`; reached under the node's egress policy, like tenants' MCP servers.
+    #[schema(max_length = 2048)]
+    pub url: String,
+    /// The key its requests are signed with (Standard Webhooks: `whsec_` and base64, or
+    /// any 16 to 512 bytes). Never shown, never exported.
+    #[schema(min_length = 16, max_length = 512)]
+    pub secret: Option<String>,
+    /// How long Bedrock waits for its answer (default 5000, at most 30000).
+    #[schema(minimum = 1, maximum = 30000)]
+    pub timeout_ms: Option<u64>,
+    /// What a hook that does not answer decides: `deny` (default), `allow` or `ask`.
+    #[schema(value_type = Option<String>, pattern = "^(deny|allow|ask)$")]
+    pub on_failure: Option<crate::model::HookFailure>,
+}
+
+/// An agent's turn bounds. *Extension.*
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TurnBoundsBody {
+    /// LLM steps of one turn (at most the node's `turn.max_llm_steps`).
+    #[schema(minimum = 1)]
+    pub max_llm_steps: Option<u32>,
+    /// Tool calls of one turn (at most the node's `turn.max_tool_calls`).
+    #[schema(minimum = 1)]
+    pub max_tool_calls: Option<u32>,
+}
+
+/// An agent's sub-agent bounds. *Extension.*
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubAgentBoundsBody {
+    /// Tasks of one spawn_sub_agents call (at most the node's `turn.max_sub_agents`).
+    #[schema(minimum = 1)]
+    pub max_tasks: Option<u32>,
+    /// A sub-agent's LLM steps (at most the node's `sub_agents.max_steps`).
+    #[schema(minimum = 1)]
+    pub max_steps: Option<u32>,
+    /// A sub-agent's wall time in ms (at most the node's `sub_agents.timeout_ms`).
+    #[schema(minimum = 1)]
+    pub timeout_ms: Option<u64>,
+}
+
+/// An agent's pre-tool-use hook as the API shows it: without its secret. *Extension.*
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PreToolUseView<'a> {
+    pub url: &'a str,
+    pub timeout_ms: u64,
+    /// `deny`, `allow` or `ask`.
+    #[schema(value_type = String)]
+    pub on_failure: crate::model::HookFailure,
+}
+
+/// An agent's hooks as the API shows them. *Extension.*
+#[derive(Debug, Serialize, ToSchema)]
+pub struct HooksView<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pre_tool_use: Option<PreToolUseView<'a>>,
 }
 
 /// A permission rule of an agent. *Extension.*
@@ -601,6 +677,15 @@ pub struct AgentView<'a> {
     /// The tools its conversations' client runs; absent when it has none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub client_tools: Vec<ClientToolView<'a>>,
+    /// Its hooks (a hook's secret is never shown); absent when it has none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hooks: Option<HooksView<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<TurnBoundsBody>)]
+    pub limits: Option<crate::model::TurnBounds>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<SubAgentBoundsBody>)]
+    pub sub_agents: Option<crate::model::SubAgentBounds>,
     /// When this version was made.
     pub created_at: &'a str,
 }
@@ -622,6 +707,15 @@ pub fn agent(version: &AgentVersion) -> AgentView<'_> {
         metadata: definition.metadata.as_ref(),
         permissions: &definition.permissions,
         client_tools: client_tools(&definition.client_tools),
+        hooks: definition.hooks.as_ref().map(|hooks| HooksView {
+            pre_tool_use: hooks.pre_tool_use.as_ref().map(|hook| PreToolUseView {
+                url: &hook.url,
+                timeout_ms: hook.timeout_ms,
+                on_failure: hook.on_failure,
+            }),
+        }),
+        limits: definition.limits,
+        sub_agents: definition.sub_agents,
         created_at: &version.created_at,
     }
 }

@@ -53,6 +53,10 @@ pub struct Model {
     pub permissions: Option<String>,
     /// The tools its client runs, as JSON (`None`: none).
     pub client_tools: Option<String>,
+    /// Its agent's pre-tool-use hook, as JSON (`None`: none).
+    pub hooks: Option<String>,
+    /// Its agent's limits, as JSON (`None`: the node's).
+    pub limits: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -38,6 +38,7 @@ mod m20261126_000012_tenant_quotas;
 mod m20261127_000013_conversation_counts;
 mod m20261127_000014_agents;
 mod m20261127_000015_client_tools;
+mod m20261127_000016_agent_hooks_limits;
 
 /// Runs a migration's statements for the database at hand, in order, each error naming its
 /// statement. SQLite and Postgres only.
@@ -89,6 +90,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261127_000013_conversation_counts::Migration),
             Box::new(m20261127_000014_agents::Migration),
             Box::new(m20261127_000015_client_tools::Migration),
+            Box::new(m20261127_000016_agent_hooks_limits::Migration),
         ]
     }
 }

@@ -12,13 +12,15 @@ use chrono::Utc;
 use super::AppState;
 use super::auth::Caller;
 use super::error::{ApiError, Body, ErrorBody, Path, Query, reply};
-use crate::model::{AgentDefinition, AgentVersion};
+use crate::model::{
+    AgentDefinition, AgentVersion, HookFailure, Hooks, PreToolUseHook, SubAgentBounds, TurnBounds,
+};
 use crate::persistence::{WriteJob, WriteOutcome};
 use crate::state_machine::PermissionRule;
 use crate::store::{Making, StoreError};
 use crate::wire::{
     self, AgentBody, AgentDocument, AgentDocumentVersion, AgentList, AgentView, ExportQuery,
-    ImportQuery, PermissionRuleBody,
+    HooksBody, ImportQuery, PermissionRuleBody, SubAgentBoundsBody, TurnBoundsBody,
 };
 
 /// Versions one agent may hold: past it, a change is refused (delete it and create it again:
@@ -137,9 +139,14 @@ pub(crate) fn check_definition(
     }
     let permissions = permissions(body.permissions)?;
     let client_tools = super::client_tools::check(settings, body.client_tools)?;
+    let hooks = hooks(body.hooks)?;
+    let (limits, sub_agents) = bounds(settings, body.limits, body.sub_agents)?;
     Ok(AgentDefinition {
         permissions,
         client_tools,
+        hooks,
+        limits,
+        sub_agents,
         description: body.description,
         model: body.model,
         system_prompt: body.system_prompt,
@@ -150,6 +157,112 @@ pub(crate) fn check_definition(
         budget_tokens: body.budget_tokens,
         metadata: body.metadata,
     })
+}
+
+/// The most a pre-tool-use hook may take to answer.
+const MAX_HOOK_TIMEOUT_MS: u64 = 30_000;
+/// A hook's default time to answer.
+const HOOK_TIMEOUT_MS: u64 = 5_000;
+
+/// The hooks a body gives, checked: a URL of `http` or `https` of at most 2048 bytes (the
+/// egress policy is applied when it is called, as for MCP servers), a secret of 16 to 512
+/// bytes (a `whsec_` one must hold base64), a timeout of 1 to 30000 ms.
+fn hooks(given: Option<HooksBody>) -> Result<Option<Hooks>, ApiError> {
+    let Some(given) = given else {
+        return Ok(None);
+    };
+    let Some(hook) = given.pre_tool_use else {
+        return Ok(None);
+    };
+    let bad = |why: &str| ApiError::invalid(format!("hooks.pre_tool_use: {why}"));
+    let url = url::Url::parse(&hook.url).map_err(|_| bad("url is not a URL"))?;
+    if hook.url.len() > 2048 || !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return Err(bad(
+            "url must be an http or https URL of at most 2048 bytes",
+        ));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(bad(
+            "url may not hold credentials; the hook's requests are signed",
+        ));
+    }
+    let Some(secret) = hook.secret else {
+        return Err(bad(
+            "secret is missing (an exported agent has none: secrets are never exported; give it again)",
+        ));
+    };
+    if !(16..=512).contains(&secret.len()) || crate::runtime::hook_key(&secret).is_none() {
+        return Err(bad(
+            "secret must be 16 to 512 bytes (a whsec_ secret must hold base64)",
+        ));
+    }
+    let timeout_ms = hook.timeout_ms.unwrap_or(HOOK_TIMEOUT_MS);
+    if !(1..=MAX_HOOK_TIMEOUT_MS).contains(&timeout_ms) {
+        return Err(bad("timeout_ms must be 1 to 30000"));
+    }
+    Ok(Some(Hooks {
+        pre_tool_use: Some(PreToolUseHook {
+            url: url.to_string(),
+            secret,
+            timeout_ms,
+            on_failure: hook.on_failure.unwrap_or(HookFailure::Deny),
+        }),
+    }))
+}
+
+/// The bounds a body gives, checked: each at least 1 and at most the node's.
+fn bounds(
+    settings: &crate::config::Settings,
+    limits: Option<TurnBoundsBody>,
+    sub_agents: Option<SubAgentBoundsBody>,
+) -> Result<(Option<TurnBounds>, Option<SubAgentBounds>), ApiError> {
+    let node = settings.turn_limits();
+    let within = |field: &str, value: Option<u64>, most: u64| match value {
+        Some(value) if !(1..=most).contains(&value) => Err(ApiError::invalid(format!(
+            "{field} must be 1 to {most} (the node's bound)"
+        ))),
+        Some(_) | None => Ok(()),
+    };
+    if let Some(limits) = &limits {
+        within(
+            "limits.max_llm_steps",
+            limits.max_llm_steps.map(u64::from),
+            u64::from(node.max_llm_steps),
+        )?;
+        within(
+            "limits.max_tool_calls",
+            limits.max_tool_calls.map(u64::from),
+            u64::from(node.max_tool_calls),
+        )?;
+    }
+    if let Some(sub) = &sub_agents {
+        within(
+            "sub_agents.max_tasks",
+            sub.max_tasks.map(u64::from),
+            u64::from(node.max_sub_agents),
+        )?;
+        within(
+            "sub_agents.max_steps",
+            sub.max_steps.map(u64::from),
+            u64::from(node.sub_agent_max_steps),
+        )?;
+        within(
+            "sub_agents.timeout_ms",
+            sub.timeout_ms,
+            node.sub_agent_timeout_ms,
+        )?;
+    }
+    Ok((
+        limits.map(|l| TurnBounds {
+            max_llm_steps: l.max_llm_steps,
+            max_tool_calls: l.max_tool_calls,
+        }),
+        sub_agents.map(|s| SubAgentBounds {
+            max_tasks: s.max_tasks,
+            max_steps: s.max_steps,
+            timeout_ms: s.timeout_ms,
+        }),
+    ))
 }
 
 /// The rules a body gives, checked: at most 64, each with a tool pattern of 1 to 256
@@ -484,10 +597,24 @@ pub(crate) fn document(name: &str, versions: &[AgentVersion]) -> AgentDocument {
             .map(|version| AgentDocumentVersion {
                 version: version.version,
                 created_at: version.created_at.clone(),
-                definition: serde_json::to_value(&version.definition).unwrap_or_default(),
+                definition: serde_json::to_value(without_secrets(&version.definition))
+                    .unwrap_or_default(),
             })
             .collect(),
     }
+}
+
+/// A definition as a document carries it: its hook without its secret.
+fn without_secrets(definition: &AgentDefinition) -> AgentDefinition {
+    let mut definition = definition.clone();
+    if let Some(hook) = definition
+        .hooks
+        .as_mut()
+        .and_then(|hooks| hooks.pre_tool_use.as_mut())
+    {
+        hook.secret.clear();
+    }
+    definition
 }
 
 /// What a document to import makes: its name (or `as`) and its definitions, checked as

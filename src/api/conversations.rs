@@ -227,6 +227,8 @@ pub async fn create(
         tools: checked.tools,
         permissions: checked.permissions,
         client_tools: checked.client_tools,
+        pre_tool_use: checked.pre_tool_use,
+        bounds: checked.bounds,
         mcp_tools,
         // As stored: the databases keep microseconds.
         created_at: Utc::now().trunc_subsecs(6),
@@ -277,6 +279,8 @@ struct CreateChecked {
     tools: Option<Vec<String>>,
     permissions: Vec<PermissionRule>,
     client_tools: Vec<crate::model::ClientTool>,
+    pre_tool_use: Option<crate::model::PreToolUseHook>,
+    bounds: crate::model::Bounds,
 }
 
 /// The slug asked for, checked, or one made from the id.
@@ -327,6 +331,11 @@ fn check_create_from(
         tools: definition.tools,
         permissions: definition.permissions,
         client_tools: definition.client_tools,
+        pre_tool_use: definition.hooks.and_then(|hooks| hooks.pre_tool_use),
+        bounds: crate::model::Bounds {
+            limits: definition.limits,
+            sub_agents: definition.sub_agents,
+        },
     })
 }
 
@@ -395,6 +404,8 @@ fn check_create(
         tools: None,
         permissions: Vec::new(),
         client_tools: super::client_tools::check(&app.settings, body.client_tools.clone())?,
+        pre_tool_use: None,
+        bounds: crate::model::Bounds::default(),
     })
 }
 

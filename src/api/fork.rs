@@ -114,6 +114,8 @@ async fn create(
         tools: source.tools.clone(),
         permissions: source.permissions.clone(),
         client_tools: source.client_tools.to_vec(),
+        pre_tool_use: source.pre_tool_use.as_deref().cloned(),
+        bounds: source.bounds,
         created_at: Utc::now().trunc_subsecs(6),
     };
     let from = ForkPoint {

@@ -376,6 +376,8 @@ mod tests {
             tools: None,
             permissions: Vec::new(),
             client_tools: Default::default(),
+            pre_tool_use: None,
+            bounds: Default::default(),
         }
     }
 

@@ -188,6 +188,13 @@ async fn execute_tool(
             tenant_id: state.record.tenant_id.clone(),
             mcp_tools: state.record.mcp_tools.clone(),
             client_tools: state.record.client_tools.clone(),
+            hook: state.record.pre_tool_use.as_ref().map(|hook| {
+                Arc::new(super::hooks::HookRun {
+                    hook: Arc::clone(hook),
+                    ctx: state.ctx.clone(),
+                    agent: state.record.agent.clone(),
+                })
+            }),
         },
     };
     match Actor::spawn_linked(None, ToolRun, args, myself.get_cell()).await {

@@ -131,6 +131,9 @@ impl Actor for SubAgentSupervisor {
                 permissions: parent.permissions.clone(),
                 // The client watches the parent: its sub-agents get no client tools.
                 client_tools: Vec::new(),
+                // Its tool calls ask its parent's hook; it keeps its parent's bounds.
+                pre_tool_use: parent.pre_tool_use.as_deref().cloned(),
+                bounds: parent.bounds,
                 created_at: now,
             };
             if let Err(error) = handles

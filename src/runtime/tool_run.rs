@@ -85,6 +85,8 @@ pub struct Run {
     pub mcp_tools: Arc<Vec<crate::model::McpTool>>,
     /// The tools its client runs.
     pub client_tools: Arc<Vec<crate::model::ClientTool>>,
+    /// Its agent's pre-tool-use hook, asked before the call runs.
+    pub hook: Option<Arc<super::hooks::HookRun>>,
 }
 
 impl Actor for ToolRun {
@@ -152,7 +154,26 @@ impl Actor for ToolRun {
     }
 }
 
-async fn execute(run: Run) -> ToolOutcome {
+async fn execute(mut run: Run) -> ToolOutcome {
+    // A client tool's call made before a restart was asked about (hook, approval) then.
+    let asked = run.plan.action == ToolAction::Client
+        && (run.hook.is_some() || run.plan.approval)
+        && super::client_tools::asked_already(&super::client_tools::Asking {
+            handles: &run.handles,
+            conversation: &run.conversation,
+            conversation_id: &run.conversation_id,
+            tool: &run.tool,
+            tools: &run.client_tools,
+            cancel: &run.cancel,
+            output_cap: run.limits.output_cap_bytes,
+        })
+        .await;
+    if !asked
+        && let Some(hook) = run.hook.clone()
+        && let Err(refused) = ask_hook(&mut run, &hook).await
+    {
+        return refused;
+    }
     let asking = super::client_tools::Asking {
         handles: &run.handles,
         conversation: &run.conversation,
@@ -162,10 +183,8 @@ async fn execute(run: Run) -> ToolOutcome {
         cancel: &run.cancel,
         output_cap: run.limits.output_cap_bytes,
     };
-    // A client tool's call made before a restart was approved then.
     if run.plan.approval
-        && !(run.plan.action == ToolAction::Client
-            && super::client_tools::asked_already(&asking).await)
+        && !asked
         && let Err(refused) = approve(&run).await
     {
         return refused;
@@ -235,6 +254,41 @@ async fn mcp_tool(run: &Run, tool: &crate::model::McpTool) -> ToolOutcome {
         run.limits.output_cap_bytes,
     )
     .await
+}
+
+/// Asks the agent's pre-tool-use hook about the call, stores its decision with the call
+/// (a durable system event), and applies it: a denied call does not run; an allowed one
+/// needs no approval, one to ask about does; a replaced input is planned again by the core,
+/// whose rules still hold.
+async fn ask_hook(run: &mut Run, hook: &super::hooks::HookRun) -> Result<(), ToolOutcome> {
+    let asked = super::hooks::ask(&run.handles.mcp_http, hook, &run.conversation_id, &run.tool);
+    let (verdict, stored) = tokio::select! {
+        answer = asked => answer,
+        () = run.cancel.cancelled() => return Err(failed("cancelled before the hook answered")),
+    };
+    let event = Keyed::system_event(SystemEvent::new("pre_tool_use_decision", stored), None);
+    let _ = emit(&run.conversation, vec![event]).await;
+    match verdict {
+        super::hooks::Verdict::Deny(why) => Err(failed(why)),
+        super::hooks::Verdict::Run { approval, input } => {
+            if let Some(input) = input {
+                let replaced = ToolUse {
+                    input,
+                    ..run.tool.clone()
+                };
+                let plan =
+                    crate::state_machine::plan_tool(&hook.ctx, &replaced).map_err(|why| {
+                        failed(format!(
+                            "the input the pre-tool-use hook gave is refused: {why}"
+                        ))
+                    })?;
+                run.tool = replaced;
+                run.plan.action = plan.action;
+            }
+            run.plan.approval = approval;
+            Ok(())
+        }
+    }
 }
 
 /// Asks the client to approve the tool (the wallet flow, generalised).

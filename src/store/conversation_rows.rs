@@ -371,6 +371,12 @@ pub(super) fn conversation_row(new: &NewConversation) -> Result<conversations::A
             .then(|| serde_json::to_string(&new.permissions).unwrap_or_default())),
         client_tools: Set((!new.client_tools.is_empty())
             .then(|| serde_json::to_string(&new.client_tools).unwrap_or_default())),
+        hooks: Set(new
+            .pre_tool_use
+            .as_ref()
+            .map(|hook| serde_json::to_string(hook).unwrap_or_default())),
+        limits: Set((!new.bounds.is_empty())
+            .then(|| serde_json::to_string(&new.bounds).unwrap_or_default())),
     })
 }
 
@@ -399,6 +405,17 @@ pub(super) fn conversation(row: conversations::Model) -> Result<ConversationReco
             StoreError::Corrupt(format!("conversation {}: client_tools: {e}", row.id))
         })?,
         None => Vec::new(),
+    };
+    let pre_tool_use = match row.hooks.as_deref() {
+        Some(json) => Some(Arc::new(serde_json::from_str(json).map_err(|e| {
+            StoreError::Corrupt(format!("conversation {}: hooks: {e}", row.id))
+        })?)),
+        None => None,
+    };
+    let bounds = match row.limits.as_deref() {
+        Some(json) => serde_json::from_str(json)
+            .map_err(|e| StoreError::Corrupt(format!("conversation {}: limits: {e}", row.id)))?,
+        None => crate::model::Bounds::default(),
     };
     Ok(ConversationRecord {
         id: row.id,
@@ -438,6 +455,8 @@ pub(super) fn conversation(row: conversations::Model) -> Result<ConversationReco
         tools,
         permissions,
         client_tools: Arc::new(client_tools),
+        pre_tool_use,
+        bounds,
         forked_from: row.forked_from_id.zip(row.forked_from_sequence).map(
             |(conversation_id, sequence_id)| ForkPoint {
                 conversation_id,

@@ -21,6 +21,7 @@ mod contract;
 mod control;
 mod hardening;
 mod hitl;
+mod hooks;
 mod limits;
 mod llama;
 mod mcp;
