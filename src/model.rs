@@ -468,6 +468,9 @@ pub struct ClientToolCall {
     pub id: String,
     pub conversation_id: String,
     pub tool_use_id: String,
+    /// Its turn, LLM step and tool_use id (`turn:step:tool_use_id`): a tool_use id alone may
+    /// come again in a later step.
+    pub key: String,
     pub name: String,
     pub input: serde_json::Value,
     pub status: RequestStatus,

@@ -10,6 +10,8 @@ pub struct Model {
     pub conversation_id: String,
     /// The LLM's id of the call; its tool result carries it.
     pub tool_use_id: String,
+    /// The call's turn, LLM step and tool_use id: one call per key.
+    pub call_key: String,
     pub name: String,
     /// The call's input, JSON text.
     pub input: String,

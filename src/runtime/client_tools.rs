@@ -19,7 +19,7 @@ use super::requests::{Waiter, emit, expiry};
 use crate::model::{ClientToolCall, RequestStatus};
 use crate::notice::{Durable, Keyed};
 use crate::persistence::{WriteJob, WriteOutcome};
-use crate::state_machine::ToolOutcome;
+use crate::state_machine::{ConvState, ToolOutcome};
 use crate::tools::{failed, preview};
 
 /// Why an answer to a client tool call was refused.
@@ -43,11 +43,11 @@ pub(super) struct Asking<'a> {
     pub conversation: &'a ractor::ActorRef<super::messages::ConvMsg>,
     pub conversation_id: &'a str,
     pub tool: &'a crate::state_machine::ToolUse,
+    /// The call's key: its turn, LLM step and tool_use id.
+    pub key: String,
     /// The conversation's client tools (for the call's timeout).
     pub tools: &'a [crate::model::ClientTool],
     pub cancel: &'a tokio_util::sync::CancellationToken,
-    /// The tools' output cap, in bytes.
-    pub output_cap: usize,
 }
 
 /// Whether the client was asked for this call already (before a restart): its approval, if
@@ -56,7 +56,7 @@ pub(super) async fn asked_already(run: &Asking<'_>) -> bool {
     matches!(
         run.handles
             .store
-            .client_tool_call_for(run.conversation_id, &run.tool.id)
+            .client_tool_call_for(run.conversation_id, &run.key)
             .await,
         Ok(Some(_))
     )
@@ -68,7 +68,7 @@ pub(super) async fn run(run: &Asking<'_>) -> ToolOutcome {
     let handles = &run.handles;
     let stored = match handles
         .store
-        .client_tool_call_for(run.conversation_id, &run.tool.id)
+        .client_tool_call_for(run.conversation_id, &run.key)
         .await
     {
         Ok(stored) => stored,
@@ -86,6 +86,11 @@ pub(super) async fn run(run: &Asking<'_>) -> ToolOutcome {
                 Ok(Some(now)) => now,
                 Ok(None) | Err(_) => call,
             };
+            // Taken up again (after a restart): its frame again, in case it never went
+            // out; clients know a call by its call_id.
+            if call.status == RequestStatus::Pending {
+                let _ = emit(run.conversation, vec![frame_of(&call)]).await;
+            }
             (call, rx, waiter)
         }
         None => match ask(run).await {
@@ -94,14 +99,14 @@ pub(super) async fn run(run: &Asking<'_>) -> ToolOutcome {
         },
     };
     if call.status != RequestStatus::Pending {
-        return settled(run, &call);
+        return settled(&call);
     }
     let wait = (call.expires_at - Utc::now())
         .to_std()
         .unwrap_or(Duration::ZERO);
     tokio::select! {
         answer = rx => match answer {
-            Ok(payload) => outcome(run, &payload),
+            Ok(payload) => outcome(&payload),
             Err(_) => failed("the client tool call was dropped"),
         },
         () = tokio::time::sleep(wait) => {
@@ -111,7 +116,7 @@ pub(super) async fn run(run: &Asking<'_>) -> ToolOutcome {
                 expired(&call)
             } else {
                 match handles.store.client_tool_call(run.conversation_id, &call.id).await {
-                    Ok(Some(now)) => settled(run, &now),
+                    Ok(Some(now)) => settled(&now),
                     Ok(None) | Err(_) => expired(&call),
                 }
             }
@@ -120,6 +125,16 @@ pub(super) async fn run(run: &Asking<'_>) -> ToolOutcome {
         // conversation that stops (a restart, a shutdown) leaves it pending.
         () = run.cancel.cancelled() => failed("the client tool call was cancelled"),
     }
+}
+
+fn frame_of(call: &ClientToolCall) -> Keyed {
+    Keyed::from(Durable::ClientToolCall {
+        call_id: call.id.clone(),
+        tool_use_id: call.tool_use_id.clone(),
+        name: call.name.clone(),
+        input: call.input.clone(),
+        expires_at: call.expires_at.to_rfc3339(),
+    })
 }
 
 /// Makes the call and its frame.
@@ -144,6 +159,7 @@ async fn ask<'a>(
         id: uuid::Uuid::now_v7().to_string(),
         conversation_id: run.conversation_id.to_owned(),
         tool_use_id: run.tool.id.clone(),
+        key: run.key.clone(),
         name: run.tool.name.clone(),
         input: run.tool.input.clone(),
         status: RequestStatus::Pending,
@@ -154,6 +170,9 @@ async fn ask<'a>(
         created_at: now,
         resolved_at: None,
     };
+    if run.cancel.is_cancelled() {
+        return Err(failed("the client tool call was cancelled"));
+    }
     let (rx, waiter) = handles.requests.wait_for(&call.id);
     if let Err(e) = handles
         .persistence
@@ -164,15 +183,15 @@ async fn ask<'a>(
             "the client tool call could not be stored: {e}"
         )));
     }
-    let frame = Keyed::from(Durable::ClientToolCall {
-        call_id: call.id.clone(),
-        tool_use_id: call.tool_use_id.clone(),
-        name: call.name.clone(),
-        input: call.input.clone(),
-        expires_at: call.expires_at.to_rfc3339(),
-    });
-    if let Err(e) = emit(run.conversation, vec![frame]).await {
-        resolve(handles, &call.id, RequestStatus::Expired, None).await;
+    // A cancel that came while the call was stored found no call to cancel: it is
+    // cancelled here (a conversation that stops for a shutdown leaves it for the restart).
+    if run.cancel.is_cancelled() && !handles.lifecycle.is_shutting_down() {
+        resolve(handles, &call.id, RequestStatus::Cancelled, None).await;
+        return Err(failed("the client tool call was cancelled"));
+    }
+    // A frame that cannot go out (the conversation is stopping) goes out when the call
+    // is taken up again; the call stays pending.
+    if let Err(e) = emit(run.conversation, vec![frame_of(&call)]).await {
         return Err(failed(format!("the client could not be asked: {e}")));
     }
     Ok((call, rx, waiter))
@@ -180,15 +199,12 @@ async fn ask<'a>(
 
 /// The result of a call resolved before its run waited (answered before a restart ended, or
 /// expired, or cancelled).
-fn settled(run: &Asking<'_>, call: &ClientToolCall) -> ToolOutcome {
+fn settled(call: &ClientToolCall) -> ToolOutcome {
     match call.status {
-        RequestStatus::Answered => outcome(
-            run,
-            &json!({
-                "output": call.output.as_deref().unwrap_or_default(),
-                "is_error": call.is_error,
-            }),
-        ),
+        RequestStatus::Answered => outcome(&json!({
+            "output": call.output.as_deref().unwrap_or_default(),
+            "is_error": call.is_error,
+        })),
         RequestStatus::Expired => expired(call),
         RequestStatus::Pending | RequestStatus::Cancelled => {
             failed("the client tool call was cancelled")
@@ -204,22 +220,12 @@ fn expired(call: &ClientToolCall) -> ToolOutcome {
     ))
 }
 
-/// The client's answer as the call's result, cut to the tools' output cap.
-fn outcome(run: &Asking<'_>, payload: &Value) -> ToolOutcome {
-    let output = payload["output"].as_str().unwrap_or_default();
-    let cap = run.output_cap;
-    let output = if output.len() > cap {
-        format!(
-            "{}\n[output cut at {cap} bytes of {}]",
-            preview(output, cap),
-            output.len()
-        )
-    } else {
-        output.to_owned()
-    };
+/// The client's answer as the call's result (cut to the tools' output cap when it was
+/// taken, see [`answer`]).
+fn outcome(payload: &Value) -> ToolOutcome {
     ToolOutcome {
         ok: payload["is_error"] != Value::Bool(true),
-        output,
+        output: payload["output"].as_str().unwrap_or_default().to_owned(),
     }
 }
 
@@ -258,21 +264,25 @@ pub(super) async fn cancel_call(
     conversation_id: String,
     tool_use_id: String,
 ) {
-    let Ok(Some(call)) = handles
+    // Tools run one at a time: the pending call of this tool_use id is the one stopped.
+    let Ok(pending) = handles
         .store
-        .client_tool_call_for(&conversation_id, &tool_use_id)
+        .client_tool_calls(&conversation_id, true)
         .await
     else {
         return;
     };
-    if call.status == RequestStatus::Pending
-        && resolve(&handles, &call.id, RequestStatus::Cancelled, None).await
+    for call in pending
+        .iter()
+        .filter(|call| call.tool_use_id == tool_use_id)
     {
-        let _ = emit(
-            &conversation,
-            vec![resolved(&call.id, RequestStatus::Cancelled)],
-        )
-        .await;
+        if resolve(&handles, &call.id, RequestStatus::Cancelled, None).await {
+            let _ = emit(
+                &conversation,
+                vec![resolved(&call.id, RequestStatus::Cancelled)],
+            )
+            .await;
+        }
     }
 }
 
@@ -302,10 +312,50 @@ pub(crate) async fn answer(
     if row.status != RequestStatus::Pending {
         return Err(refused(&row));
     }
-    if row.expires_at <= Utc::now() {
-        resolve(handles, call_id, RequestStatus::Expired, None).await;
+    let live = match handles.registry.get(conversation_id) {
+        Some(live) => Some(live),
+        None => handles
+            .registry
+            .get_or_start(handles, conversation_id)
+            .await
+            .ok(),
+    };
+    // Only the call that runs now takes an answer: one its turn no longer waits for (a
+    // cancel ended it, and is resolving it) is over.
+    let current = match &live {
+        Some(live) => live.record().await.map(|record| record.state),
+        None => None,
+    };
+    let waiting = matches!(
+        &current,
+        Some(ConvState::ToolExecuting { current, .. }) if current.id == row.tool_use_id
+    );
+    let over = if row.expires_at <= Utc::now() {
+        Some(RequestStatus::Expired)
+    } else if current.is_some() && !waiting {
+        Some(RequestStatus::Cancelled)
+    } else {
+        None
+    };
+    if let Some(status) = over {
+        if resolve(handles, call_id, status, None).await
+            && let Some(live) = &live
+        {
+            let _ = emit(&live.actor, vec![resolved(call_id, status)]).await;
+        }
         return Err(ToolResultError::Expired);
     }
+    // Stored as the LLM gets it: cut to the tools' output cap.
+    let cap = handles.settings.tools.output_cap_bytes;
+    let output = if output.len() > cap {
+        format!(
+            "{}\n[output cut at {cap} bytes of {}]",
+            preview(&output, cap),
+            output.len()
+        )
+    } else {
+        output
+    };
     let payload = json!({"output": output, "is_error": is_error});
     if !resolve(
         handles,
@@ -326,14 +376,6 @@ pub(crate) async fn answer(
         };
     }
     handles.requests.deliver(call_id, payload);
-    let live = match handles.registry.get(conversation_id) {
-        Some(live) => Some(live),
-        None => handles
-            .registry
-            .get_or_start(handles, conversation_id)
-            .await
-            .ok(),
-    };
     if let Some(live) = live {
         let _ = emit(
             &live.actor,

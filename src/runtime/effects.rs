@@ -188,6 +188,11 @@ async fn execute_tool(
             tenant_id: state.record.tenant_id.clone(),
             mcp_tools: state.record.mcp_tools.clone(),
             client_tools: state.record.client_tools.clone(),
+            key: format!(
+                "{turn}:{}:{}",
+                state.record.state.turn().map_or(0, |turn| turn.llm_steps),
+                tool_use_id
+            ),
             hook: state.record.pre_tool_use.as_ref().map(|hook| {
                 Arc::new(super::hooks::HookRun {
                     hook: Arc::clone(hook),

@@ -36,22 +36,23 @@ pub struct HookRun {
 pub enum Verdict {
     /// The call does not run; the LLM gets this reason.
     Deny(String),
-    /// The call runs: after a `confirm` request with `approval`, with `input` when the hook
-    /// replaced it.
+    /// The call runs: after a `confirm` request with `approval` (`None`: as the rules and
+    /// `require_approval` decided), with `input` when the hook replaced it.
     Run {
-        approval: bool,
+        approval: Option<bool>,
         input: Option<Value>,
     },
 }
 
-/// The HMAC key of a hook's secret: a Standard Webhooks `whsec_` secret's base64, or the
-/// secret's bytes. `None` for a `whsec_` secret that is not base64.
+/// The HMAC key of a hook's secret: a Standard Webhooks `whsec_` secret's base64 (at least
+/// 16 bytes of key), or the secret's bytes. `None` for a `whsec_` secret that is not base64
+/// or holds less.
 pub fn hook_key(secret: &str) -> Option<Vec<u8>> {
     match secret.strip_prefix("whsec_") {
         Some(encoded) => base64::engine::general_purpose::STANDARD
             .decode(encoded)
             .ok()
-            .filter(|key| !key.is_empty()),
+            .filter(|key| key.len() >= 16),
         None => Some(secret.as_bytes().to_vec()),
     }
 }
@@ -89,9 +90,14 @@ pub(super) async fn ask(
         Ok(verdict) => {
             let (decision, replaced) = match &verdict {
                 Verdict::Deny(_) => ("deny", false),
-                Verdict::Run { approval, input } => {
-                    (if *approval { "ask" } else { "allow" }, input.is_some())
-                }
+                Verdict::Run { approval, input } => (
+                    if *approval == Some(true) {
+                        "ask"
+                    } else {
+                        "allow"
+                    },
+                    input.is_some(),
+                ),
             };
             stored["decision"] = json!(decision);
             stored["input_replaced"] = json!(replaced);
@@ -111,17 +117,19 @@ pub(super) async fn ask(
                         tool.name
                     )),
                 ),
+                // As if there were no hook: a call the rules or require_approval ask about
+                // is still asked about.
                 HookFailure::Allow => (
                     "allow",
                     Verdict::Run {
-                        approval: false,
+                        approval: None,
                         input: None,
                     },
                 ),
                 HookFailure::Ask => (
                     "ask",
                     Verdict::Run {
-                        approval: true,
+                        approval: Some(true),
                         input: None,
                     },
                 ),
@@ -194,11 +202,11 @@ fn verdict(answer: &[u8]) -> Result<Verdict, String> {
     };
     match answer.get("decision").and_then(Value::as_str) {
         Some("allow") => Ok(Verdict::Run {
-            approval: false,
+            approval: Some(false),
             input,
         }),
         Some("ask") => Ok(Verdict::Run {
-            approval: true,
+            approval: Some(true),
             input,
         }),
         Some("deny") => {
@@ -228,6 +236,7 @@ mod tests {
             "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
         );
         assert_eq!(hook_key("whsec_!!"), None);
+        assert_eq!(hook_key("whsec_c2hvcnQ="), None);
         assert_eq!(
             hook_key("plain-secret-16b"),
             Some(b"plain-secret-16b".to_vec())
@@ -239,14 +248,14 @@ mod tests {
         assert_eq!(
             verdict(br#"{"decision": "allow"}"#),
             Ok(Verdict::Run {
-                approval: false,
+                approval: Some(false),
                 input: None
             })
         );
         assert_eq!(
             verdict(br#"{"decision": "ask", "input": {"command": "ls"}}"#),
             Ok(Verdict::Run {
-                approval: true,
+                approval: Some(true),
                 input: Some(json!({"command": "ls"}))
             })
         );

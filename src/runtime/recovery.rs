@@ -46,16 +46,6 @@ pub(crate) async fn recover(handles: &Arc<Handles>) -> Result<RecoveryReport, St
             waiting.push(record.id);
         }
     }
-    if !waiting.is_empty() {
-        let handles = Arc::clone(handles);
-        tokio::spawn(async move {
-            for id in waiting {
-                if let Err(error) = handles.registry.get_or_start(&handles, &id).await {
-                    tracing::warn!(conversation = %id, %error, "a conversation waiting for its client tool did not start again");
-                }
-            }
-        });
-    }
     if let WriteOutcome::Expired(requests, tasks) = handles
         .persistence
         .write(WriteJob::ExpirePendingWork {
@@ -66,6 +56,18 @@ pub(crate) async fn recover(handles: &Arc<Handles>) -> Result<RecoveryReport, St
     {
         report.expired_requests = requests;
         report.failed_tasks = tasks;
+    }
+    // Started once the requests of the process that died are expired: a call taken up
+    // again may ask anew (its approval, its hook's `ask`).
+    if !waiting.is_empty() {
+        let handles = Arc::clone(handles);
+        tokio::spawn(async move {
+            for id in waiting {
+                if let Err(error) = handles.registry.get_or_start(&handles, &id).await {
+                    tracing::warn!(conversation = %id, %error, "a conversation waiting for its client tool did not start again");
+                }
+            }
+        });
     }
     Ok(report)
 }

@@ -99,23 +99,33 @@ pub fn check_reply(request_type: &Value, payload: &Value) -> Result<(), String> 
 
 #[derive(Debug, Default)]
 pub struct RequestBroker {
-    waiting: Mutex<HashMap<String, oneshot::Sender<Value>>>,
+    /// Each waiter with the number of its wait: a wait that ends removes only its own.
+    waiting: Mutex<HashMap<String, (u64, oneshot::Sender<Value>)>>,
+    waits: std::sync::atomic::AtomicU64,
 }
 
-/// Removes a waiter when the asking future ends, however it ends.
+/// Removes a waiter when the asking future ends, however it ends (and not one that took
+/// its place since).
 pub(crate) struct Waiter<'a> {
     broker: &'a RequestBroker,
     id: String,
+    wait: u64,
 }
 
 impl Drop for Waiter<'_> {
     fn drop(&mut self) {
-        self.broker.map().remove(&self.id);
+        let mut map = self.broker.map();
+        if map
+            .get(&self.id)
+            .is_some_and(|(wait, _)| *wait == self.wait)
+        {
+            map.remove(&self.id);
+        }
     }
 }
 
 impl RequestBroker {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, oneshot::Sender<Value>>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, oneshot::Sender<Value>)>> {
         self.waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -123,19 +133,23 @@ impl RequestBroker {
     /// hands over; dropping the guard stops the wait.
     pub(crate) fn wait_for(&self, id: &str) -> (oneshot::Receiver<Value>, Waiter<'_>) {
         let (tx, rx) = oneshot::channel();
-        self.map().insert(id.to_owned(), tx);
+        let wait = self
+            .waits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.map().insert(id.to_owned(), (wait, tx));
         (
             rx,
             Waiter {
                 broker: self,
                 id: id.to_owned(),
+                wait,
             },
         )
     }
 
     /// Wakes the tool waiting for `id` with the client's reply.
     pub fn deliver(&self, id: &str, payload: Value) {
-        if let Some(waiter) = self.map().remove(id) {
+        if let Some((_, waiter)) = self.map().remove(id) {
             let _ = waiter.send(payload);
         }
     }

@@ -87,6 +87,21 @@ pub struct Run {
     pub client_tools: Arc<Vec<crate::model::ClientTool>>,
     /// Its agent's pre-tool-use hook, asked before the call runs.
     pub hook: Option<Arc<super::hooks::HookRun>>,
+    /// The call's key (`turn:step:tool_use_id`): what a client tool's call is stored under.
+    pub key: String,
+}
+
+/// What a client tool's call needs of a run.
+fn asking(run: &Run) -> super::client_tools::Asking<'_> {
+    super::client_tools::Asking {
+        handles: &run.handles,
+        conversation: &run.conversation,
+        conversation_id: &run.conversation_id,
+        tool: &run.tool,
+        key: run.key.clone(),
+        tools: &run.client_tools,
+        cancel: &run.cancel,
+    }
 }
 
 impl Actor for ToolRun {
@@ -158,31 +173,14 @@ async fn execute(mut run: Run) -> ToolOutcome {
     // A client tool's call made before a restart was asked about (hook, approval) then.
     let asked = run.plan.action == ToolAction::Client
         && (run.hook.is_some() || run.plan.approval)
-        && super::client_tools::asked_already(&super::client_tools::Asking {
-            handles: &run.handles,
-            conversation: &run.conversation,
-            conversation_id: &run.conversation_id,
-            tool: &run.tool,
-            tools: &run.client_tools,
-            cancel: &run.cancel,
-            output_cap: run.limits.output_cap_bytes,
-        })
-        .await;
+        && super::client_tools::asked_already(&asking(&run)).await;
     if !asked
         && let Some(hook) = run.hook.clone()
         && let Err(refused) = ask_hook(&mut run, &hook).await
     {
         return refused;
     }
-    let asking = super::client_tools::Asking {
-        handles: &run.handles,
-        conversation: &run.conversation,
-        conversation_id: &run.conversation_id,
-        tool: &run.tool,
-        tools: &run.client_tools,
-        cancel: &run.cancel,
-        output_cap: run.limits.output_cap_bytes,
-    };
+    let asking = asking(&run);
     if run.plan.approval
         && !asked
         && let Err(refused) = approve(&run).await
@@ -285,7 +283,9 @@ async fn ask_hook(run: &mut Run, hook: &super::hooks::HookRun) -> Result<(), Too
                 run.tool = replaced;
                 run.plan.action = plan.action;
             }
-            run.plan.approval = approval;
+            if let Some(approval) = approval {
+                run.plan.approval = approval;
+            }
             Ok(())
         }
     }

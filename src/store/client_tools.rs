@@ -29,15 +29,16 @@ impl Store {
             .transpose()
     }
 
-    /// The call made for a tool call of the LLM's, if the client was asked already.
+    /// The call made for a tool call of the LLM's (by its key), if the client was asked
+    /// already.
     pub async fn client_tool_call_for(
         &self,
         conversation_id: &str,
-        tool_use_id: &str,
+        key: &str,
     ) -> Result<Option<ClientToolCall>> {
         client_tool_calls::Entity::find()
             .filter(client_tool_calls::Column::ConversationId.eq(conversation_id))
-            .filter(client_tool_calls::Column::ToolUseId.eq(tool_use_id))
+            .filter(client_tool_calls::Column::CallKey.eq(key))
             .one(&self.db)
             .await?
             .map(call)
@@ -72,6 +73,7 @@ impl Store {
             id: Set(call.id.clone()),
             conversation_id: Set(call.conversation_id.clone()),
             tool_use_id: Set(call.tool_use_id.clone()),
+            call_key: Set(call.key.clone()),
             name: Set(call.name.clone()),
             input: Set(call.input.to_string()),
             status: Set(call.status.as_str().to_owned()),
@@ -143,6 +145,7 @@ fn call(row: client_tool_calls::Model) -> Result<ClientToolCall> {
         id: row.id,
         conversation_id: row.conversation_id,
         tool_use_id: row.tool_use_id,
+        key: row.call_key,
         name: row.name,
         output: row.output,
         timeout_ms: row.timeout_ms,

@@ -175,6 +175,72 @@ async fn client_tools_are_answered_once_over_the_websocket_and_rest() {
     }
 }
 
+/// A backend may give a tool_use id again in a later step: that call is a new one, asked
+/// anew, never answered with the earlier call's answer. An answer past the tools' output
+/// cap is stored cut, as the LLM gets it.
+#[tokio::test]
+async fn a_reused_tool_use_id_is_a_new_call_and_big_answers_are_cut() {
+    let db = TestDb::sqlite();
+    let app = TestApp::spawn(&db).await;
+    let id = conversation(&app, None).await;
+    app.llm.push([
+        Llm::tool("call_same", "lookup", json!({"q": "first"})),
+        Llm::tool("call_same", "lookup", json!({"q": "second"})),
+        Llm::text("done"),
+    ]);
+    let mut ws = Ws::connect(&app.ws_url(&id, "")).await;
+    ws.frame().await;
+    app.send(&id, "look twice").await;
+    let first = ws.frame_of("client_tool_call").await;
+    assert_eq!(first["input"], json!({"q": "first"}));
+    let first_id = first["call_id"].as_str().expect("a call id").to_owned();
+    app.post(
+        &format!("/v1/conversations/{id}/tool_results/{first_id}"),
+        json!({"output": "one"}),
+    )
+    .await
+    .expect(200);
+    let second = ws.frame_of("client_tool_call").await;
+    assert_eq!(second["input"], json!({"q": "second"}));
+    let second_id = second["call_id"].as_str().expect("a call id").to_owned();
+    assert_ne!(first_id, second_id);
+    let big = "x".repeat(100_000);
+    app.post(
+        &format!("/v1/conversations/{id}/tool_results/{second_id}"),
+        json!({"output": big}),
+    )
+    .await
+    .expect(200);
+    app.wait_kind(&id, "idle").await;
+    let outputs: Vec<String> = app
+        .messages(&id)
+        .await
+        .into_iter()
+        .filter(|m| m["content"]["tool_use_id"] == "call_same")
+        .map(|m| {
+            m["content"]["output"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(outputs.len(), 2);
+    assert_eq!(outputs[0], "one");
+    assert!(outputs[1].len() < 70_000, "{}", outputs[1].len());
+    assert!(outputs[1].contains("[output cut at 65536 bytes of 100000]"));
+    let calls = app
+        .get(&format!("/v1/conversations/{id}/client_tool_calls"))
+        .await
+        .expect(200);
+    assert!(
+        calls["calls"][0]["output"]
+            .as_str()
+            .is_some_and(|o| o.len() < 70_000),
+        "the stored answer is cut too"
+    );
+    app.cleanup(db).await;
+}
+
 /// A restart keeps the call pending: the conversation is still on it, a reconnecting
 /// client finds it in the snapshot, and its answer after the restart is the call's result.
 #[tokio::test]

@@ -295,7 +295,12 @@ async fn a_hook_that_fails_decides_by_its_on_failure() {
             &app,
             name,
             json!({"url": url, "secret": SECRET, "timeout_ms": 200, "on_failure": on_failure}),
-            json!({}),
+            // `allow` on failure is as if there were no hook: require_approval still asks.
+            if on_failure == "allow" {
+                json!({"require_approval": ["bash"]})
+            } else {
+                json!({})
+            },
         )
         .await;
         app.llm.push([
@@ -305,7 +310,7 @@ async fn a_hook_that_fails_decides_by_its_on_failure() {
         let mut ws = Ws::connect(&app.ws_url(&id, "")).await;
         ws.frame().await;
         app.send(&id, "go").await;
-        if on_failure == "ask" {
+        if on_failure != "deny" {
             let request = ws.frame_of("client_request").await;
             let request_id = request["request_id"].as_str().expect("an id");
             app.post(
