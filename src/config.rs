@@ -325,6 +325,8 @@ pub struct TurnSettings {
     pub max_llm_steps: u32,
     pub max_tool_calls: u32,
     pub max_sub_agents: u32,
+    /// Messages that may wait in a busy conversation (`if_busy=enqueue` and `steer`).
+    pub max_queued: u32,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -826,6 +828,7 @@ impl Settings {
             max_llm_steps: self.turn.max_llm_steps,
             max_tool_calls: self.turn.max_tool_calls,
             max_sub_agents: self.turn.max_sub_agents,
+            max_queued: self.turn.max_queued,
             sub_agent_max_steps: self.sub_agents.max_steps,
             sub_agent_timeout_ms: self.sub_agents.timeout_ms,
         }

@@ -909,13 +909,64 @@ pub enum IfBusy {
     Reject,
     /// The running turn is cancelled as by `/cancel` and this message accepted, in one step.
     Interrupt,
+    /// The message waits for the running turn to end and starts the next one, in arrival
+    /// order. *Extension.*
+    Enqueue,
+    /// The message joins the running turn at its next LLM step, after the tool results that
+    /// are due, without stopping what runs. *Extension.*
+    Steer,
+}
+
+/// A message that waits in a busy conversation. *Extension.*
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WaitingMessage<'a> {
+    /// Its id while it waits (`DELETE .../queue/{queued_id}` takes it back).
+    pub queued_id: &'a str,
+    /// Its place among the messages that wait, from 1 (steering ones first).
+    pub position: usize,
+    /// `enqueue` or `steer`.
+    pub kind: &'static str,
+}
+
+/// The answer to a message that waits (`if_busy=enqueue` or `steer` while a turn runs).
+/// *Extension.*
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Waiting<'a> {
+    pub queued: WaitingMessage<'a>,
+}
+
+/// The 202 of a send: the stored message, or (for a message that waits) where it waits.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum SendReply<'a> {
+    Sent(Sent<'a>),
+    Waiting(Waiting<'a>),
+}
+
+/// A message that waits, as `GET .../queue` lists it. *Extension.*
+#[derive(Debug, Serialize, ToSchema)]
+pub struct QueuedView<'a> {
+    pub queued_id: &'a str,
+    /// `enqueue` or `steer`.
+    pub kind: &'static str,
+    pub text: &'a str,
+    /// How many images it carries.
+    pub images: usize,
+}
+
+/// `GET /v1/conversations/{id}/queue`. *Extension.*
+#[derive(Debug, Serialize, ToSchema)]
+pub struct QueueList<'a> {
+    /// In the order they go in: steering messages (at the running turn's next LLM step),
+    /// then queued ones (each starts a turn).
+    pub queued: Vec<QueuedView<'a>>,
 }
 
 /// The query of `POST /v1/conversations/{id}/messages`.
 #[derive(Debug, Default, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct SendQuery {
-    /// `reject` (default) or `interrupt`.
+    /// `reject` (default), `interrupt`, `enqueue` or `steer`.
     pub if_busy: Option<IfBusy>,
 }
 

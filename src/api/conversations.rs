@@ -26,7 +26,7 @@ use crate::store::StoreError;
 use crate::wire::{
     self, Answered, Cancelled, Conversation, ConversationList, ConversationPage,
     CreateConversation, ListQuery, MessageList, MessagesQuery, PostEvent, Queued, Respond,
-    SendMessage, SendQuery, Sent, Stopped, TaskList, TaskReply,
+    SendMessage, SendQuery, SendReply, Sent, Stopped, TaskList, TaskReply,
 };
 use crate::workspace::WorkspaceError;
 
@@ -596,9 +596,9 @@ pub async fn image(
     params(("id" = String, Path, description = "The conversation's id or slug"), SendQuery),
     request_body = SendMessage,
     responses(
-        (status = 202, description = "Accepted and stored; the turn starts (with `if_busy=interrupt`, after the running turn was cancelled)", body = Sent),
+        (status = 202, description = "Accepted and stored; the turn starts (with `if_busy=interrupt`, after the running turn was cancelled). With `if_busy=enqueue` or `steer` while a turn runs: `{queued}`, where it waits", body = SendReply),
         (status = 200, description = "A repeat of an earlier `message_id`: the original, nothing stored", body = Sent),
-        (status = 409, description = "`agent_busy` (a turn runs; cancel it first, or send with `if_busy=interrupt`; of concurrent interrupting sends all but one get it), `cancelling`, or `conversation_completed` (a sub-agent that submitted its result)", body = ErrorBody),
+        (status = 409, description = "`agent_busy` (a turn runs; cancel it first, or send with `if_busy=interrupt`; of concurrent interrupting sends all but one get it), `cancelling`, `conversation_completed` (a sub-agent that submitted its result), or `queue_full` (`turn.max_queued` messages wait)", body = ErrorBody),
         (status = 429, description = "`quota_exceeded`: over one of the tenant's quotas (`error.quota` names it)", body = ErrorBody),
     ))]
 pub async fn send(
@@ -613,6 +613,22 @@ pub async fn send(
     let (status, message) = match deliver(&app, &conv, out).await? {
         Delivered::New(message) => (StatusCode::ACCEPTED, message),
         Delivered::Repeat(message) => (StatusCode::OK, message),
+        Delivered::Waiting {
+            id,
+            position,
+            steering,
+        } => {
+            return Ok(reply(
+                StatusCode::ACCEPTED,
+                &wire::Waiting {
+                    queued: wire::WaitingMessage {
+                        queued_id: &id,
+                        position,
+                        kind: if steering { "steer" } else { "enqueue" },
+                    },
+                },
+            ));
+        }
     };
     let window = app.window(&conv.fixed.model);
     Ok(reply(

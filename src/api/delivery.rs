@@ -14,7 +14,7 @@ use super::error::{ApiError, rejection};
 use super::images;
 use crate::model::{ConversationRecord, MessageRecord};
 use crate::persistence::WriteJob;
-use crate::runtime::{CancelOutcome, Fixed, SendError, Unanswered, UserMessage};
+use crate::runtime::{Accepted, CancelOutcome, Fixed, SendError, Unanswered, UserMessage};
 use crate::state_machine::{IfBusy, ImageRef, TurnId};
 use crate::store::NewAttachment;
 use crate::wire::{self, SendMessage, SystemEvent};
@@ -85,6 +85,12 @@ impl From<SendMessage> for Outgoing {
 pub enum Delivered {
     New(MessageRecord),
     Repeat(MessageRecord),
+    /// It waits in the running turn (`enqueue`, `steer`): its id and place.
+    Waiting {
+        id: String,
+        position: usize,
+        steering: bool,
+    },
 }
 
 /// Validates, stores images, and hands the message to the conversation; atomic with its
@@ -208,6 +214,8 @@ async fn hand_over(
                     .clone()
                     .unwrap_or_else(|| live.cancel.running_turn()),
             },
+            wire::IfBusy::Enqueue => IfBusy::Enqueue,
+            wire::IfBusy::Steer => IfBusy::Steer,
         };
         let message = UserMessage {
             text,
@@ -216,8 +224,19 @@ async fn hand_over(
             if_busy,
         };
         match live.send(message, CALL_TIMEOUT).await {
-            Ok(Ok(message)) => {
+            Ok(Ok(Accepted::Stored(message))) => {
                 return Ok(Delivered::New(message));
+            }
+            Ok(Ok(Accepted::Waiting {
+                id,
+                position,
+                steering,
+            })) => {
+                return Ok(Delivered::Waiting {
+                    id,
+                    position,
+                    steering,
+                });
             }
             Ok(Err(SendError::Duplicate)) => {
                 let key = out.message_id.as_deref().unwrap_or_default();

@@ -226,6 +226,11 @@ pub fn rejection(rejection: Rejection, conversation_id: &str) -> ApiError {
                 "this conversation's context is full and it has been summarised; continue it with POST /v1/conversations/{conversation_id}/continue, which starts a new conversation from the summary"
             ),
         ),
+        Rejection::QueueFull => ApiError::new(
+            StatusCode::CONFLICT,
+            "queue_full",
+            "as many messages wait in this conversation as may (turn.max_queued); send again once one has started, or take one back (DELETE /v1/conversations/{id}/queue/{queued_id})",
+        ),
     }
 }
 

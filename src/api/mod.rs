@@ -18,6 +18,7 @@ mod mcp;
 mod mcp_servers;
 mod openapi;
 mod ops;
+mod queue;
 mod rate;
 mod stream;
 mod usage;
@@ -229,6 +230,8 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(c::respond))
         .routes(routes!(client_tools::tool_result))
         .routes(routes!(client_tools::calls))
+        .routes(routes!(queue::list, queue::take_all))
+        .routes(routes!(queue::take_one))
         .routes(routes!(c::tasks))
         .routes(routes!(c::cancel_task))
         .routes(routes!(stream::websocket))

@@ -655,9 +655,12 @@ async fn carry_command(
             message_id,
             if_busy,
         } => {
-            if *if_busy == wire::IfBusy::Interrupt {
-                query = Some("if_busy=interrupt");
-            }
+            query = match if_busy {
+                wire::IfBusy::Reject => None,
+                wire::IfBusy::Interrupt => Some("if_busy=interrupt"),
+                wire::IfBusy::Enqueue => Some("if_busy=enqueue"),
+                wire::IfBusy::Steer => Some("if_busy=steer"),
+            };
             let images: Vec<Value> = images
                 .iter()
                 .map(|i| serde_json::json!({"media_type": i.media_type, "data": i.data}))

@@ -18,11 +18,11 @@ use super::cancel::{CancelOutcome, CancelSlot};
 use super::commit;
 use super::context::context;
 use super::conversation_state::{Child, ConversationState, starting_blocked};
-use super::messages::{ConvMsg, EmitRequest, ParentLink, SendError, SendRequest};
+use super::messages::{Accepted, ConvMsg, EmitRequest, ParentLink, SendError, SendRequest};
 use super::turn::Turn;
 use tracing::Instrument;
 
-use crate::model::{ConversationRecord, MessageRecord};
+use crate::model::ConversationRecord;
 use crate::notice::{Keyed, Notice};
 use crate::state_machine::{
     Effect, Event, IfBusy, ImageRef, Interruption, InvalidTransition, Rejection, ToolOutcome,
@@ -298,6 +298,17 @@ async fn handle(
         ConvMsg::Record(reply) => {
             let _ = reply.send(state.record.clone());
         }
+        ConvMsg::Dequeue(id, reply) => {
+            let event = Event::Dequeue {
+                id: id.map(TurnId::new),
+            };
+            let taken = transition(&state.record.state, &state.ctx, event.clone()).is_ok()
+                && matches!(
+                    Box::pin(apply_internal(&myself, state, event)).await?,
+                    Applied::Done { .. }
+                );
+            let _ = reply.send(taken);
+        }
         ConvMsg::Summarize(reply) => {
             let outcome = Box::pin(summarize(&myself, state)).await;
             let _ = reply.send(outcome);
@@ -398,13 +409,13 @@ async fn send(
     images: Vec<ImageRef>,
     client_message_id: Option<String>,
     if_busy: IfBusy,
-) -> Result<MessageRecord, SendError> {
+) -> Result<Accepted, SendError> {
     if starting_blocked(state) {
         return Err(SendError::ShuttingDown);
     }
     let turn = TurnId::new(uuid::Uuid::now_v7().to_string());
     let event = Event::UserMessage {
-        turn,
+        turn: turn.clone(),
         text,
         images,
         if_busy,
@@ -420,12 +431,30 @@ async fn send(
         urgent: false,
     };
     match store_and_dispatch(myself, state, result, client_message_id, how).await {
-        Ok((commit, _)) => commit
-            .iter()
-            .flat_map(|commit| &commit.messages)
-            .find(|m| m.content.message_type() == crate::state_machine::MessageType::User)
-            .cloned()
-            .ok_or_else(|| SendError::Unavailable("the message was not stored".into())),
+        Ok((commit, _)) => {
+            if let Some(message) = commit
+                .iter()
+                .flat_map(|commit| &commit.messages)
+                .find(|m| m.content.message_type() == crate::state_machine::MessageType::User)
+            {
+                return Ok(Accepted::Stored(message.clone()));
+            }
+            // It waits in the running turn (stored with its state).
+            let waiting = state.record.state.turn().and_then(|running| {
+                running
+                    .steering
+                    .iter()
+                    .map(|queued| (queued, true))
+                    .chain(running.queued.iter().map(|queued| (queued, false)))
+                    .position(|(queued, _)| queued.id == turn)
+                    .map(|index| Accepted::Waiting {
+                        id: turn.0.clone(),
+                        position: index + 1,
+                        steering: index < running.steering.len(),
+                    })
+            });
+            waiting.ok_or_else(|| SendError::Unavailable("the message was not stored".into()))
+        }
         Err(StoreError::Conflict(_)) if has_client_key => Err(SendError::Duplicate),
         Err(e) => Err(SendError::Unavailable(e.to_string())),
     }

@@ -22,6 +22,21 @@ pub enum SendError {
     Duplicate,
 }
 
+/// A user message the conversation took: stored (its turn began), or waiting in the running
+/// turn (`if_busy=enqueue` or `steer`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Accepted {
+    Stored(MessageRecord),
+    Waiting {
+        /// Its id while it waits (the id of the turn it starts).
+        id: String,
+        /// Its place among the messages that wait, from 1 (steering ones first).
+        position: usize,
+        /// It joins the running turn at its next LLM step.
+        steering: bool,
+    },
+}
+
 /// A conversation's messages. Payloads are boxed so the enum, and with it every idle
 /// actor's mailbox, stays small.
 pub enum ConvMsg {
@@ -42,6 +57,9 @@ pub enum ConvMsg {
     /// The user asks to continue in a new conversation: from rest, ask for the summary.
     /// Answered once the request for it is stored, or refused (issue 25).
     Summarize(RpcReplyPort<Result<(), SendError>>),
+    /// The user takes back a waiting message (`None`: every one); answers whether one was
+    /// (once stored).
+    Dequeue(Option<String>, RpcReplyPort<bool>),
 }
 
 /// A user message for [`ConvMsg::Send`].
@@ -50,7 +68,7 @@ pub struct SendRequest {
     pub images: Vec<ImageRef>,
     pub client_message_id: Option<String>,
     pub if_busy: IfBusy,
-    pub reply: RpcReplyPort<Result<MessageRecord, SendError>>,
+    pub reply: RpcReplyPort<Result<Accepted, SendError>>,
 }
 
 /// Frames for [`ConvMsg::Emit`]. Answers false when a dedup key was already stored. Sent
@@ -83,7 +101,7 @@ impl ConvMsg {
         images: Vec<ImageRef>,
         client_message_id: Option<String>,
         if_busy: IfBusy,
-        reply: RpcReplyPort<Result<MessageRecord, SendError>>,
+        reply: RpcReplyPort<Result<Accepted, SendError>>,
     ) -> ConvMsg {
         ConvMsg::Send(Box::new(SendRequest {
             text,
@@ -121,6 +139,7 @@ impl std::fmt::Debug for ConvMsg {
             ConvMsg::Record(_) => f.write_str("Record"),
             ConvMsg::Shutdown(_) => f.write_str("Shutdown"),
             ConvMsg::Summarize(_) => f.write_str("Summarize"),
+            ConvMsg::Dequeue(..) => f.write_str("Dequeue"),
         }
     }
 }

@@ -45,7 +45,7 @@ pub use cancel::{CancelOutcome, CancelSlot};
 pub use client_tools::ToolResultError;
 pub use commit::{Plan, apply as apply_commit, plan as plan_commit, plan_frames};
 pub use hooks::{hook_key, signature as hook_signature};
-pub use messages::SendError;
+pub use messages::{Accepted, SendError};
 pub use recovery::RecoveryReport;
 use recovery::recover;
 use registry::Registry;

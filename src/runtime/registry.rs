@@ -11,8 +11,8 @@ use tokio::sync::OnceCell;
 use super::Handles;
 use super::cancel::CancelOutcome;
 use super::cancel::CancelSlot;
-use super::messages::{ConvMsg, ParentLink, SendError};
-use crate::model::{ConversationRecord, MessageRecord};
+use super::messages::{Accepted, ConvMsg, ParentLink, SendError};
+use crate::model::ConversationRecord;
 use crate::state_machine::{IfBusy, ImageRef};
 use crate::store::{Lease, Owner, StoreError};
 
@@ -74,7 +74,7 @@ impl Live {
         &self,
         message: UserMessage,
         timeout: Duration,
-    ) -> Result<Result<MessageRecord, SendError>, Unanswered> {
+    ) -> Result<Result<Accepted, SendError>, Unanswered> {
         let UserMessage {
             text,
             images,
@@ -86,6 +86,13 @@ impl Live {
             timeout,
         )
         .await
+    }
+
+    /// Takes back a message that waits in the running turn (`None`: every one); whether one
+    /// did.
+    pub async fn dequeue(&self, id: Option<String>, timeout: Duration) -> Result<bool, Unanswered> {
+        self.call(|reply| ConvMsg::Dequeue(id, reply), timeout)
+            .await
     }
 
     /// Asks for the summary a continuation starts from (issue 25): answered once the

@@ -17,6 +17,8 @@ pub struct TurnLimits {
     pub sub_agent_max_steps: u32,
     /// A sub-agent's wall time in ms: the default and the most a task may ask for.
     pub sub_agent_timeout_ms: u64,
+    /// Messages that may wait in a busy conversation (queued and steering together).
+    pub max_queued: u32,
 }
 
 impl Default for TurnLimits {
@@ -27,6 +29,7 @@ impl Default for TurnLimits {
             max_sub_agents: 8,
             sub_agent_max_steps: 30,
             sub_agent_timeout_ms: 600_000,
+            max_queued: 100,
         }
     }
 }

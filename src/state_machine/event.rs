@@ -97,6 +97,12 @@ pub enum IfBusy {
     /// of concurrent interrupting sends, which all saw the same turn, only the first finds
     /// it still running; the others are refused with `agent_busy`.
     Interrupt { running: Option<TurnId> },
+    /// The message waits for the running turn to end and starts the next one, in arrival
+    /// order (a conversation at rest takes it at once).
+    Enqueue,
+    /// The message joins the running turn: stored at its next LLM step, after the tool
+    /// results that are due, without stopping what runs (at rest: a plain send).
+    Steer,
 }
 
 /// An input to [`transition`](super::transition).
@@ -156,6 +162,8 @@ pub enum Event {
     /// A sub-agent's wall-time limit passed: the first time it starts the grace turn, in
     /// the grace turn it ends the sub-agent as failed.
     TimeLimit { timeout_ms: u64 },
+    /// The user takes back a waiting message (`None`: every one).
+    Dequeue { id: Option<TurnId> },
 }
 
 impl Event {
@@ -176,6 +184,7 @@ impl Event {
             Event::BackgroundResult { .. } => "background_result",
             Event::Interrupted(_) => "interrupted",
             Event::TimeLimit { .. } => "time_limit",
+            Event::Dequeue { .. } => "dequeue",
         }
     }
 }

@@ -28,12 +28,7 @@ impl MessageType {
     }
 }
 
-/// An image attached to a user message, already stored as an attachment (REQ-BED-013).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ImageRef {
-    pub id: String,
-    pub media_type: String,
-}
+pub use super::state::ImageRef;
 
 /// A message's content; its variant is its `message_type`.
 #[derive(Clone, Debug, PartialEq, Eq)]

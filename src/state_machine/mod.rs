@@ -39,8 +39,8 @@ pub use plan::{
     ASK_USER, Question, QuestionKind, ToolAction, ToolPlan, WORKSPACE_TOOLS, plan as plan_tool,
 };
 pub use state::{
-    BackgroundResult, ConvState, ErrorKind, MAX_LLM_ATTEMPTS, SubAgentLimit, SubAgentOutcome,
-    SubAgentSlot, ToolUse, Turn, TurnId,
+    BackgroundResult, ConvState, ErrorKind, MAX_LLM_ATTEMPTS, Queued, SubAgentLimit,
+    SubAgentOutcome, SubAgentSlot, ToolUse, Turn, TurnId,
 };
 pub use transition::{
     CANCELLED_BY_USER, GRACE_SKIPPED, InvalidTransition, RETRY_AFTER_CAP_MS, RETRY_BASE_DELAY_MS,

@@ -24,6 +24,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Restart),
         1 => Just(Op::Summarize),
         2 => any::<u16>().prop_map(|pick| Op::Stale { pick }),
+        2 => any::<bool>().prop_map(|steer| Op::Wait { steer }),
+        1 => (any::<u8>(), any::<bool>()).prop_map(|(pick, all)| Op::Dequeue { pick, all }),
     ]
 }
 
@@ -128,8 +130,9 @@ proptest! {
     }
 
     /// A restart at any moment leaves an idle conversation whose chain is complete
-    /// (REQ-BED-007), unless a client tool's call was in flight (issue 38): then the call
-    /// goes on, unanswered by the restart, and its answer or a cancel closes the chain.
+    /// (REQ-BED-007), unless a client tool's call was in flight (issue 38) or a user turn had
+    /// not begun (issue 39): then it goes on, untouched by the restart, and its answer or a
+    /// cancel closes the chain.
     #[test]
     fn restart_at_any_moment_leaves_a_valid_chain(is_sub_agent in any::<bool>(), ops in proptest::collection::vec(op(), 1..60), answer in any::<bool>()) {
         let mut world = World::new(is_sub_agent);
@@ -141,12 +144,20 @@ proptest! {
         let before = world.log.len();
         let _ = world.apply(Event::Interrupted(Interruption::Restart));
         if world.state.is_busy() {
-            let ConvState::ToolExecuting { current, .. } = &world.state else {
+            // Only a client tool's call in flight, or a user turn not yet begun, goes on.
+            if let ConvState::ToolExecuting { current, .. } = &world.state {
+                prop_assert_eq!(current.name.as_str(), CLIENT_TOOL);
+            } else if let ConvState::AwaitingLlm { turn } = &world.state {
+                prop_assert_eq!(turn.llm_steps, 0);
+                prop_assert!(!is_sub_agent);
+            } else {
                 return Err(TestCaseError::fail(format!("busy after a restart in {}", world.state.kind())));
-            };
-            prop_assert_eq!(current.name.as_str(), CLIENT_TOOL);
-            // The restart gave the call no result.
-            prop_assert_eq!(world.log.len(), before);
+            }
+            // The restart stored nothing for a client tool's call (a turn not yet begun may be
+            // the next waiting message, whose message it stored).
+            if matches!(world.state, ConvState::ToolExecuting { .. }) {
+                prop_assert_eq!(world.log.len(), before);
+            }
             if answer {
                 let _ = world.event_for(&Op::ToolDone { ok: true }).map(|done| world.apply(done));
             }
@@ -173,7 +184,8 @@ fn answers_work(event: &Event) -> bool {
         | Event::SummaryRequested { .. }
         | Event::BackgroundResult { .. }
         | Event::Interrupted(_)
-        | Event::TimeLimit { .. } => false,
+        | Event::TimeLimit { .. }
+        | Event::Dequeue { .. } => false,
     }
 }
 
@@ -214,7 +226,12 @@ proptest! {
         }
         prop_assert!(outcome.is_ok(), "interrupt refused: {outcome:?}");
         prop_assert_eq!(users(&world.log), before + 1);
-        prop_assert_eq!(&world.state, &ConvState::AwaitingLlm { turn: Turn::new(new_turn.clone()) });
+        // The new turn begins; what waited in the old one waits in it.
+        let ConvState::AwaitingLlm { turn } = &world.state else {
+            return Err(TestCaseError::fail(format!("not awaiting the LLM: {}", world.state.kind())));
+        };
+        prop_assert_eq!(&turn.id, &new_turn);
+        prop_assert_eq!(turn.llm_steps, 0);
         prop_assert_eq!(validate_chain(&world.log, true), Ok(()));
         // A second interrupt that saw the same (now replaced) turn is busy.
         let twin = Event::UserMessage {
@@ -294,6 +311,7 @@ fn random_runs_reach_every_state() {
         "interrupted",
         "time_limit",
         "summary_requested",
+        "dequeue",
     ];
     assert_eq!(applied, all_events.into_iter().collect());
 }
@@ -575,5 +593,85 @@ fn context_of(is_sub_agent: bool) -> ConvContext {
         tools: None,
         permissions: Vec::new(),
         client_tools: Vec::new(),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Queued and steering messages (issue 39): every waiting message that is not taken back
+    /// is stored exactly once, the queued ones in arrival order; none is stored twice or out
+    /// of nowhere; the chain stays valid; a conversation at rest has nothing waiting.
+    #[test]
+    fn waiting_messages_are_stored_exactly_once_in_order(ops in proptest::collection::vec(op(), 1..80)) {
+        let mut world = World::new(false);
+        let mut accepted: Vec<(String, bool)> = Vec::new();
+        let mut taken_back: std::collections::BTreeSet<String> = Default::default();
+        let mut dropped = false;
+        // Late replays of events are left out: a replayed send is another message.
+        for op in ops.iter().filter(|op| !matches!(op, Op::Stale { .. })) {
+            let Some(event) = world.event_for(op) else { continue };
+            let waiting_before: Vec<(String, String)> = world
+                .state
+                .turn()
+                .map(|turn| turn.steering.iter().chain(&turn.queued).map(|q| (q.id.0.clone(), q.text.clone())).collect())
+                .unwrap_or_default();
+            let wait = if let Event::UserMessage { text, if_busy: if_busy @ (IfBusy::Enqueue | IfBusy::Steer), .. } = &event {
+                Some((text.clone(), *if_busy == IfBusy::Steer))
+            } else {
+                None
+            };
+            let dequeue = if let Event::Dequeue { id } = &event { Some(id.clone()) } else { None };
+            if world.apply(event).is_ok() {
+                if let Some(message) = wait {
+                    accepted.push(message);
+                }
+                if let Some(id) = dequeue {
+                    for (queued_id, text) in &waiting_before {
+                        if id.as_ref().is_none_or(|id| &id.0 == queued_id) {
+                            taken_back.insert(text.clone());
+                        }
+                    }
+                }
+                if matches!(world.state, ConvState::ContextExhausted { .. }) && !waiting_before.is_empty() {
+                    dropped = true;
+                }
+            }
+            if !world.state.is_busy() {
+                prop_assert!(world.state.turn().is_none());
+            }
+        }
+        world.settle();
+        prop_assert!(!world.state.is_busy());
+        prop_assert_eq!(validate_chain(&world.log, false), Ok(()));
+        let stored: Vec<&str> = world
+            .log
+            .iter()
+            .filter_map(|m| if let MessageContent::User { text, .. } = m { Some(text.as_str()) } else { None })
+            .filter(|text| text.starts_with('m'))
+            .collect();
+        let unique: std::collections::BTreeSet<&str> = stored.iter().copied().collect();
+        prop_assert_eq!(unique.len(), stored.len(), "a message stored twice: {:?}", stored);
+        for text in &stored {
+            prop_assert!(accepted.iter().any(|(a, _)| a == text), "{} was never sent", text);
+            prop_assert!(!taken_back.contains(*text), "{} was taken back and stored", text);
+        }
+        if !dropped && !matches!(world.state, ConvState::ContextExhausted { .. }) {
+            for (text, _) in &accepted {
+                prop_assert!(taken_back.contains(text) || unique.contains(text.as_str()), "{} was lost", text);
+            }
+        }
+        // Queued (not steering) messages are stored in the order they arrived.
+        let queued_order: Vec<&str> = accepted
+            .iter()
+            .filter(|(text, steer)| !steer && unique.contains(text.as_str()))
+            .map(|(text, _)| text.as_str())
+            .collect();
+        let stored_queued: Vec<&str> = stored
+            .iter()
+            .copied()
+            .filter(|text| queued_order.contains(text))
+            .collect();
+        prop_assert_eq!(stored_queued, queued_order);
     }
 }

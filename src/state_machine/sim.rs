@@ -55,6 +55,16 @@ pub enum Op {
     Stale {
         pick: u16,
     },
+    /// A message that waits for the turn (`enqueue`) or joins it (`steer`); each one's text
+    /// is its own (`m1`, `m2`, ...).
+    Wait {
+        steer: bool,
+    },
+    /// The user takes back a waiting message (or, with no waiting one picked, all).
+    Dequeue {
+        pick: u8,
+        all: bool,
+    },
 }
 
 /// The world the core lives in.
@@ -101,6 +111,7 @@ impl World {
                     max_sub_agents: 3,
                     sub_agent_max_steps: 4,
                     sub_agent_timeout_ms: 1000,
+                    max_queued: 3,
                 },
                 context_window: 1000,
                 context_tokens: 0,
@@ -248,6 +259,39 @@ impl World {
                 wake: wake.then(|| TurnId::new(self.fresh("turn"))),
             },
             Op::Restart => Event::Interrupted(Interruption::Restart),
+            Op::Wait { steer } => {
+                let id = self.fresh("turn");
+                Event::UserMessage {
+                    turn: TurnId::new(id.clone()),
+                    text: format!("m{}", self.next_id),
+                    images: vec![],
+                    if_busy: if *steer {
+                        IfBusy::Steer
+                    } else {
+                        IfBusy::Enqueue
+                    },
+                }
+            }
+            Op::Dequeue { pick, all } => {
+                let waiting: Vec<TurnId> = self
+                    .state
+                    .turn()
+                    .map(|turn| {
+                        turn.steering
+                            .iter()
+                            .chain(&turn.queued)
+                            .map(|q| q.id.clone())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if *all || waiting.is_empty() {
+                    Event::Dequeue { id: None }
+                } else {
+                    Event::Dequeue {
+                        id: Some(waiting[usize::from(*pick) % waiting.len()].clone()),
+                    }
+                }
+            }
             Op::Stale { pick } => {
                 if self.delivered.is_empty() {
                     return None;
@@ -278,16 +322,21 @@ impl World {
     }
 
     /// Brings the world to rest the way a user would: cancel, then the gateway's abort
-    /// answer.
+    /// answer; again while waiting messages start turns.
     pub fn settle(&mut self) {
-        let _ = self.apply(Event::UserCancel);
-        if let ConvState::Cancelling { turn } = &self.state {
-            let request = LlmRequestTag {
-                turn: turn.id.clone(),
-                step: turn.llm_steps,
-                attempt: 1,
-            };
-            let _ = self.apply(Event::LlmAborted { request });
+        for _ in 0..=self.ctx.limits.max_queued.saturating_add(1) {
+            let _ = self.apply(Event::UserCancel);
+            if let ConvState::Cancelling { turn } = &self.state {
+                let request = LlmRequestTag {
+                    turn: turn.id.clone(),
+                    step: turn.llm_steps,
+                    attempt: 1,
+                };
+                let _ = self.apply(Event::LlmAborted { request });
+            }
+            if !self.state.is_busy() {
+                return;
+            }
         }
     }
 

@@ -75,6 +75,24 @@ impl BackgroundResult {
     }
 }
 
+/// An image attached to a user message, already stored as an attachment (REQ-BED-013).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageRef {
+    pub id: String,
+    pub media_type: String,
+}
+
+/// A message that arrived while a turn ran: it waits for the turn to end (`if_busy=enqueue`)
+/// or for the turn's next LLM request (`if_busy=steer`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Queued {
+    /// The id of the turn it starts (of a steering message, its own id).
+    pub id: TurnId,
+    pub text: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<ImageRef>,
+}
+
 /// What one user turn has used so far, and what waits for its next LLM request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Turn {
@@ -102,6 +120,13 @@ pub struct Turn {
     /// the conversation in `ContextExhausted`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub summarizing: bool,
+    /// Messages that start the next turns, in arrival order, when this one ends.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queued: Vec<Queued>,
+    /// Messages that join this turn at its next LLM step (stored then, after the tool results
+    /// that are due); if it ends first, they start the next turn, before the queued ones.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steering: Vec<Queued>,
 }
 
 impl Turn {
@@ -116,7 +141,14 @@ impl Turn {
             grace: None,
             summary_due: false,
             summarizing: false,
+            queued: Vec::new(),
+            steering: Vec::new(),
         }
+    }
+
+    /// How many messages wait in it.
+    pub fn waiting(&self) -> usize {
+        self.queued.len() + self.steering.len()
     }
 }
 

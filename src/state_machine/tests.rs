@@ -20,6 +20,7 @@ fn ctx() -> ConvContext {
             max_sub_agents: 3,
             sub_agent_max_steps: 4,
             sub_agent_timeout_ms: 60_000,
+            max_queued: 100,
         },
         context_window: 1000,
         context_tokens: 0,
@@ -2894,5 +2895,284 @@ fn restart_while_a_built_in_tool_runs_ends_the_turn() {
             result(&a, false, "interrupted by server restart", true),
             result(&b, false, "interrupted by server restart", true),
         ],
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Queued and steering messages (issue 39): a message to a busy conversation waits for the
+// turn to end (`enqueue`) or joins it at its next LLM step (`steer`).
+
+fn waiting_message(id: &str, text: &str, if_busy: IfBusy) -> Event {
+    Event::UserMessage {
+        turn: tid(id),
+        text: text.into(),
+        images: vec![],
+        if_busy,
+    }
+}
+
+fn queued(id: &str, text: &str) -> Queued {
+    Queued {
+        id: tid(id),
+        text: text.into(),
+        images: vec![],
+    }
+}
+
+fn user(text: &str) -> Effect {
+    Effect::PersistMessage(MessageContent::User {
+        text: text.into(),
+        images: vec![],
+    })
+}
+
+/// `requesting(1, 0, 1)` with these waiting in its turn.
+fn requesting_with(queue: Vec<Queued>, steering: Vec<Queued>) -> ConvState {
+    ConvState::LlmRequesting {
+        turn: Turn {
+            queued: queue,
+            steering,
+            ..turn(1, 0)
+        },
+        attempt: 1,
+    }
+}
+
+#[test]
+fn enqueue_while_busy_waits_in_the_turn_and_at_rest_is_a_send() {
+    check(
+        requesting(1, 0, 1),
+        &ctx(),
+        waiting_message("t2", "next", IfBusy::Enqueue),
+        requesting_with(vec![queued("t2", "next")], vec![]),
+        vec![],
+    );
+    check(
+        requesting_with(vec![queued("t2", "next")], vec![]),
+        &ctx(),
+        waiting_message("t3", "steer it", IfBusy::Steer),
+        requesting_with(vec![queued("t2", "next")], vec![queued("t3", "steer it")]),
+        vec![],
+    );
+    for if_busy in [IfBusy::Enqueue, IfBusy::Steer] {
+        check(
+            ConvState::Idle,
+            &ctx(),
+            waiting_message("t1", "hi", if_busy),
+            ConvState::AwaitingLlm {
+                turn: Turn::new(tid("t1")),
+            },
+            vec![user("hi"), continue_t1()],
+        );
+    }
+}
+
+/// The turn ends: its first waiting message starts the next turn (steering first, then
+/// queued, in arrival order), the others wait in it.
+#[test]
+fn a_turn_that_ends_starts_the_next_waiting_message() {
+    let mut next = Turn::new(tid("t3"));
+    next.queued = vec![queued("t2", "queued")];
+    check(
+        requesting_with(vec![queued("t2", "queued")], vec![queued("t3", "steered")]),
+        &ctx(),
+        Event::LlmResponse {
+            request: tag(1, 1),
+            reply: reply(Some("done"), vec![], true),
+        },
+        ConvState::AwaitingLlm { turn: next },
+        vec![
+            recorded(),
+            agent(Some("done"), vec![]),
+            user("steered"),
+            Effect::Continue { turn: tid("t3") },
+        ],
+    );
+}
+
+/// A steering message joins the running turn at its next LLM step, after the tool results
+/// that were due, without stopping the tool.
+#[test]
+fn a_steering_message_joins_the_next_llm_step() {
+    let a = bash("a");
+    let mut running = executing(a.clone(), vec![], 0);
+    check(
+        running.clone(),
+        &ctx(),
+        waiting_message("s1", "use python", IfBusy::Steer),
+        {
+            if let ConvState::ToolExecuting { turn, .. } = &mut running {
+                turn.steering.push(queued("s1", "use python"));
+            }
+            running.clone()
+        },
+        vec![],
+    );
+    let ConvState::ToolExecuting { turn: with, .. } = &running else {
+        unreachable!("executing")
+    };
+    let awaiting = ConvState::AwaitingLlm { turn: with.clone() };
+    check(
+        running.clone(),
+        &ctx(),
+        complete("a", true, "ok"),
+        awaiting.clone(),
+        vec![result(&a, true, "ok", false), continue_t1()],
+    );
+    let mut after = with.clone();
+    after.steering.clear();
+    after.llm_steps += 1;
+    check(
+        awaiting,
+        &ctx(),
+        Event::Continue { turn: tid("t1") },
+        ConvState::LlmRequesting {
+            turn: after,
+            attempt: 1,
+        },
+        vec![
+            user("use python"),
+            Effect::RequestLlm {
+                request: tag(2, 1),
+                model: "m".into(),
+                only_submit: false,
+                summary: false,
+            },
+        ],
+    );
+}
+
+/// A cancel ends the turn, not the queue: the next waiting message starts; an interrupting
+/// message's turn takes the queue; a full queue refuses; a sub-agent takes neither kind.
+#[test]
+fn cancels_interrupts_limits_and_sub_agents_with_a_queue() {
+    let a = bash("a");
+    let mut running = executing(a.clone(), vec![], 0);
+    if let ConvState::ToolExecuting { turn, .. } = &mut running {
+        turn.queued.push(queued("t2", "later"));
+    }
+    check(
+        running.clone(),
+        &ctx(),
+        Event::UserCancel,
+        ConvState::AwaitingLlm {
+            turn: Turn::new(tid("t2")),
+        },
+        vec![
+            Effect::CancelTool {
+                turn: tid("t1"),
+                tool_use_id: "a".into(),
+            },
+            result(&a, false, CANCELLED_BY_USER, true),
+            user("later"),
+            Effect::Continue { turn: tid("t2") },
+        ],
+    );
+    let mut interrupting = Turn::new(tid("t9"));
+    interrupting.queued = vec![queued("t2", "later")];
+    check(
+        running.clone(),
+        &ctx(),
+        waiting_message(
+            "t9",
+            "instead",
+            IfBusy::Interrupt {
+                running: Some(tid("t1")),
+            },
+        ),
+        ConvState::AwaitingLlm { turn: interrupting },
+        vec![
+            Effect::CancelTool {
+                turn: tid("t1"),
+                tool_use_id: "a".into(),
+            },
+            result(&a, false, CANCELLED_BY_USER, true),
+            user("instead"),
+            Effect::Continue { turn: tid("t9") },
+        ],
+    );
+    let small = ConvContext {
+        limits: TurnLimits {
+            max_queued: 1,
+            ..TurnLimits::default()
+        },
+        ..ctx()
+    };
+    assert_eq!(
+        transition(
+            &running,
+            &small,
+            waiting_message("t3", "more", IfBusy::Steer)
+        ),
+        Err(InvalidTransition::Rejected(Rejection::QueueFull))
+    );
+    assert_eq!(
+        transition(
+            &requesting(1, 0, 1),
+            &sub_ctx(),
+            waiting_message("t3", "more", IfBusy::Enqueue)
+        ),
+        Err(InvalidTransition::Rejected(Rejection::AgentBusy))
+    );
+}
+
+#[test]
+fn a_waiting_message_is_taken_back() {
+    let both = requesting_with(vec![queued("t2", "a"), queued("t3", "b")], vec![]);
+    check(
+        both.clone(),
+        &ctx(),
+        Event::Dequeue {
+            id: Some(tid("t2")),
+        },
+        requesting_with(vec![queued("t3", "b")], vec![]),
+        vec![],
+    );
+    check(
+        both.clone(),
+        &ctx(),
+        Event::Dequeue { id: None },
+        requesting(1, 0, 1),
+        vec![],
+    );
+    check_ignored(
+        both,
+        &ctx(),
+        Event::Dequeue {
+            id: Some(tid("nope")),
+        },
+    );
+    check_ignored(ConvState::Idle, &ctx(), Event::Dequeue { id: None });
+}
+
+/// A user turn that had not begun when the process stopped (its message stored, no LLM
+/// step yet) begins after the restart; one that had begun ends as before.
+#[test]
+fn a_turn_not_yet_begun_survives_a_restart() {
+    let waiting = ConvState::AwaitingLlm {
+        turn: Turn::new(tid("t1")),
+    };
+    for why in [Interruption::Restart, Interruption::Shutdown] {
+        check(
+            waiting.clone(),
+            &ctx(),
+            Event::Interrupted(why),
+            waiting.clone(),
+            vec![continue_t1()],
+        );
+    }
+    check(
+        ConvState::AwaitingLlm { turn: turn(1, 0) },
+        &ctx(),
+        Event::Interrupted(Interruption::Restart),
+        ConvState::Idle,
+        vec![],
+    );
+    check(
+        waiting,
+        &sub_ctx(),
+        Event::Interrupted(Interruption::Restart),
+        ConvState::Idle,
+        vec![],
     );
 }

@@ -12,8 +12,8 @@ use super::event::{
 use super::message::{ImageRef, MessageContent};
 use super::plan::plan_decided;
 use super::state::{
-    BackgroundResult, ConvState, ErrorKind, MAX_LLM_ATTEMPTS, SubAgentLimit, SubAgentOutcome,
-    SubAgentSlot, ToolUse, Turn, TurnId,
+    BackgroundResult, ConvState, ErrorKind, MAX_LLM_ATTEMPTS, Queued, SubAgentLimit,
+    SubAgentOutcome, SubAgentSlot, ToolUse, Turn, TurnId,
 };
 
 pub use super::names::{SPAWN_SUB_AGENTS, SUBMIT_RESULT};
@@ -62,6 +62,9 @@ pub enum Rejection {
         "the conversation's context is full and it has been summarised; continue it in a new conversation (POST /v1/conversations/{{id}}/continue)"
     )]
     ContextExhausted,
+    /// As many messages wait as may (`turn.max_queued`).
+    #[error("as many messages wait in this conversation as may (turn.max_queued)")]
+    QueueFull,
 }
 
 /// An event that the state cannot take.
@@ -89,6 +92,67 @@ pub fn retry_delay_ms(attempt: u32) -> u64 {
 
 /// Computes the conversation's next state and effects for `event` (REQ-BED-001).
 pub fn transition(
+    state: &ConvState,
+    ctx: &ConvContext,
+    event: Event,
+) -> Result<TransitionResult, InvalidTransition> {
+    decide(state, ctx, event).map(|result| carry_waiting(state, result))
+}
+
+/// When a turn ends (or another takes its place), what waited in it goes on: its steering
+/// messages, then its queued ones, in arrival order. At rest, the first starts the next turn
+/// and the others wait in it; an interrupting message's turn takes them all. A conversation
+/// that is exhausted or completed takes none.
+fn carry_waiting(before: &ConvState, mut result: TransitionResult) -> TransitionResult {
+    let Some(ended) = before.turn().filter(|turn| turn.waiting() > 0) else {
+        return result;
+    };
+    if result
+        .new_state
+        .turn()
+        .is_some_and(|turn| turn.id == ended.id)
+    {
+        return result;
+    }
+    let mut waiting: Vec<Queued> = ended
+        .steering
+        .iter()
+        .chain(&ended.queued)
+        .cloned()
+        .collect();
+    if let Some(turn) = turn_mut(&mut result.new_state) {
+        waiting.append(&mut turn.queued);
+        turn.queued = waiting;
+        return result;
+    }
+    match result.new_state {
+        ConvState::Idle | ConvState::Error { .. } => {
+            let next = waiting.remove(0);
+            let mut turn = Turn::new(next.id);
+            turn.queued = waiting;
+            result
+                .effects
+                .push(Effect::PersistMessage(MessageContent::User {
+                    text: next.text,
+                    images: next.images,
+                }));
+            result.effects.push(Effect::Continue {
+                turn: turn.id.clone(),
+            });
+            result.new_state = ConvState::AwaitingLlm { turn };
+        }
+        ConvState::AwaitingLlm { .. }
+        | ConvState::LlmRequesting { .. }
+        | ConvState::ToolExecuting { .. }
+        | ConvState::Cancelling { .. }
+        | ConvState::AwaitingSubAgents { .. }
+        | ConvState::Completed
+        | ConvState::ContextExhausted { .. } => {}
+    }
+    result
+}
+
+fn decide(
     state: &ConvState,
     ctx: &ConvContext,
     event: Event,
@@ -141,7 +205,52 @@ pub fn transition(
         }
         Event::TimeLimit { timeout_ms } => time_limit(state, ctx, timeout_ms)
             .ok_or_else(|| ignored("no sub-agent turn is running")),
+        Event::Dequeue { id } => {
+            dequeue(state, id.as_ref()).ok_or_else(|| ignored("no such message waits"))
+        }
     }
+}
+
+/// The user takes back a waiting message (or all of them).
+fn dequeue(state: &ConvState, id: Option<&TurnId>) -> Option<TransitionResult> {
+    let mut new_state = state.clone();
+    let turn = turn_mut(&mut new_state)?;
+    let before = turn.waiting();
+    let keep = |queued: &Queued| id.is_some_and(|id| &queued.id != id);
+    turn.queued.retain(keep);
+    turn.steering.retain(keep);
+    (turn.waiting() < before).then(|| Effects::default().into_result(new_state))
+}
+
+/// A message to a busy conversation that waits (`enqueue`) or joins the turn (`steer`; while
+/// the turn is being cancelled it waits instead). A sub-agent's one turn is its task: it
+/// takes neither.
+fn wait_in_turn(
+    state: &ConvState,
+    ctx: &ConvContext,
+    id: TurnId,
+    text: String,
+    images: Vec<ImageRef>,
+    steer: bool,
+) -> Result<TransitionResult, InvalidTransition> {
+    if ctx.is_sub_agent {
+        return Err(Rejection::AgentBusy.into());
+    }
+    let mut new_state = state.clone();
+    let cancelling = matches!(state, ConvState::Cancelling { .. });
+    let Some(turn) = turn_mut(&mut new_state) else {
+        return Err(Rejection::AgentBusy.into());
+    };
+    if turn.waiting() >= ctx.limits.max_queued as usize {
+        return Err(Rejection::QueueFull.into());
+    }
+    let message = Queued { id, text, images };
+    if steer && !cancelling {
+        turn.steering.push(message);
+    } else {
+        turn.queued.push(message);
+    }
+    Ok(Effects::default().into_result(new_state))
 }
 
 /// Accumulates the effects of one transition.
@@ -199,6 +308,8 @@ fn user_message(
             | ConvState::AwaitingSubAgents { .. },
             IfBusy::Reject,
         ) => return Err(Rejection::AgentBusy.into()),
+        (busy, IfBusy::Enqueue) => return wait_in_turn(busy, ctx, turn, text, images, false),
+        (busy, IfBusy::Steer) => return wait_in_turn(busy, ctx, turn, text, images, true),
         (busy, IfBusy::Interrupt { running }) => {
             // Only the turn the sender saw is interrupted: a later one started by another
             // send is not the sender's to cut off. A sub-agent's one turn is its task,
@@ -357,6 +468,13 @@ fn continue_turn(state: &ConvState, ctx: &ConvContext, id: &TurnId) -> Option<Tr
     }
     turn.llm_steps += 1;
     fx.flush_held(std::mem::take(&mut turn.held));
+    // Steering messages join the turn here, after the tool results that were due.
+    for message in std::mem::take(&mut turn.steering) {
+        fx.persist(MessageContent::User {
+            text: message.text,
+            images: message.images,
+        });
+    }
     fx.push(request_llm(ctx, &turn, 1));
     Some(fx.into_result(ConvState::LlmRequesting { turn, attempt: 1 }))
 }
@@ -777,6 +895,20 @@ fn interrupted(
                 turn: turn.id.clone(),
                 tool: current.clone(),
                 plan,
+            }],
+        });
+    }
+    // A user turn that has not begun (its message stored, no LLM step yet: the next of a
+    // queue, say) loses nothing to the restart: it begins after it. (A sub-agent's turn
+    // belongs to its parent's spawn, which the restart ends.)
+    if let ConvState::AwaitingLlm { turn } = state
+        && turn.llm_steps == 0
+        && !ctx.is_sub_agent
+    {
+        return Some(TransitionResult {
+            new_state: state.clone(),
+            effects: vec![Effect::Continue {
+                turn: turn.id.clone(),
             }],
         });
     }

@@ -27,6 +27,7 @@ mod llama;
 mod mcp;
 mod mcp_servers;
 mod persistence;
+mod queue;
 mod runtime;
 mod sandbox;
 mod stream;

@@ -179,7 +179,9 @@ impl TestRuntime {
             if_busy: IfBusy::Reject,
         };
         match live.send(message, Duration::from_secs(20)).await {
-            Ok(result) => result,
+            Ok(Ok(bedrock::runtime::Accepted::Stored(message))) => Ok(message),
+            Ok(Ok(waiting)) => panic!("a plain send waits: {waiting:?}"),
+            Ok(Err(error)) => Err(error),
             Err(unanswered) => panic!("the send call failed: {unanswered:?}"),
         }
     }
