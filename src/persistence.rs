@@ -106,7 +106,7 @@ pub enum WriteJob {
         at: DateTime<Utc>,
     },
     /// Ask the client to run one of its tools.
-    CreateClientToolCall(crate::model::ClientToolCall),
+    CreateClientToolCall(Box<crate::model::ClientToolCall>),
     /// Resolve a pending client tool call (answered with its output and whether it is an
     /// error, expired, cancelled); `Resolved(false)` when it was no longer pending.
     ResolveClientToolCall {

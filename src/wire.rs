@@ -962,6 +962,15 @@ pub struct QueueList<'a> {
     pub queued: Vec<QueuedView<'a>>,
 }
 
+/// The query of `POST /v1/conversations/{id}/cancel`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct CancelQuery {
+    /// Also take back every message that waits (`if_busy=enqueue`, `steer`); by default
+    /// they go on, the first starting the next turn. *Extension.*
+    pub clear_queue: Option<bool>,
+}
+
 /// The query of `POST /v1/conversations/{id}/messages`.
 #[derive(Debug, Default, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]

@@ -24,7 +24,7 @@ use crate::runtime::Live;
 use crate::state_machine::PermissionRule;
 use crate::store::StoreError;
 use crate::wire::{
-    self, Answered, Cancelled, Conversation, ConversationList, ConversationPage,
+    self, Answered, CancelQuery, Cancelled, Conversation, ConversationList, ConversationPage,
     CreateConversation, ListQuery, MessageList, MessagesQuery, PostEvent, Queued, Respond,
     SendMessage, SendQuery, SendReply, Sent, Stopped, TaskList, TaskReply,
 };
@@ -641,13 +641,17 @@ pub async fn send(
 
 /// Cancels the running turn (idempotent: also when idle).
 #[utoipa::path(post, path = "/conversations/{id}/cancel", tag = "conversations",
-    params(("id" = String, Path, description = "The conversation's id or slug")),
+    params(("id" = String, Path, description = "The conversation's id or slug"), CancelQuery),
     responses((status = 202, description = "The state after the cancel, and what it stopped", body = Cancelled)))]
 pub async fn cancel(
     State(app): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
+    Query(query): Query<CancelQuery>,
 ) -> Result<Response, ApiError> {
+    if query.clear_queue == Some(true) {
+        super::queue::take_back(&app, &caller, &id, None).await?;
+    }
     let conv = app.target(&caller, &id).await?;
     let outcome = cancel_conversation(&app, &conv.id).await?;
     Ok(reply(

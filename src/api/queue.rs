@@ -50,7 +50,8 @@ pub async fn list(
     Ok(reply(StatusCode::OK, &QueueList { queued }))
 }
 
-async fn take_back(
+/// Takes back a waiting message of the caller's conversation `id` (`None`: every one).
+pub(super) async fn take_back(
     app: &AppState,
     caller: &Caller,
     id: &str,

@@ -176,7 +176,7 @@ async fn ask<'a>(
     let (rx, waiter) = handles.requests.wait_for(&call.id);
     if let Err(e) = handles
         .persistence
-        .write(WriteJob::CreateClientToolCall(call.clone()))
+        .write(WriteJob::CreateClientToolCall(Box::new(call.clone())))
         .await
     {
         return Err(failed(format!(

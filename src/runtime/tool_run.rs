@@ -173,10 +173,10 @@ async fn execute(mut run: Run) -> ToolOutcome {
     // A client tool's call made before a restart was asked about (hook, approval) then.
     let asked = run.plan.action == ToolAction::Client
         && (run.hook.is_some() || run.plan.approval)
-        && super::client_tools::asked_already(&asking(&run)).await;
+        && Box::pin(super::client_tools::asked_already(&asking(&run))).await;
     if !asked
         && let Some(hook) = run.hook.clone()
-        && let Err(refused) = ask_hook(&mut run, &hook).await
+        && let Err(refused) = Box::pin(ask_hook(&mut run, &hook)).await
     {
         return refused;
     }
@@ -188,7 +188,8 @@ async fn execute(mut run: Run) -> ToolOutcome {
         return refused;
     }
     match &run.plan.action {
-        ToolAction::Client => super::client_tools::run(&asking).await,
+        // Boxed, as the rarer arms below: a turn's future stays the size of its usual work.
+        ToolAction::Client => Box::pin(super::client_tools::run(&asking)).await,
         ToolAction::Mcp => match run.mcp_tools.iter().find(|t| t.name == run.tool.name) {
             Some(tool) => mcp_tool(&run, tool).await,
             None => failed(format!("unknown tool `{}`", run.tool.name)),

@@ -217,9 +217,14 @@ async fn the_queue_is_bounded() {
     )
     .await
     .expect(204);
-    app.post(&format!("/v1/conversations/{id}/cancel"), json!({}))
-        .await
-        .expect(202);
+    send(&app, &id, "three", "enqueue").await;
+    // A cancel that clears the queue gives control back.
+    app.post(
+        &format!("/v1/conversations/{id}/cancel?clear_queue=true"),
+        json!({}),
+    )
+    .await
+    .expect(202);
     app.wait_kind(&id, "idle").await;
     assert_eq!(user_texts(&app, &id).await, ["ask me"]);
     // At rest: a plain send.
