@@ -537,6 +537,7 @@ function onFrame(f) {
       if (f.state.kind !== 'llm_requesting') setRetrying(null);
       if (!BUSY.has(f.state.kind)) setStreaming('');
       renderState();
+      if (!$('queue-panel').hidden || f.state.kind === 'awaiting_llm') loadQueue();
       if (f.state.kind === 'awaiting_sub_agents' || f.state.kind === 'idle') loadTree();
       return;
     case 'message': return onMessage(f.message);
@@ -602,6 +603,7 @@ function onSnapshot(f) {
   if (!S.lastEventId) S.lastEventId = f.event_id;
   if (!resumed) $('older').hidden = !(f.messages.length && f.messages[0].sequence_id > 1);
   resendOutbox();
+  loadQueue();
   scrollDown();
 }
 
@@ -763,6 +765,31 @@ function onRejected(f) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Messages that wait for the running turn (issue 39)
+
+async function loadQueue() {
+  if (!S.conv) return;
+  const gen = S.gen;
+  let queued = [];
+  try {
+    queued = (await api('GET', convPath(S.conv.id, '/queue'))).queued;
+  } catch (e) { if (e.status !== 404) failed(e); }
+  if (gen !== S.gen) return;
+  $('queue-panel').hidden = queued.length === 0;
+  $('queue').replaceChildren(...queued.map((m) => el('li', { 'data-queued-id': m.queued_id },
+    el('span', { class: 'muted small' }, m.kind === 'steer' ? 'next step: ' : 'next turn: '),
+    el('span', {}, m.text),
+    el('button', { type: 'button', class: 'small danger', onclick: () => takeBack(m.queued_id) }, 'Take back'))));
+}
+
+async function takeBack(id) {
+  try {
+    await api('DELETE', convPath(S.conv.id, `/queue/${enc(id)}`));
+  } catch (e) { if (e.status !== 404) failed(e); }
+  loadQueue();
+}
+
+// ---------------------------------------------------------------------------------------
 // Sending
 
 async function send(ev) {
@@ -774,6 +801,17 @@ async function send(ev) {
   if (S.pending.length) body.images = S.pending.map(({ media_type, data }) => ({ media_type, data }));
   $('text').value = '';
   clearAttachments();
+  // While a turn runs, the message waits for it (if_busy=enqueue) and shows in the queue.
+  if (S.conv.state && BUSY.has(S.conv.state.kind)) {
+    try {
+      await api('POST', convPath(S.conv.id, '/messages?if_busy=enqueue'), body);
+    } catch (e) {
+      failed(e);
+      if (!$('text').value) $('text').value = text;
+    }
+    loadQueue();
+    return;
+  }
   S.outbox = { body, text, sent: false };
   if (S.ws && S.ws.readyState === WebSocket.OPEN) {
     S.outbox.sent = true;

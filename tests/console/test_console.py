@@ -240,6 +240,30 @@ def test_answer_a_client_tool_call_by_hand(page, server):
     expect(state(page)).to_have_text("idle")
 
 
+def test_a_message_sent_while_a_turn_runs_waits_in_the_queue(page, server):
+    """Issue 39: while a turn runs, a sent message waits for it (if_busy=enqueue) and shows in
+    the queue, where it can be taken back; the next one runs when the turn ends."""
+    sign_in(page, server)
+    create_conversation(page)
+    send(page, call("ask_user", {"question": "Ready?", "kind": "confirm"}))
+    card = page.locator(".request")
+    expect(card).to_contain_text("Ready?")
+    send(page, "taken back later")
+    queue = page.locator("#queue li")
+    expect(queue).to_have_count(1)
+    expect(queue).to_contain_text("taken back later")
+    queue.get_by_role("button", name="Take back").click()
+    expect(queue).to_have_count(0)
+    expect(page.locator("#queue-panel")).to_be_hidden()
+    send(page, "runs next")
+    expect(queue).to_contain_text("runs next")
+    card.get_by_role("button", name="Yes").click()
+    expect(page.locator("#messages")).to_contain_text("runs next")
+    expect(page.locator("#queue-panel")).to_be_hidden()
+    expect(state(page)).to_have_text("idle")
+    expect(page.locator("#messages")).not_to_contain_text("taken back later")
+
+
 def test_agent_markdown_is_rendered_and_sanitised(page, server):
     sign_in(page, server)
     create_conversation(page)
