@@ -508,6 +508,7 @@ pub struct CreateConversation {
     /// Tools the client runs (docs/api.md, "Client tools"): the LLM sees them beside the
     /// built-in ones, and a call of one waits for the client's answer. *Extension.*
     #[schema(max_items = 32)]
+    #[serde(default, deserialize_with = "objects")]
     pub client_tools: Option<Vec<ClientToolBody>>,
 }
 
@@ -546,15 +547,20 @@ pub struct AgentBody {
     /// What its conversations' tool calls may do: the first rule that matches a call
     /// decides it; no rule matching, `require_approval` does.
     #[schema(max_items = 64)]
+    #[serde(default, deserialize_with = "objects")]
     pub permissions: Option<Vec<PermissionRuleBody>>,
     /// Tools its conversations' client runs (docs/api.md, "Client tools").
     #[schema(max_items = 32)]
+    #[serde(default, deserialize_with = "objects")]
     pub client_tools: Option<Vec<ClientToolBody>>,
     /// Its hooks: `pre_tool_use`, asked about each tool call the rules do not deny.
+    #[serde(default, deserialize_with = "object")]
     pub hooks: Option<HooksBody>,
     /// Its conversations' turn bounds, within the node's.
+    #[serde(default, deserialize_with = "object")]
     pub limits: Option<TurnBoundsBody>,
     /// Its conversations' sub-agent bounds, within the node's.
+    #[serde(default, deserialize_with = "object")]
     pub sub_agents: Option<SubAgentBoundsBody>,
 }
 
@@ -562,6 +568,7 @@ pub struct AgentBody {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HooksBody {
+    #[serde(default, deserialize_with = "object")]
     pub pre_tool_use: Option<PreToolUseBody>,
 }
 
@@ -895,6 +902,7 @@ pub struct ImageIn {
 #[serde(deny_unknown_fields)]
 pub struct SendMessage {
     pub text: String,
+    #[serde(default, deserialize_with = "objects")]
     pub images: Option<Vec<ImageIn>>,
     /// The client's idempotency key: a repeat returns the original message.
     pub message_id: Option<String>,
@@ -1015,6 +1023,44 @@ pub struct SseEvent {
     id: Option<String>,
     /// A `ServerFrame` as JSON.
     data: String,
+}
+
+/// A field that holds an object (or null): serde's derive would take a struct from an
+/// array too (`[1, 2]` for `{a, b}`), which the contract does not allow.
+fn object<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    use serde::de::Error as _;
+    match Option::<Value>::deserialize(deserializer)? {
+        None | Some(Value::Null) => Ok(None),
+        Some(value @ Value::Object(_)) => serde_json::from_value(value)
+            .map(Some)
+            .map_err(D::Error::custom),
+        Some(_) => Err(D::Error::custom("expected an object")),
+    }
+}
+
+/// A field that holds a list of objects (or null), as [`object`] takes one.
+fn objects<'de, D, T>(deserializer: D) -> Result<Option<Vec<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    use serde::de::Error as _;
+    match Option::<Value>::deserialize(deserializer)? {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(items)) => items
+            .into_iter()
+            .map(|item| match item {
+                item @ Value::Object(_) => serde_json::from_value(item).map_err(D::Error::custom),
+                _ => Err(D::Error::custom("expected a list of objects")),
+            })
+            .collect::<Result<Vec<T>, _>>()
+            .map(Some),
+        Some(_) => Err(D::Error::custom("expected a list of objects")),
+    }
 }
 
 /// A tool the conversation's client runs, as an agent or a create request declares it.

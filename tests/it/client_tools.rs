@@ -397,6 +397,7 @@ async fn client_tool_definitions_are_checked() {
         json!([{"name": "t", "input_schema": schema, "timeout_ms": 999_999_999_999_u64}]),
         json!([{"name": "t", "input_schema": {"type": "object", "description": "x".repeat(17_000)}}]),
         json!([{"name": "t", "input_schema": schema, "unknown": 1}]),
+        json!([["t", "a tool", schema, null]]),
     ] {
         app.post("/v1/conversations", json!({"client_tools": bad}))
             .await

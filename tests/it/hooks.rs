@@ -442,6 +442,11 @@ async fn hook_secrets_stay_and_bounds_hold() {
         json!({"sub_agents": {"max_tasks": 1_000}}),
         json!({"sub_agents": {"timeout_ms": 0}}),
         json!({"limits": {"unknown": 1}}),
+        // serde would take a struct from an array; the contract takes objects only.
+        json!({"limits": [null, null]}),
+        json!({"sub_agents": [1, 1, 1]}),
+        json!({"hooks": {"pre_tool_use": ["https://x.example/hook", SECRET]}}),
+        json!({"permissions": [["bash", {}, "allow", null]]}),
     ] {
         let mut body = json!({"name": "bad", "model": "m"});
         if let (Some(body), Value::Object(extra)) = (body.as_object_mut(), bad) {
