@@ -1035,7 +1035,7 @@ where
     use serde::de::Error as _;
     match Option::<Value>::deserialize(deserializer)? {
         None | Some(Value::Null) => Ok(None),
-        Some(value @ Value::Object(_)) => serde_json::from_value(value)
+        Some(value) if value.is_object() => serde_json::from_value(value)
             .map(Some)
             .map_err(D::Error::custom),
         Some(_) => Err(D::Error::custom("expected an object")),
@@ -1053,9 +1053,12 @@ where
         None | Some(Value::Null) => Ok(None),
         Some(Value::Array(items)) => items
             .into_iter()
-            .map(|item| match item {
-                item @ Value::Object(_) => serde_json::from_value(item).map_err(D::Error::custom),
-                _ => Err(D::Error::custom("expected a list of objects")),
+            .map(|item| {
+                if item.is_object() {
+                    serde_json::from_value(item).map_err(D::Error::custom)
+                } else {
+                    Err(D::Error::custom("expected a list of objects"))
+                }
             })
             .collect::<Result<Vec<T>, _>>()
             .map(Some),
