@@ -327,6 +327,9 @@ pub struct TurnSettings {
     pub max_sub_agents: u32,
     /// Messages that may wait in a busy conversation (`if_busy=enqueue` and `steer`).
     pub max_queued: u32,
+    /// Their text, in bytes, all together: they are stored with the conversation's state,
+    /// which every step of the running turn writes again.
+    pub max_queued_bytes: u64,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -829,6 +832,7 @@ impl Settings {
             max_tool_calls: self.turn.max_tool_calls,
             max_sub_agents: self.turn.max_sub_agents,
             max_queued: self.turn.max_queued,
+            max_queued_bytes: self.turn.max_queued_bytes,
             sub_agent_max_steps: self.sub_agents.max_steps,
             sub_agent_timeout_ms: self.sub_agents.timeout_ms,
         }

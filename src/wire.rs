@@ -931,6 +931,7 @@ pub struct WaitingMessage<'a> {
     /// Its id while it waits (`DELETE .../queue/{queued_id}` takes it back).
     pub queued_id: &'a str,
     /// Its place among the messages that wait, from 1 (steering ones first).
+    #[schema(minimum = 1)]
     pub position: usize,
     /// `enqueue` or `steer`.
     pub kind: &'static str,

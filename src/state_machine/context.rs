@@ -19,6 +19,8 @@ pub struct TurnLimits {
     pub sub_agent_timeout_ms: u64,
     /// Messages that may wait in a busy conversation (queued and steering together).
     pub max_queued: u32,
+    /// Their text in bytes, all together.
+    pub max_queued_bytes: u64,
 }
 
 impl Default for TurnLimits {
@@ -30,6 +32,7 @@ impl Default for TurnLimits {
             sub_agent_max_steps: 30,
             sub_agent_timeout_ms: 600_000,
             max_queued: 100,
+            max_queued_bytes: 262_144,
         }
     }
 }

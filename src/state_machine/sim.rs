@@ -112,6 +112,7 @@ impl World {
                     sub_agent_max_steps: 4,
                     sub_agent_timeout_ms: 1000,
                     max_queued: 3,
+                    max_queued_bytes: 262_144,
                 },
                 context_window: 1000,
                 context_tokens: 0,

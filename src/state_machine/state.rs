@@ -150,6 +150,15 @@ impl Turn {
     pub fn waiting(&self) -> usize {
         self.queued.len() + self.steering.len()
     }
+
+    /// The text of the messages that wait in it, in bytes.
+    pub fn waiting_bytes(&self) -> u64 {
+        self.queued
+            .iter()
+            .chain(&self.steering)
+            .map(|message| message.text.len() as u64)
+            .sum()
+    }
 }
 
 /// A limit of a sub-agent's work; reaching one starts its grace turn.

@@ -21,6 +21,7 @@ fn ctx() -> ConvContext {
             sub_agent_max_steps: 4,
             sub_agent_timeout_ms: 60_000,
             max_queued: 100,
+            max_queued_bytes: 262_144,
         },
         context_window: 1000,
         context_tokens: 0,
@@ -3174,5 +3175,33 @@ fn a_turn_not_yet_begun_survives_a_restart() {
         Event::Interrupted(Interruption::Restart),
         ConvState::Idle,
         vec![],
+    );
+}
+
+/// The waiting messages are bounded in bytes too (they are stored with the state, which
+/// every step writes again): past it a send is refused.
+#[test]
+fn the_waiting_messages_are_bounded_in_bytes() {
+    let small = ConvContext {
+        limits: TurnLimits {
+            max_queued_bytes: 10,
+            ..TurnLimits::default()
+        },
+        ..ctx()
+    };
+    check(
+        requesting(1, 0, 1),
+        &small,
+        waiting_message("t2", "0123456789", IfBusy::Enqueue),
+        requesting_with(vec![queued("t2", "0123456789")], vec![]),
+        vec![],
+    );
+    assert_eq!(
+        transition(
+            &requesting_with(vec![queued("t2", "0123456789")], vec![]),
+            &small,
+            waiting_message("t3", "x", IfBusy::Steer)
+        ),
+        Err(InvalidTransition::Rejected(Rejection::QueueFull))
     );
 }

@@ -141,13 +141,21 @@ fn carry_waiting(before: &ConvState, mut result: TransitionResult) -> Transition
             });
             result.new_state = ConvState::AwaitingLlm { turn };
         }
+        // It takes no more messages: what waited is not run, and the history says so.
+        ConvState::ContextExhausted { .. } => {
+            result.effects.push(Effect::PersistMessage(MessageContent::System {
+                text: format!(
+                    "[[SYSTEM: {} waiting message(s) were not run: the conversation's context is full; continue it in a new conversation]]",
+                    waiting.len()
+                ),
+            }));
+        }
         ConvState::AwaitingLlm { .. }
         | ConvState::LlmRequesting { .. }
         | ConvState::ToolExecuting { .. }
         | ConvState::Cancelling { .. }
         | ConvState::AwaitingSubAgents { .. }
-        | ConvState::Completed
-        | ConvState::ContextExhausted { .. } => {}
+        | ConvState::Completed => {}
     }
     result
 }
@@ -241,7 +249,9 @@ fn wait_in_turn(
     let Some(turn) = turn_mut(&mut new_state) else {
         return Err(Rejection::AgentBusy.into());
     };
-    if turn.waiting() >= ctx.limits.max_queued as usize {
+    if turn.waiting() >= ctx.limits.max_queued as usize
+        || turn.waiting_bytes().saturating_add(text.len() as u64) > ctx.limits.max_queued_bytes
+    {
         return Err(Rejection::QueueFull.into());
     }
     let message = Queued { id, text, images };
@@ -445,6 +455,7 @@ fn continue_turn(state: &ConvState, ctx: &ConvContext, id: &TurnId) -> Option<Tr
         turn.summarizing = true;
         turn.llm_steps += 1;
         fx.flush_held(std::mem::take(&mut turn.held));
+        flush_steering(&mut fx, &mut turn);
         fx.persist(MessageContent::System {
             text: SUMMARY_REQUEST.to_owned(),
         });
@@ -468,15 +479,20 @@ fn continue_turn(state: &ConvState, ctx: &ConvContext, id: &TurnId) -> Option<Tr
     }
     turn.llm_steps += 1;
     fx.flush_held(std::mem::take(&mut turn.held));
-    // Steering messages join the turn here, after the tool results that were due.
+    flush_steering(&mut fx, &mut turn);
+    fx.push(request_llm(ctx, &turn, 1));
+    Some(fx.into_result(ConvState::LlmRequesting { turn, attempt: 1 }))
+}
+
+/// Steering messages join the turn at its next LLM step, after the tool results that were
+/// due (and before the summary request, which they are part of).
+fn flush_steering(fx: &mut Effects, turn: &mut Turn) {
     for message in std::mem::take(&mut turn.steering) {
         fx.persist(MessageContent::User {
             text: message.text,
             images: message.images,
         });
     }
-    fx.push(request_llm(ctx, &turn, 1));
-    Some(fx.into_result(ConvState::LlmRequesting { turn, attempt: 1 }))
 }
 
 /// The LLM request of the turn's current step.
