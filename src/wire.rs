@@ -1508,6 +1508,16 @@ pub enum ServerFrame<'a> {
         code: &'a str,
         message: &'a str,
     },
+    /// The answer to a `user_message` that waits for the running turn (`if_busy`
+    /// `enqueue` or `steer`): where it waits. Sent to that client only; not durable.
+    /// *Extension.*
+    Queued {
+        queued_id: &'a str,
+        #[schema(minimum = 1)]
+        position: usize,
+        /// `enqueue` or `steer`.
+        kind: &'a str,
+    },
     Pong,
     /// Frames `from_event_id..=to_event_id` are no longer stored (`[events] retain`): the
     /// snapshot before it and the message frames after it stand for them. Not durable.
@@ -1542,6 +1552,7 @@ impl ServerFrame<'_> {
             ServerFrame::ClientToolResolved { .. } => "client_tool_resolved",
             ServerFrame::SystemEvent { .. } => "system_event",
             ServerFrame::Rejected { .. } => "rejected",
+            ServerFrame::Queued { .. } => "queued",
             ServerFrame::Pong => "pong",
             ServerFrame::Closing { .. } => "closing",
             ServerFrame::Gap { .. } => "gap",
@@ -1565,6 +1576,7 @@ impl ServerFrame<'_> {
             | ServerFrame::ToolProgress { .. }
             | ServerFrame::SubAgent { .. }
             | ServerFrame::Rejected { .. }
+            | ServerFrame::Queued { .. }
             | ServerFrame::Pong
             | ServerFrame::Closing { .. }
             | ServerFrame::Gap { .. } => None,

@@ -25,7 +25,8 @@ use tokio::sync::mpsc;
 use super::AppState;
 use super::auth::{Caller, Credential};
 use super::delivery::{
-    Outgoing, Target, answer_request, cancel_conversation, check_client_event, deliver, post_event,
+    Delivered, Outgoing, Target, answer_request, cancel_conversation, check_client_event, deliver,
+    post_event,
 };
 use super::error::{ApiError, ErrorBody, Path, Query};
 use crate::hub::{Frame, RecvError, Subscription, TryRecvError};
@@ -599,7 +600,20 @@ fn client_frame(
                     arrived_during: None,
                 }
                 .arriving(&app, &conv.id, if_busy);
-                deliver(&app, &conv, out).await.map(|_| None)
+                deliver(&app, &conv, out)
+                    .await
+                    .map(|delivered| match delivered {
+                        Delivered::Waiting {
+                            id,
+                            position,
+                            steering,
+                        } => Some(self::frame(&ServerFrame::Queued {
+                            queued_id: &id,
+                            position,
+                            kind: if steering { "steer" } else { "enqueue" },
+                        })),
+                        Delivered::New(_) | Delivered::Repeat(_) => None,
+                    })
             }
             ClientFrame::Cancel => cancel_conversation(&app, &conv.id).await.map(|_| None),
             ClientFrame::Respond {

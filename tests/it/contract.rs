@@ -448,6 +448,8 @@ async fn responses_and_frames_match_the_openapi_document() {
             json!({"tasks": [{"prompt": "a sub task", "max_steps": 3}]}),
         ),
         Llm::text("all done"),
+        Llm::text("the message queued over the WebSocket, done"),
+        Llm::text("the message queued over REST, done"),
     ]);
     app.llm.route(
         "a sub task",
@@ -489,6 +491,22 @@ async fn responses_and_frames_match_the_openapi_document() {
             answered.insert(request_id);
         }
         if frame["type"] == "client_tool_call" {
+            // While the turn waits, two messages wait for it: over the WebSocket (a `queued`
+            // frame answers) and over REST (202 `{queued}`).
+            ws.send(
+                &json!({"type": "user_message", "text": "queued over ws", "if_busy": "enqueue"}),
+            )
+            .await;
+            let url = format!("/v1/conversations/{id}/messages?if_busy=enqueue");
+            call!(
+                "POST",
+                "/v1/conversations/{id}/messages",
+                url,
+                Some(json!({"text": "queued over rest"})),
+                202
+            );
+            let url = format!("/v1/conversations/{id}/queue");
+            call!("GET", "/v1/conversations/{id}/queue", url, None, 200);
             let call_id = frame["call_id"].as_str().expect("a call id").to_owned();
             let url = format!("/v1/conversations/{id}/tool_results/{call_id}");
             call!(
