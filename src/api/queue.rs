@@ -59,6 +59,15 @@ pub(super) async fn take_back(
 ) -> Result<bool, ApiError> {
     let conv = app.target(caller, id).await?;
     app.owned_here(&conv.id).await?;
+    // A conversation where nothing waits is not started to say so.
+    let waiting = app
+        .current(&conv.id)
+        .await?
+        .and_then(|record| record.state.turn().map(|turn| turn.waiting()))
+        .unwrap_or(0);
+    if waiting == 0 {
+        return Ok(false);
+    }
     let live = app.live(&conv.id).await?;
     live.dequeue(queued, CALL_TIMEOUT)
         .await
