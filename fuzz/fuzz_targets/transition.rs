@@ -12,7 +12,7 @@ use bedrock::state_machine::{transition, validate_chain};
 use libfuzzer_sys::fuzz_target;
 
 fn op(kind: u8, arg: u8) -> Op {
-    match kind % 18 {
+    match kind % 20 {
         0 => Op::UserMessage,
         1 => Op::Interrupt { stale: arg & 1 == 1 },
         2 => Op::TimeLimit,
@@ -41,6 +41,13 @@ fn op(kind: u8, arg: u8) -> Op {
         13 => Op::Background { wake: arg & 1 == 1 },
         14 => Op::Restart,
         15 => Op::Summarize,
+        16 => Op::Wait {
+            steer: arg & 1 == 1,
+        },
+        17 => Op::Dequeue {
+            pick: arg,
+            all: arg & 1 == 1,
+        },
         _ => Op::Stale {
             pick: u16::from(arg),
         },
