@@ -37,16 +37,6 @@ async fn conversation(app: &TestApp, timeout_ms: Option<u64>) -> String {
     conv["id"].as_str().expect("an id").to_owned()
 }
 
-/// The tool result the conversation stored for `tool_use_id`.
-async fn result_of(app: &TestApp, id: &str, tool_use_id: &str) -> Value {
-    app.messages(id)
-        .await
-        .into_iter()
-        .find(|m| m["content"]["tool_use_id"] == tool_use_id)
-        .map(|m| m["content"].clone())
-        .unwrap_or_else(|| panic!("no result for {tool_use_id}"))
-}
-
 /// The LLM's request after the call carries exactly one tool result for it, right after
 /// the assistant message that asked for it.
 fn answered_in_next_request(app: &TestApp, tool_use_id: &str, output: &str) {
@@ -122,7 +112,7 @@ async fn client_tools_are_answered_once_over_the_websocket_and_rest() {
         let resolved = ws.frame_of("client_tool_resolved").await;
         assert_eq!(resolved["status"], "answered");
         app.wait_kind(&id, "idle").await;
-        let result = result_of(&app, &id, "call_ws").await;
+        let result = app.tool_result(&id, "call_ws").await;
         assert_eq!(result["ok"], true);
         assert_eq!(result["output"], "iron");
         answered_in_next_request(&app, "call_ws", "iron");
@@ -150,7 +140,7 @@ async fn client_tools_are_answered_once_over_the_websocket_and_rest() {
             .expect(200);
         assert_eq!(taken, json!({"answered": true, "call_id": call_id}));
         app.wait_kind(&id, "idle").await;
-        let result = result_of(&app, &id, "call_rest").await;
+        let result = app.tool_result(&id, "call_rest").await;
         assert_eq!(result["ok"], false);
         assert_eq!(result["output"], "no such word");
 
@@ -274,7 +264,7 @@ async fn a_client_tool_call_survives_a_restart() {
         .await
         .expect(200);
         app.wait_kind(&id, "idle").await;
-        let result = result_of(&app, &id, "call_slow").await;
+        let result = app.tool_result(&id, "call_slow").await;
         assert_eq!(result["ok"], true);
         assert_eq!(result["output"], "found it after the restart");
         answered_in_next_request(&app, "call_slow", "found it after the restart");
@@ -311,7 +301,7 @@ async fn client_tool_calls_time_out_and_are_cancelled() {
         let resolved = ws.frame_of("client_tool_resolved").await;
         assert_eq!(resolved["status"], "expired");
         app.wait_kind(&id, "idle").await;
-        let result = result_of(&app, &id, "call_late").await;
+        let result = app.tool_result(&id, "call_late").await;
         assert_eq!(result["ok"], false);
         assert!(
             result["output"]
@@ -336,7 +326,7 @@ async fn client_tool_calls_time_out_and_are_cancelled() {
         let resolved = ws.frame_of("client_tool_resolved").await;
         assert_eq!(resolved["status"], "cancelled");
         app.wait_kind(&id, "idle").await;
-        let result = result_of(&app, &id, "call_cancelled").await;
+        let result = app.tool_result(&id, "call_cancelled").await;
         assert_eq!(result["ok"], false);
         assert_eq!(result["output"], "cancelled by user");
         app.post(

@@ -118,15 +118,6 @@ async fn conversation(
     )
 }
 
-async fn result_of(app: &TestApp, id: &str, tool_use_id: &str) -> Value {
-    app.messages(id)
-        .await
-        .into_iter()
-        .find(|m| m["content"]["tool_use_id"] == tool_use_id)
-        .map(|m| m["content"].clone())
-        .unwrap_or_else(|| panic!("no result for {tool_use_id}"))
-}
-
 /// The hook allows (over the agent's require_approval), denies with its message, asks (a
 /// confirm request), and replaces an input, which the core plans again so the rules still
 /// hold; a call the rules deny never reaches it; every request is signed and says what is
@@ -179,18 +170,18 @@ async fn a_hook_allows_denies_asks_and_replaces_input() {
         .expect(200);
         app.wait_kind(&id, "idle").await;
 
-        assert_eq!(result_of(&app, &id, "call_allowed").await["ok"], true);
+        assert_eq!(app.tool_result(&id, "call_allowed").await["ok"], true);
         assert!(cwd.join("allowed.txt").exists());
-        let denied = result_of(&app, &id, "call_denied").await;
+        let denied = app.tool_result(&id, "call_denied").await;
         assert_eq!(denied["ok"], false);
         assert_eq!(denied["output"], "not on my watch");
         assert!(!cwd.join("denied.txt").exists());
-        let forbidden = result_of(&app, &id, "call_forbidden").await;
+        let forbidden = app.tool_result(&id, "call_forbidden").await;
         assert_eq!(forbidden["output"], "the rules forbid it");
-        assert_eq!(result_of(&app, &id, "call_rewritten").await["ok"], true);
+        assert_eq!(app.tool_result(&id, "call_rewritten").await["ok"], true);
         assert!(cwd.join("rewritten.txt").exists());
         assert!(!cwd.join("original.txt").exists());
-        let to_forbidden = result_of(&app, &id, "call_to_forbidden").await;
+        let to_forbidden = app.tool_result(&id, "call_to_forbidden").await;
         assert_eq!(to_forbidden["ok"], false);
         assert!(
             to_forbidden["output"]
@@ -321,7 +312,7 @@ async fn a_hook_that_fails_decides_by_its_on_failure() {
             .expect(200);
         }
         app.wait_kind(&id, "idle").await;
-        let result = result_of(&app, &id, "call_slow").await;
+        let result = app.tool_result(&id, "call_slow").await;
         if on_failure == "deny" {
             assert_eq!(result["ok"], false);
             assert!(
@@ -352,7 +343,7 @@ async fn a_hook_that_fails_decides_by_its_on_failure() {
     ]);
     app.send(&id, "go").await;
     app.wait_kind(&id, "idle").await;
-    let result = result_of(&app, &id, "call_err").await;
+    let result = app.tool_result(&id, "call_err").await;
     assert!(
         result["output"]
             .as_str()
@@ -379,7 +370,7 @@ async fn a_hook_that_fails_decides_by_its_on_failure() {
     ]);
     app.send(&id, "go").await;
     app.wait_kind(&id, "idle").await;
-    let result = result_of(&app, &id, "call_internal").await;
+    let result = app.tool_result(&id, "call_internal").await;
     assert_eq!(result["ok"], false);
     assert!(!cwd.join("ran.txt").exists());
     assert!(server.seen.lock().expect("the log").is_empty());
@@ -485,7 +476,7 @@ async fn hook_secrets_stay_and_bounds_hold() {
     app.send(&id, "go").await;
     let state = app.wait_kind(&id, "error").await;
     assert_eq!(state["error_kind"], "limit", "{state}");
-    let spawn = result_of(&app, &id, "call_spawn").await;
+    let spawn = app.tool_result(&id, "call_spawn").await;
     assert_eq!(spawn["ok"], false);
     assert!(
         spawn["output"].as_str().is_some_and(|o| o.contains('1')),

@@ -272,6 +272,16 @@ impl TestApp {
             .unwrap_or_default()
     }
 
+    /// The content of the tool result the conversation stored for `tool_use_id`.
+    pub async fn tool_result(&self, id: &str, tool_use_id: &str) -> Value {
+        self.messages(id)
+            .await
+            .into_iter()
+            .find(|m| m["content"]["tool_use_id"] == tool_use_id)
+            .map(|m| m["content"].clone())
+            .unwrap_or_else(|| panic!("no result for {tool_use_id}"))
+    }
+
     pub fn ws_url(&self, id: &str, query: &str) -> String {
         format!(
             "ws://{}/v1/conversations/{id}/ws?access_token={}{query}",
