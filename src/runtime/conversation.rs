@@ -579,6 +579,29 @@ async fn store_and_dispatch(
     } else {
         None
     };
+    // The turn a waiting message's turn follows ended as its messages say (an error, or at
+    // rest); any other turn that a new one replaces was interrupted.
+    let next_of_queue = result.new_state.turn().is_some_and(|next| {
+        state.record.state.turn().is_some_and(|ended| {
+            ended
+                .queued
+                .iter()
+                .chain(&ended.steering)
+                .any(|waiting| waiting.id == next.id)
+        })
+    });
+    let replaced_as = if !next_of_queue {
+        "interrupted"
+    } else if result.effects.iter().any(|effect| {
+        matches!(
+            effect,
+            Effect::PersistMessage(crate::state_machine::MessageContent::Error { .. })
+        )
+    }) {
+        "error"
+    } else {
+        "idle"
+    };
     let at = Utc::now();
     let mut plan = commit::plan(
         &*state.handles.format,
@@ -603,7 +626,13 @@ async fn store_and_dispatch(
         state.handles.hub.publish(&state.record.id, frame.clone());
     }
     show_progress(state);
-    count(state, kind_before, starts_turn, replaced, &plan.dispatch);
+    count(
+        state,
+        kind_before,
+        starts_turn,
+        replaced.map(|turn| (turn, replaced_as)),
+        &plan.dispatch,
+    );
     let stopped = Stopped::of(&plan.dispatch);
     for effect in plan.dispatch {
         super::effects::dispatch(myself, state, effect).await;
@@ -645,12 +674,12 @@ fn count(
     state: &mut ConversationState,
     kind_before: &'static str,
     starts_turn: bool,
-    replaced: Option<Turn>,
+    replaced: Option<(Turn, &'static str)>,
     dispatch: &[Effect],
 ) {
     let metrics = &state.handles.metrics;
-    if let Some(turn) = replaced {
-        turn.finish(metrics, "interrupted");
+    if let Some((turn, outcome)) = replaced {
+        turn.finish(metrics, outcome);
     }
     if starts_turn {
         metrics.turn_started();

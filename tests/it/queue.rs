@@ -153,6 +153,25 @@ async fn messages_wait_their_turn_or_steer_the_running_one() {
             .await
             .expect(200);
         assert_eq!(listed["queued"], json!([]));
+        // The turns a waiting message followed ended at rest, not interrupted.
+        let metrics = reqwest::get(format!("{}/metrics", app.metrics_base))
+            .await
+            .expect("the operator listener answers")
+            .text()
+            .await
+            .expect("text");
+        let finished = |outcome: &str| -> f64 {
+            metrics
+                .lines()
+                .filter(|l| {
+                    l.starts_with("bedrock_turns_finished_total")
+                        && l.contains(&format!("outcome=\"{outcome}\""))
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        assert_eq!(finished("interrupted"), 0.0, "{metrics}");
+        assert_eq!(finished("idle"), 3.0, "{metrics}");
         app.cleanup(db).await;
     }
 }
