@@ -30,7 +30,9 @@ fuzz_target!(|input: &[u8]| {
             let _ = bedrock::api::check_client_event(&event);
         }
         // A client tool's result: any string output parses; the runtime cuts it to the cap.
-        ClientFrame::ClientToolResult { call_id, output, .. } => {
+        ClientFrame::ClientToolResult {
+            call_id, output, ..
+        } => {
             let _ = (call_id.len(), output.len());
         }
         ClientFrame::UserMessage { .. } | ClientFrame::Cancel | ClientFrame::Ping => {}

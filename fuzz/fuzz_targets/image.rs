@@ -8,7 +8,13 @@
 use base64::Engine as _;
 use libfuzzer_sys::fuzz_target;
 
-const TYPES: [&str; 5] = ["image/png", "image/jpeg", "image/gif", "image/webp", "image/bmp"];
+const TYPES: [&str; 5] = [
+    "image/png",
+    "image/jpeg",
+    "image/gif",
+    "image/webp",
+    "image/bmp",
+];
 
 fuzz_target!(|input: &[u8]| {
     let Some((&pick, bytes)) = input.split_first() else {
@@ -30,6 +36,10 @@ fuzz_target!(|input: &[u8]| {
             prepared.height
         );
         assert!(!prepared.data.is_empty());
-        assert!(TYPES[..4].contains(&prepared.media_type.as_str()), "{}", prepared.media_type);
+        assert!(
+            TYPES[..4].contains(&prepared.media_type.as_str()),
+            "{}",
+            prepared.media_type
+        );
     }
 });

@@ -9,8 +9,8 @@
 
 use bedrock::llm::chunk::Chunk;
 use bedrock::llm::{Accumulator, ErrorLines};
-use futures::StreamExt as _;
 use eventsource_stream::Eventsource as _;
+use futures::StreamExt as _;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|input: &[u8]| {
@@ -56,9 +56,15 @@ fuzz_target!(|input: &[u8]| {
     if let Ok(reply) = accumulator.finish(saw_done) {
         let mut ids = std::collections::HashSet::new();
         for tool in &reply.tool_uses {
-            assert!(!tool.name.is_empty(), "a tool call without a name: {reply:?}");
+            assert!(
+                !tool.name.is_empty(),
+                "a tool call without a name: {reply:?}"
+            );
             assert!(!tool.id.is_empty(), "a tool call without an id: {reply:?}");
-            assert!(ids.insert(tool.id.clone()), "two tool calls share an id: {reply:?}");
+            assert!(
+                ids.insert(tool.id.clone()),
+                "two tool calls share an id: {reply:?}"
+            );
         }
     }
 });

@@ -5,9 +5,7 @@
 
 #![no_main]
 
-use bedrock::wire::{
-    CreateConversation, ForkConversation, PostEvent, Respond, SendMessage,
-};
+use bedrock::wire::{CreateConversation, ForkConversation, PostEvent, Respond, SendMessage};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|input: &[u8]| {

@@ -14,7 +14,9 @@ use libfuzzer_sys::fuzz_target;
 fn op(kind: u8, arg: u8) -> Op {
     match kind % 20 {
         0 => Op::UserMessage,
-        1 => Op::Interrupt { stale: arg & 1 == 1 },
+        1 => Op::Interrupt {
+            stale: arg & 1 == 1,
+        },
         2 => Op::TimeLimit,
         3 => Op::Cancel,
         4 => Op::Continue,
@@ -70,6 +72,10 @@ fuzz_target!(|input: &[u8]| {
         assert_eq!(validate_chain(&world.log, true), Ok(()), "{:?}", world.log);
     }
     world.settle();
-    assert!(!world.state.is_busy(), "rest is not busy: {:?}", world.state);
+    assert!(
+        !world.state.is_busy(),
+        "rest is not busy: {:?}",
+        world.state
+    );
     assert_eq!(validate_chain(&world.log, false), Ok(()), "{:?}", world.log);
 });
