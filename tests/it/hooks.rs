@@ -353,26 +353,40 @@ async fn a_hook_that_fails_decides_by_its_on_failure() {
     assert!(!cwd.join("ran.txt").exists());
     app.cleanup(db).await;
 
-    // Without the operator's allow list, a hook on loopback is out of reach.
+    // Without the operator's allow list, a hook on loopback is out of reach, in every
+    // spelling a tenant would try first.
     let db = TestDb::sqlite();
     let app = TestApp::spawn(&db).await;
     let (addr, server) = serve_hook().await;
-    let (id, cwd) = conversation(
-        &app,
-        "internal",
-        json!({"url": format!("http://{addr}/hook"), "secret": SECRET, "on_failure": "deny"}),
-        json!({}),
-    )
-    .await;
-    app.llm.push([
-        Llm::bash("call_internal", "echo ran > ran.txt"),
-        Llm::text("done"),
-    ]);
-    app.send(&id, "go").await;
-    app.wait_kind(&id, "idle").await;
-    let result = app.tool_result(&id, "call_internal").await;
-    assert_eq!(result["ok"], false);
-    assert!(!cwd.join("ran.txt").exists());
+    let port = addr.port();
+    let spellings = [
+        format!("http://{addr}/hook"),
+        format!("http://localhost:{port}/hook"),
+        format!("http://127.1:{port}/hook"),
+        format!("http://0x7f000001:{port}/hook"),
+        format!("http://2130706433:{port}/hook"),
+        format!("http://0.0.0.0:{port}/hook"),
+        format!("http://[::ffff:127.0.0.1]:{port}/hook"),
+        format!("http://[::1]:{port}/hook"),
+    ];
+    for (n, url) in spellings.iter().enumerate() {
+        let (id, cwd) = conversation(
+            &app,
+            &format!("internal-{n}"),
+            json!({"url": url, "secret": SECRET, "on_failure": "deny"}),
+            json!({}),
+        )
+        .await;
+        app.llm.push([
+            Llm::bash("call_internal", "echo ran > ran.txt"),
+            Llm::text("done"),
+        ]);
+        app.send(&id, "go").await;
+        app.wait_kind(&id, "idle").await;
+        let result = app.tool_result(&id, "call_internal").await;
+        assert_eq!(result["ok"], false, "{url}: {result}");
+        assert!(!cwd.join("ran.txt").exists(), "{url}");
+    }
     assert!(server.seen.lock().expect("the log").is_empty());
     app.cleanup(db).await;
 }

@@ -553,6 +553,16 @@ async fn an_mcp_client_answers_a_client_tool_call_with_respond() {
         ))
         .await;
     assert!(half.is_err(), "{half:?}");
+    // Another tenant's MCP client cannot answer it.
+    let other = connect(&app, &app.key_b, Client::new(Answer::Unable)).await;
+    let hijack = call(
+        &other,
+        "respond",
+        json!({"conversation_id": id, "call_id": call_id, "output": "hijacked"}),
+    )
+    .await;
+    assert_eq!(hijack.is_error, Some(true), "{}", text(&hijack));
+    assert!(text(&hijack).starts_with("not_found"), "{}", text(&hijack));
     let answered = call(
         &client,
         "respond",

@@ -214,13 +214,27 @@ async fn the_queue_survives_a_restart() {
 #[tokio::test]
 async fn the_queue_is_bounded() {
     let db = TestDb::sqlite();
-    let app = TestApp::spawn_with(&db, &[("BEDROCK_TURN__MAX_QUEUED", "1")]).await;
+    let app = TestApp::spawn_with(
+        &db,
+        &[
+            ("BEDROCK_TURN__MAX_QUEUED", "1"),
+            ("BEDROCK_TURN__MAX_QUEUED_BYTES", "64"),
+        ],
+    )
+    .await;
     let id = app.conversation().await;
     app.llm.push([question()]);
     let mut ws = Ws::connect(&app.ws_url(&id, "")).await;
     ws.frame().await;
     app.send(&id, "ask me").await;
     ws.frame_of("client_request").await;
+    // A flood in bytes is refused before a flood in number.
+    app.post(
+        &format!("/v1/conversations/{id}/messages?if_busy=enqueue"),
+        json!({"text": "x".repeat(65)}),
+    )
+    .await
+    .expect_error(409, "queue_full");
     send(&app, &id, "one", "enqueue").await;
     app.post(
         &format!("/v1/conversations/{id}/messages?if_busy=steer"),
