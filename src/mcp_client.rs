@@ -513,16 +513,7 @@ pub async fn call(
             {
                 output.push(structured.to_string());
             }
-            let mut output = output.join("\n");
-            if output.len() > cap {
-                let mut end = cap;
-                while !output.is_char_boundary(end) {
-                    end -= 1;
-                }
-                let total = output.len();
-                output.truncate(end);
-                output.push_str(&format!("\n[output truncated: {total} bytes, {cap} kept]"));
-            }
+            let output = crate::tools::cap_output(output.join("\n"), cap);
             ToolOutcome {
                 ok: result.is_error != Some(true),
                 output,

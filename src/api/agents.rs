@@ -47,15 +47,11 @@ fn valid_name(name: &str) -> bool {
 /// The built-in tools an agent may name in `tools` (a sub-agent's submit_result is always
 /// its own).
 fn built_in_tools() -> Vec<&'static str> {
-    let mut names: Vec<&'static str> = crate::tools::names(false)
+    crate::tools::all_names()
         .iter()
-        .chain(crate::tools::names(true))
         .copied()
         .filter(|name| *name != crate::state_machine::SUBMIT_RESULT)
-        .collect();
-    names.sort_unstable();
-    names.dedup();
-    names
+        .collect()
 }
 
 /// A list of at most 32 names, each passing `valid`, without repeats.

@@ -22,8 +22,8 @@ const MAX_TOOLS: usize = 32;
 const MAX_SCHEMA_BYTES: usize = 16 * 1024;
 
 /// The client tools a body declares, checked: at most 32, each with a name of 1 to 64 of
-/// `A-Za-z0-9_-` without `__` (the MCP tools' separator) that is no built-in tool's and no
-/// other client tool's, a description of at most 2000 bytes, an object schema of at most
+/// `A-Za-z0-9_-` without `__` (the MCP tools' separator, so it is never an MCP tool's) that
+/// is no built-in tool's and no other client tool's, a description of at most 2000 bytes, an object schema of at most
 /// 16 KiB and a timeout within `requests.max_timeout_ms`.
 pub(crate) fn check(
     settings: &crate::config::Settings,
@@ -35,11 +35,7 @@ pub(crate) fn check(
             "client_tools may declare at most {MAX_TOOLS} tools"
         )));
     }
-    let built_in: HashSet<&str> = crate::tools::names(false)
-        .iter()
-        .chain(crate::tools::names(true))
-        .copied()
-        .collect();
+    let built_in = crate::tools::all_names();
     let max_timeout = settings.requests.max_timeout_ms;
     let mut seen = HashSet::new();
     given
@@ -58,7 +54,7 @@ pub(crate) fn check(
                     "name must be 1 to 64 of A-Z, a-z, 0-9, - and _, without \"__\"".into(),
                 ));
             }
-            if built_in.contains(tool.name.as_str()) {
+            if built_in.contains(&tool.name.as_str()) {
                 return Err(bad(format!(
                     "{:?} is a built-in tool's name; a client tool may not shadow it",
                     tool.name
@@ -97,15 +93,6 @@ pub(crate) fn check(
             })
         })
         .collect()
-}
-
-/// A client tool's name may not be one of the conversation's MCP tools' either (they have
-/// `__` in theirs, which a client tool's never has; checked again here at creation).
-pub(crate) fn shadows_mcp(tools: &[ClientTool], mcp: &[crate::model::McpTool]) -> Option<String> {
-    tools
-        .iter()
-        .find(|tool| mcp.iter().any(|m| m.name == tool.name))
-        .map(|tool| tool.name.clone())
 }
 
 /// Answers a client tool call once (REST, the WebSocket, MCP).

@@ -206,11 +206,6 @@ pub async fn create(
     // does not answer is left out, and the conversation says so in a system message.
     let (mcp_tools, notices) =
         super::mcp_servers::tools_of(&app, &caller.0.id, checked.mcp_servers.as_deref()).await?;
-    if let Some(name) = super::client_tools::shadows_mcp(&checked.client_tools, &mcp_tools) {
-        return Err(ApiError::invalid(format!(
-            "client_tools: {name:?} is one of the conversation's MCP tools"
-        )));
-    }
     let new = NewConversation {
         id: id.clone(),
         tenant_id: caller.0.id.clone(),

@@ -20,7 +20,7 @@ use crate::model::{ClientToolCall, RequestStatus};
 use crate::notice::{Durable, Keyed};
 use crate::persistence::{WriteJob, WriteOutcome};
 use crate::state_machine::{ConvState, ToolOutcome};
-use crate::tools::{failed, preview};
+use crate::tools::failed;
 
 /// Why an answer to a client tool call was refused.
 #[derive(Debug, thiserror::Error)]
@@ -50,27 +50,23 @@ pub(super) struct Asking<'a> {
     pub cancel: &'a tokio_util::sync::CancellationToken,
 }
 
-/// Whether the client was asked for this call already (before a restart): its approval, if
-/// it needed one, was given then.
-pub(super) async fn asked_already(run: &Asking<'_>) -> bool {
-    matches!(
-        run.handles
-            .store
-            .client_tool_call_for(run.conversation_id, &run.key)
-            .await,
-        Ok(Some(_))
-    )
-}
-
-/// Runs a call of a client tool: asks the client (once: a run after a restart finds the call
-/// it made) and waits for the answer, its timeout or a cancel.
-pub(super) async fn run(run: &Asking<'_>) -> ToolOutcome {
-    let handles = &run.handles;
-    let stored = match handles
+/// The call stored for this tool call: the client was asked already (before a restart),
+/// and its approval and hook, if it needed them, were given then.
+pub(super) async fn stored(run: &Asking<'_>) -> crate::store::Result<Option<ClientToolCall>> {
+    run.handles
         .store
         .client_tool_call_for(run.conversation_id, &run.key)
         .await
-    {
+}
+
+/// Runs a call of a client tool: asks the client (once: a run after a restart finds the call
+/// it made, `stored`) and waits for the answer, its timeout or a cancel.
+pub(super) async fn run(
+    run: &Asking<'_>,
+    stored: crate::store::Result<Option<ClientToolCall>>,
+) -> ToolOutcome {
+    let handles = &run.handles;
+    let stored = match stored {
         Ok(stored) => stored,
         Err(e) => return failed(format!("the client tool call could not be read: {e}")),
     };
@@ -346,16 +342,7 @@ pub(crate) async fn answer(
         return Err(ToolResultError::Expired);
     }
     // Stored as the LLM gets it: cut to the tools' output cap.
-    let cap = handles.settings.tools.output_cap_bytes;
-    let output = if output.len() > cap {
-        format!(
-            "{}\n[output cut at {cap} bytes of {}]",
-            preview(&output, cap),
-            output.len()
-        )
-    } else {
-        output
-    };
+    let output = crate::tools::cap_output(output, handles.settings.tools.output_cap_bytes);
     let payload = json!({"output": output, "is_error": is_error});
     if !resolve(
         handles,

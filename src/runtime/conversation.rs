@@ -302,11 +302,10 @@ async fn handle(
             let event = Event::Dequeue {
                 id: id.map(TurnId::new),
             };
-            let taken = transition(&state.record.state, &state.ctx, event.clone()).is_ok()
-                && matches!(
-                    Box::pin(apply_internal(&myself, state, event)).await?,
-                    Applied::Done { .. }
-                );
+            let taken = matches!(
+                Box::pin(apply_internal(&myself, state, event)).await?,
+                Applied::Done { .. }
+            );
             let _ = reply.send(taken);
         }
         ConvMsg::Summarize(reply) => {
@@ -444,9 +443,8 @@ async fn send(
                 running
                     .steering
                     .iter()
-                    .map(|queued| (queued, true))
-                    .chain(running.queued.iter().map(|queued| (queued, false)))
-                    .position(|(queued, _)| queued.id == turn)
+                    .chain(&running.queued)
+                    .position(|queued| queued.id == turn)
                     .map(|index| Accepted::Waiting {
                         id: turn.0.clone(),
                         position: index + 1,

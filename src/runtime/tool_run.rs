@@ -171,9 +171,13 @@ impl Actor for ToolRun {
 
 async fn execute(mut run: Run) -> ToolOutcome {
     // A client tool's call made before a restart was asked about (hook, approval) then.
-    let asked = run.plan.action == ToolAction::Client
-        && (run.hook.is_some() || run.plan.approval)
-        && Box::pin(super::client_tools::asked_already(&asking(&run))).await;
+    // A client tool's call is read once: whether it was asked already, and where it stands.
+    let stored = if run.plan.action == ToolAction::Client {
+        Some(Box::pin(super::client_tools::stored(&asking(&run))).await)
+    } else {
+        None
+    };
+    let asked = matches!(stored, Some(Ok(Some(_))));
     if !asked
         && let Some(hook) = run.hook.clone()
         && let Err(refused) = Box::pin(ask_hook(&mut run, &hook)).await
@@ -189,7 +193,13 @@ async fn execute(mut run: Run) -> ToolOutcome {
     }
     match &run.plan.action {
         // Boxed, as the rarer arms below: a turn's future stays the size of its usual work.
-        ToolAction::Client => Box::pin(super::client_tools::run(&asking)).await,
+        ToolAction::Client => {
+            Box::pin(super::client_tools::run(
+                &asking,
+                stored.unwrap_or(Ok(None)),
+            ))
+            .await
+        }
         ToolAction::Mcp => match run.mcp_tools.iter().find(|t| t.name == run.tool.name) {
             Some(tool) => mcp_tool(&run, tool).await,
             None => failed(format!("unknown tool `{}`", run.tool.name)),

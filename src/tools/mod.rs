@@ -82,6 +82,17 @@ pub fn names(is_sub_agent: bool) -> &'static [&'static str] {
     &NAMES[usize::from(is_sub_agent)]
 }
 
+/// Every built-in tool's name, a user conversation's and a sub-agent's, sorted, once each.
+pub fn all_names() -> &'static [&'static str] {
+    static ALL: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
+        let mut all: Vec<&'static str> = names(false).iter().chain(names(true)).copied().collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    });
+    &ALL
+}
+
 pub fn definitions(is_sub_agent: bool) -> Vec<ToolDefinition> {
     let mut tools = vec![
         ToolDefinition {
@@ -304,6 +315,16 @@ async fn blocking(work: impl FnOnce() -> ToolOutcome + Send + 'static) -> ToolOu
 
 pub(crate) fn failed(output: impl Into<String>) -> ToolOutcome {
     ToolOutcome::failed(output)
+}
+
+/// `output` cut to `cap` bytes (on a character boundary), saying so at its end.
+pub(crate) fn cap_output(mut output: String, cap: usize) -> String {
+    if output.len() > cap {
+        let total = output.len();
+        output.truncate(preview(&output, cap).len());
+        output.push_str(&format!("\n[output truncated: {total} bytes, {cap} kept]"));
+    }
+    output
 }
 
 /// At most `max` bytes of `text`, cut on a character boundary.

@@ -217,7 +217,7 @@ async fn a_reused_tool_use_id_is_a_new_call_and_big_answers_are_cut() {
     assert_eq!(outputs.len(), 2);
     assert_eq!(outputs[0], "one");
     assert!(outputs[1].len() < 70_000, "{}", outputs[1].len());
-    assert!(outputs[1].contains("[output cut at 65536 bytes of 100000]"));
+    assert!(outputs[1].contains("[output truncated: 100000 bytes, 65536 kept]"));
     let calls = app
         .get(&format!("/v1/conversations/{id}/client_tool_calls"))
         .await
