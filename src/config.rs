@@ -43,6 +43,32 @@ pub struct Settings {
     pub cluster: ClusterSettings,
     pub egress: EgressSettings,
     pub metrics: MetricsSettings,
+    pub webhooks: WebhookSettings,
+}
+
+/// Tenants' webhooks (docs/api.md, "Webhooks"): how their deliveries are made and retried.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookSettings {
+    /// How often a node looks for events and due deliveries (it also looks at once after a
+    /// commit of its own wrote some).
+    pub poll_ms: u64,
+    /// An attempt's time to answer.
+    pub timeout_ms: u64,
+    /// The first retry's delay; each doubles it (with jitter), up to `retry_max_delay_ms`.
+    pub retry_initial_ms: u64,
+    pub retry_max_delay_ms: u64,
+    /// How long a delivery is retried before it fails for good.
+    pub retry_for_ms: u64,
+    /// An endpoint whose every attempt failed for this long is disabled.
+    pub disable_after_ms: u64,
+    /// How long a node's claim on a delivery lasts (a dead node's runs out).
+    pub claim_ms: u64,
+    /// Attempts in flight on a node, and of one tenant.
+    pub concurrency: usize,
+    pub per_tenant: usize,
+    /// After a rotation, the old secret signs beside the new one this long.
+    pub previous_secret_ms: u64,
 }
 
 /// What the server may connect to on a tenant's behalf (tenants' MCP servers): everything
@@ -420,6 +446,8 @@ pub struct QuotaSettings {
     pub mcp_servers: u64,
     /// Agents (not deleted).
     pub agents: u64,
+    /// Webhook endpoints (POST /v1/webhooks).
+    pub webhooks: u64,
     /// LLM requests in flight at once, per node (its share of `llm.max_concurrency`); more
     /// wait their turn behind the tenant's own.
     pub llm_concurrency: u64,
@@ -620,6 +648,19 @@ impl Settings {
             ("quotas.streams", self.quotas.streams),
             ("quotas.mcp_servers", self.quotas.mcp_servers),
             ("quotas.agents", self.quotas.agents),
+            ("quotas.webhooks", self.quotas.webhooks),
+            ("webhooks.poll_ms", self.webhooks.poll_ms),
+            ("webhooks.timeout_ms", self.webhooks.timeout_ms),
+            ("webhooks.retry_initial_ms", self.webhooks.retry_initial_ms),
+            (
+                "webhooks.retry_max_delay_ms",
+                self.webhooks.retry_max_delay_ms,
+            ),
+            ("webhooks.retry_for_ms", self.webhooks.retry_for_ms),
+            ("webhooks.disable_after_ms", self.webhooks.disable_after_ms),
+            ("webhooks.claim_ms", self.webhooks.claim_ms),
+            ("webhooks.concurrency", self.webhooks.concurrency as u64),
+            ("webhooks.per_tenant", self.webhooks.per_tenant as u64),
             ("quotas.llm_concurrency", self.quotas.llm_concurrency),
             ("quotas.workspace_bytes", self.quotas.workspace_bytes),
             ("quotas.measure_every_ms", self.quotas.measure_every_ms),
@@ -693,6 +734,25 @@ impl Settings {
                 return Err(ConfigError(format!(
                     "requests.{name} ({value}) must be at most requests.max_timeout_ms ({})",
                     requests.max_timeout_ms
+                )));
+            }
+        }
+        let hooks = &self.webhooks;
+        if hooks.claim_ms <= hooks.timeout_ms {
+            return Err(ConfigError(format!(
+                "webhooks.claim_ms ({}) must be above webhooks.timeout_ms ({}): a claim must outlast its attempt",
+                hooks.claim_ms, hooks.timeout_ms
+            )));
+        }
+        for (name, value) in [
+            ("retry_for_ms", hooks.retry_for_ms),
+            ("disable_after_ms", hooks.disable_after_ms),
+            ("previous_secret_ms", hooks.previous_secret_ms),
+            ("retry_max_delay_ms", hooks.retry_max_delay_ms),
+        ] {
+            if value > 10 * 366 * 24 * 3600 * 1000 {
+                return Err(ConfigError(format!(
+                    "webhooks.{name} ({value}) must be at most ten years"
                 )));
             }
         }

@@ -24,6 +24,7 @@ pub mod store;
 pub mod telemetry;
 pub mod testkit;
 pub mod tools;
+pub mod webhooks;
 pub mod wire;
 pub mod workspace;
 

@@ -42,6 +42,9 @@ pub struct Metrics {
     conversations_running: Gauge<i64>,
     db_pool_connections: Gauge<u64>,
     tasks_alive: Gauge<u64>,
+    webhook_attempts: Counter<u64>,
+    webhook_latency: Histogram<f64>,
+    webhook_backlog: Gauge<u64>,
 }
 
 impl Default for Metrics {
@@ -75,6 +78,25 @@ fn build(meter: &Meter, registry: prometheus::Registry, provider: SdkMeterProvid
             .with_unit("s")
             .with_description("LLM request duration")
             .with_boundaries(second_bounds())
+            .build(),
+        webhook_attempts: meter
+            .u64_counter("bedrock.webhook_attempts")
+            .with_description(
+                "Webhook delivery attempts, by outcome (delivered, retry, failed, refused)",
+            )
+            .build(),
+        webhook_latency: meter
+            .f64_histogram("bedrock.webhook_attempt_duration")
+            .with_unit("s")
+            .with_description("A webhook delivery attempt's time, to its answer or failure")
+            .with_boundaries(second_bounds())
+            .build(),
+        webhook_backlog: meter
+            .u64_gauge("bedrock.webhook_backlog")
+            .with_description(
+                "Webhook events waiting: in the outbox (stage=outbox) and deliveries not yet \
+                 made (stage=pending)",
+            )
             .build(),
         retries: meter
             .u64_counter("bedrock.llm_retries")
@@ -218,6 +240,21 @@ impl Metrics {
 
     pub fn history_read(&self) {
         self.history_reads.add(1, &[]);
+    }
+
+    /// A webhook delivery attempt's outcome and time.
+    pub fn webhook_attempt(&self, outcome: &'static str, seconds: f64) {
+        self.webhook_attempts
+            .add(1, &[KeyValue::new("outcome", outcome)]);
+        self.webhook_latency.record(seconds, &[]);
+    }
+
+    /// Webhook events waiting in the outbox, and deliveries pending.
+    pub fn webhook_backlog(&self, outbox: u64, pending: u64) {
+        self.webhook_backlog
+            .record(outbox, &[KeyValue::new("stage", "outbox")]);
+        self.webhook_backlog
+            .record(pending, &[KeyValue::new("stage", "pending")]);
     }
 
     pub fn retry(&self) {

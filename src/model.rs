@@ -516,6 +516,70 @@ pub struct ConversationCommit {
     pub at: DateTime<Utc>,
     /// The lease epoch the commit is made under (see [`ConversationRecord::lease`]).
     pub lease: Option<i64>,
+    /// Events for the tenant's webhooks, written to the outbox in the same transaction
+    /// (usually none: a turn's end, for a tenant with webhooks).
+    pub outbox: Vec<OutboxEvent>,
+}
+
+/// An event a tenant's webhooks are told of (docs/api.md, "Webhooks"), written to the
+/// outbox in the transaction of the change that caused it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OutboxEvent {
+    pub tenant_id: String,
+    pub conversation_id: String,
+    /// `turn.completed`, `request.created`, ...
+    pub event_type: &'static str,
+    /// The event's JSON (the body's `data`), small: ids and states, never secrets.
+    pub payload: String,
+    pub at: DateTime<Utc>,
+}
+
+/// A tenant's webhook endpoint (its secrets never printed).
+#[derive(Clone, Debug)]
+pub struct Webhook {
+    pub id: String,
+    pub tenant_id: String,
+    pub url: String,
+    pub events: Vec<String>,
+    pub description: Option<String>,
+    pub enabled: bool,
+    pub disabled_reason: Option<String>,
+    /// The signing secret (`whsec_...`), never shown but at creation and rotation.
+    pub secret: secrecy::SecretString,
+    /// The secret before the last rotation, still signing beside the new one until
+    /// `previous_secret_until` (milliseconds since the Unix epoch).
+    pub previous_secret: Option<secrecy::SecretString>,
+    pub previous_secret_until: Option<i64>,
+    /// Since when every attempt has failed (milliseconds), `None` while it answers.
+    pub failing_since: Option<i64>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// One event's delivery to one endpoint.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WebhookDelivery {
+    /// The `webhook-id` header: the same on every attempt.
+    pub id: String,
+    pub webhook_id: String,
+    pub tenant_id: String,
+    pub conversation_id: String,
+    /// The event's place in the outbox: a conversation's deliveries go out in its order.
+    pub event_seq: i64,
+    pub event_type: String,
+    pub payload: String,
+    /// `pending`, `succeeded` or `failed`.
+    pub status: String,
+    pub attempts: u32,
+    pub next_attempt_at: i64,
+    pub expires_at: i64,
+    pub last_status: Option<u16>,
+    pub last_error: Option<String>,
+    pub last_latency_ms: Option<i64>,
+    /// The last attempts, JSON: `[{"at", "status"?, "error"?, "latency_ms", "excerpt"?}]`.
+    pub attempts_log: String,
+    pub created_at: i64,
+    pub updated_at: i64,
 }
 
 /// One page of a listing.

@@ -97,7 +97,8 @@ pub enum WriteJob {
         message: crate::state_machine::MessageContent,
     },
     InsertAttachments(Vec<NewAttachment>),
-    CreateClientRequest(crate::model::ClientRequest),
+    /// A request to the client, with its webhook event (`request.created`) if any.
+    CreateClientRequest(crate::model::ClientRequest, Vec<crate::model::OutboxEvent>),
     /// Resolve a pending request; `Resolved(false)` when it was no longer pending.
     ResolveClientRequest {
         id: String,
@@ -106,7 +107,10 @@ pub enum WriteJob {
         at: DateTime<Utc>,
     },
     /// Ask the client to run one of its tools.
-    CreateClientToolCall(Box<crate::model::ClientToolCall>),
+    CreateClientToolCall(
+        Box<crate::model::ClientToolCall>,
+        Vec<crate::model::OutboxEvent>,
+    ),
     /// Resolve a pending client tool call (answered with its output and whether it is an
     /// error, expired, cancelled); `Resolved(false)` when it was no longer pending.
     ResolveClientToolCall {
@@ -171,6 +175,51 @@ pub enum WriteJob {
         name: String,
         at: DateTime<Utc>,
     },
+    /// A tenant's webhook endpoint made.
+    CreateWebhook(Box<crate::model::Webhook>),
+    /// A tenant's endpoint changed: `Resolved(whether it was there)`.
+    UpdateWebhook {
+        tenant_id: String,
+        id: String,
+        change: crate::store::WebhookChange,
+        at: i64,
+    },
+    /// A new signing secret: `Resolved(whether it was there)`.
+    RotateWebhookSecret {
+        tenant_id: String,
+        id: String,
+        secret: secrecy::SecretString,
+        previous_until: i64,
+        at: i64,
+    },
+    /// An endpoint and its deliveries removed: `Resolved(whether it was there)`.
+    DeleteWebhook {
+        tenant_id: String,
+        id: String,
+    },
+    /// Outbox rows made into deliveries: `Count(rows taken)`.
+    FanOutWebhookEvents {
+        now: i64,
+        retry_for_ms: i64,
+        limit: u64,
+    },
+    /// Due deliveries claimed for a node: `Count(claimed)`.
+    ClaimWebhookDeliveries {
+        claimed_by: String,
+        now: i64,
+        until: i64,
+        limit: u64,
+    },
+    /// An attempt's result: `Resolved(whether the claim still held)`.
+    FinishWebhookAttempt(Box<crate::store::Attempt>),
+    /// A delivery sent again: `Resolved(whether it was there)`.
+    RetryWebhookDelivery {
+        tenant_id: String,
+        webhook_id: String,
+        id: String,
+        now: i64,
+        retry_for_ms: i64,
+    },
 }
 
 /// What a write reports back.
@@ -185,6 +234,8 @@ pub enum WriteOutcome {
     Pruned(u64),
     /// The number of the first version `PutAgent` made.
     Version(u32),
+    /// Rows a webhook job took or claimed.
+    Count(u64),
 }
 
 type Reply<T> = RpcReplyPort<Result<T, StoreError>>;
@@ -611,7 +662,9 @@ async fn write(store: &Store, job: WriteJob) -> Result<WriteOutcome, StoreError>
                 .await?
         }
         WriteJob::InsertAttachments(new) => store.insert_attachments(&new).await?,
-        WriteJob::CreateClientRequest(request) => store.insert_client_request(&request).await?,
+        WriteJob::CreateClientRequest(request, outbox) => {
+            store.insert_client_request(&request, &outbox).await?
+        }
         WriteJob::ResolveClientRequest {
             id,
             status,
@@ -623,7 +676,9 @@ async fn write(store: &Store, job: WriteJob) -> Result<WriteOutcome, StoreError>
                 .await?;
             return Ok(WriteOutcome::Resolved(resolved));
         }
-        WriteJob::CreateClientToolCall(call) => store.insert_client_tool_call(&call).await?,
+        WriteJob::CreateClientToolCall(call, outbox) => {
+            store.insert_client_tool_call(&call, &outbox).await?
+        }
         WriteJob::ResolveClientToolCall {
             id,
             status,
@@ -696,6 +751,76 @@ async fn write(store: &Store, job: WriteJob) -> Result<WriteOutcome, StoreError>
         } => {
             return Ok(WriteOutcome::Resolved(
                 store.delete_agent(&tenant_id, &name, at).await?,
+            ));
+        }
+        WriteJob::CreateWebhook(hook) => store.insert_webhook(&hook).await?,
+        WriteJob::UpdateWebhook {
+            tenant_id,
+            id,
+            change,
+            at,
+        } => {
+            return Ok(WriteOutcome::Resolved(
+                store.update_webhook(&tenant_id, &id, &change, at).await?,
+            ));
+        }
+        WriteJob::RotateWebhookSecret {
+            tenant_id,
+            id,
+            secret,
+            previous_until,
+            at,
+        } => {
+            return Ok(WriteOutcome::Resolved(
+                store
+                    .rotate_webhook_secret(&tenant_id, &id, &secret, previous_until, at)
+                    .await?,
+            ));
+        }
+        WriteJob::DeleteWebhook { tenant_id, id } => {
+            return Ok(WriteOutcome::Resolved(
+                store.delete_webhook(&tenant_id, &id).await?,
+            ));
+        }
+        WriteJob::FanOutWebhookEvents {
+            now,
+            retry_for_ms,
+            limit,
+        } => {
+            return Ok(WriteOutcome::Count(
+                store
+                    .fan_out_webhook_events(now, retry_for_ms, limit)
+                    .await?,
+            ));
+        }
+        WriteJob::ClaimWebhookDeliveries {
+            claimed_by,
+            now,
+            until,
+            limit,
+        } => {
+            return Ok(WriteOutcome::Count(
+                store
+                    .claim_webhook_deliveries(&claimed_by, now, until, limit)
+                    .await?,
+            ));
+        }
+        WriteJob::FinishWebhookAttempt(attempt) => {
+            return Ok(WriteOutcome::Resolved(
+                store.finish_webhook_attempt(&attempt).await?,
+            ));
+        }
+        WriteJob::RetryWebhookDelivery {
+            tenant_id,
+            webhook_id,
+            id,
+            now,
+            retry_for_ms,
+        } => {
+            return Ok(WriteOutcome::Resolved(
+                store
+                    .retry_webhook_delivery(&tenant_id, &webhook_id, &id, now, retry_for_ms)
+                    .await?,
             ));
         }
     }
@@ -792,6 +917,7 @@ mod tests {
             next_event_id: expected_event,
             at: at(),
             lease: None,
+            outbox: Vec::new(),
         }
     }
 

@@ -31,10 +31,11 @@ pub enum Quota {
     LlmConcurrency,
     WorkspaceBytes,
     Agents,
+    Webhooks,
 }
 
 impl Quota {
-    pub const ALL: [Quota; 9] = [
+    pub const ALL: [Quota; 10] = [
         Quota::Conversations,
         Quota::ConcurrentTurns,
         Quota::ToolProcesses,
@@ -44,6 +45,7 @@ impl Quota {
         Quota::LlmConcurrency,
         Quota::WorkspaceBytes,
         Quota::Agents,
+        Quota::Webhooks,
     ];
 
     pub fn name(self) -> &'static str {
@@ -57,6 +59,7 @@ impl Quota {
             Quota::LlmConcurrency => "llm_concurrency",
             Quota::WorkspaceBytes => "workspace_bytes",
             Quota::Agents => "agents",
+            Quota::Webhooks => "webhooks",
         }
     }
 
@@ -75,6 +78,7 @@ impl Quota {
             Quota::LlmConcurrency => settings.llm_concurrency,
             Quota::WorkspaceBytes => settings.workspace_bytes,
             Quota::Agents => settings.agents,
+            Quota::Webhooks => settings.webhooks,
         }
     }
 }
@@ -97,6 +101,7 @@ fn hint(quota: Quota) -> &'static str {
         Quota::Streams => "; close a stream first",
         Quota::McpServers => "; delete an MCP server first",
         Quota::Agents => "; delete an agent first",
+        Quota::Webhooks => "; delete a webhook first",
         Quota::BackgroundTasks => "; wait for a background task to end",
         Quota::WorkspaceBytes => "; remove files from the tenant's workspace",
         Quota::ToolProcesses | Quota::LlmConcurrency => "",
@@ -389,6 +394,7 @@ impl Quotas {
                     Quota::Conversations
                     | Quota::McpServers
                     | Quota::Agents
+                    | Quota::Webhooks
                     | Quota::ToolProcesses
                     | Quota::LlmConcurrency => None,
                 },
@@ -646,6 +652,7 @@ mod tests {
             streams: 1,
             mcp_servers: 1,
             agents: 1,
+            webhooks: 1,
             llm_concurrency: 1,
             workspace_bytes: u64::MAX,
             measure_every_ms: 1000,

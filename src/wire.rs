@@ -820,6 +820,129 @@ pub struct McpServerList<'a> {
     pub servers: Vec<McpServerView<'a>>,
 }
 
+/// `POST /v1/webhooks`. *Extension.*
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewWebhook {
+    /// Where events are POSTed: http:// or https://, no user name or password, under the
+    /// node's egress policy (no internal address unless the operator allows it).
+    #[schema(max_length = 2048)]
+    pub url: String,
+    /// The events it is sent: `turn.completed`, `turn.failed`, `turn.cancelled`,
+    /// `request.created`, `conversation.context_exhausted`, `budget.exhausted`.
+    #[schema(min_items = 1, max_items = 6)]
+    pub events: Vec<String>,
+    #[schema(max_length = 256)]
+    pub description: Option<String>,
+    /// Default true.
+    pub enabled: Option<bool>,
+}
+
+/// `PATCH /v1/webhooks/{id}`: the fields given change. *Extension.*
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookPatch {
+    #[schema(max_length = 2048)]
+    pub url: Option<String>,
+    #[schema(min_items = 1, max_items = 6)]
+    pub events: Option<Vec<String>>,
+    /// `""` removes it.
+    #[schema(max_length = 256)]
+    pub description: Option<String>,
+    /// `true` enables it again (a disabled endpoint's failures are forgotten).
+    pub enabled: Option<bool>,
+}
+
+/// A webhook endpoint as shown: never its secret but when it is made or rotated.
+/// *Extension.*
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WebhookView {
+    pub id: String,
+    pub url: String,
+    pub events: Vec<String>,
+    pub description: Option<String>,
+    pub enabled: bool,
+    /// Why it was disabled (by its owner, or after failing for too long).
+    pub disabled_reason: Option<String>,
+    /// Since when every attempt has failed (RFC 3339), while it does.
+    pub failing_since: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+    /// The signing secret (`whsec_...`): only in the answers to its creation and to
+    /// `rotate_secret`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+}
+
+/// `GET /v1/webhooks`. *Extension.*
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WebhookList {
+    pub webhooks: Vec<WebhookView>,
+}
+
+/// `GET /v1/webhooks/{id}/deliveries`. *Extension.*
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DeliveriesQuery {
+    /// `pending`, `succeeded` or `failed`.
+    #[param(pattern = "^(pending|succeeded|failed)$")]
+    pub status: Option<String>,
+    /// 1 to 200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
+    pub limit: Option<u64>,
+    /// `next_cursor` of the previous page.
+    #[param(max_length = 64)]
+    pub cursor: Option<String>,
+}
+
+/// One attempt of a delivery.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DeliveryAttempt {
+    pub at: String,
+    /// The endpoint's HTTP status, when it answered.
+    pub status: Option<u16>,
+    /// Why it failed, when it did not answer (a timeout, a connection error, a refusal
+    /// of the egress policy).
+    pub error: Option<String>,
+    pub latency_ms: i64,
+    /// The first 256 bytes of its answer.
+    pub excerpt: Option<String>,
+}
+
+/// One event's delivery to an endpoint. *Extension.*
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeliveryView {
+    /// The `webhook-id` header: the same on every attempt.
+    pub id: String,
+    pub webhook_id: String,
+    pub event_type: String,
+    pub conversation_id: String,
+    /// `pending`, `succeeded` or `failed`.
+    pub status: String,
+    pub attempts: u32,
+    /// When the next attempt is due (pending ones).
+    pub next_attempt_at: Option<String>,
+    /// Retried until then.
+    pub expires_at: String,
+    pub last_status: Option<u16>,
+    pub last_error: Option<String>,
+    pub last_latency_ms: Option<i64>,
+    /// The last attempts, oldest first (at most 10).
+    pub attempt_log: Vec<DeliveryAttempt>,
+    /// The event as sent (`data` of the body).
+    #[schema(value_type = Object)]
+    pub data: Value,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+/// `GET /v1/webhooks/{id}/deliveries`, newest first. *Extension.*
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeliveryList {
+    pub deliveries: Vec<DeliveryView>,
+    pub next_cursor: Option<String>,
+}
+
 /// `GET /v1/usage`. *Extension.*
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]

@@ -187,7 +187,7 @@ fn hooks(given: Option<HooksBody>) -> Result<Option<Hooks>, ApiError> {
             "secret is missing (an exported agent has none: secrets are never exported; give it again)",
         ));
     };
-    if !(16..=512).contains(&secret.len()) || crate::runtime::hook_key(&secret).is_none() {
+    if !(16..=512).contains(&secret.len()) || crate::webhooks::hook_key(&secret).is_none() {
         return Err(bad(
             "secret must be 16 to 512 bytes (a whsec_ secret must hold base64)",
         ));

@@ -22,6 +22,7 @@ mod queue;
 mod rate;
 mod stream;
 mod usage;
+mod webhooks;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -101,6 +102,8 @@ pub struct AppInner {
     pub mcp_sessions: mcp::Owners,
     /// MCP calls of the 2026-07-28 protocol waiting for the client's next round.
     pub mcp_rounds: mcp::Rounds,
+    /// The tenants with webhooks (an endpoint made here counts at once).
+    pub webhooks: Arc<crate::webhooks::Subscribers>,
 }
 
 #[derive(Clone, Debug)]
@@ -153,6 +156,7 @@ impl AppState {
             workspaces: runtime.tool_limits.workspaces.clone(),
             egress: runtime.egress.clone(),
             mcp_http: runtime.mcp_http.clone(),
+            webhooks: runtime.webhooks.clone(),
             cluster: runtime.cluster.clone(),
             dev_tenant,
             workspace_root,
@@ -244,7 +248,12 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(agents::export))
         .routes(routes!(agents::get, agents::change, agents::delete))
         .routes(routes!(agents::versions))
-        .routes(routes!(agents::version));
+        .routes(routes!(agents::version))
+        .routes(routes!(webhooks::create, webhooks::list))
+        .routes(routes!(webhooks::get, webhooks::update, webhooks::delete))
+        .routes(routes!(webhooks::rotate_secret))
+        .routes(routes!(webhooks::deliveries))
+        .routes(routes!(webhooks::retry));
     OpenApiRouter::with_openapi(openapi::Document::openapi())
         .nest("/v1", v1)
         .routes(routes!(ops::healthz))

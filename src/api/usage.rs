@@ -99,6 +99,7 @@ async fn quotas(
         app.store.mcp_server_count(tenant_id).await?,
     );
     held.insert(Quota::Agents, app.store.agent_count(tenant_id).await?);
+    held.insert(Quota::Webhooks, app.store.webhook_count(tenant_id).await?);
     held.insert(
         Quota::ConcurrentTurns,
         app.conversations.running_turns(tenant_id, None),

@@ -238,6 +238,7 @@ mod tests {
             next_event_id: 1,
             at: at(),
             lease: None,
+            outbox: Vec::new(),
         });
         if let Ok(mut messages) = store.messages.lock() {
             messages.extend(commit.messages.iter().cloned());

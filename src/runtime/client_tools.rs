@@ -39,6 +39,7 @@ pub enum ToolResultError {
 /// What a client tool's call needs of its tool run.
 pub(super) struct Asking<'a> {
     pub handles: &'a Arc<Handles>,
+    pub tenant_id: &'a str,
     /// The conversation: its frames are stored through it.
     pub conversation: &'a ractor::ActorRef<super::messages::ConvMsg>,
     pub conversation_id: &'a str,
@@ -169,15 +170,34 @@ async fn ask<'a>(
     if run.cancel.is_cancelled() {
         return Err(failed("the client tool call was cancelled"));
     }
+    // The tenant's webhooks are told in the call's own transaction.
+    let outbox = if handles.webhooks.has(run.tenant_id) {
+        vec![crate::webhooks::request_created(
+            run.tenant_id,
+            run.conversation_id,
+            &call.id,
+            "client_tool",
+            &call.tool_use_id,
+            now,
+        )]
+    } else {
+        Vec::new()
+    };
     let (rx, waiter) = handles.requests.wait_for(&call.id);
     if let Err(e) = handles
         .persistence
-        .write(WriteJob::CreateClientToolCall(Box::new(call.clone())))
+        .write(WriteJob::CreateClientToolCall(
+            Box::new(call.clone()),
+            outbox,
+        ))
         .await
     {
         return Err(failed(format!(
             "the client tool call could not be stored: {e}"
         )));
+    }
+    if handles.webhooks.has(run.tenant_id) {
+        handles.webhooks.wake();
     }
     // A cancel that came while the call was stored found no call to cancel: it is
     // cancelled here (a conversation that stops for a shutdown leaves it for the restart).

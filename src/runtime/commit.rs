@@ -12,7 +12,7 @@ use crate::model::{
     ConversationCommit, ConversationRecord, EventRecord, MessageRecord, StoredFrame, UsageTotals,
 };
 use crate::notice::{Encode, Keyed, Notice};
-use crate::state_machine::{ConvState, Effect, MessageContent, TransitionResult, Usage};
+use crate::state_machine::{ConvState, Effect, MessageContent, TransitionResult, TurnEnd, Usage};
 
 /// What a transition writes, and what is done after the commit.
 #[derive(Debug)]
@@ -24,6 +24,8 @@ pub struct Plan {
     pub frames: Vec<Arc<Frame>>,
     /// Effects to carry out after the commit.
     pub dispatch: Vec<Effect>,
+    /// The turns the transitions ended (what the tenant's webhooks are told).
+    pub ended: Vec<TurnEnd>,
 }
 
 /// What a plan numbers from: a conversation as stored, or as it will be once the commits
@@ -90,6 +92,7 @@ impl Plan {
                     next_event_id: second.next_event_id,
                     at: second.at,
                     lease: first.lease,
+                    outbox: [first.outbox, second.outbox].concat(),
                 }))
             }
             (first, second) => first.or(second),
@@ -98,12 +101,43 @@ impl Plan {
         frames.extend(next.frames);
         let mut dispatch = self.dispatch;
         dispatch.extend(next.dispatch);
+        let mut ended = self.ended;
+        ended.extend(next.ended);
         Plan {
             commit,
             frames,
             dispatch,
+            ended,
         }
     }
+}
+
+/// The events of the turns `plan` ends, written with its commit (the outbox), for a
+/// top-level conversation of a tenant with webhooks. Whether there were any.
+pub fn tell_webhooks(
+    webhooks: &crate::webhooks::Subscribers,
+    record: &ConversationRecord,
+    plan: &mut Plan,
+    at: DateTime<Utc>,
+) -> bool {
+    if plan.ended.is_empty() || record.parent_id.is_some() || !webhooks.has(&record.tenant_id) {
+        return false;
+    }
+    let Some(commit) = plan.commit.as_mut() else {
+        return false;
+    };
+    let commit = Arc::make_mut(commit);
+    let event_id = commit.next_event_id - 1;
+    for end in &plan.ended {
+        commit.outbox.extend(crate::webhooks::turn_events(
+            &record.tenant_id,
+            &record.id,
+            end,
+            event_id,
+            at,
+        ));
+    }
+    !commit.outbox.is_empty()
 }
 
 /// Numbers the effects of `result` from `base`'s counters.
@@ -217,12 +251,14 @@ pub fn plan<'a>(
                     next_event_id: next_event,
                     at,
                     lease: conv.lease,
+                    outbox: Vec::new(),
                 })
             });
     Plan {
         commit,
         frames,
         dispatch,
+        ended: result.ended.into_iter().collect(),
     }
 }
 
@@ -318,10 +354,12 @@ pub fn plan_frames(
                 next_event_id: next_event,
                 at,
                 lease: conv.lease,
+                outbox: Vec::new(),
             })
         }),
         frames,
         dispatch: Vec::new(),
+        ended: Vec::new(),
     }
 }
 

@@ -612,6 +612,7 @@ async fn store_and_dispatch(
     if !starting_blocked(state) {
         plan = continue_ahead(state, plan, at);
     }
+    let told = commit::tell_webhooks(&state.handles.webhooks, &state.record, &mut plan, at);
     if let Some(commit) = &plan.commit
         && let Err(error) = store(state, commit, how).await
     {
@@ -619,6 +620,9 @@ async fn store_and_dispatch(
             state.turn = replaced; // the turn did not start
         }
         return Err(error);
+    }
+    if told {
+        state.handles.webhooks.wake();
     }
     for frame in &plan.frames {
         state.handles.hub.publish(&state.record.id, frame.clone());

@@ -10,12 +10,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::Engine as _;
-use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
 
 use crate::model::{AgentRef, HookFailure, PreToolUseHook};
 use crate::state_machine::{ConvContext, ToolUse};
+use crate::webhooks::{hook_key, signature};
 
 /// The most of a hook's answer that is read.
 const MAX_ANSWER_BYTES: usize = 64 * 1024;
@@ -42,32 +41,6 @@ pub enum Verdict {
         approval: Option<bool>,
         input: Option<Value>,
     },
-}
-
-/// The HMAC key of a hook's secret: a Standard Webhooks `whsec_` secret's base64 (at least
-/// 16 bytes of key), or the secret's bytes. `None` for a `whsec_` secret that is not base64
-/// or holds less.
-pub fn hook_key(secret: &str) -> Option<Vec<u8>> {
-    match secret.strip_prefix("whsec_") {
-        Some(encoded) => base64::engine::general_purpose::STANDARD
-            .decode(encoded)
-            .ok()
-            .filter(|key| key.len() >= 16),
-        None => Some(secret.as_bytes().to_vec()),
-    }
-}
-
-/// The `webhook-signature` of `body` sent as message `id` at `timestamp` (seconds).
-pub fn signature(key: &[u8], id: &str, timestamp: i64, body: &[u8]) -> String {
-    let Ok(mut mac) = Hmac::<sha2::Sha256>::new_from_slice(key) else {
-        return String::new();
-    };
-    mac.update(format!("{id}.{timestamp}.").as_bytes());
-    mac.update(body);
-    format!(
-        "v1,{}",
-        base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
-    )
 }
 
 /// Asks the hook about `tool` of `conversation_id`. Returns the verdict and what is
@@ -225,23 +198,6 @@ fn verdict(answer: &[u8]) -> Result<Verdict, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The signature of Standard Webhooks' own example (its specification's test vector).
-    #[test]
-    fn signatures_are_standard_webhooks() {
-        let key = hook_key("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").expect("a key");
-        let body = br#"{"test": 2432232314}"#;
-        assert_eq!(
-            signature(&key, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body),
-            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
-        );
-        assert_eq!(hook_key("whsec_!!"), None);
-        assert_eq!(hook_key("whsec_c2hvcnQ="), None);
-        assert_eq!(
-            hook_key("plain-secret-16b"),
-            Some(b"plain-secret-16b".to_vec())
-        );
-    }
 
     #[test]
     fn answers_are_read_strictly() {

@@ -44,7 +44,6 @@ pub use background::{BackgroundTasks, TaskSpec};
 pub use cancel::{CancelOutcome, CancelSlot};
 pub use client_tools::ToolResultError;
 pub use commit::{Plan, apply as apply_commit, plan as plan_commit, plan_frames};
-pub use hooks::{hook_key, signature as hook_signature};
 pub use messages::{Accepted, SendError};
 pub use recovery::RecoveryReport;
 use recovery::recover;
@@ -114,6 +113,8 @@ pub(crate) struct Handles {
     /// This node of a cluster (Postgres); `None`: the only node.
     pub(crate) cluster: Option<Arc<crate::node::Cluster>>,
     pub(crate) lifecycle: Lifecycle,
+    /// The tenants with webhooks: their conversations write events with their commits.
+    pub(crate) webhooks: Arc<crate::webhooks::Subscribers>,
 }
 
 impl Handles {
@@ -260,6 +261,8 @@ pub struct Runtime {
     /// This node of a cluster (Postgres); `None`: the only node.
     pub cluster: Option<Arc<crate::node::Cluster>>,
     pub lifecycle: Lifecycle,
+    /// The tenants with webhooks (the API adds one at once when it makes an endpoint).
+    pub webhooks: Arc<crate::webhooks::Subscribers>,
     root: ActorRef<()>,
 }
 
@@ -363,6 +366,8 @@ impl Runtime {
         };
         let persistence = Persistence::new(persistence, write_timeout);
         let background = Arc::new(BackgroundTasks::default());
+        // Before recovery: the turns it ends are told to the tenants' webhooks.
+        let webhooks = Arc::new(crate::webhooks::Subscribers::load(&store).await?);
         let handles = Arc::new(Handles {
             settings: settings.clone(),
             store: store.clone(),
@@ -380,9 +385,22 @@ impl Runtime {
             mcp_http: mcp_http.clone(),
             cluster: cluster.clone(),
             lifecycle: lifecycle.clone(),
+            webhooks: webhooks.clone(),
         });
         let report = recover(&handles).await?;
         retention::start(&settings, &persistence, &lifecycle);
+        crate::webhooks::Dispatcher {
+            store: store.clone(),
+            persistence: persistence.clone(),
+            egress: egress.clone(),
+            settings: settings.webhooks.clone(),
+            subscribers: webhooks.clone(),
+            metrics: metrics.clone(),
+            node: cluster
+                .as_ref()
+                .map_or_else(|| "local".to_owned(), |node| node.node_id.clone()),
+        }
+        .start(lifecycle.shutdown.clone())?;
         let runtime = Runtime {
             settings,
             store,
@@ -397,6 +415,7 @@ impl Runtime {
             mcp_http,
             cluster,
             lifecycle,
+            webhooks,
             root,
         };
         Ok((runtime, report))

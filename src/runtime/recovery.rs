@@ -87,14 +87,16 @@ pub(super) async fn repair(
     ) else {
         return Ok(None);
     };
-    let plan = commit::plan(
+    let at = Utc::now();
+    let mut plan = commit::plan(
         &*handles.format,
         &*record,
         result,
         ctx.context_window,
-        Utc::now(),
+        at,
         None,
     );
+    let told = commit::tell_webhooks(&handles.webhooks, record, &mut plan, at);
     let Some(commit) = plan.commit else {
         return Ok(None);
     };
@@ -104,6 +106,9 @@ pub(super) async fn repair(
         .filter(|m| matches!(m.content, MessageContent::Tool(_)))
         .count() as u64;
     handles.persistence.commit(commit.clone()).await?;
+    if told {
+        handles.webhooks.wake();
+    }
     commit::apply(record, &commit);
     // Clients may be watching already (a conversation taken over from a dead node).
     for frame in &plan.frames {

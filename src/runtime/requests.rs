@@ -161,6 +161,7 @@ impl RequestBroker {
     pub(crate) async fn ask(
         &self,
         handles: &Arc<Handles>,
+        tenant_id: &str,
         conversation_id: &str,
         conversation: &ActorRef<ConvMsg>,
         tool_use_id: Option<String>,
@@ -174,6 +175,25 @@ impl RequestBroker {
         // Whoever chose it (a model may ask for any), a request waits at most this long.
         let timeout = timeout.min(handles.settings.requests.max_timeout());
         let (timeout_ms, expires_at) = expiry(now, timeout);
+        // The tenant's webhooks are told in the request's own transaction.
+        let outbox = if handles.webhooks.has(tenant_id) {
+            let kind = match &request_type {
+                RequestType::Confirm { .. } => "confirm",
+                RequestType::Prompt { .. } => "prompt",
+                RequestType::Select { .. } => "select",
+                RequestType::Custom { .. } => "custom",
+            };
+            vec![crate::webhooks::request_created(
+                tenant_id,
+                conversation_id,
+                &id,
+                kind,
+                tool_use_id.as_deref().unwrap_or_default(),
+                now,
+            )]
+        } else {
+            Vec::new()
+        };
         let request = ClientRequest {
             id: id.clone(),
             conversation_id: conversation_id.to_owned(),
@@ -187,13 +207,16 @@ impl RequestBroker {
         };
         if let Err(e) = handles
             .persistence
-            .write(WriteJob::CreateClientRequest(request))
+            .write(WriteJob::CreateClientRequest(request, outbox))
             .await
         {
             return (
                 id,
                 Asked::Failed(format!("the request could not be stored: {e}")),
             );
+        }
+        if handles.webhooks.has(tenant_id) {
+            handles.webhooks.wake();
         }
         let (rx, _waiter) = self.wait_for(&id);
         let mut frames = vec![Keyed::from(Durable::ClientRequest {

@@ -95,6 +95,7 @@ pub struct Run {
 fn asking(run: &Run) -> super::client_tools::Asking<'_> {
     super::client_tools::Asking {
         handles: &run.handles,
+        tenant_id: &run.tenant_id,
         conversation: &run.conversation,
         conversation_id: &run.conversation_id,
         tool: &run.tool,
@@ -319,6 +320,7 @@ async fn approve(run: &Run) -> Result<(), ToolOutcome> {
         .requests
         .ask(
             handles,
+            &run.tenant_id,
             &run.conversation_id,
             &run.conversation,
             Some(tool.id.clone()),
@@ -430,6 +432,7 @@ async fn ask_user(run: &Run, question: &Question) -> ToolOutcome {
         .requests
         .ask(
             handles,
+            &run.tenant_id,
             &run.conversation_id,
             &run.conversation,
             Some(run.tool.id.clone()),

@@ -45,5 +45,6 @@ pub use state::{
 pub use transition::{
     CANCELLED_BY_USER, GRACE_SKIPPED, InvalidTransition, RETRY_AFTER_CAP_MS, RETRY_BASE_DELAY_MS,
     RETRY_DELAY_CAP_MS, Rejection, SKIPPED_BY_CANCEL, SPAWN_SUB_AGENTS, SUBMIT_REMINDER,
-    SUBMIT_RESULT, SUMMARY_REQUEST, TransitionResult, retry_delay_ms, transition,
+    SUBMIT_RESULT, SUMMARY_REQUEST, TransitionResult, TurnEnd, TurnOutcome, retry_delay_ms,
+    transition,
 };

@@ -239,7 +239,7 @@ fn check(
     effects: Vec<Effect>,
 ) {
     let got = transition(&state, ctx, event).expect("the transition is valid");
-    assert_eq!(got, TransitionResult { new_state, effects });
+    assert_eq!((got.new_state, got.effects), (new_state, effects));
 }
 
 #[track_caller]
@@ -3204,4 +3204,151 @@ fn the_waiting_messages_are_bounded_in_bytes() {
         ),
         Err(InvalidTransition::Rejected(Rejection::QueueFull))
     );
+}
+
+/// The turn's end, as a transition reports it (issue 39, webhooks): `None` while the turn
+/// goes on.
+#[track_caller]
+fn ended(state: ConvState, ctx: &ConvContext, event: Event) -> Option<TurnOutcome> {
+    let got = transition(&state, ctx, event).expect("the transition is valid");
+    got.ended.map(|end| {
+        assert_eq!(end.turn, tid("t1"));
+        end.outcome
+    })
+}
+
+#[test]
+fn matrix_every_turn_end_is_reported_once_with_its_outcome() {
+    // At rest after the answer: completed.
+    assert_eq!(
+        ended(
+            requesting(1, 0, 1),
+            &ctx(),
+            Event::LlmResponse {
+                request: tag(1, 1),
+                reply: reply(Some("hello"), vec![], true),
+            },
+        ),
+        Some(TurnOutcome::Completed)
+    );
+    // A step that goes on (tools, the next LLM step) ends nothing.
+    assert_eq!(
+        ended(
+            requesting(1, 0, 1),
+            &ctx(),
+            Event::LlmResponse {
+                request: tag(1, 1),
+                reply: reply(None, vec![bash("a")], false),
+            },
+        ),
+        None
+    );
+    assert_eq!(
+        ended(
+            executing(bash("a"), vec![], 0),
+            &ctx(),
+            complete("a", true, "ok")
+        ),
+        None
+    );
+    // An error: failed, with its kind and message (a spent budget among them).
+    assert_eq!(
+        ended(
+            requesting(1, 0, 1),
+            &ctx(),
+            Event::LlmError {
+                request: tag(1, 1),
+                error: failure(ErrorKind::Budget),
+            },
+        ),
+        Some(TurnOutcome::Failed {
+            error_kind: ErrorKind::Budget,
+            message: "The token budget is spent; no LLM request was sent: boom".into(),
+        })
+    );
+    // A cancel while tools run: cancelled at once.
+    assert_eq!(
+        ended(executing(bash("a"), vec![], 0), &ctx(), Event::UserCancel),
+        Some(TurnOutcome::Cancelled)
+    );
+    // A cancel of an LLM request ends the turn when the abort is confirmed, not before.
+    assert_eq!(ended(requesting(1, 0, 1), &ctx(), Event::UserCancel), None);
+    assert_eq!(
+        ended(
+            ConvState::Cancelling { turn: turn(1, 0) },
+            &ctx(),
+            Event::LlmAborted { request: tag(1, 1) },
+        ),
+        Some(TurnOutcome::Cancelled)
+    );
+    // An interrupting message replaces the running turn: that one was cancelled.
+    assert_eq!(
+        ended(
+            executing(bash("a"), vec![], 0),
+            &ctx(),
+            Event::UserMessage {
+                turn: tid("t2"),
+                text: "instead".into(),
+                images: vec![],
+                if_busy: IfBusy::Interrupt {
+                    running: Some(tid("t1")),
+                },
+            },
+        ),
+        Some(TurnOutcome::Cancelled)
+    );
+    // A restart that stops the turn: cancelled too.
+    assert_eq!(
+        ended(
+            executing(bash("a"), vec![], 0),
+            &ctx(),
+            Event::Interrupted(Interruption::Restart),
+        ),
+        Some(TurnOutcome::Cancelled)
+    );
+    // The summary that exhausts the context.
+    assert_eq!(
+        ended(
+            summarizing(2),
+            &continuing(),
+            Event::LlmResponse {
+                request: tag(2, 1),
+                reply: reply(Some("We fixed the parser."), vec![], true),
+            },
+        ),
+        Some(TurnOutcome::ContextExhausted)
+    );
+    // At rest nothing ends; a message starts a turn and ends none.
+    assert_eq!(ended(ConvState::Idle, &ctx(), Event::UserCancel), None);
+    assert_eq!(ended(ConvState::Idle, &ctx(), user_message("hi")), None);
+}
+
+#[test]
+fn matrix_a_turn_followed_by_a_waiting_message_is_reported_completed() {
+    let mut running = turn(1, 0);
+    running.queued.push(Queued {
+        id: tid("t2"),
+        text: "next".into(),
+        images: vec![],
+    });
+    let got = transition(
+        &ConvState::LlmRequesting {
+            turn: running,
+            attempt: 1,
+        },
+        &ctx(),
+        Event::LlmResponse {
+            request: tag(1, 1),
+            reply: reply(Some("hello"), vec![], true),
+        },
+    )
+    .expect("valid");
+    assert_eq!(
+        got.ended,
+        Some(TurnEnd {
+            turn: tid("t1"),
+            outcome: TurnOutcome::Completed
+        })
+    );
+    assert_eq!(got.new_state.turn().map(|t| t.id.clone()), Some(tid("t2")));
 }

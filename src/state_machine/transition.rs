@@ -45,6 +45,64 @@ const CONTEXT_WARNINGS_PERMILLE: [u64; 2] = [950, 800];
 pub struct TransitionResult {
     pub new_state: ConvState,
     pub effects: Vec<Effect>,
+    /// The turn this transition ended, and how (what a tenant's webhooks are told). Set by
+    /// [`transition`] for every turn that ends: at rest, in an error, exhausted, cancelled,
+    /// or replaced by another (an interrupting message, the next waiting one).
+    pub ended: Option<TurnEnd>,
+}
+
+/// A turn that ended, and how.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TurnEnd {
+    pub turn: TurnId,
+    pub outcome: TurnOutcome,
+}
+
+/// How a turn ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TurnOutcome {
+    /// It ran to its end: the conversation is at rest, or the next waiting message's turn
+    /// took its place.
+    Completed,
+    /// It ended in the error state.
+    Failed {
+        error_kind: ErrorKind,
+        message: String,
+    },
+    /// A cancel (or an interrupting message) stopped it.
+    Cancelled,
+    /// Its context filled up: the summary is stored and the conversation takes no more
+    /// messages.
+    ContextExhausted,
+}
+
+/// The turn `before` ran that `after` no longer runs, and how it ended. `stopped`: the event
+/// was a cancel or an interrupting message.
+fn turn_end(before: &ConvState, after: &ConvState, stopped: bool) -> Option<TurnEnd> {
+    let ended = before.turn()?;
+    if after.turn().is_some_and(|turn| turn.id == ended.id) {
+        return None;
+    }
+    let outcome = if let ConvState::Error {
+        message,
+        error_kind,
+    } = after
+    {
+        TurnOutcome::Failed {
+            error_kind: *error_kind,
+            message: message.clone(),
+        }
+    } else if matches!(after, ConvState::ContextExhausted { .. }) {
+        TurnOutcome::ContextExhausted
+    } else if stopped || matches!(before, ConvState::Cancelling { .. }) {
+        TurnOutcome::Cancelled
+    } else {
+        TurnOutcome::Completed
+    };
+    Some(TurnEnd {
+        turn: ended.id.clone(),
+        outcome,
+    })
 }
 
 /// Why a user message is refused; the API maps each to a 409.
@@ -96,7 +154,19 @@ pub fn transition(
     ctx: &ConvContext,
     event: Event,
 ) -> Result<TransitionResult, InvalidTransition> {
-    decide(state, ctx, event).map(|result| carry_waiting(state, result))
+    let stopped = matches!(
+        event,
+        Event::UserCancel
+            | Event::Interrupted(_)
+            | Event::UserMessage {
+                if_busy: IfBusy::Interrupt { .. },
+                ..
+            }
+    );
+    decide(state, ctx, event).map(|mut result| {
+        result.ended = turn_end(state, &result.new_state, stopped);
+        carry_waiting(state, result)
+    })
 }
 
 /// When a turn ends (or another takes its place), what waited in it goes on: its steering
@@ -289,6 +359,7 @@ impl Effects {
         TransitionResult {
             new_state,
             effects: self.0,
+            ended: None,
         }
     }
 }
@@ -912,6 +983,7 @@ fn interrupted(
                 tool: current.clone(),
                 plan,
             }],
+            ended: None,
         });
     }
     // A user turn that has not begun (its message stored, no LLM step yet: the next of a
@@ -926,6 +998,7 @@ fn interrupted(
             effects: vec![Effect::Continue {
                 turn: turn.id.clone(),
             }],
+            ended: None,
         });
     }
     let output = why.tool_output();

@@ -5,7 +5,10 @@
 use chrono::{DateTime, Utc};
 use entity::client_tool_calls;
 use sea_orm::sea_query::Expr;
-use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
+    TransactionTrait,
+};
 
 use super::requests::stored_status;
 use super::{Result, Store, StoreError};
@@ -68,7 +71,13 @@ impl Store {
             .collect()
     }
 
-    pub(crate) async fn insert_client_tool_call(&self, call: &ClientToolCall) -> Result<()> {
+    /// Stores a call, and `outbox` (its webhook event) in the same transaction.
+    pub(crate) async fn insert_client_tool_call(
+        &self,
+        call: &ClientToolCall,
+        outbox: &[crate::model::OutboxEvent],
+    ) -> Result<()> {
+        let txn = self.writer().begin().await?;
         client_tool_calls::Entity::insert(client_tool_calls::ActiveModel {
             id: Set(call.id.clone()),
             conversation_id: Set(call.conversation_id.clone()),
@@ -84,8 +93,10 @@ impl Store {
             created_at: Set(call.created_at.to_rfc3339()),
             resolved_at: Set(None),
         })
-        .exec(self.writer())
+        .exec(&txn)
         .await?;
+        super::webhooks::insert_outbox(self, &txn, outbox).await?;
+        txn.commit().await?;
         Ok(())
     }
 

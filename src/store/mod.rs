@@ -19,6 +19,7 @@ mod quotas;
 mod requests;
 mod sqlite;
 mod tenant_rows;
+mod webhooks;
 
 use conversation_rows::{conversation, conversation_row};
 
@@ -42,6 +43,7 @@ pub use error::StoreError;
 pub use limits::{BudgetState, ModelUsage, Reservation, TenantLimits, UsageRecord, period_of};
 pub use mcp::McpServer;
 pub(crate) use sqlite::Durable;
+pub use webhooks::{ATTEMPTS_KEPT, Attempt, WebhookChange};
 
 use crate::model::{ConversationCommit, NewConversation, StoredFrame};
 
@@ -715,6 +717,7 @@ mod tests {
             next_event_id: seq + 1,
             at: at(),
             lease: None,
+            outbox: Vec::new(),
         })
     }
 

@@ -28,23 +28,64 @@ const COMMIT: &str = "SELECT bedrock_commit($1::json, $2::json, $3::json)";
 /// The SQLSTATE `bedrock_commit` raises when a guarded update finds nothing to change.
 pub(super) const GUARD_FAILED: &str = "BR409";
 
-/// [`COMMIT`] and the usage of LLM responses in one statement (one round trip, one
+/// The usage of LLM responses, beside [`COMMIT`] in one statement (one round trip, one
 /// transaction): the day's usage rows, then the budgets' spend in place of their
 /// reservations. Rows are summed per key first (one statement may not change a row twice).
-const COMMIT_WITH_USAGE: &str = "WITH c AS (SELECT bedrock_commit($1::json, $2::json, $3::json) AS done), \
-     u AS (INSERT INTO usage_daily (tenant_id, model, day, input_tokens, output_tokens) \
+const USAGE: &str = "u AS (INSERT INTO usage_daily (tenant_id, model, day, input_tokens, output_tokens) \
        SELECT tenant_id, model, day, input_tokens, output_tokens FROM \
-       json_to_recordset($4::json) AS x(tenant_id text, model text, day text, input_tokens bigint, output_tokens bigint) \
+       json_to_recordset($U1::json) AS x(tenant_id text, model text, day text, input_tokens bigint, output_tokens bigint) \
        ON CONFLICT (tenant_id, day, model) DO UPDATE SET \
        input_tokens = usage_daily.input_tokens + excluded.input_tokens, \
        output_tokens = usage_daily.output_tokens + excluded.output_tokens), \
      b AS (UPDATE tenant_limits SET used = used + x.spent, \
        reserved = CASE WHEN reserved > x.held THEN reserved - x.held ELSE 0 END \
-       FROM json_to_recordset($5::json) AS x(tenant_id text, period_start text, spent bigint, held bigint) \
-       WHERE tenant_limits.tenant_id = x.tenant_id AND tenant_limits.period_start = x.period_start) \
-     SELECT done FROM c";
+       FROM json_to_recordset($U2::json) AS x(tenant_id text, period_start text, spent bigint, held bigint) \
+       WHERE tenant_limits.tenant_id = x.tenant_id AND tenant_limits.period_start = x.period_start)";
 
-/// Writes `commits` in one statement, with the usage in `usage` (if any).
+/// Webhook events beside [`COMMIT`] (issue 39): the outbox rows of the batch's commits, in
+/// the same statement, so they land with the change that caused them or not at all.
+const OUTBOX: &str = "o AS (INSERT INTO webhook_outbox (tenant_id, conversation_id, event_type, payload, created_at) \
+       SELECT tenant_id, conversation_id, event_type, payload, created_at FROM \
+       json_to_recordset($O1::json) AS x(ord bigint, tenant_id text, conversation_id text, event_type text, payload text, created_at bigint) \
+       ORDER BY ord)";
+
+/// The statement of a batch with usage, outbox rows, both or neither: four texts, each
+/// prepared once.
+fn commit_text(usage: bool, outbox: bool) -> &'static str {
+    static TEXTS: std::sync::LazyLock<[String; 4]> = std::sync::LazyLock::new(|| {
+        let text = |usage: bool, outbox: bool| {
+            if !usage && !outbox {
+                return COMMIT.to_owned();
+            }
+            let mut parts = vec![
+                "c AS (SELECT bedrock_commit($1::json, $2::json, $3::json) AS done)".to_owned(),
+            ];
+            let mut next = 4;
+            if usage {
+                parts.push(
+                    USAGE
+                        .replace("$U1", &format!("${next}"))
+                        .replace("$U2", &format!("${}", next + 1)),
+                );
+                next += 2;
+            }
+            if outbox {
+                parts.push(OUTBOX.replace("$O1", &format!("${next}")));
+            }
+            format!("WITH {} SELECT done FROM c", parts.join(", "))
+        };
+        [
+            text(false, false),
+            text(true, false),
+            text(false, true),
+            text(true, true),
+        ]
+    });
+    &TEXTS[usize::from(usage) + 2 * usize::from(outbox)]
+}
+
+/// Writes `commits` in one statement, with the usage in `usage` (if any) and the commits'
+/// outbox rows (if any).
 pub(super) async fn commit(
     db: &impl ConnectionTrait,
     commits: &[Arc<ConversationCommit>],
@@ -56,13 +97,25 @@ pub(super) async fn commit(
         Value::from(messages),
         Value::from(frames),
     ];
-    let sql = if usage.is_empty() {
-        COMMIT
-    } else {
+    if !usage.is_empty() {
         let (days, spends) = usage_documents(usage);
         values.extend([Value::from(days), Value::from(spends)]);
-        COMMIT_WITH_USAGE
-    };
+    }
+    let outbox: Vec<serde_json::Value> = commits
+        .iter()
+        .flat_map(|commit| &commit.outbox)
+        .enumerate()
+        .map(|(ord, event)| {
+            serde_json::json!({"ord": ord, "tenant_id": event.tenant_id,
+                "conversation_id": event.conversation_id, "event_type": event.event_type,
+                "payload": event.payload, "created_at": event.at.timestamp_millis()})
+        })
+        .collect();
+    let has_outbox = !outbox.is_empty();
+    if has_outbox {
+        values.push(Value::from(serde_json::Value::Array(outbox).to_string()));
+    }
+    let sql = commit_text(!usage.is_empty(), has_outbox);
     db.query_one_raw(Statement::from_sql_and_values(
         DbBackend::Postgres,
         sql,

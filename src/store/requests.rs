@@ -3,7 +3,9 @@
 use chrono::{DateTime, Utc};
 use entity::{background_tasks, client_requests};
 use sea_orm::sea_query::Expr;
-use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrder};
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, TransactionTrait,
+};
 
 use super::{Result, Store, StoreError};
 use crate::model::{BackgroundTask, ClientRequest, RequestStatus, TaskStatus};
@@ -67,7 +69,13 @@ impl Store {
             .collect()
     }
 
-    pub(crate) async fn insert_client_request(&self, request: &ClientRequest) -> Result<()> {
+    /// Stores a request, and `outbox` (its webhook event) in the same transaction.
+    pub(crate) async fn insert_client_request(
+        &self,
+        request: &ClientRequest,
+        outbox: &[crate::model::OutboxEvent],
+    ) -> Result<()> {
+        let txn = self.writer().begin().await?;
         client_requests::Entity::insert(client_requests::ActiveModel {
             id: Set(request.id.clone()),
             conversation_id: Set(request.conversation_id.clone()),
@@ -80,8 +88,10 @@ impl Store {
             created_at: Set(request.created_at),
             resolved_at: Set(None),
         })
-        .exec(self.writer())
+        .exec(&txn)
         .await?;
+        super::webhooks::insert_outbox(self, &txn, outbox).await?;
+        txn.commit().await?;
         Ok(())
     }
 

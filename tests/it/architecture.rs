@@ -338,6 +338,14 @@ fn layering_only_the_persistence_actor_writes() {
         ".delete_agent(",
         ".insert_client_tool_call(",
         ".resolve_client_tool_call(",
+        ".insert_webhook(",
+        ".update_webhook(",
+        ".rotate_webhook_secret(",
+        ".delete_webhook(",
+        ".fan_out_webhook_events(",
+        ".claim_webhook_deliveries(",
+        ".finish_webhook_attempt(",
+        ".retry_webhook_delivery(",
     ];
     let mut seen = 0;
     for path in rust_files(&src) {

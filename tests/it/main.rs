@@ -33,3 +33,4 @@ mod sandbox;
 mod stream;
 mod telemetry;
 mod tenancy;
+mod webhooks;

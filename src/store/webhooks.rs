@@ -1,0 +1,744 @@
+//! Tenants' webhook endpoints, the outbox of their events and the deliveries made of it
+//! (issue 39; migration 17). Reads are open; writes are called by the persistence actor.
+//!
+//! An event's outbox row is written with the change that caused it (the group commit, a
+//! request's row). The fan-out turns outbox rows into one delivery per subscribed endpoint
+//! and removes them, in one transaction; on Postgres one node at a time (a transaction
+//! advisory lock), so a conversation's deliveries keep the order of its events. A delivery
+//! is claimed by one node until `claimed_until` (a claim of a dead node runs out), and a
+//! conversation's next delivery to an endpoint is claimed only once the ones before it are
+//! done.
+
+use sea_orm::{ConnectionTrait, DbBackend, FromQueryResult, TransactionTrait, Value};
+use secrecy::ExposeSecret as _;
+
+use super::{Result, Store};
+use crate::model::{OutboxEvent, Webhook, WebhookDelivery};
+
+/// The transaction advisory lock of the fan-out on Postgres.
+const FAN_OUT_LOCK: i64 = 0x6265_6472_6f63_6b39; // "bedrock9"
+
+/// The attempts a delivery keeps in its log.
+pub const ATTEMPTS_KEPT: usize = 10;
+
+/// What an endpoint's owner may change.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WebhookChange {
+    pub url: Option<String>,
+    pub events: Option<Vec<String>>,
+    pub description: Option<Option<String>>,
+    /// `Some(true)` enables it again (and forgets its failures), `Some(false)` disables it.
+    pub enabled: Option<bool>,
+}
+
+/// One attempt's result, as the dispatcher saw it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Attempt {
+    pub delivery_id: String,
+    pub webhook_id: String,
+    /// The claim it was made under: a claim that ran out (and was taken) writes nothing.
+    pub claimed_by: String,
+    pub at: i64,
+    /// The HTTP status, if the endpoint answered.
+    pub status: Option<u16>,
+    pub error: Option<String>,
+    pub latency_ms: i64,
+    /// The first bytes of the answer's body.
+    pub excerpt: Option<String>,
+    /// Delivered (a 2xx).
+    pub succeeded: bool,
+    /// When to try again; `None`: no more (expired).
+    pub retry_at: Option<i64>,
+    /// The endpoint has failed since this long ago: disable it (`Some(reason)`).
+    pub disable: Option<String>,
+}
+
+#[derive(Debug, FromQueryResult)]
+struct WebhookRow {
+    id: String,
+    tenant_id: String,
+    url: String,
+    events: String,
+    description: Option<String>,
+    enabled: bool,
+    disabled_reason: Option<String>,
+    secret: String,
+    previous_secret: Option<String>,
+    previous_secret_until: Option<i64>,
+    failing_since: Option<i64>,
+    created_at: i64,
+    updated_at: i64,
+}
+
+impl From<WebhookRow> for Webhook {
+    fn from(row: WebhookRow) -> Webhook {
+        Webhook {
+            events: serde_json::from_str(&row.events).unwrap_or_default(),
+            id: row.id,
+            tenant_id: row.tenant_id,
+            url: row.url,
+            description: row.description,
+            enabled: row.enabled,
+            disabled_reason: row.disabled_reason,
+            secret: row.secret.into(),
+            previous_secret: row.previous_secret.map(Into::into),
+            previous_secret_until: row.previous_secret_until,
+            failing_since: row.failing_since,
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+        }
+    }
+}
+
+#[derive(Debug, FromQueryResult)]
+struct DeliveryRow {
+    id: String,
+    webhook_id: String,
+    tenant_id: String,
+    conversation_id: String,
+    event_seq: i64,
+    event_type: String,
+    payload: String,
+    status: String,
+    attempts: i32,
+    next_attempt_at: i64,
+    expires_at: i64,
+    last_status: Option<i32>,
+    last_error: Option<String>,
+    last_latency_ms: Option<i64>,
+    attempts_log: String,
+    created_at: i64,
+    updated_at: i64,
+}
+
+impl From<DeliveryRow> for WebhookDelivery {
+    fn from(row: DeliveryRow) -> WebhookDelivery {
+        WebhookDelivery {
+            id: row.id,
+            webhook_id: row.webhook_id,
+            tenant_id: row.tenant_id,
+            conversation_id: row.conversation_id,
+            event_seq: row.event_seq,
+            event_type: row.event_type,
+            payload: row.payload,
+            status: row.status,
+            attempts: u32::try_from(row.attempts).unwrap_or(0),
+            next_attempt_at: row.next_attempt_at,
+            expires_at: row.expires_at,
+            last_status: row.last_status.and_then(|s| u16::try_from(s).ok()),
+            last_error: row.last_error,
+            last_latency_ms: row.last_latency_ms,
+            attempts_log: row.attempts_log,
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+        }
+    }
+}
+
+const WEBHOOK_COLUMNS: &str = "id, tenant_id, url, events, description, enabled, disabled_reason, \
+     secret, previous_secret, previous_secret_until, failing_since, created_at, updated_at";
+
+const DELIVERY_COLUMNS: &str = "id, webhook_id, tenant_id, conversation_id, event_seq, event_type, \
+     payload, status, attempts, next_attempt_at, expires_at, last_status, last_error, \
+     last_latency_ms, attempts_log, created_at, updated_at";
+
+#[derive(Debug, FromQueryResult)]
+struct TenantRow {
+    tenant_id: String,
+}
+
+#[derive(Debug, FromQueryResult)]
+struct OutboxRow {
+    seq: i64,
+    tenant_id: String,
+    conversation_id: String,
+    event_type: String,
+    payload: String,
+}
+
+impl Store {
+    /// The tenant's endpoints, oldest first.
+    pub async fn webhooks(&self, tenant_id: &str) -> Result<Vec<Webhook>> {
+        let sql = format!(
+            "SELECT {WEBHOOK_COLUMNS} FROM webhooks WHERE tenant_id = $1 ORDER BY created_at, id"
+        );
+        Ok(
+            WebhookRow::find_by_statement(self.statement(&sql, vec![tenant_id.into()]))
+                .all(&self.db)
+                .await?
+                .into_iter()
+                .map(Webhook::from)
+                .collect(),
+        )
+    }
+
+    /// One endpoint of the tenant.
+    pub async fn webhook(&self, tenant_id: &str, id: &str) -> Result<Option<Webhook>> {
+        let sql =
+            format!("SELECT {WEBHOOK_COLUMNS} FROM webhooks WHERE tenant_id = $1 AND id = $2");
+        Ok(
+            WebhookRow::find_by_statement(self.statement(&sql, vec![tenant_id.into(), id.into()]))
+                .one(&self.db)
+                .await?
+                .map(Webhook::from),
+        )
+    }
+
+    /// How many endpoints the tenant has.
+    pub async fn webhook_count(&self, tenant_id: &str) -> Result<u64> {
+        self.count_of(
+            "SELECT COUNT(*) AS n FROM webhooks WHERE tenant_id = $1",
+            vec![tenant_id.into()],
+        )
+        .await
+    }
+
+    /// The tenants with at least one enabled endpoint: their conversations write events.
+    pub async fn webhook_tenants(&self) -> Result<Vec<String>> {
+        Ok(TenantRow::find_by_statement(self.statement(
+            "SELECT DISTINCT tenant_id FROM webhooks WHERE enabled = $1",
+            vec![true.into()],
+        ))
+        .all(&self.db)
+        .await?
+        .into_iter()
+        .map(|row| row.tenant_id)
+        .collect())
+    }
+
+    /// An endpoint's deliveries, newest first: up to `limit` created before `before` (a
+    /// delivery id, the page's cursor).
+    pub async fn webhook_deliveries(
+        &self,
+        tenant_id: &str,
+        webhook_id: &str,
+        status: Option<&str>,
+        before: Option<&str>,
+        limit: u64,
+    ) -> Result<Vec<WebhookDelivery>> {
+        let mut sql = format!(
+            "SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries WHERE tenant_id = $1 AND webhook_id = $2"
+        );
+        let mut values: Vec<Value> = vec![tenant_id.into(), webhook_id.into()];
+        if let Some(status) = status {
+            values.push(status.into());
+            sql.push_str(&format!(" AND status = ${}", values.len()));
+        }
+        if let Some(before) = before {
+            values.push(before.into());
+            sql.push_str(&format!(" AND id < ${}", values.len()));
+        }
+        values.push(i64::try_from(limit).unwrap_or(i64::MAX).into());
+        sql.push_str(&format!(" ORDER BY id DESC LIMIT ${}", values.len()));
+        Ok(DeliveryRow::find_by_statement(self.statement(&sql, values))
+            .all(&self.db)
+            .await?
+            .into_iter()
+            .map(WebhookDelivery::from)
+            .collect())
+    }
+
+    /// One delivery of the tenant's endpoint.
+    pub async fn webhook_delivery(
+        &self,
+        tenant_id: &str,
+        webhook_id: &str,
+        id: &str,
+    ) -> Result<Option<WebhookDelivery>> {
+        let sql = format!(
+            "SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries \
+             WHERE tenant_id = $1 AND webhook_id = $2 AND id = $3"
+        );
+        Ok(DeliveryRow::find_by_statement(
+            self.statement(&sql, vec![tenant_id.into(), webhook_id.into(), id.into()]),
+        )
+        .one(&self.db)
+        .await?
+        .map(WebhookDelivery::from))
+    }
+
+    /// The deliveries claimed by `claimed_by` (a node's claim token), with their endpoints.
+    pub async fn claimed_webhook_deliveries(
+        &self,
+        claimed_by: &str,
+    ) -> Result<Vec<(WebhookDelivery, Webhook)>> {
+        let sql = format!(
+            "SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries WHERE claimed_by = $1 AND status = 'pending' \
+             ORDER BY conversation_id, event_seq"
+        );
+        let deliveries: Vec<WebhookDelivery> =
+            DeliveryRow::find_by_statement(self.statement(&sql, vec![claimed_by.into()]))
+                .all(&self.db)
+                .await?
+                .into_iter()
+                .map(WebhookDelivery::from)
+                .collect();
+        if deliveries.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "SELECT {WEBHOOK_COLUMNS} FROM webhooks WHERE id IN \
+             (SELECT DISTINCT webhook_id FROM webhook_deliveries WHERE claimed_by = $1)"
+        );
+        let hooks: Vec<Webhook> =
+            WebhookRow::find_by_statement(self.statement(&sql, vec![claimed_by.into()]))
+                .all(&self.db)
+                .await?
+                .into_iter()
+                .map(Webhook::from)
+                .collect();
+        Ok(deliveries
+            .into_iter()
+            .filter_map(|delivery| {
+                let hook = hooks.iter().find(|h| h.id == delivery.webhook_id)?.clone();
+                Some((delivery, hook))
+            })
+            .collect())
+    }
+
+    /// How many outbox rows wait for the fan-out, and deliveries for an attempt.
+    pub async fn webhook_backlog(&self) -> Result<(u64, u64)> {
+        let outbox = self
+            .count_of("SELECT COUNT(*) AS n FROM webhook_outbox", Vec::new())
+            .await?;
+        let pending = self
+            .count_of(
+                "SELECT COUNT(*) AS n FROM webhook_deliveries WHERE status = 'pending'",
+                Vec::new(),
+            )
+            .await?;
+        Ok((outbox, pending))
+    }
+
+    pub(crate) async fn insert_webhook(&self, hook: &Webhook) -> Result<()> {
+        let sql = format!(
+            "INSERT INTO webhooks ({WEBHOOK_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+        );
+        self.writer()
+            .execute_raw(self.statement(
+                &sql,
+                vec![
+                    hook.id.clone().into(),
+                    hook.tenant_id.clone().into(),
+                    hook.url.clone().into(),
+                    serde_json::to_string(&hook.events).unwrap_or_default().into(),
+                    hook.description.clone().into(),
+                    hook.enabled.into(),
+                    hook.disabled_reason.clone().into(),
+                    hook.secret.expose_secret().into(),
+                    hook.previous_secret
+                        .as_ref()
+                        .map(|s| s.expose_secret().to_owned())
+                        .into(),
+                    hook.previous_secret_until.into(),
+                    hook.failing_since.into(),
+                    hook.created_at.into(),
+                    hook.updated_at.into(),
+                ],
+            ))
+            .await?;
+        Ok(())
+    }
+
+    /// Changes the tenant's endpoint; whether it was there. Enabling forgets its failures.
+    pub(crate) async fn update_webhook(
+        &self,
+        tenant_id: &str,
+        id: &str,
+        change: &WebhookChange,
+        at: i64,
+    ) -> Result<bool> {
+        let mut sets = vec!["updated_at = $1".to_owned()];
+        let mut values: Vec<Value> = vec![at.into()];
+        let mut set = |column: &str, value: Value, values: &mut Vec<Value>| {
+            values.push(value);
+            sets.push(format!("{column} = ${}", values.len()));
+        };
+        if let Some(url) = &change.url {
+            set("url", url.clone().into(), &mut values);
+        }
+        if let Some(events) = &change.events {
+            let text = serde_json::to_string(events).unwrap_or_default();
+            set("events", text.into(), &mut values);
+        }
+        if let Some(description) = &change.description {
+            set("description", description.clone().into(), &mut values);
+        }
+        if let Some(enabled) = change.enabled {
+            set("enabled", enabled.into(), &mut values);
+            if enabled {
+                sets.push("disabled_reason = NULL".to_owned());
+                sets.push("failing_since = NULL".to_owned());
+            } else {
+                set(
+                    "disabled_reason",
+                    "disabled by its owner".into(),
+                    &mut values,
+                );
+            }
+        }
+        values.push(tenant_id.into());
+        values.push(id.into());
+        let sql = format!(
+            "UPDATE webhooks SET {} WHERE tenant_id = ${} AND id = ${}",
+            sets.join(", "),
+            values.len() - 1,
+            values.len()
+        );
+        let done = self
+            .writer()
+            .execute_raw(self.statement(&sql, values))
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// A new signing secret; the old one signs beside it until `previous_until`.
+    pub(crate) async fn rotate_webhook_secret(
+        &self,
+        tenant_id: &str,
+        id: &str,
+        secret: &secrecy::SecretString,
+        previous_until: i64,
+        at: i64,
+    ) -> Result<bool> {
+        let done = self
+            .writer()
+            .execute_raw(self.statement(
+                "UPDATE webhooks SET previous_secret = secret, previous_secret_until = $1, \
+                 secret = $2, updated_at = $3 WHERE tenant_id = $4 AND id = $5",
+                vec![
+                    previous_until.into(),
+                    secret.expose_secret().into(),
+                    at.into(),
+                    tenant_id.into(),
+                    id.into(),
+                ],
+            ))
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Removes the tenant's endpoint and its deliveries; whether it was there.
+    pub(crate) async fn delete_webhook(&self, tenant_id: &str, id: &str) -> Result<bool> {
+        let txn = self.writer().begin().await?;
+        txn.execute_raw(self.statement(
+            "DELETE FROM webhook_deliveries WHERE tenant_id = $1 AND webhook_id = $2",
+            vec![tenant_id.into(), id.into()],
+        ))
+        .await?;
+        let done = txn
+            .execute_raw(self.statement(
+                "DELETE FROM webhooks WHERE tenant_id = $1 AND id = $2",
+                vec![tenant_id.into(), id.into()],
+            ))
+            .await?;
+        txn.commit().await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Turns up to `limit` outbox rows into deliveries, one per enabled endpoint of the
+    /// row's tenant subscribed to its event, and removes them: one transaction. Each
+    /// delivery is retried until `retry_for_ms` after `now`. Returns the rows taken (0 on
+    /// Postgres when another node is at it).
+    pub(crate) async fn fan_out_webhook_events(
+        &self,
+        now: i64,
+        retry_for_ms: i64,
+        limit: u64,
+    ) -> Result<u64> {
+        let txn = self.writer().begin().await?;
+        if self.backend() == DbBackend::Postgres {
+            let locked = txn
+                .query_one_raw(self.statement(
+                    "SELECT pg_try_advisory_xact_lock($1) AS locked",
+                    vec![FAN_OUT_LOCK.into()],
+                ))
+                .await?
+                .map(|row| row.try_get::<bool>("", "locked"))
+                .transpose()?
+                .unwrap_or(false);
+            if !locked {
+                return Ok(0);
+            }
+        }
+        let rows = OutboxRow::find_by_statement(self.statement(
+            "SELECT seq, tenant_id, conversation_id, event_type, payload FROM webhook_outbox \
+             ORDER BY seq LIMIT $1",
+            vec![i64::try_from(limit).unwrap_or(i64::MAX).into()],
+        ))
+        .all(&txn)
+        .await?;
+        let Some(last) = rows.last().map(|row| row.seq) else {
+            return Ok(0);
+        };
+        let mut tenants: Vec<&str> = rows.iter().map(|row| row.tenant_id.as_str()).collect();
+        tenants.sort_unstable();
+        tenants.dedup();
+        let placeholders: Vec<String> = (1..=tenants.len()).map(|i| format!("${i}")).collect();
+        let sql = format!(
+            "SELECT {WEBHOOK_COLUMNS} FROM webhooks WHERE enabled = ${} AND tenant_id IN ({})",
+            tenants.len() + 1,
+            placeholders.join(", ")
+        );
+        let mut values: Vec<Value> = tenants.iter().map(|t| (*t).into()).collect();
+        values.push(true.into());
+        let hooks: Vec<Webhook> = WebhookRow::find_by_statement(self.statement(&sql, values))
+            .all(&txn)
+            .await?
+            .into_iter()
+            .map(Webhook::from)
+            .collect();
+        let mut inserts: Vec<Value> = Vec::new();
+        for row in &rows {
+            for hook in hooks.iter().filter(|h| {
+                h.tenant_id == row.tenant_id && h.events.iter().any(|e| e == &row.event_type)
+            }) {
+                inserts.extend([
+                    format!("msg_{}", uuid::Uuid::now_v7().simple()).into(),
+                    hook.id.clone().into(),
+                    row.tenant_id.clone().into(),
+                    row.conversation_id.clone().into(),
+                    row.seq.into(),
+                    row.event_type.clone().into(),
+                    row.payload.clone().into(),
+                    now.into(),
+                    now.saturating_add(retry_for_ms).into(),
+                    now.into(),
+                    now.into(),
+                ]);
+            }
+        }
+        // At most 64 rows a statement (11 values each, under SQLite's 999 of old).
+        for chunk in inserts.chunks(11 * 64) {
+            let rows = chunk.len() / 11;
+            let tuples: Vec<String> = (0..rows)
+                .map(|r| {
+                    let b = r * 11;
+                    format!(
+                        "(${}, ${}, ${}, ${}, ${}, ${}, ${}, 'pending', 0, ${}, ${}, '[]', ${}, ${})",
+                        b + 1,
+                        b + 2,
+                        b + 3,
+                        b + 4,
+                        b + 5,
+                        b + 6,
+                        b + 7,
+                        b + 8,
+                        b + 9,
+                        b + 10,
+                        b + 11
+                    )
+                })
+                .collect();
+            let sql = format!(
+                "INSERT INTO webhook_deliveries (id, webhook_id, tenant_id, conversation_id, event_seq, \
+                 event_type, payload, status, attempts, next_attempt_at, expires_at, attempts_log, \
+                 created_at, updated_at) VALUES {}",
+                tuples.join(", ")
+            );
+            txn.execute_raw(self.statement(&sql, chunk.to_vec()))
+                .await?;
+        }
+        txn.execute_raw(self.statement(
+            "DELETE FROM webhook_outbox WHERE seq <= $1",
+            vec![last.into()],
+        ))
+        .await?;
+        txn.commit().await?;
+        Ok(u64::try_from(rows.len()).unwrap_or(u64::MAX))
+    }
+
+    /// Claims up to `limit` due deliveries for `claimed_by` until `until`: each one whose
+    /// endpoint is enabled, not claimed (or whose claim ran out), and the first undone one
+    /// of its conversation for its endpoint. Returns how many it claimed.
+    pub(crate) async fn claim_webhook_deliveries(
+        &self,
+        claimed_by: &str,
+        now: i64,
+        until: i64,
+        limit: u64,
+    ) -> Result<u64> {
+        let skip_locked = if self.backend() == DbBackend::Postgres {
+            " FOR UPDATE SKIP LOCKED"
+        } else {
+            ""
+        };
+        let sql = format!(
+            "UPDATE webhook_deliveries SET claimed_by = $1, claimed_until = $2 WHERE id IN (\
+               SELECT d.id FROM webhook_deliveries d \
+               WHERE d.status = 'pending' AND d.next_attempt_at <= $3 \
+                 AND (d.claimed_until IS NULL OR d.claimed_until < $4) \
+                 AND NOT EXISTS (SELECT 1 FROM webhook_deliveries e \
+                   WHERE e.status = 'pending' AND e.webhook_id = d.webhook_id \
+                     AND e.conversation_id = d.conversation_id AND e.event_seq < d.event_seq) \
+                 AND EXISTS (SELECT 1 FROM webhooks w WHERE w.id = d.webhook_id AND w.enabled = $5) \
+               ORDER BY d.next_attempt_at LIMIT $6{skip_locked})"
+        );
+        let done = self
+            .writer()
+            .execute_raw(self.statement(
+                &sql,
+                vec![
+                    claimed_by.into(),
+                    until.into(),
+                    now.into(),
+                    now.into(),
+                    true.into(),
+                    i64::try_from(limit).unwrap_or(i64::MAX).into(),
+                ],
+            ))
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Writes an attempt's result (under its claim; a claim taken by another node writes
+    /// nothing): delivered, to be retried, or failed for good; the endpoint's failures
+    /// (and, past the setting, its disabling with the reason, failing its pending
+    /// deliveries). Returns whether the claim still held.
+    pub(crate) async fn finish_webhook_attempt(&self, attempt: &Attempt) -> Result<bool> {
+        let txn = self.writer().begin().await?;
+        let log = LogRow::find_by_statement(self.statement(
+            "SELECT attempts_log FROM webhook_deliveries WHERE id = $1 AND claimed_by = $2 AND status = 'pending'",
+            vec![attempt.delivery_id.clone().into(), attempt.claimed_by.clone().into()],
+        ))
+        .one(&txn)
+        .await?;
+        let Some(log) = log else {
+            return Ok(false);
+        };
+        let mut entries: Vec<serde_json::Value> =
+            serde_json::from_str(&log.attempts_log).unwrap_or_default();
+        let mut entry = serde_json::json!({"at": attempt.at, "latency_ms": attempt.latency_ms});
+        if let Some(status) = attempt.status {
+            entry["status"] = status.into();
+        }
+        if let Some(error) = &attempt.error {
+            entry["error"] = error.clone().into();
+        }
+        if let Some(excerpt) = &attempt.excerpt {
+            entry["excerpt"] = excerpt.clone().into();
+        }
+        entries.push(entry);
+        let drop = entries.len().saturating_sub(ATTEMPTS_KEPT);
+        entries.drain(..drop);
+        let status = if attempt.succeeded {
+            "succeeded"
+        } else if attempt.retry_at.is_some() {
+            "pending"
+        } else {
+            "failed"
+        };
+        txn.execute_raw(self.statement(
+            "UPDATE webhook_deliveries SET status = $1, attempts = attempts + 1, \
+             next_attempt_at = $2, claimed_by = NULL, claimed_until = NULL, last_status = $3, \
+             last_error = $4, last_latency_ms = $5, attempts_log = $6, updated_at = $7 \
+             WHERE id = $8",
+            vec![
+                status.into(),
+                attempt.retry_at.unwrap_or(attempt.at).into(),
+                attempt.status.map(i32::from).into(),
+                attempt.error.clone().into(),
+                attempt.latency_ms.into(),
+                serde_json::Value::Array(entries).to_string().into(),
+                attempt.at.into(),
+                attempt.delivery_id.clone().into(),
+            ],
+        ))
+        .await?;
+        if attempt.succeeded {
+            txn.execute_raw(self.statement(
+                "UPDATE webhooks SET failing_since = NULL WHERE id = $1 AND failing_since IS NOT NULL",
+                vec![attempt.webhook_id.clone().into()],
+            ))
+            .await?;
+        } else {
+            txn.execute_raw(self.statement(
+                "UPDATE webhooks SET failing_since = $1 WHERE id = $2 AND failing_since IS NULL",
+                vec![attempt.at.into(), attempt.webhook_id.clone().into()],
+            ))
+            .await?;
+        }
+        if let Some(reason) = &attempt.disable {
+            txn.execute_raw(self.statement(
+                "UPDATE webhooks SET enabled = $1, disabled_reason = $2, updated_at = $3 WHERE id = $4",
+                vec![
+                    false.into(),
+                    reason.clone().into(),
+                    attempt.at.into(),
+                    attempt.webhook_id.clone().into(),
+                ],
+            ))
+            .await?;
+            txn.execute_raw(self.statement(
+                "UPDATE webhook_deliveries SET status = 'failed', claimed_by = NULL, \
+                 claimed_until = NULL, last_error = $1, updated_at = $2 \
+                 WHERE webhook_id = $3 AND status = 'pending'",
+                vec![
+                    "the endpoint was disabled".into(),
+                    attempt.at.into(),
+                    attempt.webhook_id.clone().into(),
+                ],
+            ))
+            .await?;
+        }
+        txn.commit().await?;
+        Ok(true)
+    }
+
+    /// Sends a delivery again (whatever its status): due now, retried for `retry_for_ms`
+    /// more. Whether it was there.
+    pub(crate) async fn retry_webhook_delivery(
+        &self,
+        tenant_id: &str,
+        webhook_id: &str,
+        id: &str,
+        now: i64,
+        retry_for_ms: i64,
+    ) -> Result<bool> {
+        let done = self
+            .writer()
+            .execute_raw(self.statement(
+                "UPDATE webhook_deliveries SET status = 'pending', next_attempt_at = $1, \
+                 expires_at = $2, claimed_by = NULL, claimed_until = NULL, updated_at = $3 \
+                 WHERE tenant_id = $4 AND webhook_id = $5 AND id = $6",
+                vec![
+                    now.into(),
+                    now.saturating_add(retry_for_ms).into(),
+                    now.into(),
+                    tenant_id.into(),
+                    webhook_id.into(),
+                    id.into(),
+                ],
+            ))
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+}
+
+/// Writes `events` to the outbox on `db` (a transaction of the change that caused them).
+pub(super) async fn insert_outbox(
+    store: &Store,
+    db: &impl ConnectionTrait,
+    events: &[OutboxEvent],
+) -> Result<()> {
+    for event in events {
+        db.execute_raw(store.statement(
+            "INSERT INTO webhook_outbox (tenant_id, conversation_id, event_type, payload, created_at) \
+             VALUES ($1, $2, $3, $4, $5)",
+            vec![
+                event.tenant_id.clone().into(),
+                event.conversation_id.clone().into(),
+                event.event_type.into(),
+                event.payload.clone().into(),
+                event.at.timestamp_millis().into(),
+            ],
+        ))
+        .await?;
+    }
+    Ok(())
+}
+
+#[derive(Debug, FromQueryResult)]
+struct LogRow {
+    attempts_log: String,
+}

@@ -1,0 +1,367 @@
+//! The dispatcher: one per node. It fans the outbox out into deliveries, claims due ones
+//! for this node (until `claim_ms`; a dead node's claims run out and another node takes
+//! them), sends each, and writes what came of it. All its writes go through the persistence
+//! actor. A conversation's deliveries to an endpoint go out one at a time, in the order of
+//! its events (the claim takes only the first undone one).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use secrecy::ExposeSecret as _;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
+
+use super::{Subscribers, hook_key, signature};
+use crate::config::WebhookSettings;
+use crate::metrics::Metrics;
+use crate::model::{Webhook, WebhookDelivery};
+use crate::persistence::{Persistence, WriteJob, WriteOutcome};
+use crate::store::{Attempt, Store};
+
+/// Outbox rows fanned out per write.
+const FAN_OUT_BATCH: u64 = 256;
+/// The most of an answer's body that is kept.
+const EXCERPT_BYTES: usize = 256;
+/// How often the subscribed tenants and the backlog are read again.
+const REFRESH_EVERY: Duration = Duration::from_secs(1);
+
+/// The node's dispatcher and what it needs.
+#[derive(Debug)]
+pub struct Dispatcher {
+    pub store: Store,
+    pub persistence: Persistence,
+    pub egress: crate::egress::Egress,
+    pub settings: WebhookSettings,
+    pub subscribers: Arc<Subscribers>,
+    pub metrics: Arc<Metrics>,
+    /// This node's id: claims are made as `node/process`, so a restarted node's old claims
+    /// are not taken for its own.
+    pub node: String,
+}
+
+impl Dispatcher {
+    /// Runs until `stop` fires.
+    pub fn start(self, stop: CancellationToken) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+        let timeout = Duration::from_millis(self.settings.timeout_ms);
+        let client = self.egress.client(|builder| {
+            builder
+                .timeout(timeout)
+                .connect_timeout(timeout.min(Duration::from_secs(5)))
+                .user_agent(concat!("Bedrock-Webhooks/", env!("CARGO_PKG_VERSION")))
+                .pool_idle_timeout(Duration::from_secs(30))
+        })?;
+        let claimer = format!("{}/{}", self.node, uuid::Uuid::now_v7().simple());
+        Ok(tokio::spawn(self.run(client, claimer, stop)))
+    }
+
+    async fn run(self, client: crate::egress::Client, claimer: String, stop: CancellationToken) {
+        let this = Arc::new(self);
+        let mut flights: JoinSet<()> = JoinSet::new();
+        // Deliveries in flight, and per tenant.
+        let mut flying: HashSet<String> = HashSet::new();
+        let mut per_tenant: HashMap<String, usize> = HashMap::new();
+        let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
+        let poll = Duration::from_millis(this.settings.poll_ms);
+        let mut refreshed = Instant::now();
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep(poll) => {}
+                _ = this.subscribers.woken() => {}
+                Some((id, tenant)) = done_rx.recv() => {
+                    flying.remove(&id);
+                    if let Some(n) = per_tenant.get_mut(&tenant) {
+                        *n = n.saturating_sub(1);
+                    }
+                }
+            }
+            while let Ok((id, tenant)) = done_rx.try_recv() {
+                flying.remove(&id);
+                if let Some(n) = per_tenant.get_mut(&tenant) {
+                    *n = n.saturating_sub(1);
+                }
+            }
+            while flights.try_join_next().is_some() {}
+            if refreshed.elapsed() >= REFRESH_EVERY {
+                refreshed = Instant::now();
+                this.refresh().await;
+            }
+            this.fan_out().await;
+            let free = this.settings.concurrency.saturating_sub(flying.len());
+            if free == 0 {
+                continue;
+            }
+            let now = now_ms();
+            let claimed = this
+                .persistence
+                .write(WriteJob::ClaimWebhookDeliveries {
+                    claimed_by: claimer.clone(),
+                    now,
+                    until: now.saturating_add(ms(this.settings.claim_ms)),
+                    limit: free as u64,
+                })
+                .await;
+            if let Err(e) = claimed {
+                tracing::warn!(error = %e, "webhook deliveries could not be claimed");
+                continue;
+            }
+            let mine = match this.store.claimed_webhook_deliveries(&claimer).await {
+                Ok(mine) => mine,
+                Err(e) => {
+                    tracing::warn!(error = %e, "claimed webhook deliveries could not be read");
+                    continue;
+                }
+            };
+            for (delivery, hook) in mine {
+                if flying.contains(&delivery.id) || flying.len() >= this.settings.concurrency {
+                    continue;
+                }
+                let in_flight = per_tenant.entry(delivery.tenant_id.clone()).or_default();
+                if *in_flight >= this.settings.per_tenant {
+                    continue; // still claimed: taken up when one of the tenant's ends
+                }
+                *in_flight += 1;
+                flying.insert(delivery.id.clone());
+                let (this, client, claimer, done) = (
+                    Arc::clone(&this),
+                    client.clone(),
+                    claimer.clone(),
+                    done_tx.clone(),
+                );
+                let span = tracing::info_span!("webhook delivery", tenant = %delivery.tenant_id,
+                    conversation = %delivery.conversation_id, webhook = %hook.id,
+                    event = %delivery.event_type, delivery = %delivery.id,
+                    attempt = delivery.attempts + 1);
+                flights.spawn(
+                    async move {
+                        let (id, tenant) = (delivery.id.clone(), delivery.tenant_id.clone());
+                        this.deliver(&client, &claimer, delivery, hook).await;
+                        let _ = done.send((id, tenant));
+                    }
+                    .instrument(span),
+                );
+            }
+        }
+        flights.abort_all();
+    }
+
+    /// The subscribed tenants and the backlog, read again.
+    async fn refresh(&self) {
+        match self.store.webhook_tenants().await {
+            Ok(tenants) => self.subscribers.replace(tenants),
+            Err(e) => tracing::debug!(error = %e, "webhook tenants not read"),
+        }
+        if let Ok((outbox, pending)) = self.store.webhook_backlog().await {
+            self.metrics.webhook_backlog(outbox, pending);
+        }
+    }
+
+    /// Outbox rows into deliveries, a batch at a time, until it is empty.
+    async fn fan_out(&self) {
+        loop {
+            let taken = self
+                .persistence
+                .write(WriteJob::FanOutWebhookEvents {
+                    now: now_ms(),
+                    retry_for_ms: ms(self.settings.retry_for_ms),
+                    limit: FAN_OUT_BATCH,
+                })
+                .await;
+            match taken {
+                Ok(WriteOutcome::Count(n)) if n >= FAN_OUT_BATCH => continue,
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "webhook events could not be fanned out");
+                    break;
+                }
+            }
+        }
+    }
+
+    /// One attempt of `delivery`, and its result written.
+    async fn deliver(
+        &self,
+        client: &crate::egress::Client,
+        claimer: &str,
+        delivery: WebhookDelivery,
+        hook: Webhook,
+    ) {
+        let started = Instant::now();
+        let sent = send(client, &delivery, &hook).await;
+        let latency = started.elapsed();
+        let at = now_ms();
+        let (status, error, excerpt, retryable) = match sent {
+            Sent::Answered { status, excerpt } => (Some(status), None, excerpt, true),
+            Sent::Failed(error) => (None, Some(error), None, true),
+            Sent::Refused(error) => (None, Some(error), None, false),
+        };
+        let succeeded = status.is_some_and(|s| (200..300).contains(&s));
+        let retry_at = (!succeeded && retryable)
+            .then(|| {
+                let next = at.saturating_add(retry_delay_ms(&self.settings, delivery.attempts));
+                (next <= delivery.expires_at).then_some(next)
+            })
+            .flatten();
+        let disable = (!succeeded)
+            .then(|| {
+                let since = hook.failing_since?;
+                (at.saturating_sub(since) >= ms(self.settings.disable_after_ms)).then(|| {
+                    let since = chrono::DateTime::from_timestamp_millis(since)
+                        .map(|t| t.to_rfc3339())
+                        .unwrap_or_default();
+                    let last = match (status, &error) {
+                        (Some(status), _) => format!("HTTP {status}"),
+                        (None, Some(error)) => error.clone(),
+                        (None, None) => String::new(),
+                    };
+                    format!("every attempt has failed since {since} (the last: {last})")
+                })
+            })
+            .flatten();
+        let outcome = if succeeded {
+            "delivered"
+        } else if !retryable {
+            "refused"
+        } else if retry_at.is_some() {
+            "retry"
+        } else {
+            "failed"
+        };
+        self.metrics.webhook_attempt(outcome, latency.as_secs_f64());
+        if !succeeded {
+            tracing::info!(
+                outcome,
+                ?status,
+                error = error.as_deref().unwrap_or(""),
+                "webhook attempt failed"
+            );
+        }
+        let attempt = Attempt {
+            delivery_id: delivery.id.clone(),
+            webhook_id: hook.id.clone(),
+            claimed_by: claimer.to_owned(),
+            at,
+            status,
+            error,
+            latency_ms: i64::try_from(latency.as_millis()).unwrap_or(i64::MAX),
+            excerpt,
+            succeeded,
+            retry_at,
+            disable,
+        };
+        if let Err(e) = self
+            .persistence
+            .write(WriteJob::FinishWebhookAttempt(Box::new(attempt)))
+            .await
+        {
+            // The claim runs out and the delivery is attempted again: at least once.
+            tracing::warn!(error = %e, "a webhook attempt's result could not be stored");
+        }
+    }
+}
+
+/// What an attempt came to.
+enum Sent {
+    /// The endpoint answered with this status (and the first bytes of its body).
+    Answered {
+        status: u16,
+        excerpt: Option<String>,
+    },
+    /// A timeout or a connection error: retried.
+    Failed(String),
+    /// Refused before sending (the egress policy, a URL that is not one): not retried.
+    Refused(String),
+}
+
+/// Sends `delivery` to `hook`: `{"type", "timestamp", "data"}`, signed with the endpoint's
+/// secret (and its previous one during a rotation).
+async fn send(client: &crate::egress::Client, delivery: &WebhookDelivery, hook: &Webhook) -> Sent {
+    let Ok(url) = url::Url::parse(&hook.url) else {
+        return Sent::Refused("the endpoint's URL is not a URL".into());
+    };
+    let created = chrono::DateTime::from_timestamp_millis(delivery.created_at)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let body = format!(
+        "{{\"type\":{},\"timestamp\":{},\"data\":{}}}",
+        serde_json::Value::from(delivery.event_type.as_str()),
+        serde_json::Value::from(created),
+        delivery.payload
+    );
+    let timestamp = chrono::Utc::now().timestamp();
+    let mut signatures = Vec::new();
+    for secret in std::iter::once(&hook.secret).chain(hook.previous_secret.iter().filter(|_| {
+        hook.previous_secret_until
+            .is_some_and(|until| until > now_ms())
+    })) {
+        if let Some(key) = hook_key(secret.expose_secret()) {
+            signatures.push(signature(&key, &delivery.id, timestamp, body.as_bytes()));
+        }
+    }
+    let request = client
+        .http()
+        .post(url)
+        .header("content-type", "application/json")
+        .header("webhook-id", &delivery.id)
+        .header("webhook-timestamp", timestamp.to_string())
+        .header("webhook-signature", signatures.join(" "))
+        .body(body)
+        .build();
+    let request = match request {
+        Ok(request) => request,
+        Err(e) => return Sent::Refused(format!("the request could not be made: {e}")),
+    };
+    let mut response = match client.execute(request).await {
+        Ok(response) => response,
+        Err(crate::egress::Error::Egress(e)) if e.is_refusal() => {
+            return Sent::Refused(format!("refused by the egress policy: {e}"));
+        }
+        Err(crate::egress::Error::Egress(e)) => return Sent::Failed(e.to_string()),
+        Err(crate::egress::Error::Http(e)) => {
+            if let Some(refused) = crate::egress::EgressError::find(&e).filter(|e| e.is_refusal()) {
+                return Sent::Refused(format!("refused by the egress policy: {refused}"));
+            }
+            let why = if e.is_timeout() {
+                "no answer in time".to_owned()
+            } else if e.is_connect() {
+                "the endpoint could not be reached".to_owned()
+            } else {
+                "the request failed".to_owned()
+            };
+            return Sent::Failed(why);
+        }
+    };
+    let status = response.status().as_u16();
+    let mut kept = Vec::new();
+    while kept.len() < EXCERPT_BYTES {
+        match response.chunk().await {
+            Ok(Some(chunk)) => kept.extend_from_slice(&chunk),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    kept.truncate(EXCERPT_BYTES);
+    let excerpt = (!kept.is_empty()).then(|| String::from_utf8_lossy(&kept).into_owned());
+    Sent::Answered { status, excerpt }
+}
+
+/// The delay before the retry after `attempts` failed ones: `retry_initial_ms` doubled per
+/// attempt, at most `retry_max_delay_ms`, with up to 20% jitter either way (so endpoints
+/// that fail together are not retried together).
+pub fn retry_delay_ms(settings: &WebhookSettings, attempts: u32) -> i64 {
+    let base = settings
+        .retry_initial_ms
+        .saturating_mul(1u64 << attempts.min(40))
+        .min(settings.retry_max_delay_ms);
+    let jitter = rand::random_range(0.8..1.2);
+    ms((base as f64 * jitter) as u64).max(1)
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+fn ms(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}

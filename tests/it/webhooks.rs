@@ -1,0 +1,642 @@
+//! Tenants' webhooks (issue 39; docs/api.md, "Webhooks"). The receiver is a real HTTP
+//! server on loopback (allowed by the operator's egress list) that verifies every request
+//! with the Standard Webhooks specification's own library, and fails, hangs or answers as
+//! a test tells it. On SQLite and Postgres, through the real server (and the real binary,
+//! killed with SIGKILL, for durability).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use serde_json::{Value, json};
+
+use crate::support::process::Server;
+use crate::support::{TestApp, TestDb, WAIT, eventually};
+use bedrock::testkit::{FakeLlm, Reply as Llm};
+
+const ALLOW_LOOPBACK: (&str, &str) = ("BEDROCK_EGRESS__ALLOW", r#"["127.0.0.1"]"#);
+const FAST: [(&str, &str); 4] = [
+    ALLOW_LOOPBACK,
+    ("BEDROCK_WEBHOOKS__POLL_MS", "50"),
+    ("BEDROCK_WEBHOOKS__RETRY_INITIAL_MS", "100"),
+    ("BEDROCK_WEBHOOKS__RETRY_MAX_DELAY_MS", "200"),
+];
+
+/// One request the receiver got.
+#[derive(Clone, Debug)]
+struct Got {
+    id: String,
+    body: Value,
+    /// Verified with the current secret; with the secret before the rotation.
+    verified: bool,
+    verified_old: bool,
+    signature: String,
+    /// What it answered.
+    answered: u16,
+}
+
+#[derive(Default)]
+struct Receiver {
+    got: Mutex<Vec<Got>>,
+    secret: Mutex<Option<String>>,
+    old_secret: Mutex<Option<String>>,
+    /// Answer 500 to this many requests first.
+    fail_first: AtomicUsize,
+    /// Answer 500 to everything.
+    always_fail: AtomicBool,
+    /// Do not answer the next request for a long time.
+    hang_next: AtomicBool,
+}
+
+impl Receiver {
+    fn got(&self) -> Vec<Got> {
+        self.got.lock().expect("the log").clone()
+    }
+
+    fn of_type(&self, kind: &str) -> Vec<Got> {
+        self.got()
+            .into_iter()
+            .filter(|g| g.body["type"] == kind)
+            .collect()
+    }
+}
+
+fn verifies(secret: &Option<String>, headers: &HeaderMap, body: &str) -> bool {
+    secret.as_ref().is_some_and(|secret| {
+        standardwebhooks::Webhook::new(secret)
+            .expect("a Standard Webhooks secret")
+            .verify(body.as_bytes(), headers)
+            .is_ok()
+    })
+}
+
+async fn receive(
+    State(receiver): State<Arc<Receiver>>,
+    headers: HeaderMap,
+    body: String,
+) -> axum::response::Response {
+    let secret = receiver.secret.lock().expect("the secret").clone();
+    let old = receiver.old_secret.lock().expect("the old secret").clone();
+    let hang = receiver.hang_next.swap(false, Ordering::SeqCst);
+    let fail = receiver.always_fail.load(Ordering::SeqCst)
+        || receiver
+            .fail_first
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+    let answered = if hang {
+        0
+    } else if fail {
+        500
+    } else {
+        200
+    };
+    receiver.got.lock().expect("the log").push(Got {
+        id: headers["webhook-id"]
+            .to_str()
+            .unwrap_or_default()
+            .to_owned(),
+        body: serde_json::from_str(&body).unwrap_or_default(),
+        verified: verifies(&secret, &headers, &body),
+        verified_old: verifies(&old, &headers, &body),
+        signature: headers["webhook-signature"]
+            .to_str()
+            .unwrap_or_default()
+            .to_owned(),
+        answered,
+    });
+    if hang {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+    }
+    if fail {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "not now").into_response();
+    }
+    (StatusCode::OK, "thanks").into_response()
+}
+
+async fn serve_receiver() -> (SocketAddr, Arc<Receiver>) {
+    let state = Arc::new(Receiver::default());
+    let router = axum::Router::new()
+        .route("/hook", axum::routing::post(receive))
+        .with_state(state.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let addr = listener.local_addr().expect("an address");
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    (addr, state)
+}
+
+/// Makes an endpoint for `events` and gives the receiver its secret; returns its id.
+async fn subscribe(app: &TestApp, addr: SocketAddr, receiver: &Receiver, events: Value) -> String {
+    let made = app
+        .post(
+            "/v1/webhooks",
+            json!({"url": format!("http://{addr}/hook"), "events": events, "description": "ours"}),
+        )
+        .await
+        .expect(201);
+    let secret = made["secret"].as_str().expect("the secret, once");
+    assert!(secret.starts_with("whsec_"), "{made}");
+    *receiver.secret.lock().expect("the secret") = Some(secret.to_owned());
+    made["id"].as_str().expect("an id").to_owned()
+}
+
+async fn one_turn(app: &TestApp, text: &str) -> String {
+    let id = app.conversation().await;
+    app.llm.push([Llm::text(text)]);
+    app.send(&id, "hi").await;
+    app.wait_kind(&id, "idle").await;
+    id
+}
+
+/// REQ-BED-002 told to a backend with no socket: a turn's end reaches the endpoint signed
+/// (verified by the Standard Webhooks library), is retried after failures with the same
+/// `webhook-id`, and every attempt is in the delivery's log; a retry sends it again. The
+/// secret is shown once; another tenant sees none of it.
+#[tokio::test]
+async fn webhooks_are_signed_retried_and_logged() {
+    for db in TestDb::each().await {
+        let app = TestApp::spawn_with(&db, &FAST).await;
+        let (addr, receiver) = serve_receiver().await;
+        receiver.fail_first.store(2, Ordering::SeqCst);
+        let hook = subscribe(&app, addr, &receiver, json!(["turn.completed"])).await;
+
+        let listed = app.get("/v1/webhooks").await.expect(200);
+        assert_eq!(listed["webhooks"][0]["id"], hook.as_str());
+        assert_eq!(listed["webhooks"][0]["events"], json!(["turn.completed"]));
+        assert!(listed["webhooks"][0].get("secret").is_none(), "{listed}");
+        let one = app.get(&format!("/v1/webhooks/{hook}")).await.expect(200);
+        assert!(one.get("secret").is_none(), "{one}");
+
+        let id = one_turn(&app, "hello").await;
+        let delivered = eventually("the delivery to succeed", WAIT, || async {
+            let got = receiver.of_type("turn.completed");
+            got.iter().any(|g| g.answered == 200).then_some(got)
+        })
+        .await;
+        assert_eq!(
+            delivered.len(),
+            3,
+            "two failures, then the delivery: {delivered:?}"
+        );
+        assert!(delivered.iter().all(|g| g.verified), "{delivered:?}");
+        assert!(
+            delivered.iter().all(|g| g.id == delivered[0].id),
+            "{delivered:?}"
+        );
+        let data = &delivered[0].body["data"];
+        assert_eq!(data["conversation_id"], id.as_str());
+        assert_eq!(data["state"], "idle");
+        assert!(
+            data["turn_id"].is_string() && data["event_id"].is_i64(),
+            "{data}"
+        );
+
+        let deliveries = eventually("the log to show the success", WAIT, || async {
+            let page = app
+                .get(&format!("/v1/webhooks/{hook}/deliveries"))
+                .await
+                .expect(200);
+            (page["deliveries"][0]["status"] == "succeeded").then_some(page)
+        })
+        .await;
+        let delivery = &deliveries["deliveries"][0];
+        assert_eq!(delivery["id"], delivered[0].id.as_str());
+        assert_eq!(delivery["attempts"], 3);
+        let statuses: Vec<&Value> = delivery["attempt_log"]
+            .as_array()
+            .expect("the attempts")
+            .iter()
+            .map(|a| &a["status"])
+            .collect();
+        assert_eq!(statuses, [&json!(500), &json!(500), &json!(200)]);
+        assert_eq!(delivery["attempt_log"][2]["excerpt"], "thanks");
+        assert_eq!(delivery["last_status"], 200);
+        assert!(delivery["next_attempt_at"].is_null(), "{delivery}");
+
+        // Sent again on request, with the same id.
+        let delivery_id = delivered[0].id.clone();
+        app.post(
+            &format!("/v1/webhooks/{hook}/deliveries/{delivery_id}/retry"),
+            json!({}),
+        )
+        .await
+        .expect(202);
+        eventually("the retried delivery", WAIT, || async {
+            (receiver.of_type("turn.completed").len() == 4).then_some(())
+        })
+        .await;
+
+        // Another tenant: nothing of it, 404 everywhere.
+        let b = Some(app.key_b.as_str());
+        let get = reqwest::Method::GET;
+        let listed_b = app
+            .request(get.clone(), "/v1/webhooks", b, None)
+            .await
+            .expect(200);
+        assert_eq!(listed_b["webhooks"], json!([]));
+        for (method, path) in [
+            (get.clone(), format!("/v1/webhooks/{hook}")),
+            (get.clone(), format!("/v1/webhooks/{hook}/deliveries")),
+            (reqwest::Method::DELETE, format!("/v1/webhooks/{hook}")),
+            (
+                reqwest::Method::POST,
+                format!("/v1/webhooks/{hook}/rotate_secret"),
+            ),
+            (
+                reqwest::Method::POST,
+                format!("/v1/webhooks/{hook}/deliveries/{delivery_id}/retry"),
+            ),
+        ] {
+            app.request(method, &path, b, Some(json!({})))
+                .await
+                .expect_error(404, "not_found");
+        }
+        app.request(
+            reqwest::Method::PATCH,
+            &format!("/v1/webhooks/{hook}"),
+            b,
+            Some(json!({"enabled": false})),
+        )
+        .await
+        .expect_error(404, "not_found");
+        // Tenant b's turns tell tenant a's endpoint nothing.
+        let before = receiver.got().len();
+        let conv_b = app
+            .request(
+                reqwest::Method::POST,
+                "/v1/conversations",
+                b,
+                Some(json!({})),
+            )
+            .await
+            .expect(201);
+        let conv_b = conv_b["id"].as_str().expect("an id").to_owned();
+        app.llm.push([Llm::text("b's")]);
+        app.request(
+            reqwest::Method::POST,
+            &format!("/v1/conversations/{conv_b}/messages"),
+            b,
+            Some(json!({"text": "hi"})),
+        )
+        .await
+        .expect(202);
+        eventually("b's turn to end", WAIT, || async {
+            let state = app
+                .request(get.clone(), &format!("/v1/conversations/{conv_b}"), b, None)
+                .await
+                .expect(200);
+            (state["state"]["kind"] == "idle").then_some(())
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(receiver.got().len(), before);
+
+        app.cleanup(db).await;
+    }
+}
+
+/// A request to the client (`request.created`, naming the request and the call), a
+/// cancelled turn, a failed one and a spent budget are each told, as subscribed; an
+/// unsubscribed event is not.
+#[tokio::test]
+async fn requests_cancels_failures_and_budgets_are_told() {
+    for db in TestDb::each().await {
+        let app = TestApp::spawn_with(&db, &FAST).await;
+        let (addr, receiver) = serve_receiver().await;
+        subscribe(
+            &app,
+            addr,
+            &receiver,
+            json!([
+                "request.created",
+                "turn.cancelled",
+                "turn.failed",
+                "budget.exhausted"
+            ]),
+        )
+        .await;
+        let conv = app
+            .post("/v1/conversations", json!({"require_approval": ["bash"]}))
+            .await
+            .expect(201);
+        let id = conv["id"].as_str().expect("an id").to_owned();
+        app.llm.push([Llm::bash("call_1", "echo hi")]);
+        app.send(&id, "run it").await;
+        let asked = eventually("request.created", WAIT, || async {
+            receiver.of_type("request.created").pop()
+        })
+        .await;
+        let data = &asked.body["data"];
+        assert_eq!(data["conversation_id"], id.as_str());
+        assert_eq!(data["kind"], "confirm");
+        assert_eq!(data["tool_use_id"], "call_1");
+        assert!(data["request_id"].is_string(), "{data}");
+
+        app.post(&format!("/v1/conversations/{id}/cancel"), json!({}))
+            .await
+            .expect(202);
+        let cancelled = eventually("turn.cancelled", WAIT, || async {
+            receiver.of_type("turn.cancelled").pop()
+        })
+        .await;
+        assert_eq!(cancelled.body["data"]["conversation_id"], id.as_str());
+
+        app.llm.push([Llm::status(401, "bad key")]);
+        app.send(&id, "again").await;
+        let failed = eventually("turn.failed", WAIT, || async {
+            receiver.of_type("turn.failed").pop()
+        })
+        .await;
+        assert_eq!(failed.body["data"]["state"], "error");
+        assert_eq!(failed.body["data"]["error_kind"], "auth");
+        assert!(failed.body["data"]["message"].is_string());
+        // turn.completed was not subscribed: never sent.
+        assert!(receiver.of_type("turn.completed").is_empty());
+        assert!(receiver.got().iter().all(|g| g.verified));
+        app.cleanup(db).await;
+    }
+}
+
+/// The hostile tenant's first tries: an endpoint on the node's own network (loopback in
+/// several spellings, the metadata address, a name that resolves to loopback) is refused
+/// at creation; bad URLs and events are 400s; the quota holds.
+#[tokio::test]
+async fn internal_addresses_bad_input_and_the_quota_are_refused() {
+    let db = TestDb::sqlite();
+    let app = TestApp::spawn_with(&db, &[("BEDROCK_QUOTAS__WEBHOOKS", "1")]).await;
+    for url in [
+        "http://127.0.0.1:5432/",
+        "http://127.1/",
+        "http://0x7f000001/",
+        "http://[::1]/",
+        "http://[::ffff:127.0.0.1]/",
+        "http://0.0.0.0/",
+        "http://169.254.169.254/latest/meta-data",
+        "http://10.0.0.1/",
+        "http://localhost/",
+    ] {
+        app.post(
+            "/v1/webhooks",
+            json!({"url": url, "events": ["turn.completed"]}),
+        )
+        .await
+        .expect_error(400, "egress_refused");
+    }
+    for (body, why) in [
+        (
+            json!({"url": "ftp://example.com/", "events": ["turn.completed"]}),
+            "a scheme",
+        ),
+        (
+            json!({"url": "http://user:pw@example.com/", "events": ["turn.completed"]}),
+            "credentials",
+        ),
+        (
+            json!({"url": "not a url", "events": ["turn.completed"]}),
+            "not a URL",
+        ),
+        (
+            json!({"url": "http://93.184.215.14/", "events": []}),
+            "no event",
+        ),
+        (
+            json!({"url": "http://93.184.215.14/", "events": ["turn.done"]}),
+            "an unknown event",
+        ),
+        (
+            json!({"url": "http://93.184.215.14/", "events": "turn.completed"}),
+            "events not a list",
+        ),
+        (
+            json!({"url": "http://93.184.215.14/", "events": ["turn.completed"], "description": "x".repeat(300)}),
+            "a long description",
+        ),
+        (
+            json!({"url": "http://93.184.215.14/", "events": ["turn.completed"], "secret": "mine"}),
+            "an unknown field",
+        ),
+    ] {
+        let reply = app.post("/v1/webhooks", body).await;
+        assert!(
+            reply.status == 400 || reply.status == 422,
+            "{why}: {} {}",
+            reply.status,
+            reply.body
+        );
+        assert!(
+            reply.body["error"]["code"].is_string(),
+            "{why}: {}",
+            reply.body
+        );
+    }
+    app.post(
+        "/v1/webhooks",
+        json!({"url": "http://93.184.215.14/hook", "events": ["turn.completed"]}),
+    )
+    .await
+    .expect(201);
+    app.post(
+        "/v1/webhooks",
+        json!({"url": "http://93.184.215.14/other", "events": ["turn.completed"]}),
+    )
+    .await
+    .expect_error(429, "quota_exceeded");
+    app.cleanup(db).await;
+}
+
+/// An endpoint that fails for longer than `disable_after_ms` is disabled and says why; its
+/// pending deliveries fail; enabling it again forgets its failures.
+#[tokio::test]
+async fn a_failing_endpoint_is_disabled_and_says_why() {
+    for db in TestDb::each().await {
+        let mut extra = FAST.to_vec();
+        extra.push(("BEDROCK_WEBHOOKS__DISABLE_AFTER_MS", "400"));
+        let app = TestApp::spawn_with(&db, &extra).await;
+        let (addr, receiver) = serve_receiver().await;
+        receiver.always_fail.store(true, Ordering::SeqCst);
+        let hook = subscribe(&app, addr, &receiver, json!(["turn.completed"])).await;
+        one_turn(&app, "hello").await;
+        let disabled = eventually("the endpoint to be disabled", WAIT, || async {
+            let hook = app.get(&format!("/v1/webhooks/{hook}")).await.expect(200);
+            (hook["enabled"] == false).then_some(hook)
+        })
+        .await;
+        let reason = disabled["disabled_reason"].as_str().expect("a reason");
+        assert!(
+            reason.contains("failed since") && reason.contains("HTTP 500"),
+            "{reason}"
+        );
+        assert!(disabled["failing_since"].is_string(), "{disabled}");
+        let page = app
+            .get(&format!("/v1/webhooks/{hook}/deliveries?status=failed"))
+            .await
+            .expect(200);
+        assert_eq!(
+            page["deliveries"].as_array().map(Vec::len),
+            Some(1),
+            "{page}"
+        );
+        // A disabled endpoint is sent nothing, and a retry asks to enable it first.
+        let attempts = receiver.got().len();
+        one_turn(&app, "again").await;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(receiver.got().len(), attempts);
+        let delivery = page["deliveries"][0]["id"].as_str().expect("an id");
+        app.post(
+            &format!("/v1/webhooks/{hook}/deliveries/{delivery}/retry"),
+            json!({}),
+        )
+        .await
+        .expect_error(409, "webhook_disabled");
+
+        receiver.always_fail.store(false, Ordering::SeqCst);
+        let enabled = app
+            .request(
+                reqwest::Method::PATCH,
+                &format!("/v1/webhooks/{hook}"),
+                Some(&app.key_a),
+                Some(json!({"enabled": true})),
+            )
+            .await
+            .expect(200);
+        assert_eq!(enabled["enabled"], true);
+        assert!(enabled["disabled_reason"].is_null() && enabled["failing_since"].is_null());
+        app.post(
+            &format!("/v1/webhooks/{hook}/deliveries/{delivery}/retry"),
+            json!({}),
+        )
+        .await
+        .expect(202);
+        eventually("the retried delivery to succeed", WAIT, || async {
+            receiver
+                .got()
+                .iter()
+                .any(|g| g.id == delivery && g.answered == 200)
+                .then_some(())
+        })
+        .await;
+        app.cleanup(db).await;
+    }
+}
+
+/// After a rotation the new secret is shown once, and for a while each request carries two
+/// signatures: receivers verify with either secret.
+#[tokio::test]
+async fn a_rotated_secret_signs_beside_the_old_one() {
+    let db = TestDb::sqlite();
+    let app = TestApp::spawn_with(&db, &FAST).await;
+    let (addr, receiver) = serve_receiver().await;
+    let hook = subscribe(&app, addr, &receiver, json!(["turn.completed"])).await;
+    let rotated = app
+        .post(&format!("/v1/webhooks/{hook}/rotate_secret"), json!({}))
+        .await
+        .expect(200);
+    let new = rotated["secret"]
+        .as_str()
+        .expect("the new secret")
+        .to_owned();
+    let old = receiver
+        .secret
+        .lock()
+        .expect("the secret")
+        .replace(new.clone());
+    assert_ne!(old.as_deref(), Some(new.as_str()));
+    *receiver.old_secret.lock().expect("the old secret") = old;
+    one_turn(&app, "hello").await;
+    let got = eventually("the delivery", WAIT, || async {
+        receiver.of_type("turn.completed").pop()
+    })
+    .await;
+    assert!(got.verified && got.verified_old, "{got:?}");
+    assert_eq!(got.signature.split(' ').count(), 2, "{}", got.signature);
+    app.cleanup(db).await;
+}
+
+/// Nothing acknowledged is lost: the process is killed (SIGKILL) while an attempt is in
+/// flight; after the restart the claim of the dead process runs out, the delivery is made
+/// again with the same `webhook-id`, and it succeeds exactly once.
+#[tokio::test]
+async fn a_delivery_survives_kill_9_and_succeeds_once() {
+    for db in TestDb::each().await {
+        let llm = FakeLlm::start().await;
+        let workspace = crate::support::db::temp_dir("webhook-kill");
+        let (addr, receiver) = serve_receiver().await;
+        receiver.hang_next.store(true, Ordering::SeqCst);
+        let command = || {
+            let mut cmd = crate::support::process::command(&db, &llm, &workspace);
+            cmd.env("BEDROCK_EGRESS__ALLOW", r#"["127.0.0.1"]"#)
+                .env("BEDROCK_WEBHOOKS__POLL_MS", "50")
+                .env("BEDROCK_WEBHOOKS__TIMEOUT_MS", "20000")
+                .env("BEDROCK_WEBHOOKS__CLAIM_MS", "21000")
+                .env("BEDROCK_WEBHOOKS__RETRY_INITIAL_MS", "100");
+            cmd
+        };
+        let server = Server::start_with(command());
+        let made = server
+            .post(
+                "/webhooks",
+                json!({"url": format!("http://{addr}/hook"), "events": ["turn.completed"]}),
+            )
+            .await;
+        *receiver.secret.lock().expect("the secret") =
+            Some(made["secret"].as_str().expect("a secret").to_owned());
+        let hook = made["id"].as_str().expect("an id").to_owned();
+        let conv = server.conversation().await;
+        let id = conv["id"].as_str().expect("an id").to_owned();
+        llm.push([Llm::text("hello")]);
+        server.send(&id, "hi").await;
+        let first = eventually("the first attempt (which hangs)", WAIT, || async {
+            receiver.of_type("turn.completed").pop()
+        })
+        .await;
+        server.kill_hard();
+
+        // The restarted process cannot take the dead one's claim until it runs out (its
+        // attempt may still be under way for all it knows); then it sends it again.
+        let mut cmd = command();
+        cmd.env("BEDROCK_WEBHOOKS__TIMEOUT_MS", "1000")
+            .env("BEDROCK_WEBHOOKS__CLAIM_MS", "1500");
+        let server = Server::start_with(cmd);
+        let delivered = eventually(
+            "the delivery after the restart",
+            Duration::from_secs(60),
+            || async {
+                let got = receiver.of_type("turn.completed");
+                got.iter().any(|g| g.answered == 200).then_some(got)
+            },
+        )
+        .await;
+        assert!(
+            delivered.iter().all(|g| g.id == first.id && g.verified),
+            "{delivered:?}"
+        );
+        assert_eq!(delivered.iter().filter(|g| g.answered == 200).count(), 1);
+        let page = eventually("the delivery's record", WAIT, || async {
+            let page = server.get(&format!("/webhooks/{hook}/deliveries")).await?;
+            (page["deliveries"][0]["status"] == "succeeded").then_some(page)
+        })
+        .await;
+        assert_eq!(
+            page["deliveries"].as_array().map(Vec::len),
+            Some(1),
+            "{page}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            receiver
+                .of_type("turn.completed")
+                .iter()
+                .filter(|g| g.answered == 200)
+                .count(),
+            1
+        );
+        let _ = server.terminate();
+        crate::support::process::remove_workspace(&workspace);
+        db.drop_db().await;
+    }
+}
