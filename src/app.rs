@@ -174,6 +174,12 @@ impl Application {
         let metrics = self.runtime.metrics.clone();
         let limits = crate::server::Limits::of(settings, self.max_connections);
         let router = api::router(self.state.clone());
+        // Schedules fire on every node (each firing once: src/api/schedules.rs).
+        api::schedules::Firing::start(
+            self.state.clone(),
+            api::api_router(self.state.clone()),
+            self.shutdown.clone(),
+        );
         let server = tokio::spawn(crate::server::serve(
             self.listener,
             router,

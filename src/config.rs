@@ -44,6 +44,21 @@ pub struct Settings {
     pub egress: EgressSettings,
     pub metrics: MetricsSettings,
     pub webhooks: WebhookSettings,
+    pub schedules: ScheduleSettings,
+}
+
+/// Tenants' schedules (docs/api.md, "Schedules"): how often each node looks for due
+/// firings, how long its claim on one lasts, and when a firing counts as missed.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleSettings {
+    pub poll_ms: u64,
+    /// A node's claim on a firing; one it did not finish (it died) is taken over after it.
+    pub claim_ms: u64,
+    /// A firing found more than this late (no node ran) is missed: `catch_up` decides.
+    pub late_ms: u64,
+    /// Schedules claimed at once by a node.
+    pub batch: u64,
 }
 
 /// Tenants' webhooks (docs/api.md, "Webhooks"): how their deliveries are made and retried.
@@ -448,6 +463,8 @@ pub struct QuotaSettings {
     pub agents: u64,
     /// Webhook endpoints (POST /v1/webhooks).
     pub webhooks: u64,
+    /// Schedules (POST /v1/schedules).
+    pub schedules: u64,
     /// LLM requests in flight at once, per node (its share of `llm.max_concurrency`); more
     /// wait their turn behind the tenant's own.
     pub llm_concurrency: u64,
@@ -649,6 +666,11 @@ impl Settings {
             ("quotas.mcp_servers", self.quotas.mcp_servers),
             ("quotas.agents", self.quotas.agents),
             ("quotas.webhooks", self.quotas.webhooks),
+            ("quotas.schedules", self.quotas.schedules),
+            ("schedules.poll_ms", self.schedules.poll_ms),
+            ("schedules.claim_ms", self.schedules.claim_ms),
+            ("schedules.late_ms", self.schedules.late_ms),
+            ("schedules.batch", self.schedules.batch),
             ("webhooks.poll_ms", self.webhooks.poll_ms),
             ("webhooks.timeout_ms", self.webhooks.timeout_ms),
             ("webhooks.retry_initial_ms", self.webhooks.retry_initial_ms),

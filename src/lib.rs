@@ -18,6 +18,7 @@ pub mod persistence;
 pub mod quotas;
 pub mod runtime;
 pub mod sandbox;
+pub mod schedules;
 pub mod server;
 pub mod state_machine;
 pub mod store;

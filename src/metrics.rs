@@ -45,6 +45,8 @@ pub struct Metrics {
     webhook_attempts: Counter<u64>,
     webhook_latency: Histogram<f64>,
     webhook_backlog: Gauge<u64>,
+    schedule_firings: Counter<u64>,
+    schedule_lag: Histogram<f64>,
 }
 
 impl Default for Metrics {
@@ -97,6 +99,18 @@ fn build(meter: &Meter, registry: prometheus::Registry, provider: SdkMeterProvid
                 "Webhook events waiting: in the outbox (stage=outbox) and deliveries not yet \
                  made (stage=pending)",
             )
+            .build(),
+        schedule_firings: meter
+            .u64_counter("bedrock.schedule_firings")
+            .with_description(
+                "Schedules' firings, by outcome (started, queued, skipped, missed, failed)",
+            )
+            .build(),
+        schedule_lag: meter
+            .f64_histogram("bedrock.schedule_lag")
+            .with_unit("s")
+            .with_description("From a firing's time to the start of its work")
+            .with_boundaries(second_bounds())
             .build(),
         retries: meter
             .u64_counter("bedrock.llm_retries")
@@ -255,6 +269,15 @@ impl Metrics {
             .record(outbox, &[KeyValue::new("stage", "outbox")]);
         self.webhook_backlog
             .record(pending, &[KeyValue::new("stage", "pending")]);
+    }
+
+    /// A schedule's firing: its outcome and how late its work started.
+    pub fn schedule_firing(&self, outcome: &'static str, lag_seconds: f64) {
+        self.schedule_firings
+            .add(1, &[KeyValue::new("outcome", outcome)]);
+        if outcome != "missed" {
+            self.schedule_lag.record(lag_seconds.max(0.0), &[]);
+        }
     }
 
     pub fn retry(&self) {

@@ -618,3 +618,62 @@ mod status_tests {
         assert_eq!(TaskStatus::parse(""), None);
     }
 }
+
+/// A tenant's schedule (docs/api.md, "Schedules").
+#[derive(Clone, Debug, PartialEq)]
+pub struct Schedule {
+    pub id: String,
+    pub tenant_id: String,
+    /// Each firing creates a conversation of this agent (`name` or `name@N`)...
+    pub agent: Option<String>,
+    /// ... or sends the message to this conversation.
+    pub conversation_id: Option<String>,
+    pub message: String,
+    pub cron: Option<String>,
+    pub every_ms: Option<u64>,
+    pub at_ms: Option<i64>,
+    pub timezone: String,
+    /// `skip`, `enqueue` or `interrupt`.
+    pub if_busy: String,
+    /// `none` or `one`.
+    pub catch_up: String,
+    pub enabled: bool,
+    pub next_fire_at: Option<i64>,
+    pub last_fire_at: Option<i64>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+impl Schedule {
+    /// When it fires, as the schedules module computes it.
+    pub fn when(&self) -> Option<crate::schedules::When> {
+        if let Some(expr) = &self.cron {
+            let tz = crate::schedules::time_zone(&self.timezone).ok()?;
+            return Some(crate::schedules::When::Cron {
+                expr: expr.clone(),
+                tz,
+            });
+        }
+        if let Some(ms) = self.every_ms {
+            return Some(crate::schedules::When::Every {
+                ms,
+                from: self.created_at,
+            });
+        }
+        self.at_ms.map(crate::schedules::When::At)
+    }
+}
+
+/// One firing of a schedule.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScheduleRun {
+    pub schedule_id: String,
+    pub fire_at: i64,
+    pub tenant_id: String,
+    /// `claimed` (being run), `started`, `queued`, `skipped`, `failed`.
+    pub status: String,
+    pub conversation_id: Option<String>,
+    pub outcome: Option<String>,
+    pub started_at: Option<i64>,
+    pub created_at: i64,
+}

@@ -212,6 +212,31 @@ pub enum WriteJob {
     },
     /// An attempt's result: `Resolved(whether the claim still held)`.
     FinishWebhookAttempt(Box<crate::store::Attempt>),
+    /// A tenant's schedule made.
+    CreateSchedule(Box<crate::model::Schedule>),
+    /// A schedule paused or resumed: `Resolved(whether it was there)`.
+    SetScheduleEnabled {
+        tenant_id: String,
+        id: String,
+        enabled: bool,
+        next_fire_at: Option<i64>,
+        at: i64,
+    },
+    /// A schedule and its runs removed: `Resolved(whether it was there)`.
+    DeleteSchedule {
+        tenant_id: String,
+        id: String,
+    },
+    /// Due firings claimed for a node: `Count(runs claimed)`.
+    ClaimScheduleFirings {
+        claimed_by: String,
+        now: i64,
+        until: i64,
+        late_ms: i64,
+        limit: u64,
+    },
+    /// What a run came to: `Resolved(whether the claim still held)`.
+    FinishScheduleRun(Box<crate::store::RunOutcome>),
     /// A delivery sent again: `Resolved(whether it was there)`.
     RetryWebhookDelivery {
         tenant_id: String,
@@ -808,6 +833,43 @@ async fn write(store: &Store, job: WriteJob) -> Result<WriteOutcome, StoreError>
         WriteJob::FinishWebhookAttempt(attempt) => {
             return Ok(WriteOutcome::Resolved(
                 store.finish_webhook_attempt(&attempt).await?,
+            ));
+        }
+        WriteJob::CreateSchedule(schedule) => store.insert_schedule(&schedule).await?,
+        WriteJob::SetScheduleEnabled {
+            tenant_id,
+            id,
+            enabled,
+            next_fire_at,
+            at,
+        } => {
+            return Ok(WriteOutcome::Resolved(
+                store
+                    .set_schedule_enabled(&tenant_id, &id, enabled, next_fire_at, at)
+                    .await?,
+            ));
+        }
+        WriteJob::DeleteSchedule { tenant_id, id } => {
+            return Ok(WriteOutcome::Resolved(
+                store.delete_schedule(&tenant_id, &id).await?,
+            ));
+        }
+        WriteJob::ClaimScheduleFirings {
+            claimed_by,
+            now,
+            until,
+            late_ms,
+            limit,
+        } => {
+            return Ok(WriteOutcome::Count(
+                store
+                    .claim_schedule_firings(&claimed_by, now, until, late_ms, limit)
+                    .await?,
+            ));
+        }
+        WriteJob::FinishScheduleRun(run) => {
+            return Ok(WriteOutcome::Resolved(
+                store.finish_schedule_run(&run).await?,
             ));
         }
         WriteJob::RetryWebhookDelivery {

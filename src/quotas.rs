@@ -32,10 +32,11 @@ pub enum Quota {
     WorkspaceBytes,
     Agents,
     Webhooks,
+    Schedules,
 }
 
 impl Quota {
-    pub const ALL: [Quota; 10] = [
+    pub const ALL: [Quota; 11] = [
         Quota::Conversations,
         Quota::ConcurrentTurns,
         Quota::ToolProcesses,
@@ -46,6 +47,7 @@ impl Quota {
         Quota::WorkspaceBytes,
         Quota::Agents,
         Quota::Webhooks,
+        Quota::Schedules,
     ];
 
     pub fn name(self) -> &'static str {
@@ -60,6 +62,7 @@ impl Quota {
             Quota::WorkspaceBytes => "workspace_bytes",
             Quota::Agents => "agents",
             Quota::Webhooks => "webhooks",
+            Quota::Schedules => "schedules",
         }
     }
 
@@ -79,6 +82,7 @@ impl Quota {
             Quota::WorkspaceBytes => settings.workspace_bytes,
             Quota::Agents => settings.agents,
             Quota::Webhooks => settings.webhooks,
+            Quota::Schedules => settings.schedules,
         }
     }
 }
@@ -102,6 +106,7 @@ fn hint(quota: Quota) -> &'static str {
         Quota::McpServers => "; delete an MCP server first",
         Quota::Agents => "; delete an agent first",
         Quota::Webhooks => "; delete a webhook first",
+        Quota::Schedules => "; delete a schedule first",
         Quota::BackgroundTasks => "; wait for a background task to end",
         Quota::WorkspaceBytes => "; remove files from the tenant's workspace",
         Quota::ToolProcesses | Quota::LlmConcurrency => "",
@@ -395,6 +400,7 @@ impl Quotas {
                     | Quota::McpServers
                     | Quota::Agents
                     | Quota::Webhooks
+                    | Quota::Schedules
                     | Quota::ToolProcesses
                     | Quota::LlmConcurrency => None,
                 },
@@ -653,6 +659,7 @@ mod tests {
             mcp_servers: 1,
             agents: 1,
             webhooks: 1,
+            schedules: 1,
             llm_concurrency: 1,
             workspace_bytes: u64::MAX,
             measure_every_ms: 1000,

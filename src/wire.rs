@@ -943,6 +943,96 @@ pub struct DeliveryList {
     pub next_cursor: Option<String>,
 }
 
+/// `POST /v1/schedules`: one of `agent` and `conversation_id`, one of `cron`, `every` and
+/// `at`. *Extension.*
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewSchedule {
+    /// Each firing creates a conversation of this agent (`name` or `name@N`)...
+    #[schema(max_length = 80)]
+    pub agent: Option<String>,
+    /// ... or sends the message to this conversation of the tenant.
+    #[schema(max_length = 64)]
+    pub conversation_id: Option<String>,
+    /// The user message each firing sends.
+    #[schema(min_length = 1)]
+    pub message: String,
+    /// A cron expression (five fields, or six with seconds; `@hourly`...), in `timezone`.
+    #[schema(max_length = 128)]
+    pub cron: Option<String>,
+    /// A fixed interval: `15m`, `1h`, down to `1s`.
+    #[schema(max_length = 32)]
+    pub every: Option<String>,
+    /// Once, at this time (RFC 3339).
+    #[schema(max_length = 64)]
+    pub at: Option<String>,
+    /// An IANA time zone for `cron` (default `UTC`).
+    #[schema(max_length = 64)]
+    pub timezone: Option<String>,
+    /// With `conversation_id`, when the conversation is busy: `skip` (default), `enqueue`
+    /// or `interrupt`.
+    pub if_busy: Option<String>,
+    /// Firings missed while no node ran: `none` (default: skipped) or `one` (the latest
+    /// runs once).
+    pub catch_up: Option<String>,
+    /// Default true.
+    pub enabled: Option<bool>,
+}
+
+/// A schedule. *Extension.*
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ScheduleView {
+    pub id: String,
+    pub agent: Option<String>,
+    pub conversation_id: Option<String>,
+    pub message: String,
+    pub cron: Option<String>,
+    /// The interval in milliseconds.
+    pub every_ms: Option<u64>,
+    pub at: Option<String>,
+    pub timezone: String,
+    pub if_busy: String,
+    pub catch_up: String,
+    pub enabled: bool,
+    /// Its next firing (RFC 3339); null when paused or done.
+    pub next_fire_at: Option<String>,
+    pub last_fire_at: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+/// `GET /v1/schedules`. *Extension.*
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ScheduleList {
+    pub schedules: Vec<ScheduleView>,
+}
+
+/// One firing of a schedule. *Extension.*
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ScheduleRunView {
+    pub fire_at: String,
+    /// `claimed` (running now), `started`, `queued`, `skipped` or `failed`.
+    pub status: String,
+    pub conversation_id: Option<String>,
+    pub outcome: Option<String>,
+    pub started_at: Option<String>,
+}
+
+/// `GET /v1/schedules/{id}/runs`, newest first. *Extension.*
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ScheduleRunList {
+    pub runs: Vec<ScheduleRunView>,
+}
+
+/// `GET /v1/schedules/{id}/runs`. *Extension.*
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct RunsQuery {
+    /// 1 to 500 (default 100).
+    #[param(minimum = 1, maximum = 500)]
+    pub limit: Option<u64>,
+}
+
 /// `GET /v1/usage`. *Extension.*
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]

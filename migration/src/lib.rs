@@ -40,6 +40,7 @@ mod m20261127_000014_agents;
 mod m20261127_000015_client_tools;
 mod m20261127_000016_agent_hooks_limits;
 mod m20261127_000017_webhooks;
+mod m20261127_000018_schedules;
 
 /// Runs a migration's statements for the database at hand, in order, each error naming its
 /// statement. SQLite and Postgres only.
@@ -93,6 +94,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261127_000015_client_tools::Migration),
             Box::new(m20261127_000016_agent_hooks_limits::Migration),
             Box::new(m20261127_000017_webhooks::Migration),
+            Box::new(m20261127_000018_schedules::Migration),
         ]
     }
 }

@@ -20,6 +20,7 @@ mod openapi;
 mod ops;
 mod queue;
 mod rate;
+pub mod schedules;
 mod stream;
 mod usage;
 mod webhooks;
@@ -169,9 +170,25 @@ impl AppState {
 
 /// The whole HTTP surface.
 pub fn router(state: AppState) -> Router {
+    let api = api_router(state.clone());
+    // MCP at /mcp (docs/api.md, "MCP"): its tools call the REST API above.
+    let mcp = Router::new()
+        .nest_service("/mcp", mcp::service(state.clone(), api.clone()))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            mcp::authenticate,
+        ));
+    // Host (dev mode) and Origin over everything (guard.rs).
+    api.merge(mcp)
+        .layer(axum::middleware::from_fn_with_state(state, guard::check))
+}
+
+/// The REST API and the console without the outer checks of Host and Origin: what MCP's
+/// tools and schedules' firings call in process.
+pub fn api_router(state: AppState) -> Router {
     let limit = state.settings.server.max_body_bytes;
     let (router, _) = routes().split_for_parts();
-    let api = router
+    router
         // The web console (not part of the API, so not in the OpenAPI document).
         .route("/", axum::routing::get(console::index))
         .route("/console/{*file}", axum::routing::get(console::asset))
@@ -183,17 +200,7 @@ pub fn router(state: AppState) -> Router {
         ))
         .layer(DefaultBodyLimit::max(limit))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(panicked))
-        .with_state(state.clone());
-    // MCP at /mcp (docs/api.md, "MCP"): its tools call the REST API above.
-    let mcp = Router::new()
-        .nest_service("/mcp", mcp::service(state.clone(), api.clone()))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            mcp::authenticate,
-        ));
-    // Host (dev mode) and Origin (WebSockets, /mcp) over everything (guard.rs).
-    api.merge(mcp)
-        .layer(axum::middleware::from_fn_with_state(state, guard::check))
+        .with_state(state)
 }
 
 /// The operator listener (`[metrics] listen`): metrics and this node's details, without
@@ -253,7 +260,12 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(webhooks::get, webhooks::update, webhooks::delete))
         .routes(routes!(webhooks::rotate_secret))
         .routes(routes!(webhooks::deliveries))
-        .routes(routes!(webhooks::retry));
+        .routes(routes!(webhooks::retry))
+        .routes(routes!(schedules::create, schedules::list))
+        .routes(routes!(schedules::get, schedules::delete))
+        .routes(routes!(schedules::pause))
+        .routes(routes!(schedules::resume))
+        .routes(routes!(schedules::runs));
     OpenApiRouter::with_openapi(openapi::Document::openapi())
         .nest("/v1", v1)
         .routes(routes!(ops::healthz))

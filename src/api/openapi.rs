@@ -32,6 +32,7 @@ use crate::wire;
         (name = "usage", description = "Token usage and budgets"),
         (name = "mcp", description = "The tenant's own MCP tool servers"),
         (name = "agents", description = "The tenant's agents: versioned definitions that conversations are created from"),
+        (name = "schedules", description = "The tenant's schedules: agents run, or messages sent, on a cron expression, an interval or once"),
         (name = "webhooks", description = "The tenant's webhook endpoints: signed events of its conversations, delivered at least once"),
     ),
 )]

@@ -100,6 +100,7 @@ async fn quotas(
     );
     held.insert(Quota::Agents, app.store.agent_count(tenant_id).await?);
     held.insert(Quota::Webhooks, app.store.webhook_count(tenant_id).await?);
+    held.insert(Quota::Schedules, app.store.schedule_count(tenant_id).await?);
     held.insert(
         Quota::ConcurrentTurns,
         app.conversations.running_turns(tenant_id, None),

@@ -17,6 +17,7 @@ mod mcp;
 mod postgres;
 mod quotas;
 mod requests;
+mod schedules;
 mod sqlite;
 mod tenant_rows;
 mod webhooks;
@@ -42,6 +43,7 @@ pub use cluster::{FRAMES_CHANNEL, Lease, Node, Owner, WATCH_CHANNEL};
 pub use error::StoreError;
 pub use limits::{BudgetState, ModelUsage, Reservation, TenantLimits, UsageRecord, period_of};
 pub use mcp::McpServer;
+pub use schedules::RunOutcome;
 pub(crate) use sqlite::Durable;
 pub use webhooks::{ATTEMPTS_KEPT, Attempt, WebhookChange};
 

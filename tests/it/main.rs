@@ -30,6 +30,7 @@ mod persistence;
 mod queue;
 mod runtime;
 mod sandbox;
+mod schedules;
 mod stream;
 mod telemetry;
 mod tenancy;
