@@ -462,6 +462,54 @@ pub fn no_delay(
 }
 
 /// `bedrock agent export TENANT AGENT [--latest]`: the agent's document.
+/// `bedrock schedule list`: every schedule (or `tenant`'s), one JSON object each, with its
+/// latest run.
+pub async fn list_schedules(
+    settings: &Settings,
+    tenant: Option<&str>,
+) -> anyhow::Result<Vec<serde_json::Value>> {
+    let store = open_store(settings).await?;
+    let tenant_id = match tenant {
+        Some(name) => Some(
+            store
+                .tenant_by_name(name)
+                .await?
+                .with_context(|| format!("no tenant is named {name:?}"))?
+                .id,
+        ),
+        None => None,
+    };
+    let mut lines = Vec::new();
+    for schedule in store.schedules(tenant_id.as_deref()).await? {
+        let latest = store
+            .schedule_runs(&schedule.tenant_id, &schedule.id, 1)
+            .await?
+            .into_iter()
+            .next();
+        let time = |ms: Option<i64>| ms.map(crate::schedules::rfc3339);
+        lines.push(serde_json::json!({
+            "tenant_id": schedule.tenant_id,
+            "id": schedule.id,
+            "agent": schedule.agent,
+            "conversation_id": schedule.conversation_id,
+            "cron": schedule.cron,
+            "every_ms": schedule.every_ms,
+            "at": time(schedule.at_ms),
+            "timezone": schedule.timezone,
+            "enabled": schedule.enabled,
+            "next_fire_at": time(schedule.next_fire_at.filter(|_| schedule.enabled)),
+            "last_fire_at": time(schedule.last_fire_at),
+            "latest_run": latest.map(|run| serde_json::json!({
+                "fire_at": crate::schedules::rfc3339(run.fire_at),
+                "status": run.status,
+                "outcome": run.outcome,
+            })),
+        }));
+    }
+    store.close().await?;
+    Ok(lines)
+}
+
 pub async fn export_agent(
     settings: &Settings,
     tenant: &str,

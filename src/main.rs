@@ -7,7 +7,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use bedrock::app::{
-    Application, create_key, create_tenant, export_agent, import_agent, list_keys, open_store,
+    Application, create_key, create_tenant, export_agent, import_agent, list_keys, list_schedules,
+    open_store,
     revoke_key, set_tenant_budget, set_tenant_quotas, set_tenant_rate,
 };
 use bedrock::config::BudgetPeriod;
@@ -50,6 +51,11 @@ enum Command {
     Agent {
         #[command(subcommand)]
         command: AgentCommand,
+    },
+    /// Tenants' schedules, for operators.
+    Schedule {
+        #[command(subcommand)]
+        command: ScheduleCommand,
     },
     /// Print the effective configuration, secrets masked.
     Config,
@@ -122,6 +128,16 @@ enum AgentCommand {
         /// The name to import it as (default: the document's).
         #[arg(long = "as", value_name = "NAME")]
         as_name: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ScheduleCommand {
+    /// Every schedule (or one tenant's), a JSON object per line: its tenant, what it runs,
+    /// when, whether it is enabled, its next and last firings, and its latest run.
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
     },
 }
 
@@ -286,6 +302,14 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             };
             let made = import_agent(&settings, &tenant, &text, as_name).await?;
             println!("{made}");
+            Ok(())
+        }
+        Command::Schedule {
+            command: ScheduleCommand::List { tenant },
+        } => {
+            for line in list_schedules(&settings, tenant.as_deref()).await? {
+                println!("{line}");
+            }
             Ok(())
         }
         Command::Config => {

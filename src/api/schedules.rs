@@ -396,6 +396,16 @@ impl Firing {
                 }
             }
             let now = now_ms();
+            // A read first: a node with nothing due writes nothing.
+            match self.app.store.schedules_due_at().await {
+                Ok(Some(at)) if at <= now => {}
+                Ok(_) if flying.is_empty() => continue,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "schedules not read");
+                    continue;
+                }
+            }
             let claim = self
                 .app
                 .persistence

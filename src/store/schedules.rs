@@ -205,6 +205,25 @@ impl Store {
             .collect())
     }
 
+    /// When the next claim has work: the earliest next firing of an enabled schedule, or
+    /// the earliest end of a claim on an unfinished run (`None`: no work at all). A read, so
+    /// a node with no schedules writes nothing for them.
+    pub async fn schedules_due_at(&self) -> Result<Option<i64>> {
+        #[derive(Debug, FromQueryResult)]
+        struct Due {
+            at: Option<i64>,
+        }
+        let row = Due::find_by_statement(self.statement(
+            "SELECT MIN(t) AS at FROM (\
+               SELECT MIN(next_fire_at) AS t FROM schedules WHERE enabled = $1 \
+               UNION ALL SELECT MIN(claimed_until) AS t FROM schedule_runs WHERE status = 'claimed') AS d",
+            vec![true.into()],
+        ))
+        .one(&self.db)
+        .await?;
+        Ok(row.and_then(|row| row.at))
+    }
+
     pub(crate) async fn insert_schedule(&self, schedule: &Schedule) -> Result<()> {
         let sql = format!(
             "INSERT INTO schedules ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)"

@@ -65,6 +65,8 @@ impl Dispatcher {
         let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
         let poll = Duration::from_millis(this.settings.poll_ms);
         let mut refreshed = Instant::now();
+        // Events or deliveries wait (as last read): work even with no endpoint enabled.
+        let mut backlog = true;
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
@@ -86,7 +88,11 @@ impl Dispatcher {
             while flights.try_join_next().is_some() {}
             if refreshed.elapsed() >= REFRESH_EVERY {
                 refreshed = Instant::now();
-                this.refresh().await;
+                backlog = this.refresh().await;
+            }
+            // A node whose tenants use no webhooks writes nothing for them.
+            if this.subscribers.is_empty() && !backlog && flying.is_empty() {
+                continue;
             }
             this.fan_out().await;
             let free = this.settings.concurrency.saturating_sub(flying.len());
@@ -147,14 +153,18 @@ impl Dispatcher {
         flights.abort_all();
     }
 
-    /// The subscribed tenants and the backlog, read again.
-    async fn refresh(&self) {
+    /// The subscribed tenants and the backlog, read again: whether anything waits.
+    async fn refresh(&self) -> bool {
         match self.store.webhook_tenants().await {
             Ok(tenants) => self.subscribers.replace(tenants),
             Err(e) => tracing::debug!(error = %e, "webhook tenants not read"),
         }
-        if let Ok((outbox, pending)) = self.store.webhook_backlog().await {
-            self.metrics.webhook_backlog(outbox, pending);
+        match self.store.webhook_backlog().await {
+            Ok((outbox, pending)) => {
+                self.metrics.webhook_backlog(outbox, pending);
+                outbox > 0 || pending > 0
+            }
+            Err(_) => true,
         }
     }
 

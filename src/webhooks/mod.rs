@@ -68,6 +68,11 @@ impl Subscribers {
             .is_ok_and(|tenants| tenants.contains(tenant_id))
     }
 
+    /// No tenant has an enabled endpoint.
+    pub fn is_empty(&self) -> bool {
+        self.tenants.read().is_ok_and(|tenants| tenants.is_empty())
+    }
+
     pub fn add(&self, tenant_id: &str) {
         if let Ok(mut tenants) = self.tenants.write() {
             tenants.insert(tenant_id.to_owned());

@@ -122,6 +122,16 @@ async fn an_agent_runs_on_an_interval_across_a_restart() {
             .await
             .expect(200);
         assert_eq!(resumed["enabled"], true);
+        // `bedrock schedule list`, for operators.
+        let listed = bedrock::app::list_schedules(&app.settings(), Some("a"))
+            .await
+            .expect("listed");
+        assert!(
+            listed
+                .iter()
+                .any(|l| l["id"] == id.as_str() && l["latest_run"]["status"].is_string()),
+            "{listed:?}"
+        );
 
         // Tenant b: nothing of it.
         let b = Some(app.key_b.as_str());
