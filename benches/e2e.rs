@@ -21,7 +21,9 @@
 //! `BEDROCK_EVENTS__RETAIN=7d` for a frame retention window), and runs under
 //! `BENCH_SERVER_WRAP` when set (e.g. `heaptrack -o /tmp/heap`; its CPU and RSS figures are
 //! then the wrapper's). `BENCH_AGENT_RULES=N` creates every conversation from an agent with
-//! N permission rules (issue 38). After each
+//! N permission rules (issue 38); `BENCH_WEBHOOK=1` subscribes an endpoint on a local
+//! receiver to `turn.completed` (issue 39; the server needs
+//! `BEDROCK_EGRESS__ALLOW='["127.0.0.1"]'`). After each
 //! mode the server stops and the database's growth per turn is printed (SQLite's file with
 //! its log checkpointed, Postgres's `pg_database_size`).
 //!
@@ -141,6 +143,44 @@ impl Client {
             .unwrap();
         assert_eq!(made.status(), 201, "the bench's agent is made");
         self.create_body = json!({ "agent": name });
+    }
+
+    /// With `BENCH_WEBHOOK=1` (and `BEDROCK_EGRESS__ALLOW='["127.0.0.1"]'` for the server),
+    /// an endpoint on a receiver here is subscribed to `turn.completed`: the cost of a
+    /// subscribed tenant's turns (issue 39), and whether deliveries keep up. Returns the
+    /// receiver's count.
+    async fn use_webhook(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicUsize>> {
+        if std::env::var("BENCH_WEBHOOK").ok().as_deref() != Some("1") {
+            return None;
+        }
+        let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = count.clone();
+        let router = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(move || {
+                let counted = counted.clone();
+                async move {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    "ok"
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        let made = self
+            .http
+            .post(format!("{}/v1/webhooks", self.base))
+            .json(&json!({"url": format!("http://{addr}/hook"), "events": ["turn.completed"]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            made.status(),
+            201,
+            "the bench's webhook is made (egress allowed?)"
+        );
+        Some(count)
     }
 
     async fn create(&self) -> Result<String, String> {
@@ -316,6 +356,7 @@ fn load() {
             create_body: json!({}),
         };
         client.use_agent().await;
+        let delivered = client.use_webhook().await;
         let client = std::sync::Arc::new(client);
         let (tasks, told): (Vec<tokio::task::JoinHandle<Tally>>, _) = if mode == Mode::Scale {
             let sockets = connect_all(&client, workers).await;
@@ -359,6 +400,22 @@ fn load() {
         all.latencies.sort();
         // `stop` first: the workers may see the window closed before its timer fires.
         told.await.unwrap();
+        if let Some(delivered) = delivered {
+            // Every finished turn's event reaches the receiver: how long the rest takes.
+            let stopped = Instant::now();
+            let total = all.total as usize;
+            while delivered.load(std::sync::atomic::Ordering::Relaxed) < total
+                && stopped.elapsed() < Duration::from_secs(60)
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            eprintln!(
+                "webhooks: {} deliveries of {} turns' turn.completed; the last {} ms after the load stopped",
+                delivered.load(std::sync::atomic::Ordering::Relaxed),
+                total,
+                stopped.elapsed().as_millis()
+            );
+        }
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         println!(
             "{}",

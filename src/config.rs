@@ -83,7 +83,7 @@ pub struct WebhookSettings {
     pub concurrency: usize,
     pub per_tenant: usize,
     /// After a rotation, the old secret signs beside the new one this long.
-    pub previous_secret_ms: u64,
+    pub rotation_overlap_ms: u64,
 }
 
 /// What the server may connect to on a tenant's behalf (tenants' MCP servers): everything
@@ -769,7 +769,7 @@ impl Settings {
         for (name, value) in [
             ("retry_for_ms", hooks.retry_for_ms),
             ("disable_after_ms", hooks.disable_after_ms),
-            ("previous_secret_ms", hooks.previous_secret_ms),
+            ("rotation_overlap_ms", hooks.rotation_overlap_ms),
             ("retry_max_delay_ms", hooks.retry_max_delay_ms),
         ] {
             if value > 10 * 366 * 24 * 3600 * 1000 {

@@ -8,8 +8,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use bedrock::app::{
     Application, create_key, create_tenant, export_agent, import_agent, list_keys, list_schedules,
-    open_store,
-    revoke_key, set_tenant_budget, set_tenant_quotas, set_tenant_rate,
+    open_store, revoke_key, set_tenant_budget, set_tenant_quotas, set_tenant_rate,
 };
 use bedrock::config::BudgetPeriod;
 use bedrock::config::Settings;

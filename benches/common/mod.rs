@@ -12,7 +12,9 @@ pub mod live;
 
 /// Quotas out of the way: these benchmarks measure one tenant driving the whole node (its
 /// quotas would cap it; the tenancy bench measures them). Settings may override them.
-pub const OPEN_QUOTAS: [(&str, &str); 8] = [
+pub const OPEN_QUOTAS: [(&str, &str); 10] = [
+    ("BEDROCK_QUOTAS__SCHEDULES", "1000000"),
+    ("BEDROCK_QUOTAS__WEBHOOKS", "1000"),
     ("BEDROCK_QUOTAS__CONVERSATIONS", "1000000000"),
     ("BEDROCK_QUOTAS__CONCURRENT_TURNS", "1000000"),
     ("BEDROCK_QUOTAS__TOOL_PROCESSES", "4096"),

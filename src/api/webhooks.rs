@@ -287,7 +287,7 @@ pub async fn delete(
 }
 
 /// A new signing secret, shown in this answer only; the previous one keeps signing beside
-/// it (a second `v1,` signature) for `webhooks.previous_secret_ms` (a day by default), so
+/// it (a second `v1,` signature) for `webhooks.rotation_overlap_ms` (a day by default), so
 /// receivers can move over. *Extension.*
 #[utoipa::path(post, path = "/webhooks/{id}/rotate_secret", tag = "webhooks",
     params(("id" = String, Path, description = "The endpoint's id")),
@@ -302,7 +302,7 @@ pub async fn rotate_secret(
 ) -> Result<Response, ApiError> {
     let secret = crate::webhooks::new_secret();
     let now = now_ms();
-    let grace = i64::try_from(app.settings.webhooks.previous_secret_ms).unwrap_or(i64::MAX);
+    let grace = i64::try_from(app.settings.webhooks.rotation_overlap_ms).unwrap_or(i64::MAX);
     let rotated = app
         .persistence
         .write(WriteJob::RotateWebhookSecret {
