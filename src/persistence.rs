@@ -237,6 +237,16 @@ pub enum WriteJob {
     },
     /// What a run came to: `Resolved(whether the claim still held)`.
     FinishScheduleRun(Box<crate::store::RunOutcome>),
+    /// A run handed to the node that owns its conversation: `Resolved(whether the claim
+    /// still held)`.
+    HandOffScheduleRun {
+        schedule_id: String,
+        fire_at: i64,
+        /// The claim it is under: the process's token and the node's.
+        from: (String, String),
+        to: String,
+        until: i64,
+    },
     /// A delivery sent again: `Resolved(whether it was there)`.
     RetryWebhookDelivery {
         tenant_id: String,
@@ -870,6 +880,19 @@ async fn write(store: &Store, job: WriteJob) -> Result<WriteOutcome, StoreError>
         WriteJob::FinishScheduleRun(run) => {
             return Ok(WriteOutcome::Resolved(
                 store.finish_schedule_run(&run).await?,
+            ));
+        }
+        WriteJob::HandOffScheduleRun {
+            schedule_id,
+            fire_at,
+            from,
+            to,
+            until,
+        } => {
+            return Ok(WriteOutcome::Resolved(
+                store
+                    .hand_off_schedule_run(&schedule_id, fire_at, (&from.0, &from.1), &to, until)
+                    .await?,
             ));
         }
         WriteJob::RetryWebhookDelivery {

@@ -22,8 +22,15 @@ pub async fn forward(State(app): State<AppState>, request: Request, next: Next) 
     let Some(cluster) = app.cluster.clone() else {
         return next.run(request).await;
     };
-    // Only commands move; reads and live streams are answered here.
-    if request.method() == Method::GET {
+    // Only commands move; reads and live streams are answered here. A request this node
+    // makes in process (a schedule's firing) carries no key to send along: it is answered
+    // here, and its maker hands the work to the owner (src/api/schedules.rs).
+    if request.method() == Method::GET
+        || request
+            .extensions()
+            .get::<super::auth::InProcess>()
+            .is_some()
+    {
         return next.run(request).await;
     }
     let carried = request.headers().contains_key(&FORWARDED);

@@ -359,7 +359,17 @@ pub struct Firing {
     app: AppState,
     /// The API without its outer checks (Host, Origin), which in-process requests skip.
     api: Router,
+    /// This process's claims.
     claimer: String,
+    /// Runs handed to this node by others (its conversations' firings): `node:<id>`.
+    node_token: String,
+}
+
+/// What a firing's work came to.
+enum Worked {
+    Done(&'static str, Option<String>, String),
+    /// The conversation runs on this node of a cluster: the run goes to it.
+    HandOff(String),
 }
 
 impl Firing {
@@ -371,6 +381,7 @@ impl Firing {
             .map_or_else(|| "local".to_owned(), |node| node.node_id.clone());
         let firing = Arc::new(Firing {
             claimer: format!("{node}/{}", uuid::Uuid::now_v7().simple()),
+            node_token: format!("node:{node}"),
             app,
             api,
         });
@@ -397,7 +408,7 @@ impl Firing {
             }
             let now = now_ms();
             // A read first: a node with nothing due writes nothing.
-            match self.app.store.schedules_due_at().await {
+            match self.app.store.schedules_due_at(&self.node_token).await {
                 Ok(Some(at)) if at <= now => {}
                 Ok(_) if flying.is_empty() => continue,
                 Ok(_) => {}
@@ -421,7 +432,12 @@ impl Firing {
                 tracing::warn!(error = %e, "schedules' firings could not be claimed");
                 continue;
             }
-            let mine = match self.app.store.claimed_runs(&self.claimer).await {
+            let mine = match self
+                .app
+                .store
+                .claimed_runs(&self.claimer, &self.node_token)
+                .await
+            {
                 Ok(mine) => mine,
                 Err(e) => {
                     tracing::warn!(error = %e, "claimed firings could not be read");
@@ -457,8 +473,28 @@ impl Firing {
             id: schedule.tenant_id.clone(),
             name: String::new(),
         };
-        let (status, conversation_id, outcome) = self.work(&tenant, run, schedule).await;
         let now = now_ms();
+        let (status, conversation_id, outcome) = match self.work(&tenant, run, schedule).await {
+            Worked::Done(status, conversation, outcome) => (status, conversation, outcome),
+            Worked::HandOff(owner) => {
+                let until = now.saturating_add(ms(self.app.settings.schedules.claim_ms));
+                let handed = self
+                    .app
+                    .persistence
+                    .write(WriteJob::HandOffScheduleRun {
+                        schedule_id: schedule.id.clone(),
+                        fire_at: run.fire_at,
+                        from: (self.claimer.clone(), self.node_token.clone()),
+                        to: format!("node:{owner}"),
+                        until,
+                    })
+                    .await;
+                if let Err(e) = handed {
+                    tracing::warn!(error = %e, "a firing could not be handed to its conversation's node");
+                }
+                return;
+            }
+        };
         self.app
             .metrics
             .schedule_firing(status, (now - run.fire_at) as f64 / 1000.0);
@@ -472,6 +508,7 @@ impl Firing {
                 schedule_id: schedule.id.clone(),
                 fire_at: run.fire_at,
                 claimed_by: self.claimer.clone(),
+                node_token: self.node_token.clone(),
                 status,
                 conversation_id,
                 outcome,
@@ -487,12 +524,7 @@ impl Firing {
     /// The firing's work: a conversation of the agent (made once: its slug is the run's)
     /// and the message (sent once: its `message_id` is the run's), or the message to the
     /// schedule's conversation under its `if_busy`.
-    async fn work(
-        &self,
-        tenant: &Tenant,
-        run: &ScheduleRun,
-        schedule: &Schedule,
-    ) -> (&'static str, Option<String>, String) {
+    async fn work(&self, tenant: &Tenant, run: &ScheduleRun, schedule: &Schedule) -> Worked {
         let key = format!("{}@{}", schedule.id, run.fire_at);
         let conversation = match (&schedule.agent, &schedule.conversation_id) {
             (Some(agent), _) => {
@@ -519,14 +551,14 @@ impl Firing {
                             .await;
                         found["id"].as_str().map(str::to_owned)
                     }
-                    _ => return ("failed", None, error_text(status, &body)),
+                    _ => return Worked::Done("failed", None, error_text(status, &body)),
                 }
             }
             (None, Some(id)) => Some(id.clone()),
             (None, None) => None,
         };
         let Some(conversation) = conversation else {
-            return ("failed", None, "no conversation to send to".to_owned());
+            return Worked::Done("failed", None, "no conversation to send to".to_owned());
         };
         let if_busy = match schedule.if_busy.as_str() {
             "enqueue" => "enqueue",
@@ -541,22 +573,31 @@ impl Firing {
                 Some(json!({"text": schedule.message, "message_id": key})),
             )
             .await;
+        // On a cluster, a conversation another node runs is that node's to send to.
+        if status == 503
+            && let Some(cluster) = &self.app.cluster
+            && let Ok(Some(owner)) = self
+                .app
+                .store
+                .live_owner(&conversation, cluster.node())
+                .await
+        {
+            return Worked::HandOff(owner.node);
+        }
         let conversation = Some(conversation);
-        match status {
-            200 => ("started", conversation, "sent before (a repeat)".to_owned()),
-            202 if body.get("queued").is_some() => (
-                "queued",
-                conversation,
-                "queued behind the running turn".to_owned(),
-            ),
-            202 => ("started", conversation, "the turn started".to_owned()),
+        let (status, outcome) = match status {
+            200 => ("started", "sent before (a repeat)".to_owned()),
+            202 if body.get("queued").is_some() => {
+                ("queued", "queued behind the running turn".to_owned())
+            }
+            202 => ("started", "the turn started".to_owned()),
             409 if body["error"]["code"] == "agent_busy" => (
                 "skipped",
-                conversation,
                 "the conversation was busy (if_busy: skip)".to_owned(),
             ),
-            _ => ("failed", conversation, error_text(status, &body)),
-        }
+            _ => ("failed", error_text(status, &body)),
+        };
+        Worked::Done(status, conversation, outcome)
     }
 
     /// A request to this node's API in process, as `tenant`.

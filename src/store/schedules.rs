@@ -95,6 +95,8 @@ pub struct RunOutcome {
     pub schedule_id: String,
     pub fire_at: i64,
     pub claimed_by: String,
+    /// This node's own token for runs handed to it (`node:<id>`).
+    pub node_token: String,
     /// `started`, `queued`, `skipped` or `failed`.
     pub status: &'static str,
     pub conversation_id: Option<String>,
@@ -169,33 +171,40 @@ impl Store {
         .collect())
     }
 
-    /// The runs claimed by `claimed_by` and not finished, with their schedules.
-    pub async fn claimed_runs(&self, claimed_by: &str) -> Result<Vec<(ScheduleRun, Schedule)>> {
+    /// The runs claimed by `claimed_by`, or handed to this node (`node_token`), and not
+    /// finished, with their schedules.
+    pub async fn claimed_runs(
+        &self,
+        claimed_by: &str,
+        node_token: &str,
+    ) -> Result<Vec<(ScheduleRun, Schedule)>> {
         let sql = format!(
-            "SELECT {RUN_COLUMNS} FROM schedule_runs WHERE claimed_by = $1 AND status = 'claimed' \
+            "SELECT {RUN_COLUMNS} FROM schedule_runs WHERE claimed_by IN ($1, $2) AND status = 'claimed' \
              ORDER BY fire_at"
         );
-        let runs: Vec<ScheduleRun> =
-            RunRow::find_by_statement(self.statement(&sql, vec![claimed_by.into()]))
-                .all(&self.db)
-                .await?
-                .into_iter()
-                .map(ScheduleRun::from)
-                .collect();
+        let runs: Vec<ScheduleRun> = RunRow::find_by_statement(
+            self.statement(&sql, vec![claimed_by.into(), node_token.into()]),
+        )
+        .all(&self.db)
+        .await?
+        .into_iter()
+        .map(ScheduleRun::from)
+        .collect();
         if runs.is_empty() {
             return Ok(Vec::new());
         }
         let sql = format!(
             "SELECT {COLUMNS} FROM schedules WHERE id IN \
-             (SELECT schedule_id FROM schedule_runs WHERE claimed_by = $1 AND status = 'claimed')"
+             (SELECT schedule_id FROM schedule_runs WHERE claimed_by IN ($1, $2) AND status = 'claimed')"
         );
-        let schedules: Vec<Schedule> =
-            ScheduleRow::find_by_statement(self.statement(&sql, vec![claimed_by.into()]))
-                .all(&self.db)
-                .await?
-                .into_iter()
-                .map(Schedule::from)
-                .collect();
+        let schedules: Vec<Schedule> = ScheduleRow::find_by_statement(
+            self.statement(&sql, vec![claimed_by.into(), node_token.into()]),
+        )
+        .all(&self.db)
+        .await?
+        .into_iter()
+        .map(Schedule::from)
+        .collect();
         Ok(runs
             .into_iter()
             .filter_map(|run| {
@@ -208,7 +217,7 @@ impl Store {
     /// When the next claim has work: the earliest next firing of an enabled schedule, or
     /// the earliest end of a claim on an unfinished run (`None`: no work at all). A read, so
     /// a node with no schedules writes nothing for them.
-    pub async fn schedules_due_at(&self) -> Result<Option<i64>> {
+    pub async fn schedules_due_at(&self, node_token: &str) -> Result<Option<i64>> {
         #[derive(Debug, FromQueryResult)]
         struct Due {
             at: Option<i64>,
@@ -216,8 +225,9 @@ impl Store {
         let row = Due::find_by_statement(self.statement(
             "SELECT MIN(t) AS at FROM (\
                SELECT MIN(next_fire_at) AS t FROM schedules WHERE enabled = $1 \
-               UNION ALL SELECT MIN(claimed_until) AS t FROM schedule_runs WHERE status = 'claimed') AS d",
-            vec![true.into()],
+               UNION ALL SELECT MIN(claimed_until) AS t FROM schedule_runs WHERE status = 'claimed' \
+               UNION ALL SELECT MIN(fire_at) AS t FROM schedule_runs WHERE status = 'claimed' AND claimed_by = $2) AS d",
+            vec![true.into(), node_token.into()],
         ))
         .one(&self.db)
         .await?;
@@ -411,7 +421,7 @@ impl Store {
             .execute_raw(self.statement(
                 "UPDATE schedule_runs SET status = $1, conversation_id = $2, outcome = $3, \
                  started_at = $4, claimed_by = NULL, claimed_until = NULL \
-                 WHERE schedule_id = $5 AND fire_at = $6 AND claimed_by = $7 AND status = 'claimed'",
+                 WHERE schedule_id = $5 AND fire_at = $6 AND claimed_by IN ($7, $8) AND status = 'claimed'",
                 vec![
                     run.status.into(),
                     run.conversation_id.clone().into(),
@@ -420,6 +430,35 @@ impl Store {
                     run.schedule_id.clone().into(),
                     run.fire_at.into(),
                     run.claimed_by.clone().into(),
+                    run.node_token.clone().into(),
+                ],
+            ))
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Hands a run to the node that owns its conversation (`to`: its `node:<id>` token) for
+    /// `until`; whether the claim (`from` or this node's own `node_token`) still held.
+    pub(crate) async fn hand_off_schedule_run(
+        &self,
+        schedule_id: &str,
+        fire_at: i64,
+        from: (&str, &str),
+        to: &str,
+        until: i64,
+    ) -> Result<bool> {
+        let done = self
+            .writer()
+            .execute_raw(self.statement(
+                "UPDATE schedule_runs SET claimed_by = $1, claimed_until = $2 \
+                 WHERE schedule_id = $3 AND fire_at = $4 AND claimed_by IN ($5, $6) AND status = 'claimed'",
+                vec![
+                    to.into(),
+                    until.into(),
+                    schedule_id.into(),
+                    fire_at.into(),
+                    from.0.into(),
+                    from.1.into(),
                 ],
             ))
             .await?;

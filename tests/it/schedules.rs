@@ -414,6 +414,17 @@ async fn each_firing_runs_exactly_once_on_a_cluster_with_a_node_killed() {
         )
         .await;
     let id = made["id"].as_str().expect("an id").to_owned();
+    // A message every second to a conversation node b runs: a firing claimed by a or c is
+    // handed to b (an in-process request carries no key to forward).
+    let conv = nodes[1].conversation().await;
+    let conv = conv["id"].as_str().expect("a conversation").to_owned();
+    let pinged = nodes[1]
+        .post(
+            "/schedules",
+            json!({"conversation_id": conv, "message": "ping", "every": "1s", "if_busy": "enqueue"}),
+        )
+        .await;
+    let ping = pinged["id"].as_str().expect("an id").to_owned();
     eventually("three firings", WAIT, || async {
         let runs = cluster_runs(&nodes[1], &id).await?;
         (runs.iter().filter(|r| r["status"] == "started").count() >= 3).then_some(())
@@ -424,6 +435,36 @@ async fn each_firing_runs_exactly_once_on_a_cluster_with_a_node_killed() {
     nodes[0]
         .post(&format!("/schedules/{id}/pause"), json!({}))
         .await;
+    nodes[0]
+        .post(&format!("/schedules/{ping}/pause"), json!({}))
+        .await;
+    let pings = eventually("every ping to finish", WAIT, || async {
+        let runs = cluster_runs(&nodes[0], &ping).await?;
+        runs.iter()
+            .all(|r| r["status"] != "claimed")
+            .then_some(runs)
+    })
+    .await;
+    assert!(
+        pings
+            .iter()
+            .all(|r| r["status"] == "started" || r["status"] == "queued"),
+        "{pings:?}"
+    );
+    assert!(pings.len() >= 4, "{pings:?}");
+    let texts = eventually("the pings to be stored", WAIT, || async {
+        let messages = nodes[0]
+            .get(&format!("/conversations/{conv}/messages?limit=1000"))
+            .await?;
+        let pinged = messages["messages"]
+            .as_array()?
+            .iter()
+            .filter(|m| m["message_type"] == "user")
+            .count();
+        (pinged == pings.len()).then_some(pinged)
+    })
+    .await;
+    assert_eq!(texts, pings.len());
     // What was claimed (by a dead node too) finishes within a claim.
     let all = eventually("every claimed firing to finish", WAIT, || async {
         let runs = cluster_runs(&nodes[0], &id).await?;

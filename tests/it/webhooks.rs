@@ -4,6 +4,7 @@
 //! a test tells it. On SQLite and Postgres, through the real server (and the real binary,
 //! killed with SIGKILL, for durability).
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -639,4 +640,93 @@ async fn a_delivery_survives_kill_9_and_succeeds_once() {
         crate::support::process::remove_workspace(&workspace);
         db.drop_db().await;
     }
+}
+
+/// Three real nodes on one Postgres: turns run on every node, each event is delivered by
+/// one node once (its `webhook-id` seen once), and a conversation's deliveries arrive in
+/// the order of its turns.
+#[tokio::test]
+async fn a_cluster_delivers_each_event_once_and_in_order() {
+    let Some(db) = TestDb::postgres().await else {
+        #[allow(clippy::print_stderr)]
+        {
+            eprintln!("SKIPPED: the cluster's webhooks need Postgres (BEDROCK_TEST_DATABASE_URL)");
+        }
+        return;
+    };
+    bedrock::install_crypto();
+    let llm = FakeLlm::start().await;
+    llm.fallback(Llm::text("done"));
+    let workspace = crate::support::db::temp_dir("webhook-cluster");
+    let (addr, receiver) = serve_receiver().await;
+    let node = |id: &str| {
+        let mut cmd = crate::support::process::command(&db, &llm, &workspace);
+        cmd.env("BEDROCK_CLUSTER__NODE_ID", id)
+            .env("BEDROCK_CLUSTER__LEASE_TTL_MS", "2000")
+            .env("BEDROCK_CLUSTER__HEARTBEAT_MS", "500")
+            .env("BEDROCK_EGRESS__ALLOW", r#"["127.0.0.1"]"#)
+            .env("BEDROCK_WEBHOOKS__POLL_MS", "50");
+        Server::start_with(cmd)
+    };
+    let nodes: Vec<Server> = ["a", "b", "c"].iter().map(|id| node(id)).collect();
+    let made = nodes[0]
+        .post(
+            "/webhooks",
+            json!({"url": format!("http://{addr}/hook"), "events": ["turn.completed"]}),
+        )
+        .await;
+    *receiver.secret.lock().expect("the secret") =
+        Some(made["secret"].as_str().expect("a secret").to_owned());
+    // Every node sees the endpoint within a second.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let turns = 3;
+    let mut conversations = Vec::new();
+    for server in &nodes {
+        for _ in 0..2 {
+            let conv = server.conversation().await;
+            conversations.push(conv["id"].as_str().expect("an id").to_owned());
+        }
+    }
+    let runs = conversations.iter().enumerate().map(|(n, id)| {
+        let server = &nodes[n % nodes.len()];
+        async move {
+            for turn in 0..turns {
+                server.send(id, &format!("turn {turn}")).await;
+                eventually("the turn to end", WAIT, || async {
+                    let conv = server.get(&format!("/conversations/{id}")).await?;
+                    (conv["state"]["kind"] == "idle").then_some(())
+                })
+                .await;
+            }
+        }
+    });
+    futures::future::join_all(runs).await;
+    let expected = conversations.len() * turns;
+    eventually("every delivery", WAIT, || async {
+        (receiver.of_type("turn.completed").len() >= expected).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let got = receiver.of_type("turn.completed");
+    assert_eq!(got.len(), expected, "an event delivered twice or lost");
+    let ids: HashSet<&str> = got.iter().map(|g| g.id.as_str()).collect();
+    assert_eq!(ids.len(), expected);
+    assert!(got.iter().all(|g| g.verified));
+    for id in &conversations {
+        let events: Vec<i64> = got
+            .iter()
+            .filter(|g| g.body["data"]["conversation_id"] == id.as_str())
+            .filter_map(|g| g.body["data"]["event_id"].as_i64())
+            .collect();
+        assert_eq!(events.len(), turns, "{id}");
+        assert!(
+            events.windows(2).all(|w| w[0] < w[1]),
+            "{id}: out of order {events:?}"
+        );
+    }
+    for server in nodes {
+        server.kill_hard();
+    }
+    crate::support::process::remove_workspace(&workspace);
+    db.drop_db().await;
 }
