@@ -59,6 +59,8 @@ pub struct ScheduleSettings {
     pub late_ms: u64,
     /// Schedules claimed at once by a node.
     pub batch: u64,
+    /// Finished runs are kept this long, then removed.
+    pub keep_runs_ms: u64,
 }
 
 /// Tenants' webhooks (docs/api.md, "Webhooks"): how their deliveries are made and retried.
@@ -84,6 +86,8 @@ pub struct WebhookSettings {
     pub per_tenant: usize,
     /// After a rotation, the old secret signs beside the new one this long.
     pub rotation_overlap_ms: u64,
+    /// Finished deliveries (succeeded or failed) are kept this long, then removed.
+    pub keep_ms: u64,
 }
 
 /// What the server may connect to on a tenant's behalf (tenants' MCP servers): everything
@@ -671,6 +675,8 @@ impl Settings {
             ("schedules.claim_ms", self.schedules.claim_ms),
             ("schedules.late_ms", self.schedules.late_ms),
             ("schedules.batch", self.schedules.batch),
+            ("schedules.keep_runs_ms", self.schedules.keep_runs_ms),
+            ("webhooks.keep_ms", self.webhooks.keep_ms),
             ("webhooks.poll_ms", self.webhooks.poll_ms),
             ("webhooks.timeout_ms", self.webhooks.timeout_ms),
             ("webhooks.retry_initial_ms", self.webhooks.retry_initial_ms),

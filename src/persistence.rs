@@ -247,6 +247,13 @@ pub enum WriteJob {
         to: String,
         until: i64,
     },
+    /// Finished deliveries and runs older than these removed, up to `limit` of each:
+    /// `Count(removed)`.
+    PruneWebhooksAndRuns {
+        deliveries_before: i64,
+        runs_before: i64,
+        limit: u64,
+    },
     /// A delivery sent again: `Resolved(whether it was there)`.
     RetryWebhookDelivery {
         tenant_id: String,
@@ -894,6 +901,17 @@ async fn write(store: &Store, job: WriteJob) -> Result<WriteOutcome, StoreError>
                     .hand_off_schedule_run(&schedule_id, fire_at, (&from.0, &from.1), &to, until)
                     .await?,
             ));
+        }
+        WriteJob::PruneWebhooksAndRuns {
+            deliveries_before,
+            runs_before,
+            limit,
+        } => {
+            let deliveries = store
+                .prune_webhook_deliveries(deliveries_before, limit)
+                .await?;
+            let runs = store.prune_schedule_runs(runs_before, limit).await?;
+            return Ok(WriteOutcome::Count(deliveries + runs));
         }
         WriteJob::RetryWebhookDelivery {
             tenant_id,

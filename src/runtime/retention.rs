@@ -2,6 +2,9 @@
 //! persistence actor, the rows of frames older than the window, a bounded number of rows
 //! per write so the commits beside it wait little. Messages are never removed here: a
 //! client that resumes from before the window is given them instead (api/stream.rs).
+//!
+//! Also webhooks' finished deliveries (`[webhooks] keep_ms`) and schedules' finished runs
+//! (`[schedules] keep_runs_ms`): a schedule every second makes 86,400 runs a day.
 
 use std::time::Duration;
 
@@ -14,8 +17,10 @@ use crate::persistence::{Persistence, WriteJob, WriteOutcome};
 /// Rows removed by one write.
 const ROWS_PER_WRITE: u64 = 2_000;
 
-/// Starts the task when frames have a retention window; it ends with the server.
+/// Starts the tasks: deliveries' and runs' always, frames' when they have a retention
+/// window; they end with the server.
 pub fn start(settings: &Settings, persistence: &Persistence, lifecycle: &Lifecycle) {
+    start_deliveries_and_runs(settings, persistence, lifecycle);
     let Some(window) = settings.events.retention() else {
         return;
     };
@@ -62,4 +67,46 @@ async fn prune(persistence: &Persistence, before: i64) {
             }
         }
     }
+}
+
+/// Removes finished webhook deliveries and schedule runs past their keeping, every quarter
+/// of the shorter keeping (at most every minute). A pass that finds nothing writes nothing
+/// but the one statement.
+fn start_deliveries_and_runs(
+    settings: &Settings,
+    persistence: &Persistence,
+    lifecycle: &Lifecycle,
+) {
+    let deliveries = settings.webhooks.keep_ms;
+    let runs = settings.schedules.keep_runs_ms;
+    let every = Duration::from_millis(deliveries.min(runs) / 4)
+        .clamp(Duration::from_millis(100), Duration::from_secs(60));
+    let (persistence, lifecycle) = (persistence.clone(), lifecycle.clone());
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = lifecycle.shutting_down() => return,
+            }
+            let now = Utc::now().timestamp_millis();
+            let before = |keep: u64| now.saturating_sub(i64::try_from(keep).unwrap_or(i64::MAX));
+            loop {
+                let job = WriteJob::PruneWebhooksAndRuns {
+                    deliveries_before: before(deliveries),
+                    runs_before: before(runs),
+                    limit: ROWS_PER_WRITE,
+                };
+                match persistence.write(job).await {
+                    Ok(WriteOutcome::Count(removed)) if removed >= ROWS_PER_WRITE => {}
+                    Ok(_) => break,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "old deliveries and runs could not be removed; trying again later");
+                        break;
+                    }
+                }
+            }
+        }
+    });
 }

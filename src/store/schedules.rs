@@ -437,6 +437,19 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
+    /// Removes up to `limit` finished runs made before `before`; how many.
+    pub(crate) async fn prune_schedule_runs(&self, before: i64, limit: u64) -> Result<u64> {
+        let done = self
+            .writer()
+            .execute_raw(self.statement(
+                "DELETE FROM schedule_runs WHERE (schedule_id, fire_at) IN (SELECT schedule_id, fire_at \
+                 FROM schedule_runs WHERE status <> 'claimed' AND created_at < $1 LIMIT $2)",
+                vec![before.into(), i64::try_from(limit).unwrap_or(i64::MAX).into()],
+            ))
+            .await?;
+        Ok(done.rows_affected())
+    }
+
     /// Hands a run to the node that owns its conversation (`to`: its `node:<id>` token) for
     /// `until`; whether the claim (`from` or this node's own `node_token`) still held.
     pub(crate) async fn hand_off_schedule_run(

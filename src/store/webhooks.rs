@@ -685,6 +685,22 @@ impl Store {
         Ok(true)
     }
 
+    /// Removes up to `limit` finished deliveries last changed before `before`; how many.
+    pub(crate) async fn prune_webhook_deliveries(&self, before: i64, limit: u64) -> Result<u64> {
+        let done = self
+            .writer()
+            .execute_raw(self.statement(
+                "DELETE FROM webhook_deliveries WHERE id IN (SELECT id FROM webhook_deliveries \
+                 WHERE status <> 'pending' AND updated_at < $1 LIMIT $2)",
+                vec![
+                    before.into(),
+                    i64::try_from(limit).unwrap_or(i64::MAX).into(),
+                ],
+            ))
+            .await?;
+        Ok(done.rows_affected())
+    }
+
     /// Sends a delivery again (whatever its status): due now, retried for `retry_for_ms`
     /// more. Whether it was there.
     pub(crate) async fn retry_webhook_delivery(

@@ -64,9 +64,10 @@ impl Dispatcher {
         let mut per_tenant: HashMap<String, usize> = HashMap::new();
         let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
         let poll = Duration::from_millis(this.settings.poll_ms);
+        // Events or deliveries wait (as last read, at once): work even with no endpoint
+        // enabled.
+        let mut backlog = this.refresh().await;
         let mut refreshed = Instant::now();
-        // Events or deliveries wait (as last read): work even with no endpoint enabled.
-        let mut backlog = true;
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,

@@ -310,6 +310,45 @@ async fn messages_go_to_a_conversation_under_its_busy_policy() {
         )
         .await
         .expect_error(404, "not_found");
+        // Another tenant cannot aim a schedule at this tenant's conversation.
+        app.request(
+            reqwest::Method::POST,
+            "/v1/schedules",
+            Some(&app.key_b),
+            Some(json!({"conversation_id": id, "message": "hijack", "every": "1s"})),
+        )
+        .await
+        .expect_error(404, "not_found");
+
+        // Interrupt: the running turn is cancelled and the message takes its place.
+        app.llm
+            .push([Llm::bash("call_long", "sleep 30"), Llm::text("interrupted")]);
+        app.send(&id, "long").await;
+        app.wait_kind(&id, "tool_executing").await;
+        let at = (chrono::Utc::now() + chrono::Duration::milliseconds(200)).to_rfc3339();
+        let interrupt = app
+            .post(
+                "/v1/schedules",
+                json!({"conversation_id": id, "message": "instead", "at": at, "if_busy": "interrupt"}),
+            )
+            .await
+            .expect(201);
+        eventually("the interrupting firing", WAIT, || async {
+            runs(&app, interrupt["id"].as_str()?)
+                .await
+                .into_iter()
+                .find(|r| r["status"] == "started")
+        })
+        .await;
+        eventually("the interrupting message to run", WAIT, || async {
+            let messages = app.messages(&id).await;
+            messages
+                .iter()
+                .any(|m| m["message_type"] == "user" && m["content"]["text"] == "instead")
+                .then_some(())
+        })
+        .await;
+        app.wait_kind(&id, "idle").await;
         app.post(
             "/v1/schedules",
             json!({"agent": "nobody", "message": "x", "every": "1m"}),

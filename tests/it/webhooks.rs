@@ -369,7 +369,14 @@ async fn requests_cancels_failures_and_budgets_are_told() {
 #[tokio::test]
 async fn internal_addresses_bad_input_and_the_quota_are_refused() {
     let db = TestDb::sqlite();
-    let app = TestApp::spawn_with(&db, &[("BEDROCK_QUOTAS__WEBHOOKS", "1")]).await;
+    let app = TestApp::spawn_with(
+        &db,
+        &[
+            ("BEDROCK_QUOTAS__WEBHOOKS", "1"),
+            ("BEDROCK_QUOTAS__SCHEDULES", "1"),
+        ],
+    )
+    .await;
     for url in [
         "http://127.0.0.1:5432/",
         "http://127.1/",
@@ -444,6 +451,20 @@ async fn internal_addresses_bad_input_and_the_quota_are_refused() {
     app.post(
         "/v1/webhooks",
         json!({"url": "http://93.184.215.14/other", "events": ["turn.completed"]}),
+    )
+    .await
+    .expect_error(429, "quota_exceeded");
+    // Schedules have a quota too: a tenant cannot fire more than its share.
+    let conv = app.conversation().await;
+    app.post(
+        "/v1/schedules",
+        json!({"conversation_id": conv, "message": "x", "every": "1h"}),
+    )
+    .await
+    .expect(201);
+    app.post(
+        "/v1/schedules",
+        json!({"conversation_id": conv, "message": "y", "every": "1h"}),
     )
     .await
     .expect_error(429, "quota_exceeded");
@@ -729,4 +750,60 @@ async fn a_cluster_delivers_each_event_once_and_in_order() {
     }
     crate::support::process::remove_workspace(&workspace);
     db.drop_db().await;
+}
+
+/// Finished deliveries and runs are removed after their keeping (`[webhooks] keep_ms`,
+/// `[schedules] keep_runs_ms`): a schedule every second must not grow the database
+/// without bound.
+#[tokio::test]
+async fn finished_deliveries_and_runs_are_removed_after_their_keeping() {
+    let db = TestDb::sqlite();
+    let mut extra = FAST.to_vec();
+    extra.extend([
+        ("BEDROCK_WEBHOOKS__KEEP_MS", "400"),
+        ("BEDROCK_SCHEDULES__KEEP_RUNS_MS", "400"),
+        ("BEDROCK_SCHEDULES__POLL_MS", "50"),
+    ]);
+    let app = TestApp::spawn_with(&db, &extra).await;
+    let (addr, receiver) = serve_receiver().await;
+    let hook = subscribe(&app, addr, &receiver, json!(["turn.completed"])).await;
+    let id = one_turn(&app, "hello").await;
+    eventually("the delivery", WAIT, || async {
+        let page = app
+            .get(&format!("/v1/webhooks/{hook}/deliveries"))
+            .await
+            .expect(200);
+        (page["deliveries"][0]["status"] == "succeeded").then_some(())
+    })
+    .await;
+    let at = (chrono::Utc::now() + chrono::Duration::milliseconds(100)).to_rfc3339();
+    let schedule = app
+        .post(
+            "/v1/schedules",
+            json!({"conversation_id": id, "message": "again", "at": at}),
+        )
+        .await
+        .expect(201);
+    let sid = schedule["id"].as_str().expect("an id");
+    eventually("the run", WAIT, || async {
+        let runs = app
+            .get(&format!("/v1/schedules/{sid}/runs"))
+            .await
+            .expect(200);
+        (runs["runs"][0]["status"] == "started").then_some(())
+    })
+    .await;
+    eventually("both to be removed", WAIT, || async {
+        let deliveries = app
+            .get(&format!("/v1/webhooks/{hook}/deliveries"))
+            .await
+            .expect(200);
+        let runs = app
+            .get(&format!("/v1/schedules/{sid}/runs"))
+            .await
+            .expect(200);
+        (deliveries["deliveries"] == json!([]) && runs["runs"] == json!([])).then_some(())
+    })
+    .await;
+    app.cleanup(db).await;
 }
