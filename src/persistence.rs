@@ -197,21 +197,9 @@ pub enum WriteJob {
         tenant_id: String,
         id: String,
     },
-    /// Outbox rows made into deliveries: `Count(rows taken)`.
-    FanOutWebhookEvents {
-        now: i64,
-        retry_for_ms: i64,
-        limit: u64,
-    },
-    /// Due deliveries claimed for a node: `Count(claimed)`.
-    ClaimWebhookDeliveries {
-        claimed_by: String,
-        now: i64,
-        until: i64,
-        limit: u64,
-    },
-    /// An attempt's result: `Resolved(whether the claim still held)`.
-    FinishWebhookAttempt(Box<crate::store::Attempt>),
+    /// One cycle of a node's webhook dispatcher, one transaction: attempts' results, the
+    /// outbox fanned out, due deliveries claimed: `Count(claimed)`.
+    WebhookCycle(Box<WebhookCycle>),
     /// A tenant's schedule made.
     CreateSchedule(Box<crate::model::Schedule>),
     /// A schedule paused or resumed: `Resolved(whether it was there)`.
@@ -262,6 +250,18 @@ pub enum WriteJob {
         now: i64,
         retry_for_ms: i64,
     },
+}
+
+/// One cycle of a node's webhook dispatcher (see [`WriteJob::WebhookCycle`]).
+#[derive(Clone, Debug)]
+pub struct WebhookCycle {
+    pub finished: Vec<crate::store::Attempt>,
+    pub now: i64,
+    pub retry_for_ms: i64,
+    pub fan_out_limit: u64,
+    pub claimed_by: String,
+    pub until: i64,
+    pub claim_limit: u64,
 }
 
 /// What a write reports back.
@@ -824,32 +824,19 @@ async fn write(store: &Store, job: WriteJob) -> Result<WriteOutcome, StoreError>
                 store.delete_webhook(&tenant_id, &id).await?,
             ));
         }
-        WriteJob::FanOutWebhookEvents {
-            now,
-            retry_for_ms,
-            limit,
-        } => {
+        WriteJob::WebhookCycle(cycle) => {
             return Ok(WriteOutcome::Count(
                 store
-                    .fan_out_webhook_events(now, retry_for_ms, limit)
+                    .webhook_cycle(
+                        &cycle.finished,
+                        cycle.now,
+                        cycle.retry_for_ms,
+                        cycle.fan_out_limit,
+                        &cycle.claimed_by,
+                        cycle.until,
+                        cycle.claim_limit,
+                    )
                     .await?,
-            ));
-        }
-        WriteJob::ClaimWebhookDeliveries {
-            claimed_by,
-            now,
-            until,
-            limit,
-        } => {
-            return Ok(WriteOutcome::Count(
-                store
-                    .claim_webhook_deliveries(&claimed_by, now, until, limit)
-                    .await?,
-            ));
-        }
-        WriteJob::FinishWebhookAttempt(attempt) => {
-            return Ok(WriteOutcome::Resolved(
-                store.finish_webhook_attempt(&attempt).await?,
             ));
         }
         WriteJob::CreateSchedule(schedule) => store.insert_schedule(&schedule).await?,

@@ -36,6 +36,7 @@ pub struct WebhookChange {
 pub struct Attempt {
     pub delivery_id: String,
     pub webhook_id: String,
+    pub tenant_id: String,
     /// The claim it was made under: a claim that ran out (and was taken) writes nothing.
     pub claimed_by: String,
     pub at: i64,
@@ -440,13 +441,13 @@ impl Store {
     /// row's tenant subscribed to its event, and removes them: one transaction. Each
     /// delivery is retried until `retry_for_ms` after `now`. Returns the rows taken (0 on
     /// Postgres when another node is at it).
-    pub(crate) async fn fan_out_webhook_events(
+    async fn fan_out_on(
         &self,
+        txn: &sea_orm::DatabaseTransaction,
         now: i64,
         retry_for_ms: i64,
         limit: u64,
     ) -> Result<u64> {
-        let txn = self.writer().begin().await?;
         if self.backend() == DbBackend::Postgres {
             let locked = txn
                 .query_one_raw(self.statement(
@@ -466,7 +467,7 @@ impl Store {
              ORDER BY seq LIMIT $1",
             vec![i64::try_from(limit).unwrap_or(i64::MAX).into()],
         ))
-        .all(&txn)
+        .all(txn)
         .await?;
         let Some(last) = rows.last().map(|row| row.seq) else {
             return Ok(0);
@@ -483,7 +484,7 @@ impl Store {
         let mut values: Vec<Value> = tenants.iter().map(|t| (*t).into()).collect();
         values.push(true.into());
         let hooks: Vec<Webhook> = WebhookRow::find_by_statement(self.statement(&sql, values))
-            .all(&txn)
+            .all(txn)
             .await?
             .into_iter()
             .map(Webhook::from)
@@ -544,15 +545,15 @@ impl Store {
             vec![last.into()],
         ))
         .await?;
-        txn.commit().await?;
         Ok(u64::try_from(rows.len()).unwrap_or(u64::MAX))
     }
 
     /// Claims up to `limit` due deliveries for `claimed_by` until `until`: each one whose
     /// endpoint is enabled, not claimed (or whose claim ran out), and the first undone one
     /// of its conversation for its endpoint. Returns how many it claimed.
-    pub(crate) async fn claim_webhook_deliveries(
+    async fn claim_on(
         &self,
+        db: &impl ConnectionTrait,
         claimed_by: &str,
         now: i64,
         until: i64,
@@ -574,8 +575,7 @@ impl Store {
                  AND EXISTS (SELECT 1 FROM webhooks w WHERE w.id = d.webhook_id AND w.enabled = $5) \
                ORDER BY d.next_attempt_at LIMIT $6{skip_locked})"
         );
-        let done = self
-            .writer()
+        let done = db
             .execute_raw(self.statement(
                 &sql,
                 vec![
@@ -591,17 +591,50 @@ impl Store {
         Ok(done.rows_affected())
     }
 
+    /// One cycle of a node's dispatcher in one transaction (one log sync): the results of
+    /// the attempts it made, the outbox fanned out (on Postgres unless another node is at
+    /// it), and up to `claim_limit` due deliveries claimed. Returns how many it claimed.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn webhook_cycle(
+        &self,
+        finished: &[Attempt],
+        now: i64,
+        retry_for_ms: i64,
+        fan_out_limit: u64,
+        claimed_by: &str,
+        until: i64,
+        claim_limit: u64,
+    ) -> Result<u64> {
+        let txn = self.writer().begin().await?;
+        for attempt in finished {
+            self.finish_on(&txn, attempt).await?;
+        }
+        self.fan_out_on(&txn, now, retry_for_ms, fan_out_limit)
+            .await?;
+        let claimed = if claim_limit > 0 {
+            self.claim_on(&txn, claimed_by, now, until, claim_limit)
+                .await?
+        } else {
+            0
+        };
+        txn.commit().await?;
+        Ok(claimed)
+    }
+
     /// Writes an attempt's result (under its claim; a claim taken by another node writes
     /// nothing): delivered, to be retried, or failed for good; the endpoint's failures
     /// (and, past the setting, its disabling with the reason, failing its pending
     /// deliveries). Returns whether the claim still held.
-    pub(crate) async fn finish_webhook_attempt(&self, attempt: &Attempt) -> Result<bool> {
-        let txn = self.writer().begin().await?;
+    async fn finish_on(
+        &self,
+        txn: &sea_orm::DatabaseTransaction,
+        attempt: &Attempt,
+    ) -> Result<bool> {
         let log = LogRow::find_by_statement(self.statement(
             "SELECT attempts_log FROM webhook_deliveries WHERE id = $1 AND claimed_by = $2 AND status = 'pending'",
             vec![attempt.delivery_id.clone().into(), attempt.claimed_by.clone().into()],
         ))
-        .one(&txn)
+        .one(txn)
         .await?;
         let Some(log) = log else {
             return Ok(false);
@@ -681,7 +714,6 @@ impl Store {
             ))
             .await?;
         }
-        txn.commit().await?;
         Ok(true)
     }
 

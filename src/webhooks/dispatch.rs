@@ -17,15 +17,20 @@ use super::{Subscribers, hook_key, signature};
 use crate::config::WebhookSettings;
 use crate::metrics::Metrics;
 use crate::model::{Webhook, WebhookDelivery};
-use crate::persistence::{Persistence, WriteJob, WriteOutcome};
+use crate::persistence::{Persistence, WebhookCycle, WriteJob, WriteOutcome};
 use crate::store::{Attempt, Store};
 
 /// Outbox rows fanned out per write.
 const FAN_OUT_BATCH: u64 = 256;
 /// The most of an answer's body that is kept.
 const EXCERPT_BYTES: usize = 256;
-/// How often the subscribed tenants and the backlog are read again.
+/// After a wake-up, how long events and results gather before the cycle that writes them.
+const GATHER: Duration = Duration::from_millis(10);
+/// How often the subscribed tenants are read again (an endpoint made on another node).
 const REFRESH_EVERY: Duration = Duration::from_secs(1);
+/// How often the backlog is counted (for the metric, and to drain what tenants without an
+/// endpoint left behind).
+const COUNT_EVERY: Duration = Duration::from_secs(10);
 
 /// The node's dispatcher and what it needs.
 #[derive(Debug)]
@@ -62,57 +67,78 @@ impl Dispatcher {
         // Deliveries in flight, and per tenant.
         let mut flying: HashSet<String> = HashSet::new();
         let mut per_tenant: HashMap<String, usize> = HashMap::new();
-        let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
+        // Attempts made, their results written with the next cycle.
+        let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<Attempt>();
+        let mut finished: Vec<Attempt> = Vec::new();
         let poll = Duration::from_millis(this.settings.poll_ms);
-        // Events or deliveries wait (as last read, at once): work even with no endpoint
+        // Events or deliveries wait (as last counted, at once): work even with no endpoint
         // enabled.
-        let mut backlog = this.refresh().await;
-        let mut refreshed = Instant::now();
+        this.refresh().await;
+        let mut backlog = this.backlog().await;
+        let (mut refreshed, mut counted) = (Instant::now(), Instant::now());
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
                 _ = tokio::time::sleep(poll) => {}
-                _ = this.subscribers.woken() => {}
-                Some((id, tenant)) = done_rx.recv() => {
-                    flying.remove(&id);
-                    if let Some(n) = per_tenant.get_mut(&tenant) {
-                        *n = n.saturating_sub(1);
-                    }
+                // Events stored, an attempt made: what comes in the next moment joins the
+                // same cycle (one transaction for all of it).
+                _ = this.subscribers.woken() => tokio::time::sleep(GATHER).await,
+                Some(attempt) = done_rx.recv() => {
+                    finished.push(attempt);
+                    tokio::time::sleep(GATHER).await;
                 }
             }
-            while let Ok((id, tenant)) = done_rx.try_recv() {
-                flying.remove(&id);
-                if let Some(n) = per_tenant.get_mut(&tenant) {
+            while let Ok(attempt) = done_rx.try_recv() {
+                finished.push(attempt);
+            }
+            for attempt in &finished {
+                flying.remove(&attempt.delivery_id);
+                if let Some(n) = per_tenant.get_mut(&attempt.tenant_id) {
                     *n = n.saturating_sub(1);
                 }
             }
             while flights.try_join_next().is_some() {}
             if refreshed.elapsed() >= REFRESH_EVERY {
                 refreshed = Instant::now();
-                backlog = this.refresh().await;
+                this.refresh().await;
+            }
+            if counted.elapsed() >= COUNT_EVERY {
+                counted = Instant::now();
+                backlog = this.backlog().await;
             }
             // A node whose tenants use no webhooks writes nothing for them.
-            if this.subscribers.is_empty() && !backlog && flying.is_empty() {
+            if this.subscribers.is_empty()
+                && !backlog
+                && flying.is_empty()
+                && finished.is_empty()
+            {
                 continue;
             }
-            this.fan_out().await;
             let free = this.settings.concurrency.saturating_sub(flying.len());
-            if free == 0 {
-                continue;
-            }
             let now = now_ms();
-            let claimed = this
+            let cycle = WebhookCycle {
+                finished: std::mem::take(&mut finished),
+                now,
+                retry_for_ms: ms(this.settings.retry_for_ms),
+                fan_out_limit: FAN_OUT_BATCH,
+                claimed_by: claimer.clone(),
+                until: now.saturating_add(ms(this.settings.claim_ms)),
+                claim_limit: free as u64,
+            };
+            match this
                 .persistence
-                .write(WriteJob::ClaimWebhookDeliveries {
-                    claimed_by: claimer.clone(),
-                    now,
-                    until: now.saturating_add(ms(this.settings.claim_ms)),
-                    limit: free as u64,
-                })
-                .await;
-            if let Err(e) = claimed {
-                tracing::warn!(error = %e, "webhook deliveries could not be claimed");
-                continue;
+                .write(WriteJob::WebhookCycle(Box::new(cycle)))
+                .await
+            {
+                Ok(WriteOutcome::Count(claimed)) if claimed > 0 || !flying.is_empty() => {}
+                // Nothing claimed and nothing in flight: nothing of ours to read.
+                Ok(_) => continue,
+                Err(e) => {
+                    // Results not written: their claims run out and the deliveries are
+                    // made again (at least once).
+                    tracing::warn!(error = %e, "a webhook cycle could not be stored");
+                    continue;
+                }
             }
             let mine = match this.store.claimed_webhook_deliveries(&claimer).await {
                 Ok(mine) => mine,
@@ -143,9 +169,8 @@ impl Dispatcher {
                     attempt = delivery.attempts + 1);
                 flights.spawn(
                     async move {
-                        let (id, tenant) = (delivery.id.clone(), delivery.tenant_id.clone());
-                        this.deliver(&client, &claimer, delivery, hook).await;
-                        let _ = done.send((id, tenant));
+                        let attempt = this.deliver(&client, &claimer, delivery, hook).await;
+                        let _ = done.send(attempt);
                     }
                     .instrument(span),
                 );
@@ -154,12 +179,16 @@ impl Dispatcher {
         flights.abort_all();
     }
 
-    /// The subscribed tenants and the backlog, read again: whether anything waits.
-    async fn refresh(&self) -> bool {
+    /// The subscribed tenants, read again.
+    async fn refresh(&self) {
         match self.store.webhook_tenants().await {
             Ok(tenants) => self.subscribers.replace(tenants),
             Err(e) => tracing::debug!(error = %e, "webhook tenants not read"),
         }
+    }
+
+    /// Whether events or deliveries wait (and the metric of how many).
+    async fn backlog(&self) -> bool {
         match self.store.webhook_backlog().await {
             Ok((outbox, pending)) => {
                 self.metrics.webhook_backlog(outbox, pending);
@@ -169,36 +198,14 @@ impl Dispatcher {
         }
     }
 
-    /// Outbox rows into deliveries, a batch at a time, until it is empty.
-    async fn fan_out(&self) {
-        loop {
-            let taken = self
-                .persistence
-                .write(WriteJob::FanOutWebhookEvents {
-                    now: now_ms(),
-                    retry_for_ms: ms(self.settings.retry_for_ms),
-                    limit: FAN_OUT_BATCH,
-                })
-                .await;
-            match taken {
-                Ok(WriteOutcome::Count(n)) if n >= FAN_OUT_BATCH => continue,
-                Ok(_) => break,
-                Err(e) => {
-                    tracing::warn!(error = %e, "webhook events could not be fanned out");
-                    break;
-                }
-            }
-        }
-    }
-
-    /// One attempt of `delivery`, and its result written.
+    /// One attempt of `delivery`: its result, written with the next cycle.
     async fn deliver(
         &self,
         client: &crate::egress::Client,
         claimer: &str,
         delivery: WebhookDelivery,
         hook: Webhook,
-    ) {
+    ) -> Attempt {
         let started = Instant::now();
         let sent = send(client, &delivery, &hook).await;
         let latency = started.elapsed();
@@ -249,9 +256,10 @@ impl Dispatcher {
                 "webhook attempt failed"
             );
         }
-        let attempt = Attempt {
+        Attempt {
             delivery_id: delivery.id.clone(),
             webhook_id: hook.id.clone(),
+            tenant_id: delivery.tenant_id.clone(),
             claimed_by: claimer.to_owned(),
             at,
             status,
@@ -261,14 +269,6 @@ impl Dispatcher {
             succeeded,
             retry_at,
             disable,
-        };
-        if let Err(e) = self
-            .persistence
-            .write(WriteJob::FinishWebhookAttempt(Box::new(attempt)))
-            .await
-        {
-            // The claim runs out and the delivery is attempted again: at least once.
-            tracing::warn!(error = %e, "a webhook attempt's result could not be stored");
         }
     }
 }

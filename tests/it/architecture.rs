@@ -342,9 +342,7 @@ fn layering_only_the_persistence_actor_writes() {
         ".update_webhook(",
         ".rotate_webhook_secret(",
         ".delete_webhook(",
-        ".fan_out_webhook_events(",
-        ".claim_webhook_deliveries(",
-        ".finish_webhook_attempt(",
+        ".webhook_cycle(",
         ".retry_webhook_delivery(",
     ];
     let mut seen = 0;
