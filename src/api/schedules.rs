@@ -32,8 +32,8 @@ use crate::wire::{
     NewSchedule, RunsQuery, ScheduleList, ScheduleRunList, ScheduleRunView, ScheduleView,
 };
 
-/// Runs in flight on a node at once.
-const CONCURRENCY: usize = 16;
+/// Runs in flight on a node at once (a run waits mostly on commits and its requests).
+const CONCURRENCY: usize = 64;
 
 fn view(schedule: &Schedule) -> ScheduleView {
     ScheduleView {
@@ -425,7 +425,10 @@ impl Firing {
                     now,
                     until: now.saturating_add(ms(settings.claim_ms)),
                     late_ms: ms(settings.late_ms),
-                    limit: settings.batch,
+                    // No more than can start now: what is claimed is read every poll.
+                    limit: settings
+                        .batch
+                        .min(CONCURRENCY.saturating_sub(flying.len()) as u64),
                 })
                 .await;
             if let Err(e) = claim {

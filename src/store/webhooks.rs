@@ -262,13 +262,22 @@ impl Store {
     pub async fn claimed_webhook_deliveries(
         &self,
         claimed_by: &str,
+        except: &[&str],
     ) -> Result<Vec<(WebhookDelivery, Webhook)>> {
+        let mut values: Vec<Value> = vec![claimed_by.into()];
+        values.extend(except.iter().map(|id| Value::from(*id)));
+        let not_in = if except.is_empty() {
+            String::new()
+        } else {
+            let marks: Vec<String> = (2..=except.len() + 1).map(|i| format!("${i}")).collect();
+            format!(" AND id NOT IN ({})", marks.join(", "))
+        };
         let sql = format!(
-            "SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries WHERE claimed_by = $1 AND status = 'pending' \
+            "SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries WHERE claimed_by = $1 AND status = 'pending'{not_in} \
              ORDER BY conversation_id, event_seq"
         );
         let deliveries: Vec<WebhookDelivery> =
-            DeliveryRow::find_by_statement(self.statement(&sql, vec![claimed_by.into()]))
+            DeliveryRow::find_by_statement(self.statement(&sql, values))
                 .all(&self.db)
                 .await?
                 .into_iter()

@@ -107,11 +107,7 @@ impl Dispatcher {
                 backlog = this.backlog().await;
             }
             // A node whose tenants use no webhooks writes nothing for them.
-            if this.subscribers.is_empty()
-                && !backlog
-                && flying.is_empty()
-                && finished.is_empty()
-            {
+            if this.subscribers.is_empty() && !backlog && flying.is_empty() && finished.is_empty() {
                 continue;
             }
             let free = this.settings.concurrency.saturating_sub(flying.len());
@@ -140,7 +136,13 @@ impl Dispatcher {
                     continue;
                 }
             }
-            let mine = match this.store.claimed_webhook_deliveries(&claimer).await {
+            // Those in flight are not read again.
+            let except: Vec<&str> = flying.iter().map(String::as_str).collect();
+            let mine = match this
+                .store
+                .claimed_webhook_deliveries(&claimer, &except)
+                .await
+            {
                 Ok(mine) => mine,
                 Err(e) => {
                     tracing::warn!(error = %e, "claimed webhook deliveries could not be read");
