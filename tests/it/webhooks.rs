@@ -686,7 +686,10 @@ async fn a_cluster_delivers_each_event_once_and_in_order() {
             .env("BEDROCK_CLUSTER__LEASE_TTL_MS", "2000")
             .env("BEDROCK_CLUSTER__HEARTBEAT_MS", "500")
             .env("BEDROCK_EGRESS__ALLOW", r#"["127.0.0.1"]"#)
-            .env("BEDROCK_WEBHOOKS__POLL_MS", "50");
+            .env("BEDROCK_WEBHOOKS__POLL_MS", "50")
+            // A cycle whose write failed on a busy machine is made again within the wait.
+            .env("BEDROCK_WEBHOOKS__TIMEOUT_MS", "2000")
+            .env("BEDROCK_WEBHOOKS__CLAIM_MS", "3000");
         Server::start_with(cmd)
     };
     let nodes: Vec<Server> = ["a", "b", "c"].iter().map(|id| node(id)).collect();
