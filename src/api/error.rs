@@ -72,6 +72,19 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
     }
 
+    /// A conditional write's answer as a route's: 204 when it found its row, else 404
+    /// naming `what` (deletes of a tenant's resources).
+    pub fn removed(
+        outcome: crate::persistence::WriteOutcome,
+        what: &str,
+    ) -> Result<Response, ApiError> {
+        if outcome == crate::persistence::WriteOutcome::Resolved(true) {
+            Ok(IntoResponse::into_response(StatusCode::NO_CONTENT))
+        } else {
+            Err(ApiError::not_found(what))
+        }
+    }
+
     pub fn not_found(what: &str) -> Self {
         Self::new(
             StatusCode::NOT_FOUND,

@@ -8,14 +8,14 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse as _, Response};
+use axum::response::Response;
 use chrono::Utc;
 
 use super::AppState;
 use super::auth::Caller;
 use super::error::{ApiError, Body, ErrorBody, Path, reply};
 use crate::model::McpTool;
-use crate::persistence::{WriteJob, WriteOutcome};
+use crate::persistence::WriteJob;
 use crate::quotas::Quota;
 use crate::store::{McpServer, StoreError};
 use crate::wire::{McpServerList, McpServerView, NewMcpServer};
@@ -153,11 +153,7 @@ pub async fn delete(
             name,
         })
         .await?;
-    if removed == WriteOutcome::Resolved(true) {
-        Ok(StatusCode::NO_CONTENT.into_response())
-    } else {
-        Err(ApiError::not_found("MCP server"))
-    }
+    ApiError::removed(removed, "MCP server")
 }
 
 /// The tools of the tenant's servers (`only` those named, when given: an agent's

@@ -14,7 +14,7 @@ use axum::Router;
 use axum::body::Body as HttpBody;
 use axum::extract::State;
 use axum::http::{Method, Request, StatusCode, header};
-use axum::response::{IntoResponse as _, Response};
+use axum::response::Response;
 use serde_json::{Value, json};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -244,11 +244,7 @@ pub async fn delete(
             id,
         })
         .await?;
-    if removed == WriteOutcome::Resolved(true) {
-        Ok(StatusCode::NO_CONTENT.into_response())
-    } else {
-        Err(ApiError::not_found("schedule"))
-    }
+    ApiError::removed(removed, "schedule")
 }
 
 async fn set_enabled(

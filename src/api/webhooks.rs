@@ -5,7 +5,7 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse as _, Response};
+use axum::response::Response;
 
 use super::AppState;
 use super::auth::Caller;
@@ -279,11 +279,7 @@ pub async fn delete(
             id,
         })
         .await?;
-    if removed == WriteOutcome::Resolved(true) {
-        Ok(StatusCode::NO_CONTENT.into_response())
-    } else {
-        Err(ApiError::not_found("webhook"))
-    }
+    ApiError::removed(removed, "webhook")
 }
 
 /// A new signing secret, shown in this answer only; the previous one keeps signing beside
