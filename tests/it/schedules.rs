@@ -156,6 +156,16 @@ async fn an_agent_runs_on_an_interval_across_a_restart() {
         )
         .await
         .expect_error(404, "not_found");
+        // Nor can tenant b fire tenant a's agent: a firing acts as the schedule's tenant
+        // only, and the agent is looked up as that tenant's.
+        app.request(
+            reqwest::Method::POST,
+            "/v1/schedules",
+            b,
+            Some(json!({"agent": "reporter", "message": "mine now", "every": "1s"})),
+        )
+        .await
+        .expect_error(404, "not_found");
         app.request(
             reqwest::Method::DELETE,
             &format!("/v1/schedules/{id}"),
