@@ -601,3 +601,137 @@ mod tests {
         assert_eq!(database_port("sqlite:///tmp/b.db?mode=rwc"), None);
     }
 }
+
+/// What `bedrock replay` re-runs (issue 40).
+#[derive(Clone, Debug, Default)]
+pub struct ReplayTarget {
+    /// One conversation, by id; `None` with `all`.
+    pub conversation: Option<String>,
+    pub all: bool,
+    /// `--since`: RFC 3339, or a span back from now (`24h`, `7d`).
+    pub since: Option<String>,
+    /// `--tenant`: a tenant's name.
+    pub tenant: Option<String>,
+    /// The hidden test switch: replay with a deliberately changed decision.
+    pub changed_decision: bool,
+}
+
+/// What a replay found, over all its conversations.
+#[derive(Clone, Debug, Default)]
+pub struct ReplaySummary {
+    pub conversations: u64,
+    pub steps: u64,
+    pub skipped: u64,
+    pub diverged: u64,
+    pub seconds: f64,
+}
+
+/// Re-runs the stored steps of the conversations `target` names through the core and
+/// compares every decision with the stored one (`bedrock replay`), writing a line per
+/// conversation that diverged (the first divergent step: the event, both sides) and, with
+/// `verbose`, a line per conversation that did not.
+pub async fn replay(
+    settings: &Settings,
+    target: &ReplayTarget,
+    out: &mut dyn std::io::Write,
+    verbose: bool,
+) -> anyhow::Result<ReplaySummary> {
+    let store = open_store(settings).await?;
+    replay_with(&store, target, out, verbose).await
+}
+
+/// [`replay`] on an open store (the benchmark's entry).
+pub async fn replay_with(
+    store: &Store,
+    target: &ReplayTarget,
+    out: &mut dyn std::io::Write,
+    verbose: bool,
+) -> anyhow::Result<ReplaySummary> {
+    let ids = match (&target.conversation, target.all) {
+        (Some(id), false) => {
+            anyhow::ensure!(
+                target.since.is_none() && target.tenant.is_none(),
+                "--since and --tenant go with --all"
+            );
+            if store.conversation_by_id(id).await?.is_none() {
+                anyhow::bail!("no conversation has the id {id:?}");
+            }
+            vec![id.clone()]
+        }
+        (None, true) => {
+            let tenant_id = match &target.tenant {
+                Some(name) => Some(
+                    store
+                        .tenant_by_name(name)
+                        .await?
+                        .with_context(|| format!("no tenant is named {name:?}"))?
+                        .id,
+                ),
+                None => None,
+            };
+            let since = target.since.as_deref().map(since_ms).transpose()?;
+            store
+                .replay_targets(&crate::store::ReplayFilter { tenant_id, since })
+                .await?
+        }
+        _ => anyhow::bail!("name one conversation, or --all"),
+    };
+    let decide: crate::replay::Decide = if target.changed_decision {
+        crate::replay::changed_decision
+    } else {
+        crate::replay::decide
+    };
+    let started = std::time::Instant::now();
+    let mut summary = ReplaySummary::default();
+    for id in ids {
+        let rows = store.steps_of(&id).await?;
+        let messages = store
+            .message_contents(&id, &crate::replay::referenced(&rows))
+            .await?;
+        let lookup = |seq: i64| messages.get(&seq).cloned();
+        let checked = crate::replay::replay(&rows, &lookup, decide, |_, _, _, _, _, _| {});
+        summary.conversations += 1;
+        summary.steps += checked.steps;
+        summary.skipped += checked.skipped;
+        match &checked.divergence {
+            Some(divergence) => {
+                summary.diverged += 1;
+                let line = serde_json::json!({
+                    "conversation_id": id,
+                    "diverged_at_step": divergence.step,
+                    "reason": divergence.reason,
+                    "event": divergence.event,
+                    "stored": divergence.stored,
+                    "replayed": divergence.replayed,
+                    "steps_before": checked.steps,
+                });
+                writeln!(out, "{line}")?;
+            }
+            None if verbose => {
+                let line = serde_json::json!({
+                    "conversation_id": id,
+                    "steps": checked.steps,
+                    "skipped": checked.skipped,
+                    "same": true,
+                });
+                writeln!(out, "{line}")?;
+            }
+            None => {}
+        }
+    }
+    summary.seconds = started.elapsed().as_secs_f64();
+    Ok(summary)
+}
+
+/// `--since`: an RFC 3339 time, or a span back from now (`24h`, `7d`), as milliseconds
+/// since the Unix epoch.
+fn since_ms(text: &str) -> anyhow::Result<i64> {
+    if let Ok(at) = chrono::DateTime::parse_from_rfc3339(text) {
+        return Ok(at.timestamp_millis());
+    }
+    let span = humantime::parse_duration(text).with_context(|| {
+        format!("--since {text:?} is neither an RFC 3339 time nor a span such as 24h")
+    })?;
+    let span = chrono::Duration::from_std(span).context("--since is too far back")?;
+    Ok((Utc::now() - span).timestamp_millis())
+}

@@ -16,6 +16,7 @@ pub mod notice;
 pub mod origin;
 pub mod persistence;
 pub mod quotas;
+pub mod replay;
 pub mod runtime;
 pub mod sandbox;
 pub mod schedules;

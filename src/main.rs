@@ -56,6 +56,31 @@ enum Command {
         #[command(subcommand)]
         command: ScheduleCommand,
     },
+    /// Re-run stored conversations' steps through the core and compare every decision with
+    /// the stored one (the replay log: docs/operations.md, "Upgrades"). Prints a JSON line
+    /// per conversation that decides differently (its first divergent step, the event and
+    /// both sides), then a summary on standard error; exits 1 on any divergence.
+    Replay {
+        /// A conversation's id.
+        conversation: Option<String>,
+        /// Every conversation with stored steps.
+        #[arg(long)]
+        all: bool,
+        /// With --all: only conversations with steps stored since (RFC 3339, or a span
+        /// back from now such as 24h).
+        #[arg(long)]
+        since: Option<String>,
+        /// With --all: only this tenant's conversations (its name).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// A line for every conversation, also those that decide the same.
+        #[arg(long, short)]
+        verbose: bool,
+        /// Tests only: replay with a deliberately changed decision (every tool result
+        /// stored as its opposite), to show that a divergence is found.
+        #[arg(long, hide = true)]
+        test_changed_decision: bool,
+    },
     /// Print the effective configuration, secrets masked.
     Config,
     /// Print the OpenAPI document of the API (what GET /openapi.json serves).
@@ -309,6 +334,41 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             for line in list_schedules(&settings, tenant.as_deref()).await? {
                 println!("{line}");
             }
+            Ok(())
+        }
+        Command::Replay {
+            conversation,
+            all,
+            since,
+            tenant,
+            verbose,
+            test_changed_decision,
+        } => {
+            let target = bedrock::app::ReplayTarget {
+                conversation,
+                all,
+                since,
+                tenant,
+                changed_decision: test_changed_decision,
+            };
+            let mut out = std::io::stdout().lock();
+            let summary = bedrock::app::replay(&settings, &target, &mut out, verbose).await?;
+            let rate = summary.steps as f64 / summary.seconds.max(1e-9);
+            eprintln!(
+                "replay: {} conversations, {} steps the same, {} diverged, {} steps skipped (their segment's start is past retention), {:.2} s, {:.0} steps/s",
+                summary.conversations,
+                summary.steps,
+                summary.diverged,
+                summary.skipped,
+                summary.seconds,
+                rate
+            );
+            anyhow::ensure!(
+                summary.diverged == 0,
+                "{} of {} conversations decide differently",
+                summary.diverged,
+                summary.conversations
+            );
             Ok(())
         }
         Command::Config => {

@@ -519,6 +519,34 @@ pub struct ConversationCommit {
     /// Events for the tenant's webhooks, written to the outbox in the same transaction
     /// (usually none: a turn's end, for a tenant with webhooks).
     pub outbox: Vec<OutboxEvent>,
+    /// The transitions' steps for the replay log (src/replay), in order: one row of
+    /// `conversation_steps` per commit that has any.
+    pub steps: Vec<LoggedStep>,
+}
+
+/// A transition's step for the replay log (src/replay), ready to be written with its
+/// commit: its number in the conversation and its JSON.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoggedStep {
+    pub n: i64,
+    pub json: String,
+}
+
+impl LoggedStep {
+    /// A commit's steps as the JSON array a `conversation_steps` row holds.
+    pub fn array(steps: &[LoggedStep]) -> String {
+        let mut json =
+            String::with_capacity(steps.iter().map(|s| s.json.len() + 1).sum::<usize>() + 2);
+        json.push('[');
+        for (i, step) in steps.iter().enumerate() {
+            if i > 0 {
+                json.push(',');
+            }
+            json.push_str(&step.json);
+        }
+        json.push(']');
+        json
+    }
 }
 
 /// An event a tenant's webhooks are told of (docs/api.md, "Webhooks"), written to the

@@ -752,9 +752,11 @@ async fn write(store: &Store, job: WriteJob) -> Result<WriteOutcome, StoreError>
             return Ok(WriteOutcome::Expired(requests, tasks));
         }
         WriteJob::PruneFrames { before, limit } => {
-            return Ok(WriteOutcome::Pruned(
-                store.prune_frames(before, limit).await?,
-            ));
+            // The replay log's steps keep the frames' window (issue 40). Another round is
+            // due while either table gave up a whole batch.
+            let frames = store.prune_frames(before, limit).await?;
+            let steps = store.prune_steps(before, limit).await?;
+            return Ok(WriteOutcome::Pruned(frames.max(steps)));
         }
         WriteJob::RecordUsage(record) => store.record(&record).await?,
         WriteJob::ReleaseBudget {
@@ -1008,6 +1010,7 @@ mod tests {
             at: at(),
             lease: None,
             outbox: Vec::new(),
+            steps: Vec::new(),
         }
     }
 

@@ -1975,3 +1975,53 @@ pub fn to_json(frame: &impl Serialize) -> String {
         String::from("{}")
     })
 }
+
+/// `GET /v1/conversations/{id}/trace`. *Extension.*
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct TraceQuery {
+    /// Steps after this one (`next_cursor` of the previous page; default: from the first).
+    #[param(minimum = 0)]
+    pub after: Option<i64>,
+    /// 1 to 500 (default 100).
+    #[param(minimum = 1, maximum = 500)]
+    pub limit: Option<u64>,
+}
+
+/// One step of a conversation's core (the replay log, issue 40): the event it was given,
+/// the state before and after, and the effects it asked for, re-run from the stored log.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TraceStepView {
+    /// The step's number in the conversation, from 1.
+    pub step: i64,
+    /// When it was stored (RFC 3339).
+    pub at: String,
+    /// The event's kind (`user_message`, `llm_response`, `tool_complete`, ...).
+    pub kind: String,
+    /// The event as stored: the ids it carries; a field a message holds is given as that
+    /// message's `msg` (its `sequence_id`) instead.
+    #[schema(value_type = Object)]
+    pub event: Value,
+    /// The `sequence_id` of the message the event refers to, if any.
+    pub message: Option<i64>,
+    #[schema(value_type = Object)]
+    pub state_before: Value,
+    #[schema(value_type = Object)]
+    pub state_after: Value,
+    /// The effects, in order (`persist_message`, `request_llm`, `execute_tool`, ...).
+    #[schema(value_type = Vec<Object>)]
+    pub effects: Value,
+    /// Whether this build decides the step as it was decided when stored.
+    pub same: bool,
+}
+
+/// A page of a conversation's trace. *Extension.*
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TraceList {
+    pub steps: Vec<TraceStepView>,
+    /// Steps stored before the first one shown that retention cut off from the start of
+    /// their segment (they cannot be re-run).
+    pub skipped: u64,
+    /// `after` for the next page; `null` on the last.
+    pub next_cursor: Option<i64>,
+}

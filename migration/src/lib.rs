@@ -41,6 +41,7 @@ mod m20261127_000015_client_tools;
 mod m20261127_000016_agent_hooks_limits;
 mod m20261127_000017_webhooks;
 mod m20261127_000018_schedules;
+mod m20261128_000019_conversation_steps;
 
 /// Runs a migration's statements for the database at hand, in order, each error naming its
 /// statement. SQLite and Postgres only.
@@ -95,6 +96,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261127_000016_agent_hooks_limits::Migration),
             Box::new(m20261127_000017_webhooks::Migration),
             Box::new(m20261127_000018_schedules::Migration),
+            Box::new(m20261128_000019_conversation_steps::Migration),
         ]
     }
 }

@@ -22,6 +22,7 @@ mod queue;
 mod rate;
 pub mod schedules;
 mod stream;
+mod trace;
 mod usage;
 mod webhooks;
 
@@ -243,6 +244,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(client_tools::calls))
         .routes(routes!(queue::list, queue::take_all))
         .routes(routes!(queue::take_one))
+        .routes(routes!(trace::list))
         .routes(routes!(c::tasks))
         .routes(routes!(c::cancel_task))
         .routes(routes!(stream::websocket))

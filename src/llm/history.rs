@@ -239,6 +239,7 @@ mod tests {
             at: at(),
             lease: None,
             outbox: Vec::new(),
+            steps: Vec::new(),
         });
         if let Ok(mut messages) = store.messages.lock() {
             messages.extend(commit.messages.iter().cloned());

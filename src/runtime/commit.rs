@@ -93,6 +93,7 @@ impl Plan {
                     at: second.at,
                     lease: first.lease,
                     outbox: [first.outbox, second.outbox].concat(),
+                    steps: [first.steps, second.steps].concat(),
                 }))
             }
             (first, second) => first.or(second),
@@ -110,6 +111,44 @@ impl Plan {
             ended,
         }
     }
+}
+
+/// The messages `plan` stores (those its steps' events may refer to).
+pub fn messages_of(plan: &Plan) -> &[MessageRecord] {
+    plan.commit
+        .as_deref()
+        .map_or(&[][..], |commit| commit.messages.as_slice())
+}
+
+/// Puts the steps of `plan`'s transitions (the replay log) into its commit; a transition that
+/// changed nothing else is committed for its step alone.
+pub fn log_steps(
+    plan: &mut Plan,
+    record: &ConversationRecord,
+    steps: Vec<crate::replay::LoggedStep>,
+    at: DateTime<Utc>,
+) {
+    if steps.is_empty() {
+        return;
+    }
+    let commit = plan.commit.get_or_insert_with(|| {
+        Arc::new(ConversationCommit {
+            conversation_id: record.id.clone(),
+            state: None,
+            messages: Vec::new(),
+            events: Vec::new(),
+            usage: None,
+            expected_next_sequence_id: record.next_sequence_id,
+            expected_next_event_id: record.next_event_id,
+            next_sequence_id: record.next_sequence_id,
+            next_event_id: record.next_event_id,
+            at: at.trunc_subsecs(6),
+            lease: record.lease,
+            outbox: Vec::new(),
+            steps: Vec::new(),
+        })
+    });
+    Arc::make_mut(commit).steps = steps;
 }
 
 /// The events of the turns `plan` ends, written with its commit (the outbox), for a
@@ -252,6 +291,7 @@ pub fn plan<'a>(
                     at,
                     lease: conv.lease,
                     outbox: Vec::new(),
+                    steps: Vec::new(),
                 })
             });
     Plan {
@@ -355,6 +395,7 @@ pub fn plan_frames(
                 at,
                 lease: conv.lease,
                 outbox: Vec::new(),
+                steps: Vec::new(),
             })
         }),
         frames,

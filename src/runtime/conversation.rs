@@ -127,9 +127,13 @@ impl Actor for ConversationActor {
         }
         args.cancel
             .set_running_turn(args.record.state.turn().map(|turn| &turn.id));
+        // The replay log goes on from the last stored step; this actor's first step starts a
+        // segment (it carries the state it starts from and the whole context).
+        let next_step = args.handles.store.next_step(&args.record.id).await?;
         Ok(ConversationState {
             record: args.record,
             ctx,
+            recorder: crate::replay::Recorder::new(next_step),
             handles: args.handles,
             cancel: args.cancel,
             parent: args.parent,
@@ -419,17 +423,18 @@ async fn send(
         images,
         if_busy,
     };
-    let result = transition(&state.record.state, &state.ctx, event).map_err(|e| match e {
-        InvalidTransition::Rejected(rejection) => SendError::Rejected(rejection),
-        InvalidTransition::Ignored { .. } => SendError::Rejected(Rejection::AgentBusy),
-    })?;
+    let result =
+        transition(&state.record.state, &state.ctx, event.clone()).map_err(|e| match e {
+            InvalidTransition::Rejected(rejection) => SendError::Rejected(rejection),
+            InvalidTransition::Ignored { .. } => SendError::Rejected(Rejection::AgentBusy),
+        })?;
     // The user is waiting: a database failure is theirs to retry, not ours.
     let has_client_key = client_message_id.is_some();
     let how = Commit {
         retry: false,
         urgent: false,
     };
-    match store_and_dispatch(myself, state, result, client_message_id, how).await {
+    match store_and_dispatch(myself, state, event, result, client_message_id, how).await {
         Ok((commit, _)) => {
             if let Some(message) = commit
                 .iter()
@@ -467,21 +472,18 @@ async fn summarize(
         return Err(SendError::ShuttingDown);
     }
     let turn = TurnId::new(uuid::Uuid::now_v7().to_string());
-    let result = transition(
-        &state.record.state,
-        &state.ctx,
-        Event::SummaryRequested { turn },
-    )
-    .map_err(|e| match e {
-        InvalidTransition::Rejected(rejection) => SendError::Rejected(rejection),
-        // Summarised already: the caller reads it.
-        InvalidTransition::Ignored { .. } => SendError::Rejected(Rejection::ContextExhausted),
-    })?;
+    let event = Event::SummaryRequested { turn };
+    let result =
+        transition(&state.record.state, &state.ctx, event.clone()).map_err(|e| match e {
+            InvalidTransition::Rejected(rejection) => SendError::Rejected(rejection),
+            // Summarised already: the caller reads it.
+            InvalidTransition::Ignored { .. } => SendError::Rejected(Rejection::ContextExhausted),
+        })?;
     let how = Commit {
         retry: false,
         urgent: false,
     };
-    store_and_dispatch(myself, state, result, None, how)
+    store_and_dispatch(myself, state, event, result, None, how)
         .await
         .map(|_| ())
         .map_err(|e| SendError::Unavailable(e.to_string()))
@@ -526,7 +528,7 @@ async fn apply_internal(
     let name = event.name();
     // A cancel (and the abort answer that completes it) goes before other commits.
     let urgent = matches!(event, Event::UserCancel | Event::LlmAborted { .. });
-    let result = match transition(&state.record.state, &state.ctx, event) {
+    let result = match transition(&state.record.state, &state.ctx, event.clone()) {
         Ok(result) => result,
         Err(InvalidTransition::Ignored {
             state: kind,
@@ -544,6 +546,7 @@ async fn apply_internal(
     let (_, stopped) = store_and_dispatch(
         myself,
         state,
+        event,
         result,
         None,
         Commit {
@@ -560,6 +563,7 @@ async fn apply_internal(
 async fn store_and_dispatch(
     myself: &ActorRef<ConvMsg>,
     state: &mut ConversationState,
+    event: Event,
     result: crate::state_machine::TransitionResult,
     client_message_id: Option<String>,
     how: Commit,
@@ -601,6 +605,9 @@ async fn store_and_dispatch(
         "idle"
     };
     let at = Utc::now();
+    // The step goes on the replay log with the commit; the recorder moves on once it is in.
+    let mut recorder = state.recorder.clone();
+    let step = recorder.record(&state.record.state, &state.ctx, event, &result);
     let mut plan = commit::plan(
         &*state.handles.format,
         &state.record,
@@ -609,9 +616,11 @@ async fn store_and_dispatch(
         at,
         client_message_id,
     );
+    let mut steps = vec![step.finish(commit::messages_of(&plan))];
     if !starting_blocked(state) {
-        plan = continue_ahead(state, plan, at);
+        plan = continue_ahead(state, plan, at, &mut recorder, &mut steps);
     }
+    commit::log_steps(&mut plan, &state.record, steps, at);
     let told = commit::tell_webhooks(&state.handles.webhooks, &state.record, &mut plan, at);
     if let Some(commit) = &plan.commit
         && let Err(error) = store(state, commit, how).await
@@ -621,6 +630,7 @@ async fn store_and_dispatch(
         }
         return Err(error);
     }
+    state.recorder = recorder;
     if told {
         state.handles.webhooks.wake();
     }
@@ -709,6 +719,8 @@ fn continue_ahead(
     state: &mut ConversationState,
     mut plan: commit::Plan,
     at: chrono::DateTime<Utc>,
+    recorder: &mut crate::replay::Recorder,
+    steps: &mut Vec<crate::replay::LoggedStep>,
 ) -> commit::Plan {
     let Some(index) = plan
         .dispatch
@@ -727,7 +739,12 @@ fn continue_ahead(
     // The core sees the context as it will be once the first transition is stored.
     let stored_tokens = state.ctx.context_tokens;
     state.ctx.context_tokens = base.usage.context_tokens;
-    let next = transition(base.state, &state.ctx, Event::Continue { turn });
+    let event = Event::Continue { turn };
+    let next = transition(base.state, &state.ctx, event.clone());
+    let step = next
+        .as_ref()
+        .ok()
+        .map(|next| recorder.record(base.state, &state.ctx, event, next));
     state.ctx.context_tokens = stored_tokens;
     match next {
         Ok(next) => {
@@ -739,6 +756,9 @@ fn continue_ahead(
                 at,
                 None,
             );
+            if let Some(step) = step {
+                steps.push(step.finish(commit::messages_of(&next)));
+            }
             plan.then(next)
         }
         // Whatever the actor would have done with the `Continue` message: nothing.

@@ -23,6 +23,8 @@ pub(super) enum Child {
 pub struct ConversationState {
     pub(super) record: ConversationRecord,
     pub(super) ctx: ConvContext,
+    /// Where the conversation's replay log stands (src/replay).
+    pub(super) recorder: crate::replay::Recorder,
     pub(super) handles: Arc<Handles>,
     pub(super) cancel: Arc<CancelSlot>,
     pub(super) parent: Option<ParentLink>,

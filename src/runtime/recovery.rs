@@ -80,13 +80,13 @@ pub(super) async fn repair(
     record: &mut crate::model::ConversationRecord,
 ) -> Result<Option<u64>, StoreError> {
     let ctx = context(&handles.settings, record);
-    let Ok(result) = transition(
-        &record.state,
-        &ctx,
-        Event::Interrupted(Interruption::Restart),
-    ) else {
+    let event = Event::Interrupted(Interruption::Restart);
+    let Ok(result) = transition(&record.state, &ctx, event.clone()) else {
         return Ok(None);
     };
+    // A segment of the replay log of its own: the state it found, and the whole context.
+    let mut recorder = crate::replay::Recorder::new(handles.store.next_step(&record.id).await?);
+    let step = recorder.record(&record.state, &ctx, event, &result);
     let at = Utc::now();
     let mut plan = commit::plan(
         &*handles.format,
@@ -96,6 +96,8 @@ pub(super) async fn repair(
         at,
         None,
     );
+    let step = step.finish(commit::messages_of(&plan));
+    commit::log_steps(&mut plan, record, vec![step], at);
     let told = commit::tell_webhooks(&handles.webhooks, record, &mut plan, at);
     let Some(commit) = plan.commit else {
         return Ok(None);

@@ -4,13 +4,15 @@
 //! `NotifyRetrying` and `WarnContext` of a transition in one transaction, and dispatches the
 //! other effects only after that commit (REQ-BED-007).
 
+use serde::Serialize;
+
 use super::event::{LlmRequestTag, Usage};
 use super::message::MessageContent;
 use super::plan::ToolPlan;
 use super::state::{ErrorKind, SubAgentOutcome, ToolUse, TurnId};
 
 /// One task of a spawn_sub_agents call.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SubAgentTask {
     pub prompt: String,
     /// `None`: the parent's model.
@@ -21,7 +23,8 @@ pub struct SubAgentTask {
     pub timeout_ms: u64,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Effect {
     /// Append a message to the history (durable, in the transition's transaction).
     PersistMessage(MessageContent),

@@ -3,11 +3,13 @@
 //! Events that answer earlier work carry the tag of that work (the turn, and for the LLM the
 //! step and attempt), so an answer that arrives after a cancel is recognised and ignored.
 
+use serde::{Deserialize, Serialize};
+
 use super::message::ImageRef;
 use super::state::{BackgroundResult, ErrorKind, SubAgentOutcome, ToolUse, TurnId};
 
 /// Names one LLM request: its turn, the step within the turn (from 1) and the attempt (1..=3).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct LlmRequestTag {
     pub turn: TurnId,
     pub step: u32,
@@ -15,7 +17,7 @@ pub struct LlmRequestTag {
 }
 
 /// Token counts of one LLM response.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
     pub input_tokens: u64,
     pub output_tokens: u64,
@@ -29,7 +31,7 @@ impl Usage {
 }
 
 /// A completed LLM response.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LlmReply {
     pub text: Option<String>,
     /// Tool calls in the order the LLM gave them.
@@ -42,7 +44,7 @@ pub struct LlmReply {
 }
 
 /// A failed LLM request, classified by the gateway.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LlmFailure {
     pub kind: ErrorKind,
     pub message: String,
@@ -51,7 +53,7 @@ pub struct LlmFailure {
 }
 
 /// What a finished tool run reports.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolOutcome {
     pub ok: bool,
     pub output: String,
@@ -68,7 +70,8 @@ impl ToolOutcome {
 }
 
 /// Why work in flight was cut off without a cancel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Interruption {
     /// The process died; found at the next start (REQ-BED-007).
     Restart,
@@ -87,7 +90,8 @@ impl Interruption {
 }
 
 /// What a user message does when a turn is running.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum IfBusy {
     /// Refused with `agent_busy` (the seeds' rule).
     #[default]
@@ -105,8 +109,10 @@ pub enum IfBusy {
     Steer,
 }
 
-/// An input to [`transition`](super::transition).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// An input to [`transition`](super::transition). Serialisable: the replay log keeps every
+/// event a conversation's core received (src/replay).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Event {
     /// REQ-BED-002/013. `turn` is the id the new turn gets if the message is accepted.
     UserMessage {

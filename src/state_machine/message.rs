@@ -31,7 +31,8 @@ impl MessageType {
 pub use super::state::ImageRef;
 
 /// A message's content; its variant is its `message_type`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum MessageContent {
     User {
         text: String,

@@ -3,6 +3,7 @@
 //! MCP server, or a tool that works in the workspace. The runtime carries the plan out
 //! (src/runtime/tool_run.rs) and decides none of it.
 
+use serde::Serialize;
 use serde_json::Value;
 
 use super::context::ConvContext;
@@ -17,7 +18,7 @@ pub const ASK_USER: &str = "ask_user";
 pub const WORKSPACE_TOOLS: [&str; 3] = ["bash", "patch", "keyword_search"];
 
 /// How the runtime runs one tool call.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ToolPlan {
     /// The client confirms before it runs (the tool is named in the conversation's
     /// `require_approval`); a refusal, a timeout or a cancel is the tool's result.
@@ -26,7 +27,8 @@ pub struct ToolPlan {
 }
 
 /// What the tool run does, once approved.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ToolAction {
     /// A tool of the tenant's MCP server, called on the server registered under its name.
     Mcp,
@@ -52,7 +54,7 @@ pub enum ToolAction {
 }
 
 /// A question of `ask_user`.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Question {
     pub message: String,
     pub kind: QuestionKind,
@@ -60,7 +62,8 @@ pub struct Question {
     pub timeout_ms: Option<u64>,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum QuestionKind {
     Confirm,
     Prompt,

@@ -2,32 +2,8 @@
 
 use proptest::prelude::*;
 
-use super::sim::{CLIENT_TOOL, Op, World};
+use super::sim::{CLIENT_TOOL, Op, World, op};
 use super::*;
-
-fn op() -> impl Strategy<Value = Op> {
-    prop_oneof![
-        3 => Just(Op::UserMessage),
-        1 => any::<bool>().prop_map(|stale| Op::Interrupt { stale }),
-        1 => Just(Op::TimeLimit),
-        2 => Just(Op::Cancel),
-        4 => Just(Op::Continue),
-        3 => (any::<bool>(), any::<u16>()).prop_map(|(end_turn, tokens)| Op::LlmText { end_turn, tokens }),
-        4 => proptest::collection::vec(any::<u8>(), 1..4).prop_map(|names| Op::LlmTools { names }),
-        2 => (any::<u8>(), proptest::option::of(0u16..40_000)).prop_map(|(kind, retry_after)| Op::LlmError { kind, retry_after }),
-        2 => Just(Op::AbortAck),
-        2 => Just(Op::RetryFires),
-        5 => any::<bool>().prop_map(|ok| Op::ToolDone { ok }),
-        2 => Just(Op::SpawnAck),
-        3 => (any::<u8>(), any::<bool>()).prop_map(|(pick, success)| Op::SubAgentDone { pick, success }),
-        1 => any::<bool>().prop_map(|wake| Op::Background { wake }),
-        1 => Just(Op::Restart),
-        1 => Just(Op::Summarize),
-        2 => any::<u16>().prop_map(|pick| Op::Stale { pick }),
-        2 => any::<bool>().prop_map(|steer| Op::Wait { steer }),
-        1 => (any::<u8>(), any::<bool>()).prop_map(|(pick, all)| Op::Dequeue { pick, all }),
-    ]
-}
 
 fn settle(world: &mut World) {
     world.settle();

@@ -52,14 +52,15 @@ pub struct TransitionResult {
 }
 
 /// A turn that ended, and how.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct TurnEnd {
     pub turn: TurnId,
     pub outcome: TurnOutcome,
 }
 
 /// How a turn ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum TurnOutcome {
     /// It ran to its end: the conversation is at rest, or the next waiting message's turn
     /// took its place.

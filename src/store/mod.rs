@@ -19,6 +19,7 @@ mod quotas;
 mod requests;
 mod schedules;
 mod sqlite;
+mod steps;
 mod tenant_rows;
 mod webhooks;
 
@@ -45,6 +46,7 @@ pub use limits::{BudgetState, ModelUsage, Reservation, TenantLimits, UsageRecord
 pub use mcp::McpServer;
 pub use schedules::RunOutcome;
 pub(crate) use sqlite::Durable;
+pub use steps::ReplayFilter;
 pub use webhooks::{ATTEMPTS_KEPT, Attempt, WebhookChange};
 
 use crate::model::{ConversationCommit, NewConversation, StoredFrame};
@@ -289,18 +291,19 @@ impl Store {
     /// writes.
     pub async fn index_frames_by_age(&self, on: bool) -> Result<()> {
         let postgres = self.backend() == DbBackend::Postgres;
-        let sql = match (on, postgres) {
-            (true, false) => {
-                "CREATE INDEX IF NOT EXISTS conversation_frames_created \
-                 ON conversation_frames (created_at)"
-            }
-            (true, true) => {
-                "CREATE INDEX CONCURRENTLY IF NOT EXISTS conversation_frames_created \
-                 ON conversation_frames (created_at)"
-            }
-            (false, _) => "DROP INDEX IF EXISTS conversation_frames_created",
-        };
-        self.db.execute_unprepared(sql).await?;
+        // The replay log's steps share the window (issue 40).
+        for table in ["conversation_frames", "conversation_steps"] {
+            let sql = match (on, postgres) {
+                (true, false) => {
+                    format!("CREATE INDEX IF NOT EXISTS {table}_created ON {table} (created_at)")
+                }
+                (true, true) => format!(
+                    "CREATE INDEX CONCURRENTLY IF NOT EXISTS {table}_created ON {table} (created_at)"
+                ),
+                (false, _) => format!("DROP INDEX IF EXISTS {table}_created"),
+            };
+            self.db.execute_unprepared(&sql).await?;
+        }
         Ok(())
     }
 
@@ -720,6 +723,7 @@ mod tests {
             at: at(),
             lease: None,
             outbox: Vec::new(),
+            steps: Vec::new(),
         })
     }
 

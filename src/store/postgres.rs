@@ -49,12 +49,20 @@ const OUTBOX: &str = "o AS (INSERT INTO webhook_outbox (tenant_id, conversation_
        json_to_recordset($O1::json) AS x(ord bigint, tenant_id text, conversation_id text, event_type text, payload text, created_at bigint) \
        ORDER BY ord)";
 
-/// The statement of a batch with usage, outbox rows, both or neither: four texts, each
+/// The replay log beside [`COMMIT`] (issue 40): each commit's steps as one row of
+/// `conversation_steps`, in the same statement. The conversation exists before its commit
+/// (the guarded update needs it), so the statement's snapshot finds its key.
+const STEPS: &str = "s AS (INSERT INTO conversation_steps (conversation_key, last_step, first_step, steps, created_at) \
+       SELECT k.internal_key, x.last_step, x.first_step, x.steps, x.created_at FROM \
+       json_to_recordset($S1::json) AS x(conversation_id text, last_step bigint, first_step bigint, steps text, created_at bigint) \
+       JOIN conversations k ON k.id = x.conversation_id)";
+
+/// The statement of a batch with or without usage, outbox rows and steps: eight texts, each
 /// prepared once.
-fn commit_text(usage: bool, outbox: bool) -> &'static str {
-    static TEXTS: std::sync::LazyLock<[String; 4]> = std::sync::LazyLock::new(|| {
-        let text = |usage: bool, outbox: bool| {
-            if !usage && !outbox {
+fn commit_text(usage: bool, outbox: bool, steps: bool) -> &'static str {
+    static TEXTS: std::sync::LazyLock<[String; 8]> = std::sync::LazyLock::new(|| {
+        let text = |usage: bool, outbox: bool, steps: bool| {
+            if !usage && !outbox && !steps {
                 return COMMIT.to_owned();
             }
             let mut parts = vec![
@@ -71,17 +79,16 @@ fn commit_text(usage: bool, outbox: bool) -> &'static str {
             }
             if outbox {
                 parts.push(OUTBOX.replace("$O1", &format!("${next}")));
+                next += 1;
+            }
+            if steps {
+                parts.push(STEPS.replace("$S1", &format!("${next}")));
             }
             format!("WITH {} SELECT done FROM c", parts.join(", "))
         };
-        [
-            text(false, false),
-            text(true, false),
-            text(false, true),
-            text(true, true),
-        ]
+        std::array::from_fn(|i| text(i & 1 != 0, i & 2 != 0, i & 4 != 0))
     });
-    &TEXTS[usize::from(usage) + 2 * usize::from(outbox)]
+    &TEXTS[usize::from(usage) + 2 * usize::from(outbox) + 4 * usize::from(steps)]
 }
 
 /// Writes `commits` in one statement, with the usage in `usage` (if any) and the commits'
@@ -115,7 +122,22 @@ pub(super) async fn commit(
     if has_outbox {
         values.push(Value::from(serde_json::Value::Array(outbox).to_string()));
     }
-    let sql = commit_text(!usage.is_empty(), has_outbox);
+    let steps: Vec<serde_json::Value> = commits
+        .iter()
+        .filter(|commit| !commit.steps.is_empty())
+        .map(|commit| {
+            serde_json::json!({"conversation_id": commit.conversation_id,
+                "last_step": commit.steps.last().map_or(0, |step| step.n),
+                "first_step": commit.steps.first().map_or(0, |step| step.n),
+                "steps": crate::model::LoggedStep::array(&commit.steps),
+                "created_at": commit.at.timestamp_millis()})
+        })
+        .collect();
+    let has_steps = !steps.is_empty();
+    if has_steps {
+        values.push(Value::from(serde_json::Value::Array(steps).to_string()));
+    }
+    let sql = commit_text(!usage.is_empty(), has_outbox, has_steps);
     db.query_one_raw(Statement::from_sql_and_values(
         DbBackend::Postgres,
         sql,

@@ -316,6 +316,14 @@ fn batch(
     for chunk in shaped_chunks(&outbox) {
         append(insert_outbox(chunk));
     }
+    let steps: Vec<&ConversationCommit> = commits
+        .iter()
+        .map(AsRef::as_ref)
+        .filter(|c| !c.steps.is_empty())
+        .collect();
+    for chunk in shaped_chunks(&steps) {
+        append(insert_steps(chunk));
+    }
     for statement in more {
         append(statement);
     }
@@ -388,6 +396,28 @@ fn insert_outbox(rows: &[&OutboxEvent]) -> Statement {
         "INSERT INTO webhook_outbox (tenant_id, conversation_id, event_type, payload, created_at) \
          VALUES {}",
         vec!["(?, ?, ?, ?, ?)"; rows.len()].join(", ")
+    );
+    Statement::from_sql_and_values(DbBackend::Sqlite, sql, values)
+}
+
+/// The statement that writes each commit's steps (the replay log, issue 40) as one row.
+fn insert_steps(commits: &[&ConversationCommit]) -> Statement {
+    let mut values: Vec<Value> = Vec::with_capacity(commits.len() * 5);
+    for commit in commits {
+        let first = commit.steps.first().map_or(0, |step| step.n);
+        let last = commit.steps.last().map_or(0, |step| step.n);
+        values.extend([
+            Value::from(commit.conversation_id.as_str()),
+            Value::from(last),
+            Value::from(first),
+            Value::from(crate::model::LoggedStep::array(&commit.steps)),
+            Value::from(commit.at.timestamp_millis()),
+        ]);
+    }
+    let sql = format!(
+        "INSERT INTO conversation_steps \
+         (conversation_key, last_step, first_step, steps, created_at) VALUES {}",
+        vec![format!("({KEY_OF}, ?, ?, ?, ?)"); commits.len()].join(", ")
     );
     Statement::from_sql_and_values(DbBackend::Sqlite, sql, values)
 }

@@ -28,6 +28,7 @@ mod mcp;
 mod mcp_servers;
 mod persistence;
 mod queue;
+mod replay;
 mod runtime;
 mod sandbox;
 mod schedules;

@@ -1,0 +1,73 @@
+//! A conversation's trace (docs/api.md, "Trace"; issue 40): each step of its core re-run
+//! from the replay log, with the event, the states before and after and the effects.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+
+use super::AppState;
+use super::auth::Caller;
+use super::error::{ApiError, ErrorBody, Path, Query, reply};
+use crate::wire::{TraceList, TraceQuery, TraceStepView};
+
+const DEFAULT_PAGE: u64 = 100;
+const MAX_PAGE: u64 = 500;
+
+/// The steps of a conversation's core, in order, re-run from its replay log. *Extension.*
+#[utoipa::path(get, path = "/conversations/{id}/trace", tag = "conversations",
+    params(("id" = String, Path, description = "The conversation's id or slug"), TraceQuery),
+    responses(
+        (status = 200, description = "A page of steps", body = TraceList),
+        (status = 400, description = "A bad limit or cursor", body = ErrorBody),
+        (status = 404, description = "No such conversation of the tenant", body = ErrorBody),
+    ))]
+pub async fn list(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    Query(query): Query<TraceQuery>,
+) -> Result<Response, ApiError> {
+    let conv = app.target(&caller, &id).await?;
+    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::invalid("limit must be 1 to 500"));
+    }
+    let after = query.after.unwrap_or(0);
+    if after < 0 {
+        return Err(ApiError::invalid("after must be a step number (0 or more)"));
+    }
+    let rows = app.store.steps_of(&conv.id).await?;
+    let messages = app
+        .store
+        .message_contents(&conv.id, &crate::replay::referenced(&rows))
+        .await?;
+    let lookup = |seq: i64| messages.get(&seq).cloned();
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let (page, more, skipped) = crate::replay::trace(&rows, &lookup, after, limit);
+    let next_cursor = more.then(|| page.last().map_or(after, |step| step.step));
+    let steps = page
+        .into_iter()
+        .map(|step| {
+            let (kind, message) = crate::replay::event_kind(&step.event);
+            TraceStepView {
+                step: step.step,
+                at: crate::schedules::rfc3339(step.at),
+                kind,
+                message,
+                event: step.event,
+                state_before: step.state_before,
+                state_after: step.state_after,
+                effects: step.effects,
+                same: step.matches,
+            }
+        })
+        .collect();
+    Ok(reply(
+        StatusCode::OK,
+        &TraceList {
+            steps,
+            skipped,
+            next_cursor,
+        },
+    ))
+}

@@ -1,0 +1,588 @@
+//! Replay (issue 40): every event a conversation's core receives is kept, with the context it
+//! saw, in the commit of the transition it caused; [`replay`] runs the kept events through
+//! [`transition`] again and checks every step against what was stored; [`trace`] shows each
+//! step's event, the states before and after and the effects.
+//!
+//! A step is stored compactly (an item of `conversation_steps.steps`, one row per commit):
+//! the event as JSON with the fields a message of the same transition holds replaced by that
+//! message's sequence id (`"msg"`), the context only where a segment starts (an actor's first
+//! step: at a start, a restart, a takeover) or where it changed, the context's token count
+//! where it changed, the state before only where a segment starts, and the kind of the state
+//! after and a digest of the state after, the effects and the turn it ended. Nothing here
+//! does I/O: the store reads the rows and the messages they refer to.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use sha2::{Digest as _, Sha256};
+
+pub use crate::model::LoggedStep;
+use crate::model::MessageRecord;
+use crate::state_machine::{
+    ConvContext, ConvState, Event, InvalidTransition, MessageContent, TransitionResult, transition,
+};
+
+#[cfg(test)]
+mod tests;
+
+/// One step as stored: an item of a `conversation_steps` row's `steps` array.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StoredStep {
+    /// The step's number in its conversation, from 1, without gaps.
+    pub n: i64,
+    /// The event, compact (see [`compact`]).
+    pub e: Value,
+    /// `context_tokens` as the core saw it, where it differs from the step before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub t: Option<u64>,
+    /// The whole context, where a segment starts or the context changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub c: Option<ConvContext>,
+    /// The state before the step, where a segment starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub b: Option<ConvState>,
+    /// The kind of the state after.
+    pub s: String,
+    /// [`digest`] of the transition's result.
+    pub d: String,
+}
+
+/// What a conversation's log has been given so far: the number of its next step and the
+/// context its last step carried. Advanced only once a commit holding steps is stored, so a
+/// failed commit leaves no gap.
+#[derive(Clone, Debug)]
+pub struct Recorder {
+    next: i64,
+    ctx: Option<Arc<ConvContext>>,
+    tokens: u64,
+}
+
+impl Recorder {
+    /// A segment starting at step `next` (one after the last stored step): its first step
+    /// carries the state before it and the whole context.
+    pub fn new(next: i64) -> Self {
+        Self {
+            next: next.max(1),
+            ctx: None,
+            tokens: 0,
+        }
+    }
+
+    /// Records one accepted transition of `before` under `ctx` by `event`: numbers it and
+    /// digests its result, before the result is planned into a commit. `self` moves on; keep
+    /// a copy to go back to if the commit fails.
+    pub fn record(
+        &mut self,
+        before: &ConvState,
+        ctx: &ConvContext,
+        event: Event,
+        result: &TransitionResult,
+    ) -> PendingStep {
+        let n = self.next;
+        self.next += 1;
+        let starts = self.ctx.is_none();
+        let changed = self
+            .ctx
+            .as_deref()
+            .is_none_or(|last| !same_settings(last, ctx));
+        let c = changed.then(|| {
+            let ctx = Arc::new(ctx.clone());
+            self.ctx = Some(Arc::clone(&ctx));
+            ctx
+        });
+        let t = (!changed && self.tokens != ctx.context_tokens).then_some(ctx.context_tokens);
+        self.tokens = ctx.context_tokens;
+        PendingStep {
+            n,
+            event,
+            t,
+            c,
+            b: starts.then(|| before.clone()),
+            s: result.new_state.kind(),
+            d: digest(result),
+        }
+    }
+
+    /// The number the next step gets.
+    pub fn next(&self) -> i64 {
+        self.next
+    }
+}
+
+/// Whether two contexts are the same but for their token count.
+fn same_settings(a: &ConvContext, b: &ConvContext) -> bool {
+    let ConvContext {
+        conversation_id,
+        working_dir,
+        model_id,
+        is_sub_agent,
+        limits,
+        context_window,
+        context_tokens: _,
+        continuation_permille,
+        require_approval,
+        mcp_tools,
+        tools,
+        permissions,
+        client_tools,
+    } = a;
+    *conversation_id == b.conversation_id
+        && *working_dir == b.working_dir
+        && *model_id == b.model_id
+        && *is_sub_agent == b.is_sub_agent
+        && *limits == b.limits
+        && *context_window == b.context_window
+        && *continuation_permille == b.continuation_permille
+        && *require_approval == b.require_approval
+        && *mcp_tools == b.mcp_tools
+        && *tools == b.tools
+        && *permissions == b.permissions
+        && *client_tools == b.client_tools
+}
+
+/// A recorded step waiting for the messages of its commit (which its event may refer to).
+#[derive(Clone, Debug)]
+pub struct PendingStep {
+    n: i64,
+    event: Event,
+    t: Option<u64>,
+    c: Option<Arc<ConvContext>>,
+    b: Option<ConvState>,
+    s: &'static str,
+    d: String,
+}
+
+impl PendingStep {
+    /// The step as stored, its event made compact against `messages` (those its transition
+    /// persisted).
+    pub fn finish(self, messages: &[MessageRecord]) -> LoggedStep {
+        #[derive(Serialize)]
+        struct Out<'a> {
+            n: i64,
+            e: Value,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            t: Option<u64>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            c: Option<&'a ConvContext>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            b: Option<&'a ConvState>,
+            s: &'a str,
+            d: &'a str,
+        }
+        let out = Out {
+            n: self.n,
+            e: compact(&self.event, messages),
+            t: self.t,
+            c: self.c.as_deref(),
+            b: self.b.as_ref(),
+            s: self.s,
+            d: &self.d,
+        };
+        LoggedStep {
+            n: self.n,
+            json: serde_json::to_string(&out).unwrap_or_default(),
+        }
+    }
+}
+
+/// A `Write` that feeds a hash.
+struct Hashing(Sha256);
+
+impl std::io::Write for Hashing {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The digest of a transition's result: the first 8 bytes of the SHA-256 of the JSON of its
+/// new state, its effects and the turn it ended, in hex. The same decision gives the same
+/// digest on any build whose types keep their shape.
+pub fn digest(result: &TransitionResult) -> String {
+    let mut hashing = Hashing(Sha256::new());
+    let whole = (&result.new_state, &result.effects, &result.ended);
+    // Writing to a hash cannot fail, and these types always serialise.
+    let _ = serde_json::to_writer(&mut hashing, &whole);
+    let bytes = hashing.0.finalize();
+    bytes[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The event as JSON, with the fields that a message of `messages` holds word for word
+/// replaced by `"msg": <its sequence id>`: a user message's text and images, an LLM reply's
+/// text, tool calls and reasoning, a tool's output.
+pub fn compact(event: &Event, messages: &[MessageRecord]) -> Value {
+    let mut value = serde_json::to_value(event).unwrap_or(Value::Null);
+    let (key, message, fields): (&str, Option<&MessageRecord>, &[&str]) = match event {
+        Event::UserMessage { text, images, .. } => (
+            "user_message",
+            messages.iter().find(|m| {
+                matches!(&m.content, MessageContent::User { text: t, images: i } if t == text && i == images)
+            }),
+            &["text", "images"],
+        ),
+        Event::LlmResponse { reply, .. } => (
+            "llm_response",
+            messages.iter().find(|m| {
+                matches!(&m.content, MessageContent::Agent { text, tool_uses, reasoning }
+                    if *text == reply.text && *tool_uses == reply.tool_uses && *reasoning == reply.reasoning)
+            }),
+            &["text", "tool_uses", "reasoning"],
+        ),
+        Event::ToolComplete {
+            tool_use_id,
+            outcome,
+            ..
+        } => (
+            "tool_complete",
+            messages.iter().find(|m| {
+                matches!(&m.content, MessageContent::Tool(r) if r.tool_use_id == *tool_use_id && r.output == outcome.output)
+            }),
+            &["output"],
+        ),
+        Event::UserCancel
+        | Event::SummaryRequested { .. }
+        | Event::Continue { .. }
+        | Event::LlmError { .. }
+        | Event::LlmAborted { .. }
+        | Event::RetryTimeout { .. }
+        | Event::SubAgentsSpawned { .. }
+        | Event::SubAgentResult { .. }
+        | Event::BackgroundResult { .. }
+        | Event::Interrupted(_)
+        | Event::TimeLimit { .. }
+        | Event::Dequeue { .. } => return value,
+    };
+    let Some(message) = message else {
+        return value;
+    };
+    if let Some(body) = value.get_mut(key).and_then(Value::as_object_mut) {
+        let nested = match key {
+            "llm_response" => Some("reply"),
+            "tool_complete" => Some("outcome"),
+            _ => None,
+        };
+        let inner = match nested {
+            Some(name) => body.get_mut(name).and_then(Value::as_object_mut),
+            None => Some(&mut *body),
+        };
+        if let Some(inner) = inner {
+            for field in fields {
+                inner.remove(*field);
+            }
+        }
+        body.insert("msg".into(), Value::from(message.sequence_id));
+    }
+    value
+}
+
+/// The event a compact one stands for, its message fields read back from `message` (the
+/// content of a message by sequence id).
+pub fn expand(
+    mut value: Value,
+    message: &dyn Fn(i64) -> Option<MessageContent>,
+) -> Result<Event, String> {
+    let Some((key, body)) = value
+        .as_object_mut()
+        .and_then(|object| object.iter_mut().next())
+    else {
+        // A unit event (`"user_cancel"`).
+        return serde_json::from_value(value).map_err(|e| format!("an event does not read: {e}"));
+    };
+    if let Some(body) = body.as_object_mut()
+        && let Some(seq) = body.remove("msg")
+    {
+        let seq = seq.as_i64().ok_or("a message reference is not a number")?;
+        let content = message(seq).ok_or_else(|| format!("message {seq} is gone"))?;
+        fill(key, body, content)?;
+    }
+    serde_json::from_value(value).map_err(|e| format!("an event does not read: {e}"))
+}
+
+/// Puts a message's fields back into the body of a compact event.
+fn fill(key: &str, body: &mut Map<String, Value>, content: MessageContent) -> Result<(), String> {
+    match (key, content) {
+        ("user_message", MessageContent::User { text, images }) => {
+            body.insert("text".into(), Value::String(text));
+            body.insert("images".into(), to(&images));
+        }
+        (
+            "llm_response",
+            MessageContent::Agent {
+                text,
+                tool_uses,
+                reasoning,
+            },
+        ) => {
+            let reply = body
+                .get_mut("reply")
+                .and_then(Value::as_object_mut)
+                .ok_or("an LLM reply without its body")?;
+            reply.insert("text".into(), to(&text));
+            reply.insert("tool_uses".into(), to(&tool_uses));
+            reply.insert("reasoning".into(), to(&reasoning));
+        }
+        ("tool_complete", MessageContent::Tool(result)) => {
+            let outcome = body
+                .get_mut("outcome")
+                .and_then(Value::as_object_mut)
+                .ok_or("a tool outcome without its body")?;
+            outcome.insert("output".into(), Value::String(result.output));
+        }
+        (key, content) => {
+            return Err(format!(
+                "a {key} event refers to a {} message",
+                content.message_type().as_str()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A value as JSON (the types here always serialise).
+fn to<T: Serialize>(value: &T) -> Value {
+    serde_json::to_value(value).unwrap_or(Value::Null)
+}
+
+/// How a replay decides: [`transition`], or (a test's switch) a changed decision.
+pub type Decide =
+    fn(&ConvState, &ConvContext, Event) -> Result<TransitionResult, InvalidTransition>;
+
+/// The core's decisions, as they are.
+pub fn decide(
+    state: &ConvState,
+    ctx: &ConvContext,
+    event: Event,
+) -> Result<TransitionResult, InvalidTransition> {
+    transition(state, ctx, event)
+}
+
+/// A deliberately changed decision, for the test that replay finds one (the hidden
+/// `bedrock replay --test-changed-decision`): every tool result is stored as the opposite of
+/// what it was.
+pub fn changed_decision(
+    state: &ConvState,
+    ctx: &ConvContext,
+    event: Event,
+) -> Result<TransitionResult, InvalidTransition> {
+    let mut result = transition(state, ctx, event)?;
+    for effect in &mut result.effects {
+        if let crate::state_machine::Effect::PersistMessage(MessageContent::Tool(tool)) = effect {
+            tool.ok = !tool.ok;
+        }
+    }
+    Ok(result)
+}
+
+/// Where a replay found a step that does not decide as it did.
+#[derive(Clone, Debug, Serialize)]
+pub struct Divergence {
+    pub step: i64,
+    /// The event as stored (compact).
+    pub event: Value,
+    pub reason: String,
+    /// The stored state's kind and digest.
+    pub stored: Side,
+    /// The replayed ones, with the state and the effects themselves.
+    pub replayed: Option<Replayed>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Side {
+    pub state: String,
+    pub digest: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Replayed {
+    pub state: String,
+    pub digest: String,
+    pub new_state: Value,
+    pub effects: Value,
+}
+
+/// What a replay of one conversation found.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Checked {
+    /// Steps re-run and found the same.
+    pub steps: u64,
+    /// Steps before the first retained segment start (retention removed where they began).
+    pub skipped: u64,
+    pub divergence: Option<Divergence>,
+}
+
+/// One step of a trace: what the core was given, what it held before and after, and what it
+/// asked for.
+#[derive(Clone, Debug, Serialize)]
+pub struct TraceStep {
+    pub step: i64,
+    pub at: i64,
+    pub event: Value,
+    pub state_before: Value,
+    pub state_after: Value,
+    pub effects: Value,
+    /// Whether the replayed decision matches the stored digest.
+    pub matches: bool,
+}
+
+/// A stored row of steps: their time (ms) and the steps.
+#[derive(Clone, Debug)]
+pub struct StepRow {
+    pub at: i64,
+    pub steps: Vec<StoredStep>,
+}
+
+/// Re-runs a conversation's steps (rows in order) through `decide`, comparing each with what
+/// was stored; stops at the first divergence. `visit` sees each step re-run (for a trace).
+pub fn replay(
+    rows: &[StepRow],
+    message: &dyn Fn(i64) -> Option<MessageContent>,
+    decide: Decide,
+    mut visit: impl FnMut(&StoredStep, i64, &ConvState, &Event, &TransitionResult, bool),
+) -> Checked {
+    let mut checked = Checked::default();
+    let mut state: Option<ConvState> = None;
+    let mut ctx: Option<ConvContext> = None;
+    let mut expected = None::<i64>;
+    for row in rows {
+        for step in &row.steps {
+            if let Some(b) = &step.b {
+                state = Some(b.clone());
+            }
+            if let Some(c) = &step.c {
+                ctx = Some(c.clone());
+            }
+            let (Some(before), Some(context)) = (state.as_mut(), ctx.as_mut()) else {
+                checked.skipped += 1;
+                continue;
+            };
+            let diverged = |reason: String, replayed: Option<Replayed>| Divergence {
+                step: step.n,
+                event: step.e.clone(),
+                reason,
+                stored: Side {
+                    state: step.s.clone(),
+                    digest: step.d.clone(),
+                },
+                replayed,
+            };
+            if let Some(n) = expected.filter(|n| *n != step.n) {
+                checked.divergence = Some(diverged(
+                    format!("step {} follows step {} (a step is missing)", step.n, n - 1),
+                    None,
+                ));
+                return checked;
+            }
+            expected = Some(step.n + 1);
+            if let Some(t) = step.t {
+                context.context_tokens = t;
+            }
+            let event = match expand(step.e.clone(), message) {
+                Ok(event) => event,
+                Err(reason) => {
+                    checked.divergence = Some(diverged(reason, None));
+                    return checked;
+                }
+            };
+            let result = match decide(before, context, event.clone()) {
+                Ok(result) => result,
+                Err(error) => {
+                    checked.divergence = Some(diverged(
+                        format!("the event is not accepted now: {error}"),
+                        None,
+                    ));
+                    return checked;
+                }
+            };
+            let d = digest(&result);
+            let same = d == step.d && result.new_state.kind() == step.s;
+            visit(step, row.at, before, &event, &result, same);
+            if !same {
+                checked.divergence = Some(diverged(
+                    "the decision differs".into(),
+                    Some(Replayed {
+                        state: result.new_state.kind().to_owned(),
+                        digest: d,
+                        new_state: serde_json::to_value(&result.new_state).unwrap_or_default(),
+                        effects: serde_json::to_value(&result.effects).unwrap_or_default(),
+                    }),
+                ));
+                return checked;
+            }
+            checked.steps += 1;
+            *before = result.new_state;
+        }
+    }
+    checked
+}
+
+/// The trace of a conversation from step `after` (exclusive), at most `limit` steps,
+/// whether more follow, and how many steps could not be re-run (retention cut off the start
+/// of their segment).
+pub fn trace(
+    rows: &[StepRow],
+    message: &dyn Fn(i64) -> Option<MessageContent>,
+    after: i64,
+    limit: usize,
+) -> (Vec<TraceStep>, bool, u64) {
+    let mut page = Vec::new();
+    let mut more = false;
+    let checked = replay(
+        rows,
+        message,
+        decide,
+        |step, at, before, _, result, same| {
+            if step.n <= after {
+                return;
+            }
+            if page.len() == limit {
+                more = true;
+                return;
+            }
+            page.push(TraceStep {
+                step: step.n,
+                at,
+                event: step.e.clone(),
+                state_before: serde_json::to_value(before).unwrap_or_default(),
+                state_after: serde_json::to_value(&result.new_state).unwrap_or_default(),
+                effects: serde_json::to_value(&result.effects).unwrap_or_default(),
+                matches: same,
+            });
+        },
+    );
+    (page, more, checked.skipped)
+}
+
+/// A stored event's kind and the sequence id of the message it refers to, if any.
+pub fn event_kind(event: &Value) -> (String, Option<i64>) {
+    match event {
+        Value::String(kind) => (kind.clone(), None),
+        Value::Object(object) => object.iter().next().map_or_else(
+            || (String::new(), None),
+            |(kind, body)| (kind.clone(), body.get("msg").and_then(Value::as_i64)),
+        ),
+        Value::Null | Value::Bool(_) | Value::Number(_) | Value::Array(_) => (String::new(), None),
+    }
+}
+
+/// The sequence ids of the messages a row's steps refer to.
+pub fn referenced(rows: &[StepRow]) -> Vec<i64> {
+    let mut seqs: Vec<i64> = rows
+        .iter()
+        .flat_map(|row| &row.steps)
+        .filter_map(|step| {
+            step.e
+                .as_object()
+                .and_then(|o| o.values().next())
+                .and_then(|body| body.get("msg"))
+                .and_then(Value::as_i64)
+        })
+        .collect();
+    seqs.sort_unstable();
+    seqs.dedup();
+    seqs
+}
