@@ -40,6 +40,9 @@ const S = {
 
 const BUSY = new Set(['awaiting_llm', 'llm_requesting', 'tool_executing', 'awaiting_sub_agents', 'cancelling']);
 
+// The open conversation's trace (GET .../trace): its steps and the one shown.
+const T = { steps: [], at: -1, gen: 0 };
+
 // ---------------------------------------------------------------------------------------
 // DOM helpers
 
@@ -385,6 +388,7 @@ async function openConversation(id) {
   S.retrying = null;
   S.outbox = null;
   S.tree = [];
+  closeTrace();
   $('messages').replaceChildren();
   $('requests').replaceChildren();
   $('tasks').replaceChildren();
@@ -766,6 +770,115 @@ function onRejected(f) {
 
 // ---------------------------------------------------------------------------------------
 // Messages that wait for the running turn (issue 39)
+
+// ---------------------------------------------------------------------------------------
+// Trace: each step of the conversation's core, re-run by the server from its replay log
+// (docs/api.md, "Trace"): the event, the states before and after, what it started.
+
+function effectName(e) { return typeof e === 'string' ? e : Object.keys(e || {})[0] || '?'; }
+
+// An effect as a line: its name and what it names (the tool, the message's type, the step).
+function effectLabel(e) {
+  const name = effectName(e);
+  const v = (typeof e === 'object' && e[name]) || {};
+  switch (name) {
+    case 'execute_tool': return `execute_tool ${v.tool?.name ?? ''} (${v.tool?.id ?? ''})`;
+    case 'persist_message': return `persist_message: ${Object.keys(v)[0] ?? ''}`;
+    case 'request_llm': return `request_llm: step ${v.request?.step}, attempt ${v.request?.attempt}`;
+    case 'schedule_retry': return `schedule_retry in ${v.delay_ms} ms`;
+    case 'cancel_tool': return `cancel_tool ${v.tool_use_id ?? ''}`;
+    default: return name;
+  }
+}
+
+function closeTrace() {
+  T.gen++;
+  T.steps = [];
+  T.at = -1;
+  $('trace-panel').hidden = true;
+  $('trace-open').setAttribute('aria-expanded', 'false');
+  $('trace-steps').replaceChildren();
+  $('trace-detail').replaceChildren();
+}
+
+async function openTrace() {
+  if (!S.conv) return;
+  const gen = ++T.gen;
+  const id = S.conv.id;
+  $('trace-panel').hidden = false;
+  $('trace-open').setAttribute('aria-expanded', 'true');
+  $('trace-summary').textContent = 'Loading...';
+  const steps = [];
+  let after = 0;
+  let skipped = 0;
+  try {
+    for (;;) {
+      const page = await api('GET', convPath(id, `/trace?after=${after}&limit=500`));
+      if (gen !== T.gen) return;
+      steps.push(...page.steps);
+      skipped = page.skipped;
+      if (page.next_cursor === null || page.next_cursor === undefined) break;
+      after = page.next_cursor;
+    }
+  } catch (e) {
+    if (gen === T.gen) { $('trace-summary').textContent = ''; failed(e); }
+    return;
+  }
+  T.steps = steps;
+  const differs = steps.filter((st) => !st.same).length;
+  $('trace-summary').textContent = `${steps.length} steps` +
+    (skipped ? `, ${skipped} before the retained log` : '') +
+    (differs ? `; step ${steps.find((st) => !st.same).step} decides differently now` : '');
+  $('trace-steps').replaceChildren(...steps.map((st, i) => el('li', {
+    'data-step': st.step, role: 'option', 'aria-selected': 'false', class: st.same ? null : 'differs',
+    onclick: () => showStep(i),
+  }, el('span', { class: 'n' }, String(st.step)), el('span', {},
+    `${st.kind}: ${st.state_before.kind} \u2192 ${st.state_after.kind}`))));
+  showStep(steps.length ? steps.length - 1 : -1);
+}
+
+function showStep(i) {
+  if (i < 0 || i >= T.steps.length) return;
+  T.at = i;
+  const st = T.steps[i];
+  for (const li of $('trace-steps').children) li.setAttribute('aria-selected', String(Number(li.dataset.step) === st.step));
+  $('trace-steps').children[i]?.scrollIntoView({ block: 'nearest' });
+  const effects = (st.effects || []).map((e) => el('li', {}, effectLabel(e)));
+  const jump = st.message !== null && st.message !== undefined
+    ? el('button', { type: 'button', class: 'small', onclick: () => jumpToMessage(st.message) }, `Show message ${st.message}`)
+    : null;
+  $('trace-detail').replaceChildren(
+    el('h4', {}, `Step ${st.step}: ${st.kind}`, st.same ? '' : ' (decides differently now)'),
+    el('div', { class: 'muted small' }, new Date(st.at).toLocaleString()),
+    el('div', {}, `State: ${st.state_before.kind} \u2192 ${st.state_after.kind}`),
+    jump,
+    el('div', {}, effects.length ? 'Started:' : 'Started nothing.'),
+    effects.length ? el('ol', { class: 'effects' }, effects) : null,
+    el('details', {}, el('summary', {}, 'Event'), el('pre', {}, JSON.stringify(st.event, null, 2))),
+    el('details', {}, el('summary', {}, 'Effects'), el('pre', {}, JSON.stringify(st.effects, null, 2))),
+    el('details', {}, el('summary', {}, 'State after'), el('pre', {}, JSON.stringify(st.state_after, null, 2))),
+  );
+  $('trace-prev').disabled = i === 0;
+  $('trace-next').disabled = i === T.steps.length - 1;
+}
+
+async function jumpToMessage(seq) {
+  let node = messageNode(seq);
+  // Earlier messages are loaded until it shows (or there are none left).
+  for (let pages = 0; !node && !$('older').hidden && pages < 200; pages++) {
+    const before = S.messages.size;
+    await loadOlder();
+    node = messageNode(seq);
+    if (S.messages.size === before) break;
+  }
+  if (!node) { toast(`Message ${seq} is not in the history.`); return; }
+  // A tool's result shows inside its call.
+  const content = S.messages.get(seq)?.content;
+  const target = node.hidden ? (S.toolNodes.get(content?.tool_use_id) || node) : node;
+  target.scrollIntoView({ block: 'center' });
+  target.classList.add('highlight');
+  setTimeout(() => target.classList.remove('highlight'), 2000);
+}
 
 async function loadQueue() {
   if (!S.conv) return;
@@ -1188,6 +1301,11 @@ function wire() {
   $('composer').addEventListener('submit', send);
   $('cancel').addEventListener('click', cancel);
   $('continue').addEventListener('click', continueConversation);
+  $('trace-open').addEventListener('click', () => ($('trace-panel').hidden ? openTrace() : closeTrace()));
+  $('trace-close').addEventListener('click', closeTrace);
+  $('trace-reload').addEventListener('click', openTrace);
+  $('trace-prev').addEventListener('click', () => showStep(T.at - 1));
+  $('trace-next').addEventListener('click', () => showStep(T.at + 1));
   $('text').addEventListener('keydown', (e) => {
     if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) { e.preventDefault(); send(); }
   });

@@ -216,6 +216,40 @@ def test_approve_and_deny_a_tool(page, server):
     expect(page.locator("pre.output").last).to_contain_text("denied")
 
 
+def test_the_trace_steps_through_each_decision_and_jumps_to_its_message(page, server):
+    """Issue 40: the timeline of a conversation's core: every step with its event and the
+    states before and after, what it started, and a jump from a step to its message."""
+    sign_in(page, server)
+    create_conversation(page)
+    send(page, call("bash", {"command": "echo traced"}))
+    expect(page.locator("pre.output").last).to_contain_text("traced")
+    expect(state(page)).to_have_text("idle")
+    page.get_by_role("button", name="Trace", exact=True).click()
+    steps = page.locator("#trace-steps > li")
+    expect(steps.first).to_contain_text("user_message: idle")
+    expect(page.locator("#trace-summary")).to_contain_text(re.compile(r"^\d+ steps$"))
+    count = steps.count()
+    assert count >= 5
+    # The last step is shown: the final answer, which ends the turn.
+    detail = page.locator("#trace-detail")
+    expect(detail).to_contain_text(f"Step {count}: llm_response")
+    expect(detail).to_contain_text("\u2192 idle")
+    # Step back to the tool's result: it stored the result and asked for the next step.
+    tool_step = page.locator("#trace-steps > li", has_text="tool_complete").first
+    tool_step.click()
+    expect(detail).to_contain_text("State: tool_executing")
+    expect(detail.locator(".effects")).to_contain_text("persist_message")
+    detail.get_by_role("button", name=re.compile(r"^Show message \d+$")).click()
+    expect(page.locator(".tool-call.highlight")).to_have_count(1)
+    # Arrows step through.
+    page.get_by_role("button", name="Previous step").click()
+    expect(page.locator("#trace-steps > li[aria-selected='true']")).to_contain_text("llm_response")
+    page.get_by_role("button", name="Next step").click()
+    expect(page.locator("#trace-steps > li[aria-selected='true']")).to_contain_text("tool_complete")
+    page.get_by_role("button", name="Close the trace").click()
+    expect(page.locator("#trace-panel")).to_be_hidden()
+
+
 def test_answer_a_client_tool_call_by_hand(page, server):
     """Issue 38: a pending client tool call is a card with its input and an answer form; it
     is still there after a reload (from the snapshot); its answer is the call's result."""
