@@ -90,12 +90,7 @@ fn main() {
                 .unwrap();
             let wall = started.elapsed();
             let (u1, s1) = common::live::cpu_time(pid);
-            assert_eq!(
-                summary.diverged,
-                0,
-                "{}",
-                String::from_utf8_lossy(&out)
-            );
+            assert_eq!(summary.diverged, 0, "{}", String::from_utf8_lossy(&out));
             (summary, wall, (u1 + s1) - (u0 + s0))
         });
     let total_turns = (conversations * turns) as f64;
@@ -135,16 +130,25 @@ async fn make_templates(
 ) -> Vec<String> {
     let llm = bedrock::testkit::FakeLlm::start().await;
     llm.forget_requests();
-    llm.auto_tool_turns("think", serde_json::json!({"thoughts": "one tool call per turn"}));
+    llm.auto_tool_turns(
+        "think",
+        serde_json::json!({"thoughts": "one tool call per turn"}),
+    );
     let workspace = dir.join("ws");
     std::fs::create_dir_all(&workspace).unwrap();
     let runtime = common::start_runtime(
         [
             ("BEDROCK_DATABASE_URL".into(), url.to_owned()),
-            ("BEDROCK_DATA_DIR".into(), dir.join("data").display().to_string()),
+            (
+                "BEDROCK_DATA_DIR".into(),
+                dir.join("data").display().to_string(),
+            ),
             ("BEDROCK_LLM_BASE_URL".into(), llm.base_url.clone()),
             ("BEDROCK_LLM_API_KEY".into(), "k".into()),
-            ("BEDROCK_WORKSPACE_ROOT".into(), workspace.display().to_string()),
+            (
+                "BEDROCK_WORKSPACE_ROOT".into(),
+                workspace.display().to_string(),
+            ),
             ("BEDROCK_SANDBOX__MODE".into(), "off".into()),
         ],
         4,
@@ -254,7 +258,10 @@ async fn copy_templates(url: &str, ids: &[String], conversations: usize) -> f64 
     let (msg_names, msg_values) = select(
         &msg_cols,
         &[
-            ("conversation_key", "(SELECT internal_key FROM conversations WHERE id = ?1)"),
+            (
+                "conversation_key",
+                "(SELECT internal_key FROM conversations WHERE id = ?1)",
+            ),
             ("id", "id || '-' || ?1"),
         ],
     );
@@ -283,7 +290,11 @@ async fn copy_templates(url: &str, ids: &[String], conversations: usize) -> f64 
         let from = &ids[n % ids.len()];
         let id = uuid::Uuid::now_v7().to_string();
         let run = |sql: String| {
-            Statement::from_sql_and_values(DbBackend::Sqlite, sql, [id.as_str().into(), from.as_str().into()])
+            Statement::from_sql_and_values(
+                DbBackend::Sqlite,
+                sql,
+                [id.as_str().into(), from.as_str().into()],
+            )
         };
         db.execute_raw(run(format!(
             "INSERT INTO conversations ({conv_names}) SELECT {conv_values} FROM conversations WHERE id = ?2"

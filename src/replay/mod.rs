@@ -29,7 +29,9 @@ mod tests;
 /// One step as stored: an item of a `conversation_steps` row's `steps` array.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StoredStep {
-    /// The step's number in its conversation, from 1, without gaps.
+    /// The step's number in its conversation, from 1, without gaps (not stored: its row's
+    /// `first_step` and its place in the row give it).
+    #[serde(default, skip_serializing)]
     pub n: i64,
     /// The event, compact (see [`compact`]).
     pub e: Value,
@@ -42,11 +44,19 @@ pub struct StoredStep {
     /// The state before the step, where a segment starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub b: Option<ConvState>,
-    /// The kind of the state after.
-    pub s: String,
     /// [`digest`] of the transition's result.
     pub d: String,
 }
+
+/// A message a step refers to, as stored: its content and an agent message's usage.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Recalled {
+    pub content: MessageContent,
+    pub usage: Option<crate::state_machine::Usage>,
+}
+
+/// How a replay finds the messages steps refer to, by sequence id.
+pub type Messages<'a> = &'a dyn Fn(i64) -> Option<Recalled>;
 
 /// What a conversation's log has been given so far: the number of its next step and the
 /// context its last step carried. Advanced only once a commit holding steps is stored, so a
@@ -96,10 +106,10 @@ impl Recorder {
         PendingStep {
             n,
             event,
+            turn: before.turn().map(|turn| turn.id.clone()),
             t,
             c,
             b: starts.then(|| before.clone()),
-            s: result.new_state.kind(),
             d: digest(result),
         }
     }
@@ -146,10 +156,11 @@ fn same_settings(a: &ConvContext, b: &ConvContext) -> bool {
 pub struct PendingStep {
     n: i64,
     event: Event,
+    /// The turn running before the step (an event of that turn need not name it).
+    turn: Option<crate::state_machine::TurnId>,
     t: Option<u64>,
     c: Option<Arc<ConvContext>>,
     b: Option<ConvState>,
-    s: &'static str,
     d: String,
 }
 
@@ -159,7 +170,6 @@ impl PendingStep {
     pub fn finish(self, messages: &[MessageRecord]) -> LoggedStep {
         #[derive(Serialize)]
         struct Out<'a> {
-            n: i64,
             e: Value,
             #[serde(skip_serializing_if = "Option::is_none")]
             t: Option<u64>,
@@ -167,16 +177,13 @@ impl PendingStep {
             c: Option<&'a ConvContext>,
             #[serde(skip_serializing_if = "Option::is_none")]
             b: Option<&'a ConvState>,
-            s: &'a str,
             d: &'a str,
         }
         let out = Out {
-            n: self.n,
-            e: compact(&self.event, messages),
+            e: compact(&self.event, self.turn.as_ref(), messages),
             t: self.t,
             c: self.c.as_deref(),
             b: self.b.as_ref(),
-            s: self.s,
             d: &self.d,
         };
         LoggedStep {
@@ -212,10 +219,17 @@ pub fn digest(result: &TransitionResult) -> String {
     bytes[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The event as JSON, with the fields that a message of `messages` holds word for word
-/// replaced by `"msg": <its sequence id>`: a user message's text and images, an LLM reply's
-/// text, tool calls and reasoning, a tool's output.
-pub fn compact(event: &Event, messages: &[MessageRecord]) -> Value {
+/// The event as JSON, compact:
+/// - the fields that a message of `messages` holds word for word are replaced by `"msg": <its
+///   sequence id>`: a user message's text and images, an LLM reply's text, tool calls,
+///   reasoning and usage, a tool's call id, success and output;
+/// - the turn of an answer to the running turn's work (`turn` of the state before) and a
+///   user message's default `if_busy` (`reject`) are left out.
+pub fn compact(
+    event: &Event,
+    running: Option<&crate::state_machine::TurnId>,
+    messages: &[MessageRecord],
+) -> Value {
     let mut value = serde_json::to_value(event).unwrap_or(Value::Null);
     let (key, message, fields): (&str, Option<&MessageRecord>, &[&str]) = match event {
         Event::UserMessage { text, images, .. } => (
@@ -228,10 +242,11 @@ pub fn compact(event: &Event, messages: &[MessageRecord]) -> Value {
         Event::LlmResponse { reply, .. } => (
             "llm_response",
             messages.iter().find(|m| {
-                matches!(&m.content, MessageContent::Agent { text, tool_uses, reasoning }
-                    if *text == reply.text && *tool_uses == reply.tool_uses && *reasoning == reply.reasoning)
+                m.usage == Some(reply.usage)
+                    && matches!(&m.content, MessageContent::Agent { text, tool_uses, reasoning }
+                        if *text == reply.text && *tool_uses == reply.tool_uses && *reasoning == reply.reasoning)
             }),
-            &["text", "tool_uses", "reasoning"],
+            &["text", "tool_uses", "reasoning", "usage"],
         ),
         Event::ToolComplete {
             tool_use_id,
@@ -240,9 +255,10 @@ pub fn compact(event: &Event, messages: &[MessageRecord]) -> Value {
         } => (
             "tool_complete",
             messages.iter().find(|m| {
-                matches!(&m.content, MessageContent::Tool(r) if r.tool_use_id == *tool_use_id && r.output == outcome.output)
+                matches!(&m.content, MessageContent::Tool(r)
+                    if r.tool_use_id == *tool_use_id && r.output == outcome.output && r.ok == outcome.ok)
             }),
-            &["output"],
+            &["tool_use_id", "ok", "output"],
         ),
         Event::UserCancel
         | Event::SummaryRequested { .. }
@@ -255,36 +271,63 @@ pub fn compact(event: &Event, messages: &[MessageRecord]) -> Value {
         | Event::BackgroundResult { .. }
         | Event::Interrupted(_)
         | Event::TimeLimit { .. }
-        | Event::Dequeue { .. } => return value,
+        | Event::Dequeue { .. } => ("", None, &[]),
     };
+    let Some((name, body)) = value
+        .as_object_mut()
+        .and_then(|object| object.iter_mut().next())
+    else {
+        return value;
+    };
+    let Some(body) = body.as_object_mut() else {
+        return value;
+    };
+    // The running turn, where the event names it.
+    if let Some(running) = running {
+        let tagged = match name.as_str() {
+            "continue" | "tool_complete" | "sub_agents_spawned" => Some(&mut *body),
+            "llm_response" | "llm_error" | "llm_aborted" | "retry_timeout" => {
+                body.get_mut("request").and_then(Value::as_object_mut)
+            }
+            _ => None,
+        };
+        if let Some(tagged) = tagged
+            && tagged.get("turn").and_then(Value::as_str) == Some(running.0.as_str())
+        {
+            tagged.remove("turn");
+        }
+    }
+    if name == "user_message" && body.get("if_busy").and_then(Value::as_str) == Some("reject") {
+        body.remove("if_busy");
+    }
     let Some(message) = message else {
         return value;
     };
-    if let Some(body) = value.get_mut(key).and_then(Value::as_object_mut) {
-        let nested = match key {
-            "llm_response" => Some("reply"),
-            "tool_complete" => Some("outcome"),
-            _ => None,
-        };
-        let inner = match nested {
-            Some(name) => body.get_mut(name).and_then(Value::as_object_mut),
-            None => Some(&mut *body),
+    let nested = match key {
+        "llm_response" => Some("reply"),
+        "tool_complete" => Some("outcome"),
+        _ => None,
+    };
+    for field in fields {
+        let inner = match (nested, *field) {
+            // The call's id is the event's own; the rest are the outcome's or the reply's.
+            (_, "tool_use_id") | (None, _) => Some(&mut *body),
+            (Some(name), _) => body.get_mut(name).and_then(Value::as_object_mut),
         };
         if let Some(inner) = inner {
-            for field in fields {
-                inner.remove(*field);
-            }
+            inner.remove(*field);
         }
-        body.insert("msg".into(), Value::from(message.sequence_id));
     }
+    body.insert("msg".into(), Value::from(message.sequence_id));
     value
 }
 
-/// The event a compact one stands for, its message fields read back from `message` (the
-/// content of a message by sequence id).
+/// The event a compact one stands for: its message fields read back from `message`, the
+/// running turn (`running`, the state before's) where it was left out.
 pub fn expand(
     mut value: Value,
-    message: &dyn Fn(i64) -> Option<MessageContent>,
+    running: Option<&crate::state_machine::TurnId>,
+    message: Messages<'_>,
 ) -> Result<Event, String> {
     let Some((key, body)) = value
         .as_object_mut()
@@ -293,19 +336,42 @@ pub fn expand(
         // A unit event (`"user_cancel"`).
         return serde_json::from_value(value).map_err(|e| format!("an event does not read: {e}"));
     };
-    if let Some(body) = body.as_object_mut()
-        && let Some(seq) = body.remove("msg")
-    {
-        let seq = seq.as_i64().ok_or("a message reference is not a number")?;
-        let content = message(seq).ok_or_else(|| format!("message {seq} is gone"))?;
-        fill(key, body, content)?;
+    if let Some(body) = body.as_object_mut() {
+        let turn = || running.map(|turn| Value::String(turn.0.clone()));
+        match key.as_str() {
+            "continue" | "tool_complete" | "sub_agents_spawned" => {
+                if !body.contains_key("turn")
+                    && let Some(turn) = turn()
+                {
+                    body.insert("turn".into(), turn);
+                }
+            }
+            "llm_response" | "llm_error" | "llm_aborted" | "retry_timeout" => {
+                if let Some(request) = body.get_mut("request").and_then(Value::as_object_mut)
+                    && !request.contains_key("turn")
+                    && let Some(turn) = turn()
+                {
+                    request.insert("turn".into(), turn);
+                }
+            }
+            "user_message" => {
+                body.entry("if_busy")
+                    .or_insert_with(|| Value::String("reject".into()));
+            }
+            _ => {}
+        }
+        if let Some(seq) = body.remove("msg") {
+            let seq = seq.as_i64().ok_or("a message reference is not a number")?;
+            let recalled = message(seq).ok_or_else(|| format!("message {seq} is gone"))?;
+            fill(key, body, recalled)?;
+        }
     }
     serde_json::from_value(value).map_err(|e| format!("an event does not read: {e}"))
 }
 
 /// Puts a message's fields back into the body of a compact event.
-fn fill(key: &str, body: &mut Map<String, Value>, content: MessageContent) -> Result<(), String> {
-    match (key, content) {
+fn fill(key: &str, body: &mut Map<String, Value>, recalled: Recalled) -> Result<(), String> {
+    match (key, recalled.content) {
         ("user_message", MessageContent::User { text, images }) => {
             body.insert("text".into(), Value::String(text));
             body.insert("images".into(), to(&images));
@@ -325,12 +391,15 @@ fn fill(key: &str, body: &mut Map<String, Value>, content: MessageContent) -> Re
             reply.insert("text".into(), to(&text));
             reply.insert("tool_uses".into(), to(&tool_uses));
             reply.insert("reasoning".into(), to(&reasoning));
+            reply.insert("usage".into(), to(&recalled.usage.unwrap_or_default()));
         }
         ("tool_complete", MessageContent::Tool(result)) => {
+            body.insert("tool_use_id".into(), Value::String(result.tool_use_id));
             let outcome = body
                 .get_mut("outcome")
                 .and_then(Value::as_object_mut)
                 .ok_or("a tool outcome without its body")?;
+            outcome.insert("ok".into(), Value::Bool(result.ok));
             outcome.insert("output".into(), Value::String(result.output));
         }
         (key, content) => {
@@ -385,15 +454,14 @@ pub struct Divergence {
     /// The event as stored (compact).
     pub event: Value,
     pub reason: String,
-    /// The stored state's kind and digest.
+    /// The stored decision's digest.
     pub stored: Side,
-    /// The replayed ones, with the state and the effects themselves.
+    /// The replayed one, with the state and the effects themselves.
     pub replayed: Option<Replayed>,
 }
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Side {
-    pub state: String,
     pub digest: String,
 }
 
@@ -436,11 +504,23 @@ pub struct StepRow {
     pub steps: Vec<StoredStep>,
 }
 
+impl StepRow {
+    /// A row as stored: its steps' JSON array, the first numbered `first_step`.
+    pub fn parse(first_step: i64, at: i64, json: &str) -> Result<StepRow, String> {
+        let mut steps: Vec<StoredStep> =
+            serde_json::from_str(json).map_err(|e| format!("steps do not read: {e}"))?;
+        for (step, n) in steps.iter_mut().zip(first_step..) {
+            step.n = n;
+        }
+        Ok(StepRow { at, steps })
+    }
+}
+
 /// Re-runs a conversation's steps (rows in order) through `decide`, comparing each with what
 /// was stored; stops at the first divergence. `visit` sees each step re-run (for a trace).
 pub fn replay(
     rows: &[StepRow],
-    message: &dyn Fn(i64) -> Option<MessageContent>,
+    message: Messages<'_>,
     decide: Decide,
     mut visit: impl FnMut(&StoredStep, i64, &ConvState, &Event, &TransitionResult, bool),
 ) -> Checked {
@@ -465,7 +545,6 @@ pub fn replay(
                 event: step.e.clone(),
                 reason,
                 stored: Side {
-                    state: step.s.clone(),
                     digest: step.d.clone(),
                 },
                 replayed,
@@ -481,7 +560,8 @@ pub fn replay(
             if let Some(t) = step.t {
                 context.context_tokens = t;
             }
-            let event = match expand(step.e.clone(), message) {
+            let running = before.turn().map(|turn| turn.id.clone());
+            let event = match expand(step.e.clone(), running.as_ref(), message) {
                 Ok(event) => event,
                 Err(reason) => {
                     checked.divergence = Some(diverged(reason, None));
@@ -499,7 +579,7 @@ pub fn replay(
                 }
             };
             let d = digest(&result);
-            let same = d == step.d && result.new_state.kind() == step.s;
+            let same = d == step.d;
             visit(step, row.at, before, &event, &result, same);
             if !same {
                 checked.divergence = Some(diverged(
@@ -525,7 +605,7 @@ pub fn replay(
 /// of their segment).
 pub fn trace(
     rows: &[StepRow],
-    message: &dyn Fn(i64) -> Option<MessageContent>,
+    message: Messages<'_>,
     after: i64,
     limit: usize,
 ) -> (Vec<TraceStep>, bool, u64) {

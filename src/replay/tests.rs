@@ -16,7 +16,7 @@ use crate::state_machine::{
 /// them), the messages they persisted, and what the core decided at each step.
 struct Recorded {
     rows: Vec<StepRow>,
-    messages: HashMap<i64, MessageContent>,
+    messages: HashMap<i64, Recalled>,
     states: Vec<ConvState>,
     effects: Vec<Vec<Effect>>,
 }
@@ -42,8 +42,7 @@ fn record_run(is_sub_agent: bool, ops: &[Op], pairs: &[bool]) -> Recorded {
         }
         // Stored and read back as the store does.
         let json = LoggedStep::array(row);
-        let steps: Vec<StoredStep> = serde_json::from_str(&json).expect("steps read back");
-        rows.push(StepRow { at: 0, steps });
+        rows.push(StepRow::parse(row[0].n, 0, &json).expect("steps read back"));
         row.clear();
     };
     for (i, op) in ops.iter().enumerate() {
@@ -61,20 +60,36 @@ fn record_run(is_sub_agent: bool, ops: &[Op], pairs: &[bool]) -> Recorded {
             continue;
         };
         let step = recorder.record(&before, &ctx, event, &result);
+        // Numbered as commit::plan numbers them: an LLM response's usage goes with the
+        // agent message it produced.
         let mut messages = Vec::new();
+        let mut usage = None;
         for effect in &result.effects {
-            if let Effect::PersistMessage(content) = effect {
-                messages.push(MessageRecord {
-                    id: format!("m{next_seq}"),
-                    conversation_id: "c".into(),
-                    sequence_id: next_seq,
-                    content: content.clone(),
-                    usage: None,
-                    client_message_id: None,
-                    created_at: at,
-                });
-                recorded.messages.insert(next_seq, content.clone());
-                next_seq += 1;
+            match effect {
+                Effect::RecordUsage { usage: u } => usage = Some(*u),
+                Effect::PersistMessage(content) => {
+                    let usage = matches!(content, MessageContent::Agent { .. })
+                        .then(|| usage.take())
+                        .flatten();
+                    messages.push(MessageRecord {
+                        id: format!("m{next_seq}"),
+                        conversation_id: "c".into(),
+                        sequence_id: next_seq,
+                        content: content.clone(),
+                        usage,
+                        client_message_id: None,
+                        created_at: at,
+                    });
+                    recorded.messages.insert(
+                        next_seq,
+                        Recalled {
+                            content: content.clone(),
+                            usage,
+                        },
+                    );
+                    next_seq += 1;
+                }
+                _ => {}
             }
         }
         pending_row.push(step.finish(&messages));
@@ -221,17 +236,40 @@ fn events_refer_to_their_messages_and_read_back_whole() {
             }),
         ),
     ];
+    let usage = Usage {
+        input_tokens: 10,
+        output_tokens: 3,
+    };
     for (event, content) in cases {
-        let stored = compact(&event, &[message(7, content.clone())]);
-        let text = stored.to_string();
-        assert!(text.contains("\"msg\":7"), "{text}");
-        assert!(text.len() < 200, "{} bytes: {text}", text.len());
-        let lookup = |seq: i64| (seq == 7).then(|| content.clone());
-        assert_eq!(expand(stored, &lookup).expect("reads back"), event);
-        // Without its message, the event is kept whole.
-        let whole = compact(&event, &[]);
-        assert!(!whole.to_string().contains("\"msg\""));
-        assert_eq!(expand(whole, &|_| None).expect("reads back"), event);
+        let mut stored_message = message(7, content.clone());
+        if matches!(content, MessageContent::Agent { .. }) {
+            stored_message.usage = Some(usage);
+        }
+        let recalled = Recalled {
+            content: content.clone(),
+            usage: stored_message.usage,
+        };
+        let lookup = |seq: i64| (seq == 7).then(|| recalled.clone());
+        // Of the running turn: the turn is left out, and read back from the state before.
+        for running in [None, Some(&turn)] {
+            let stored = compact(&event, running, std::slice::from_ref(&stored_message));
+            let text = stored.to_string();
+            assert!(text.contains("\"msg\":7"), "{text}");
+            assert_eq!(
+                text.contains("\"t1\""),
+                running.is_none() || matches!(event, Event::UserMessage { .. }),
+                "{text}"
+            );
+            assert!(text.len() < 120, "{} bytes: {text}", text.len());
+            assert_eq!(expand(stored, running, &lookup).expect("reads back"), event);
+            // Without its message, the event is kept whole.
+            let whole = compact(&event, running, &[]);
+            assert!(!whole.to_string().contains("\"msg\""));
+            assert_eq!(
+                expand(whole, running, &|_| None).expect("reads back"),
+                event
+            );
+        }
     }
     // A message that is gone is a clear error, not a panic.
     let stored = compact(
@@ -241,6 +279,7 @@ fn events_refer_to_their_messages_and_read_back_whole() {
             images: vec![],
             if_busy: IfBusy::Reject,
         },
+        None,
         &[message(
             3,
             MessageContent::User {
@@ -250,7 +289,7 @@ fn events_refer_to_their_messages_and_read_back_whole() {
         )],
     );
     assert!(
-        expand(stored, &|_| None)
+        expand(stored, None, &|_| None)
             .expect_err("gone")
             .contains("message 3")
     );

@@ -11,8 +11,7 @@ use sea_orm::{
 };
 
 use super::{Result, Store, StoreError, of_conversation};
-use crate::replay::{StepRow, StoredStep};
-use crate::state_machine::MessageContent;
+use crate::replay::{Recalled, StepRow};
 
 #[derive(Debug, FromQueryResult)]
 struct Last {
@@ -21,6 +20,7 @@ struct Last {
 
 #[derive(Debug, FromQueryResult)]
 struct Row {
+    first_step: i64,
     created_at: i64,
     steps: String,
 }
@@ -71,7 +71,7 @@ impl Store {
     /// A conversation's stored rows of steps, in order.
     pub async fn steps_of(&self, conversation_id: &str) -> Result<Vec<StepRow>> {
         let sql = self.sql(
-            "SELECT s.created_at, s.steps FROM conversation_steps s \
+            "SELECT s.first_step, s.created_at, s.steps FROM conversation_steps s \
              WHERE s.conversation_key = (SELECT internal_key FROM conversations WHERE id = $1) \
              ORDER BY s.last_step",
         );
@@ -84,22 +84,18 @@ impl Store {
         .await?;
         rows.into_iter()
             .map(|row| {
-                let steps: Vec<StoredStep> = serde_json::from_str(&row.steps)
-                    .map_err(|e| StoreError::Corrupt(format!("steps of {conversation_id}: {e}")))?;
-                Ok(StepRow {
-                    at: row.created_at,
-                    steps,
-                })
+                StepRow::parse(row.first_step, row.created_at, &row.steps)
+                    .map_err(|e| StoreError::Corrupt(format!("steps of {conversation_id}: {e}")))
             })
             .collect()
     }
 
-    /// The contents of a conversation's messages with these sequence ids.
+    /// A conversation's messages with these sequence ids, as the replay log refers to them.
     pub async fn message_contents(
         &self,
         conversation_id: &str,
         seqs: &[i64],
-    ) -> Result<HashMap<i64, MessageContent>> {
+    ) -> Result<HashMap<i64, Recalled>> {
         let mut found = HashMap::with_capacity(seqs.len());
         for chunk in seqs.chunks(500) {
             let rows = messages::Entity::find()
@@ -112,7 +108,13 @@ impl Store {
                 .await?;
             for row in rows {
                 let record = super::history::message(conversation_id, row)?;
-                found.insert(record.sequence_id, record.content);
+                found.insert(
+                    record.sequence_id,
+                    Recalled {
+                        content: record.content,
+                        usage: record.usage,
+                    },
+                );
             }
         }
         Ok(found)
