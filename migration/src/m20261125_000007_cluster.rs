@@ -46,7 +46,7 @@ const POSTGRES_UP: &[&str] = &[
 /// by id; the inserts find its key. One UPDATE per conversation, by its primary key: a join
 /// with the document's rows was planned for 100 of them (json_to_recordset's estimate) and
 /// scanned the whole table.
-const COMMIT_FUNCTION: &str = r#"
+pub(crate) const COMMIT_FUNCTION: &str = r#"
 CREATE OR REPLACE FUNCTION bedrock_commit(doc_conversations json, doc_messages json, doc_frames json)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE

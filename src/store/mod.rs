@@ -74,6 +74,12 @@ struct NewFrames<'a> {
     dedup_key: Option<&'a str>,
     /// Milliseconds since the Unix epoch.
     created_at: i64,
+    /// The commit's steps of the replay log (issue 40), on its last row of frames: no row of
+    /// their own, no index entry of their own. (A commit without frames writes its steps to
+    /// `conversation_steps`.)
+    first_step: Option<i64>,
+    last_step: Option<i64>,
+    steps: Option<String>,
 }
 
 /// JSON text written into a document as the JSON it is.
@@ -103,6 +109,9 @@ fn frame_rows(commit: &ConversationCommit) -> Vec<NewFrames<'_>> {
                 frames: String::from("["),
                 dedup_key: None,
                 created_at: event.created_at.timestamp_millis(),
+                first_step: None,
+                last_step: None,
+                steps: None,
             });
         }
         let Some(row) = rows.last_mut() else {
@@ -134,7 +143,20 @@ fn frame_rows(commit: &ConversationCommit) -> Vec<NewFrames<'_>> {
     for row in &mut rows {
         row.frames.push(']');
     }
+    if let Some(last) = rows.last_mut()
+        && let (Some(first), Some(end)) = (commit.steps.first(), commit.steps.last())
+    {
+        last.first_step = Some(first.n);
+        last.last_step = Some(end.n);
+        last.steps = Some(crate::model::LoggedStep::array(&commit.steps));
+    }
     rows
+}
+
+/// Whether a commit's steps need a row of `conversation_steps` (it has steps but no frames
+/// to carry them).
+fn steps_row(commit: &ConversationCommit) -> bool {
+    !commit.steps.is_empty() && commit.events.is_empty()
 }
 
 /// `column` (a conversation key) names the conversation `id`: messages and rows of frames

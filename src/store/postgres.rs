@@ -49,8 +49,9 @@ const OUTBOX: &str = "o AS (INSERT INTO webhook_outbox (tenant_id, conversation_
        json_to_recordset($O1::json) AS x(ord bigint, tenant_id text, conversation_id text, event_type text, payload text, created_at bigint) \
        ORDER BY ord)";
 
-/// The replay log beside [`COMMIT`] (issue 40): each commit's steps as one row of
-/// `conversation_steps`, in the same statement. The conversation exists before its commit
+/// The replay log beside [`COMMIT`] (issue 40): the steps of a commit without frames (the
+/// others ride on its last row of frames) as one row of `conversation_steps`, in the same
+/// statement. The conversation exists before its commit
 /// (the guarded update needs it), so the statement's snapshot finds its key.
 const STEPS: &str = "s AS (INSERT INTO conversation_steps (conversation_key, last_step, first_step, steps, created_at) \
        SELECT k.internal_key, x.last_step, x.first_step, x.steps, x.created_at FROM \
@@ -124,7 +125,7 @@ pub(super) async fn commit(
     }
     let steps: Vec<serde_json::Value> = commits
         .iter()
-        .filter(|commit| !commit.steps.is_empty())
+        .filter(|commit| super::steps_row(commit))
         .map(|commit| {
             serde_json::json!({"conversation_id": commit.conversation_id,
                 "last_step": commit.steps.last().map_or(0, |step| step.n),

@@ -319,7 +319,7 @@ fn batch(
     let steps: Vec<&ConversationCommit> = commits
         .iter()
         .map(AsRef::as_ref)
-        .filter(|c| !c.steps.is_empty())
+        .filter(|c| super::steps_row(c))
         .collect();
     for chunk in shaped_chunks(&steps) {
         append(insert_steps(chunk));
@@ -360,7 +360,7 @@ fn insert_messages(rows: &[(&ConversationCommit, &MessageRecord)]) -> Statement 
 
 /// The statement that inserts rows of frames; their items go in as the JSON text they are.
 fn insert_frames(rows: &[NewFrames<'_>]) -> Statement {
-    let mut values: Vec<Value> = Vec::with_capacity(rows.len() * 6);
+    let mut values: Vec<Value> = Vec::with_capacity(rows.len() * 9);
     for row in rows {
         values.extend([
             Value::from(row.conversation_id),
@@ -369,12 +369,16 @@ fn insert_frames(rows: &[NewFrames<'_>]) -> Statement {
             Value::from(row.frames.as_str()),
             Value::String(row.dedup_key.map(str::to_owned)),
             Value::from(row.created_at),
+            Value::BigInt(row.first_step),
+            Value::BigInt(row.last_step),
+            Value::String(row.steps.clone()),
         ]);
     }
     let sql = format!(
         "INSERT INTO conversation_frames \
-         (conversation_key, last_event_id, first_event_id, frames, dedup_key, created_at) VALUES {}",
-        vec![format!("({KEY_OF}, ?, ?, ?, ?, ?)"); rows.len()].join(", ")
+         (conversation_key, last_event_id, first_event_id, frames, dedup_key, created_at, \
+         first_step, last_step, steps) VALUES {}",
+        vec![format!("({KEY_OF}, ?, ?, ?, ?, ?, ?, ?, ?)"); rows.len()].join(", ")
     );
     Statement::from_sql_and_values(DbBackend::Sqlite, sql, values)
 }

@@ -1,14 +1,12 @@
-//! The replay log (issue 40; migration 19): each commit's steps, one row of
-//! `conversation_steps` per commit that has any, written by the group commit (sqlite.rs,
-//! postgres.rs). Reads are open: the conversation actor's next step number, a conversation's
+//! The replay log (issue 40; migration 19): each commit's steps, on its last row of
+//! `conversation_frames` (or, for a commit without frames, a row of `conversation_steps`),
+//! written by the group commit (sqlite.rs, postgres.rs). Reads are open: the conversation actor's next step number, a conversation's
 //! rows for `bedrock replay` and the trace, the messages they refer to.
 
 use std::collections::HashMap;
 
 use entity::messages;
-use sea_orm::{
-    ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, FromQueryResult, QueryFilter, Statement,
-};
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, FromQueryResult, QueryFilter};
 
 use super::{Result, Store, StoreError, of_conversation};
 use crate::replay::{Recalled, StepRow};
@@ -39,49 +37,38 @@ pub struct ReplayFilter {
 }
 
 impl Store {
-    fn sql(&self, text: &str) -> String {
-        if self.backend() == DbBackend::Sqlite {
-            let mut out = text.to_owned();
-            for n in (1..=9).rev() {
-                out = out.replace(&format!("${n}"), "?");
-            }
-            out
-        } else {
-            text.to_owned()
-        }
-    }
-
     /// The number a conversation's next step gets: one after its last stored step.
     pub async fn next_step(&self, conversation_id: &str) -> Result<i64> {
-        let sql = self.sql(
-            "SELECT MAX(s.last_step) AS last FROM conversation_steps s \
-             WHERE s.conversation_key = (SELECT internal_key FROM conversations WHERE id = $1)",
-        );
-        let last = Last::find_by_statement(Statement::from_sql_and_values(
-            self.backend(),
-            sql,
-            [conversation_id.into()],
-        ))
-        .one(&self.db)
-        .await?
-        .and_then(|row| row.last);
+        // The latest step is on the conversation's latest row of frames that has steps, or
+        // on a row of steps of its own (a commit without frames).
+        let sql = "SELECT MAX(last) AS last FROM (\
+             SELECT (SELECT f.last_step FROM conversation_frames f \
+                WHERE f.conversation_key = k.internal_key AND f.last_step IS NOT NULL \
+                ORDER BY f.last_event_id DESC LIMIT 1) AS last \
+               FROM conversations k WHERE k.id = $1 \
+             UNION ALL \
+             SELECT MAX(s.last_step) AS last FROM conversation_steps s \
+               WHERE s.conversation_key = (SELECT internal_key FROM conversations WHERE id = $1)\
+             ) AS both_tables";
+        let last = Last::find_by_statement(self.statement(sql, vec![conversation_id.into()]))
+            .one(&self.db)
+            .await?
+            .and_then(|row| row.last);
         Ok(last.unwrap_or(0) + 1)
     }
 
     /// A conversation's stored rows of steps, in order.
     pub async fn steps_of(&self, conversation_id: &str) -> Result<Vec<StepRow>> {
-        let sql = self.sql(
-            "SELECT s.first_step, s.created_at, s.steps FROM conversation_steps s \
+        let sql = "SELECT f.first_step, f.created_at, f.steps FROM conversation_frames f \
+             WHERE f.conversation_key = (SELECT internal_key FROM conversations WHERE id = $1) \
+               AND f.steps IS NOT NULL \
+             UNION ALL \
+             SELECT s.first_step, s.created_at, s.steps FROM conversation_steps s \
              WHERE s.conversation_key = (SELECT internal_key FROM conversations WHERE id = $1) \
-             ORDER BY s.last_step",
-        );
-        let rows = Row::find_by_statement(Statement::from_sql_and_values(
-            self.backend(),
-            sql,
-            [conversation_id.into()],
-        ))
-        .all(&self.db)
-        .await?;
+             ORDER BY 1";
+        let rows = Row::find_by_statement(self.statement(sql, vec![conversation_id.into()]))
+            .all(&self.db)
+            .await?;
         rows.into_iter()
             .map(|row| {
                 StepRow::parse(row.first_step, row.created_at, &row.steps)
@@ -123,8 +110,10 @@ impl Store {
     /// The conversations with stored steps that `filter` picks, oldest first.
     pub async fn replay_targets(&self, filter: &ReplayFilter) -> Result<Vec<String>> {
         let mut sql = String::from(
-            "SELECT c.id FROM conversations c WHERE EXISTS \
-             (SELECT 1 FROM conversation_steps s WHERE s.conversation_key = c.internal_key)",
+            "SELECT c.id FROM conversations c WHERE (EXISTS \
+             (SELECT 1 FROM conversation_frames f \
+              WHERE f.conversation_key = c.internal_key AND f.steps IS NOT NULL) \
+             OR EXISTS (SELECT 1 FROM conversation_steps s WHERE s.conversation_key = c.internal_key))",
         );
         let mut values: Vec<sea_orm::Value> = Vec::new();
         if let Some(tenant) = &filter.tenant_id {
@@ -134,37 +123,34 @@ impl Store {
         if let Some(since) = filter.since {
             values.push(since.into());
             sql.push_str(&format!(
-                " AND EXISTS (SELECT 1 FROM conversation_steps s \
-                 WHERE s.conversation_key = c.internal_key AND s.created_at >= ${})",
-                values.len()
+                " AND (EXISTS (SELECT 1 FROM conversation_frames f \
+                 WHERE f.conversation_key = c.internal_key AND f.steps IS NOT NULL \
+                 AND f.created_at >= ${n}) \
+                 OR EXISTS (SELECT 1 FROM conversation_steps s \
+                 WHERE s.conversation_key = c.internal_key AND s.created_at >= ${n}))",
+                n = values.len()
             ));
         }
         sql.push_str(" ORDER BY c.internal_key");
-        let sql = self.sql(&sql);
-        Ok(
-            Target::find_by_statement(Statement::from_sql_and_values(self.backend(), sql, values))
-                .all(&self.db)
-                .await?
-                .into_iter()
-                .map(|row| row.id)
-                .collect(),
-        )
+        Ok(Target::find_by_statement(self.statement(&sql, values))
+            .all(&self.db)
+            .await?
+            .into_iter()
+            .map(|row| row.id)
+            .collect())
     }
 
     /// Removes up to `limit` rows of steps stored before `before` (milliseconds since the Unix
     /// epoch), oldest first; how many it removed. Under the frames' retention window.
     pub(crate) async fn prune_steps(&self, before: i64, limit: u64) -> Result<u64> {
-        let sql = self.sql(
-            "DELETE FROM conversation_steps WHERE (conversation_key, last_step) IN \
+        let sql = "DELETE FROM conversation_steps WHERE (conversation_key, last_step) IN \
              (SELECT conversation_key, last_step FROM conversation_steps \
-              WHERE created_at < $1 ORDER BY created_at LIMIT $2)",
-        );
+              WHERE created_at < $1 ORDER BY created_at LIMIT $2)";
         let result = self
             .writer()
-            .execute_raw(Statement::from_sql_and_values(
-                self.backend(),
+            .execute_raw(self.statement(
                 sql,
-                [
+                vec![
                     sea_orm::Value::from(before),
                     sea_orm::Value::from(i64::try_from(limit).unwrap_or(i64::MAX)),
                 ],

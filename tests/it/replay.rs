@@ -308,6 +308,30 @@ async fn the_trace_is_the_tenants_own() {
         )
         .await
         .expect_error(404, "not_found");
+        // `bedrock replay --all --tenant`: one tenant's conversations only.
+        for (tenant, expected) in [("a", 1), ("b", 0)] {
+            let target = bedrock::app::ReplayTarget {
+                all: true,
+                tenant: Some(tenant.into()),
+                ..Default::default()
+            };
+            let mut out = Vec::new();
+            let summary = bedrock::app::replay(&app.settings(), &target, &mut out, true)
+                .await
+                .expect("a replay");
+            assert_eq!(summary.conversations, expected, "tenant {tenant}");
+            assert_eq!(summary.diverged, 0);
+            assert_eq!(summary.steps as usize, steps.len() * expected as usize);
+        }
+        let target = bedrock::app::ReplayTarget {
+            all: true,
+            tenant: Some("nobody".into()),
+            ..Default::default()
+        };
+        let error = bedrock::app::replay(&app.settings(), &target, &mut Vec::new(), true)
+            .await
+            .expect_err("no such tenant");
+        assert!(error.to_string().contains("no tenant"), "{error}");
         for query in ["limit=0", "limit=501", "after=-1", "limit=x"] {
             app.get(&format!("/v1/conversations/{id}/trace?{query}"))
                 .await
