@@ -15,7 +15,6 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use sha2::{Digest as _, Sha256};
 
 pub use crate::model::LoggedStep;
 use crate::model::MessageRecord;
@@ -193,30 +192,28 @@ impl PendingStep {
     }
 }
 
-/// A `Write` that feeds a hash.
-struct Hashing(Sha256);
-
-impl std::io::Write for Hashing {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.update(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// The digest of a transition's result: the first 8 bytes of the SHA-256 of the JSON of its
-/// new state, its effects and the turn it ended, in hex. The same decision gives the same
-/// digest on any build whose types keep their shape.
+/// The digest of a transition's result: XXH3-64 of the JSON of its new state, its effects
+/// and the turn it ended, in hex. The same decision gives the same digest on any build whose
+/// types keep their shape (XXH3 is a fixed algorithm; the digest only tells decisions apart,
+/// it guards nothing).
 pub fn digest(result: &TransitionResult) -> String {
-    let mut hashing = Hashing(Sha256::new());
+    thread_local! {
+        static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
     let whole = (&result.new_state, &result.effects, &result.ended);
-    // Writing to a hash cannot fail, and these types always serialise.
-    let _ = serde_json::to_writer(&mut hashing, &whole);
-    let bytes = hashing.0.finalize();
-    bytes[..8].iter().map(|b| format!("{b:02x}")).collect()
+    let hash = BUFFER.with(|buffer| {
+        let mut buffer = buffer.borrow_mut();
+        buffer.clear();
+        // These types always serialise.
+        let _ = serde_json::to_writer(&mut *buffer, &whole);
+        let hash = xxhash_rust::xxh3::xxh3_64(&buffer);
+        // A large result's buffer is not kept.
+        if buffer.capacity() > 1 << 20 {
+            *buffer = Vec::new();
+        }
+        hash
+    });
+    format!("{hash:016x}")
 }
 
 /// The event as JSON, compact:
