@@ -469,16 +469,7 @@ pub async fn list_schedules(
     tenant: Option<&str>,
 ) -> anyhow::Result<Vec<serde_json::Value>> {
     let store = open_store(settings).await?;
-    let tenant_id = match tenant {
-        Some(name) => Some(
-            store
-                .tenant_by_name(name)
-                .await?
-                .with_context(|| format!("no tenant is named {name:?}"))?
-                .id,
-        ),
-        None => None,
-    };
+    let tenant_id = tenant_id_named(&store, tenant).await?;
     let mut lines = Vec::new();
     for schedule in store.schedules(tenant_id.as_deref()).await? {
         let latest = store
@@ -602,6 +593,20 @@ mod tests {
     }
 }
 
+/// The id of the tenant an operator names (`--tenant NAME`), if one is named.
+async fn tenant_id_named(store: &Store, name: Option<&str>) -> anyhow::Result<Option<String>> {
+    let Some(name) = name else {
+        return Ok(None);
+    };
+    Ok(Some(
+        store
+            .tenant_by_name(name)
+            .await?
+            .with_context(|| format!("no tenant is named {name:?}"))?
+            .id,
+    ))
+}
+
 /// What `bedrock replay` re-runs (issue 40).
 #[derive(Clone, Debug, Default)]
 pub struct ReplayTarget {
@@ -659,16 +664,7 @@ pub async fn replay_with(
             vec![id.clone()]
         }
         (None, true) => {
-            let tenant_id = match &target.tenant {
-                Some(name) => Some(
-                    store
-                        .tenant_by_name(name)
-                        .await?
-                        .with_context(|| format!("no tenant is named {name:?}"))?
-                        .id,
-                ),
-                None => None,
-            };
+            let tenant_id = tenant_id_named(store, target.tenant.as_deref()).await?;
             let since = target.since.as_deref().map(since_ms).transpose()?;
             store
                 .replay_targets(&crate::store::ReplayFilter { tenant_id, since })

@@ -2000,7 +2000,7 @@ pub struct TraceStepView {
     pub kind: String,
     /// The event as stored: the ids it carries; a field a message holds is given as that
     /// message's `msg` (its `sequence_id`) instead.
-    #[schema(value_type = Object)]
+    #[schema(value_type = serde_json::Value)]
     pub event: Value,
     /// The `sequence_id` of the message the event refers to, if any.
     pub message: Option<i64>,
@@ -2009,7 +2009,7 @@ pub struct TraceStepView {
     #[schema(value_type = Object)]
     pub state_after: Value,
     /// The effects, in order (`persist_message`, `request_llm`, `execute_tool`, ...).
-    #[schema(value_type = Vec<Object>)]
+    #[schema(value_type = Vec<serde_json::Value>)]
     pub effects: Value,
     /// Whether this build decides the step as it was decided when stored.
     pub same: bool,

@@ -65,32 +65,32 @@ fn record_run(is_sub_agent: bool, ops: &[Op], pairs: &[bool]) -> Recorded {
         let mut messages = Vec::new();
         let mut usage = None;
         for effect in &result.effects {
-            match effect {
-                Effect::RecordUsage { usage: u } => usage = Some(*u),
-                Effect::PersistMessage(content) => {
-                    let usage = matches!(content, MessageContent::Agent { .. })
-                        .then(|| usage.take())
-                        .flatten();
-                    messages.push(MessageRecord {
-                        id: format!("m{next_seq}"),
-                        conversation_id: "c".into(),
-                        sequence_id: next_seq,
-                        content: content.clone(),
-                        usage,
-                        client_message_id: None,
-                        created_at: at,
-                    });
-                    recorded.messages.insert(
-                        next_seq,
-                        Recalled {
-                            content: content.clone(),
-                            usage,
-                        },
-                    );
-                    next_seq += 1;
-                }
-                _ => {}
+            if let Effect::RecordUsage { usage: u } = effect {
+                usage = Some(*u);
             }
+            let Effect::PersistMessage(content) = effect else {
+                continue;
+            };
+            let usage = matches!(content, MessageContent::Agent { .. })
+                .then(|| usage.take())
+                .flatten();
+            messages.push(MessageRecord {
+                id: format!("m{next_seq}"),
+                conversation_id: "c".into(),
+                sequence_id: next_seq,
+                content: content.clone(),
+                usage,
+                client_message_id: None,
+                created_at: at,
+            });
+            recorded.messages.insert(
+                next_seq,
+                Recalled {
+                    content: content.clone(),
+                    usage,
+                },
+            );
+            next_seq += 1;
         }
         pending_row.push(step.finish(&messages));
         recorded.states.push(result.new_state.clone());
