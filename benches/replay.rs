@@ -4,7 +4,8 @@
 //! The data: `REPLAY_TEMPLATES` conversations (20) of `REPLAY_TURNS` one-tool turns (10: the
 //! fake LLM asks for one `think` call, then answers) made through the real runtime (actors,
 //! gateway, persistence on SQLite), each then copied (its row, its messages, its rows of
-//! steps) until there are `REPLAY_CONVERSATIONS` (10,000). The replay runs as `bedrock replay
+//! frames, which carry its steps, and of steps) until there are `REPLAY_CONVERSATIONS`
+//! (10,000). The replay runs as `bedrock replay
 //! --all` does (`app::replay_with`: per conversation its rows of steps, the messages they
 //! refer to, every step re-run and its digest compared) on a current-thread runtime, so on
 //! one core; the figure is steps over the process's CPU time and over wall time.
@@ -238,6 +239,7 @@ async fn copy_templates(url: &str, ids: &[String], conversations: usize) -> f64 
     let db = Database::connect(url).await.unwrap();
     let conv_cols = columns(&db, "conversations").await;
     let msg_cols = columns(&db, "messages").await;
+    let frame_cols = columns(&db, "conversation_frames").await;
     let select = |cols: &[String], set: &[(&str, &str)]| -> (String, String) {
         let names = cols.join(", ");
         let values = cols
@@ -265,10 +267,18 @@ async fn copy_templates(url: &str, ids: &[String], conversations: usize) -> f64 
             ("id", "id || '-' || ?1"),
         ],
     );
+    let (frame_names, frame_values) = select(
+        &frame_cols,
+        &[(
+            "conversation_key",
+            "(SELECT internal_key FROM conversations WHERE id = ?1)",
+        )],
+    );
     let bytes: i64 = db
         .query_one_raw(Statement::from_string(
             DbBackend::Sqlite,
-            "SELECT COALESCE(SUM(LENGTH(steps)), 0) AS n FROM conversation_steps",
+            "SELECT (SELECT COALESCE(SUM(LENGTH(steps)), 0) FROM conversation_steps) \
+             + (SELECT COALESCE(SUM(LENGTH(steps)), 0) FROM conversation_frames) AS n",
         ))
         .await
         .unwrap()
@@ -303,6 +313,13 @@ async fn copy_templates(url: &str, ids: &[String], conversations: usize) -> f64 
         .unwrap();
         db.execute_raw(run(format!(
             "INSERT INTO messages ({msg_names}) SELECT {msg_values} FROM messages \
+             WHERE conversation_key = (SELECT internal_key FROM conversations WHERE id = ?2)"
+        )))
+        .await
+        .unwrap();
+        db.execute_raw(run(format!(
+            "INSERT INTO conversation_frames ({frame_names}) SELECT {frame_values} \
+             FROM conversation_frames \
              WHERE conversation_key = (SELECT internal_key FROM conversations WHERE id = ?2)"
         )))
         .await

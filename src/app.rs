@@ -607,6 +607,9 @@ async fn tenant_id_named(store: &Store, name: Option<&str>) -> anyhow::Result<Op
     ))
 }
 
+/// Conversations `bedrock replay` reads at a time.
+const REPLAY_BATCH: usize = 100;
+
 /// What `bedrock replay` re-runs (issue 40).
 #[derive(Clone, Debug, Default)]
 pub struct ReplayTarget {
@@ -679,40 +682,41 @@ pub async fn replay_with(
     };
     let started = std::time::Instant::now();
     let mut summary = ReplaySummary::default();
-    for id in ids {
-        let rows = store.steps_of(&id).await?;
-        let messages = store
-            .message_contents(&id, &crate::replay::referenced(&rows))
-            .await?;
-        let lookup = |seq: i64| messages.get(&seq).cloned();
-        let checked = crate::replay::replay(&rows, &lookup, decide, |_, _, _, _, _, _| {});
-        summary.conversations += 1;
-        summary.steps += checked.steps;
-        summary.skipped += checked.skipped;
-        match &checked.divergence {
-            Some(divergence) => {
-                summary.diverged += 1;
-                let line = serde_json::json!({
-                    "conversation_id": id,
-                    "diverged_at_step": divergence.step,
-                    "reason": divergence.reason,
-                    "event": divergence.event,
-                    "stored": divergence.stored,
-                    "replayed": divergence.replayed,
-                    "steps_before": checked.steps,
-                });
-                writeln!(out, "{line}")?;
+    // A hundred conversations a read: their steps and messages in three queries.
+    for batch in ids.chunks(REPLAY_BATCH) {
+        for input in store.replay_batch(batch).await? {
+            let messages = &input.messages;
+            let lookup = |seq: i64| messages.get(&seq).cloned();
+            let checked = crate::replay::replay(&input.rows, &lookup, decide, |_, _, _, _, _| {});
+            let id = &input.conversation_id;
+            summary.conversations += 1;
+            summary.steps += checked.steps;
+            summary.skipped += checked.skipped;
+            match &checked.divergence {
+                Some(divergence) => {
+                    summary.diverged += 1;
+                    let line = serde_json::json!({
+                        "conversation_id": id,
+                        "diverged_at_step": divergence.step,
+                        "reason": divergence.reason,
+                        "event": divergence.event,
+                        "stored": divergence.stored,
+                        "replayed": divergence.replayed,
+                        "steps_before": checked.steps,
+                    });
+                    writeln!(out, "{line}")?;
+                }
+                None if verbose => {
+                    let line = serde_json::json!({
+                        "conversation_id": id,
+                        "steps": checked.steps,
+                        "skipped": checked.skipped,
+                        "same": true,
+                    });
+                    writeln!(out, "{line}")?;
+                }
+                None => {}
             }
-            None if verbose => {
-                let line = serde_json::json!({
-                    "conversation_id": id,
-                    "steps": checked.steps,
-                    "skipped": checked.skipped,
-                    "same": true,
-                });
-                writeln!(out, "{line}")?;
-            }
-            None => {}
         }
     }
     summary.seconds = started.elapsed().as_secs_f64();

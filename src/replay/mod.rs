@@ -519,7 +519,7 @@ pub fn replay(
     rows: &[StepRow],
     message: Messages<'_>,
     decide: Decide,
-    mut visit: impl FnMut(&StoredStep, i64, &ConvState, &Event, &TransitionResult, bool),
+    mut visit: impl FnMut(&StoredStep, i64, &ConvState, &TransitionResult, bool),
 ) -> Checked {
     let mut checked = Checked::default();
     let mut state: Option<ConvState> = None;
@@ -565,7 +565,7 @@ pub fn replay(
                     return checked;
                 }
             };
-            let result = match decide(before, context, event.clone()) {
+            let result = match decide(before, context, event) {
                 Ok(result) => result,
                 Err(error) => {
                     checked.divergence = Some(diverged(
@@ -577,7 +577,7 @@ pub fn replay(
             };
             let d = digest(&result);
             let same = d == step.d;
-            visit(step, row.at, before, &event, &result, same);
+            visit(step, row.at, before, &result, same);
             if !same {
                 checked.divergence = Some(diverged(
                     "the decision differs".into(),
@@ -608,29 +608,24 @@ pub fn trace(
 ) -> (Vec<TraceStep>, bool, u64) {
     let mut page = Vec::new();
     let mut more = false;
-    let checked = replay(
-        rows,
-        message,
-        decide,
-        |step, at, before, _, result, same| {
-            if step.n <= after {
-                return;
-            }
-            if page.len() == limit {
-                more = true;
-                return;
-            }
-            page.push(TraceStep {
-                step: step.n,
-                at,
-                event: step.e.clone(),
-                state_before: serde_json::to_value(before).unwrap_or_default(),
-                state_after: serde_json::to_value(&result.new_state).unwrap_or_default(),
-                effects: serde_json::to_value(&result.effects).unwrap_or_default(),
-                matches: same,
-            });
-        },
-    );
+    let checked = replay(rows, message, decide, |step, at, before, result, same| {
+        if step.n <= after {
+            return;
+        }
+        if page.len() == limit {
+            more = true;
+            return;
+        }
+        page.push(TraceStep {
+            step: step.n,
+            at,
+            event: step.e.clone(),
+            state_before: serde_json::to_value(before).unwrap_or_default(),
+            state_after: serde_json::to_value(&result.new_state).unwrap_or_default(),
+            effects: serde_json::to_value(&result.effects).unwrap_or_default(),
+            matches: same,
+        });
+    });
     (page, more, checked.skipped)
 }
 

@@ -46,7 +46,7 @@ pub use limits::{BudgetState, ModelUsage, Reservation, TenantLimits, UsageRecord
 pub use mcp::McpServer;
 pub use schedules::RunOutcome;
 pub(crate) use sqlite::Durable;
-pub use steps::ReplayFilter;
+pub use steps::{ReplayFilter, ReplayInput};
 pub use webhooks::{ATTEMPTS_KEPT, Attempt, WebhookChange};
 
 use crate::model::{ConversationCommit, NewConversation, StoredFrame};

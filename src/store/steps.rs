@@ -28,6 +28,29 @@ struct Target {
     id: String,
 }
 
+#[derive(Debug, FromQueryResult)]
+struct Key {
+    id: String,
+    internal_key: i64,
+}
+
+#[derive(Debug, FromQueryResult)]
+struct KeyedRow {
+    conversation_key: i64,
+    first_step: i64,
+    created_at: i64,
+    steps: String,
+}
+
+/// What a replay of one conversation reads: its rows of steps and the messages they may
+/// refer to, by sequence id.
+#[derive(Debug)]
+pub struct ReplayInput {
+    pub conversation_id: String,
+    pub rows: Vec<StepRow>,
+    pub messages: HashMap<i64, Recalled>,
+}
+
 /// The conversations whose steps `bedrock replay --all` re-runs.
 #[derive(Clone, Debug, Default)]
 pub struct ReplayFilter {
@@ -105,6 +128,100 @@ impl Store {
             }
         }
         Ok(found)
+    }
+
+    /// The stored steps of several conversations and the messages they may refer to, in
+    /// three queries (their keys, their rows of steps, their messages of the kinds steps refer
+    /// to), for `bedrock replay --all`; in the order of `ids`, those that exist.
+    pub async fn replay_batch(&self, ids: &[String]) -> Result<Vec<ReplayInput>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let list = |from: usize, n: usize| {
+            (from..from + n)
+                .map(|i| format!("${i}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let keys: Vec<Key> = Key::find_by_statement(self.statement(
+            &format!(
+                "SELECT id, internal_key FROM conversations WHERE id IN ({})",
+                list(1, ids.len())
+            ),
+            ids.iter().map(|id| id.as_str().into()).collect(),
+        ))
+        .all(&self.db)
+        .await?;
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let id_of: HashMap<i64, &str> = keys
+            .iter()
+            .map(|k| (k.internal_key, k.id.as_str()))
+            .collect();
+        let key_values =
+            || -> Vec<sea_orm::Value> { keys.iter().map(|k| k.internal_key.into()).collect() };
+        let n = keys.len();
+        let mut values = key_values();
+        values.extend(key_values());
+        let rows = KeyedRow::find_by_statement(self.statement(
+            &format!(
+                "SELECT f.conversation_key AS conversation_key, f.first_step, f.created_at, f.steps \
+                 FROM conversation_frames f WHERE f.conversation_key IN ({}) AND f.steps IS NOT NULL \
+                 UNION ALL \
+                 SELECT s.conversation_key AS conversation_key, s.first_step, s.created_at, s.steps \
+                 FROM conversation_steps s WHERE s.conversation_key IN ({}) \
+                 ORDER BY 1, 2",
+                list(1, n),
+                list(n + 1, n)
+            ),
+            values,
+        ))
+        .all(&self.db)
+        .await?;
+        let mut steps: HashMap<i64, Vec<StepRow>> = HashMap::with_capacity(n);
+        for row in rows {
+            let parsed =
+                StepRow::parse(row.first_step, row.created_at, &row.steps).map_err(|e| {
+                    StoreError::Corrupt(format!(
+                        "steps of {}: {e}",
+                        id_of.get(&row.conversation_key).unwrap_or(&"?")
+                    ))
+                })?;
+            steps.entry(row.conversation_key).or_default().push(parsed);
+        }
+        let mut messages: HashMap<i64, HashMap<i64, Recalled>> = HashMap::with_capacity(n);
+        let rows = messages::Entity::find()
+            .filter(messages::Column::ConversationKey.is_in(keys.iter().map(|k| k.internal_key)))
+            .filter(messages::Column::MessageType.is_in(["user", "agent", "tool"]))
+            .all(&self.db)
+            .await?;
+        for row in rows {
+            let key = row.conversation_key;
+            let record = super::history::message(id_of.get(&key).copied().unwrap_or("?"), row)?;
+            messages.entry(key).or_default().insert(
+                record.sequence_id,
+                Recalled {
+                    content: record.content,
+                    usage: record.usage,
+                },
+            );
+        }
+        let by_id: HashMap<&str, i64> = keys
+            .iter()
+            .map(|k| (k.id.as_str(), k.internal_key))
+            .collect();
+        Ok(ids
+            .iter()
+            .filter_map(|id| {
+                let key = *by_id.get(id.as_str())?;
+                Some(ReplayInput {
+                    conversation_id: id.clone(),
+                    rows: steps.remove(&key).unwrap_or_default(),
+                    messages: messages.remove(&key).unwrap_or_default(),
+                })
+            })
+            .collect())
     }
 
     /// The conversations with stored steps that `filter` picks, oldest first.
