@@ -687,7 +687,9 @@ pub async fn replay_with(
         for input in store.replay_batch(batch).await? {
             let messages = &input.messages;
             let lookup = |seq: i64| messages.get(&seq).cloned();
-            let checked = crate::replay::replay(&input.rows, &lookup, decide, |_, _, _, _, _| {});
+            let checked = crate::replay::replay(&input.rows, &lookup, decide, |_, _, _, _, _| {
+                crate::replay::Visit::Continue
+            });
             let id = &input.conversation_id;
             summary.conversations += 1;
             summary.steps += checked.steps;

@@ -36,7 +36,11 @@ pub async fn list(
     if after < 0 {
         return Err(ApiError::invalid("after must be a step number (0 or more)"));
     }
-    let rows = app.store.steps_of(&conv.id).await?;
+    // The steps up to one past the page (whether more follow), from the first.
+    let upto = after
+        .saturating_add(i64::try_from(limit).unwrap_or(i64::MAX))
+        .saturating_add(1);
+    let rows = app.store.steps_of(&conv.id, upto).await?;
     let messages = app
         .store
         .message_contents(&conv.id, &crate::replay::referenced(&rows))

@@ -513,13 +513,20 @@ impl StepRow {
     }
 }
 
+/// Whether a replay goes on after a step its visitor saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Visit {
+    Continue,
+    Stop,
+}
+
 /// Re-runs a conversation's steps (rows in order) through `decide`, comparing each with what
 /// was stored; stops at the first divergence. `visit` sees each step re-run (for a trace).
 pub fn replay(
     rows: &[StepRow],
     message: Messages<'_>,
     decide: Decide,
-    mut visit: impl FnMut(&StoredStep, i64, &ConvState, &TransitionResult, bool),
+    mut visit: impl FnMut(&StoredStep, i64, &ConvState, &TransitionResult, bool) -> Visit,
 ) -> Checked {
     let mut checked = Checked::default();
     let mut state: Option<ConvState> = None;
@@ -577,7 +584,7 @@ pub fn replay(
             };
             let d = digest(&result);
             let same = d == step.d;
-            visit(step, row.at, before, &result, same);
+            let next = visit(step, row.at, before, &result, same);
             if !same {
                 checked.divergence = Some(diverged(
                     "the decision differs".into(),
@@ -592,6 +599,9 @@ pub fn replay(
             }
             checked.steps += 1;
             *before = result.new_state;
+            if next == Visit::Stop {
+                return checked;
+            }
         }
     }
     checked
@@ -608,13 +618,14 @@ pub fn trace(
 ) -> (Vec<TraceStep>, bool, u64) {
     let mut page = Vec::new();
     let mut more = false;
+    // Nothing after the page is re-run: a page costs the steps up to its end.
     let checked = replay(rows, message, decide, |step, at, before, result, same| {
         if step.n <= after {
-            return;
+            return Visit::Continue;
         }
         if page.len() == limit {
             more = true;
-            return;
+            return Visit::Stop;
         }
         page.push(TraceStep {
             step: step.n,
@@ -625,6 +636,7 @@ pub fn trace(
             effects: serde_json::to_value(&result.effects).unwrap_or_default(),
             matches: same,
         });
+        Visit::Continue
     });
     (page, more, checked.skipped)
 }

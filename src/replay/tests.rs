@@ -128,6 +128,7 @@ proptest! {
             assert_eq!(result.new_state, recorded.states[seen], "the state after step {seen}");
             assert_eq!(result.effects, recorded.effects[seen], "the effects of step {seen}");
             seen += 1;
+            Visit::Continue
         });
         prop_assert!(checked.divergence.is_none(), "{:?}", checked.divergence);
         prop_assert_eq!(checked.steps as usize, recorded.states.len());
@@ -147,7 +148,7 @@ proptest! {
         });
         let messages = &recorded.messages;
         let lookup = |seq: i64| messages.get(&seq).cloned();
-        let checked = replay(&recorded.rows, &lookup, changed_decision, |_, _, _, _, _| {});
+        let checked = replay(&recorded.rows, &lookup, changed_decision, |_, _, _, _, _| Visit::Continue);
         match first_changed {
             None => prop_assert!(checked.divergence.is_none()),
             Some(index) => {
@@ -336,7 +337,7 @@ fn a_log_cut_by_retention_starts_at_its_next_segment_and_gaps_are_found() {
     // The run's restart found it idle: the Restart event was refused, but the next actor's
     // first step starts a segment all the same.
     let cut: Vec<StepRow> = recorded.rows[1..].to_vec();
-    let checked = replay(&cut, &lookup, decide, |_, _, _, _, _| {});
+    let checked = replay(&cut, &lookup, decide, |_, _, _, _, _| Visit::Continue);
     assert!(checked.divergence.is_none(), "{:?}", checked.divergence);
     // Steps 2 and 3 lost the start of their segment; 4 and 5 are a segment of their own.
     assert_eq!(checked.skipped, 2);
@@ -345,7 +346,7 @@ fn a_log_cut_by_retention_starts_at_its_next_segment_and_gaps_are_found() {
 
     let mut gap = recorded.rows.clone();
     gap.remove(1);
-    let checked = replay(&gap, &lookup, decide, |_, _, _, _, _| {});
+    let checked = replay(&gap, &lookup, decide, |_, _, _, _, _| Visit::Continue);
     let divergence = checked.divergence.expect("a gap");
     assert!(
         divergence.reason.contains("follows"),

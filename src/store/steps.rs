@@ -80,18 +80,21 @@ impl Store {
         Ok(last.unwrap_or(0) + 1)
     }
 
-    /// A conversation's stored rows of steps, in order.
-    pub async fn steps_of(&self, conversation_id: &str) -> Result<Vec<StepRow>> {
+    /// A conversation's stored rows of steps, in order, up to the row that holds step
+    /// `upto` (the end of a trace's page: nothing after it is read).
+    pub async fn steps_of(&self, conversation_id: &str, upto: i64) -> Result<Vec<StepRow>> {
         let sql = "SELECT f.first_step, f.created_at, f.steps FROM conversation_frames f \
              WHERE f.conversation_key = (SELECT internal_key FROM conversations WHERE id = $1) \
-               AND f.steps IS NOT NULL \
+               AND f.steps IS NOT NULL AND f.first_step <= $2 \
              UNION ALL \
              SELECT s.first_step, s.created_at, s.steps FROM conversation_steps s \
              WHERE s.conversation_key = (SELECT internal_key FROM conversations WHERE id = $1) \
+               AND s.first_step <= $2 \
              ORDER BY 1";
-        let rows = Row::find_by_statement(self.statement(sql, vec![conversation_id.into()]))
-            .all(&self.db)
-            .await?;
+        let rows =
+            Row::find_by_statement(self.statement(sql, vec![conversation_id.into(), upto.into()]))
+                .all(&self.db)
+                .await?;
         rows.into_iter()
             .map(|row| {
                 StepRow::parse(row.first_step, row.created_at, &row.steps)
