@@ -811,14 +811,19 @@ async function openTrace() {
   const steps = [];
   let after = 0;
   let skipped = 0;
+  let divergence = null;
+  let more = false;
   try {
-    for (;;) {
+    // At most a few pages: each page costs the server the steps up to its end.
+    for (let pages = 0; ; pages++) {
       const page = await api('GET', convPath(id, `/trace?after=${after}&limit=500`));
       if (gen !== T.gen) return;
       steps.push(...page.steps);
       skipped = page.skipped;
+      divergence = page.divergence || divergence;
       if (page.next_cursor === null || page.next_cursor === undefined) break;
       after = page.next_cursor;
+      if (pages === 3) { more = true; break; }
     }
   } catch (e) {
     if (gen === T.gen) { $('trace-summary').textContent = ''; failed(e); }
@@ -826,9 +831,11 @@ async function openTrace() {
   }
   T.steps = steps;
   const differs = steps.filter((st) => !st.same).length;
-  $('trace-summary').textContent = `${steps.length} steps` +
+  $('trace-summary').textContent = `${steps.length}${more ? '+' : ''} steps` +
+    (more ? ' (the first shown)' : '') +
     (skipped ? `, ${skipped} before the retained log` : '') +
-    (differs ? `; step ${steps.find((st) => !st.same).step} decides differently now` : '');
+    (differs ? `; step ${steps.find((st) => !st.same).step} decides differently now` : '') +
+    (divergence && !differs ? `; the trace ends at step ${divergence.step}: ${divergence.reason}` : '');
   $('trace-steps').replaceChildren(...steps.map((st, i) => el('li', {
     'data-step': st.step, role: 'option', 'aria-selected': 'false', class: st.same ? null : 'differs',
     onclick: () => showStep(i),

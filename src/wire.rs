@@ -2024,4 +2024,15 @@ pub struct TraceList {
     pub skipped: u64,
     /// `after` for the next page; `null` on the last.
     pub next_cursor: Option<i64>,
+    /// Where this build decides differently from the stored decision (or cannot read a
+    /// step): the trace ends at that step. Absent when every step is the same.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub divergence: Option<TraceDivergence>,
+}
+
+/// The step where a trace ends because this build decides it differently. *Extension.*
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TraceDivergence {
+    pub step: i64,
+    pub reason: String,
 }

@@ -40,16 +40,35 @@ pub async fn list(
     let upto = after
         .saturating_add(i64::try_from(limit).unwrap_or(i64::MAX))
         .saturating_add(1);
+    // A trace re-runs the core over the conversation's log: off the async workers, and a
+    // few at a time on a node, so that no tenant's traces take the node's cores.
+    static RUNNING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+    let _permit = RUNNING
+        .acquire()
+        .await
+        .map_err(|_| ApiError::unavailable("shutting down"))?;
     let rows = app.store.steps_of(&conv.id, upto).await?;
     let messages = app
         .store
         .message_contents(&conv.id, &crate::replay::referenced(&rows))
         .await?;
-    let lookup = |seq: i64| messages.get(&seq).cloned();
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    let (page, more, skipped) = crate::replay::trace(&rows, &lookup, after, limit);
-    let next_cursor = more.then(|| page.last().map_or(after, |step| step.step));
+    let page = tokio::task::spawn_blocking(move || {
+        let lookup = |seq: i64| messages.get(&seq).cloned();
+        crate::replay::trace(&rows, &lookup, after, limit)
+    })
+    .await
+    .map_err(|_| ApiError::unavailable("the trace could not be made; try again"))?;
+    let next_cursor = page
+        .more
+        .then(|| page.steps.last().map_or(after, |step| step.step));
+    let divergence = page.divergence.map(|d| crate::wire::TraceDivergence {
+        step: d.step,
+        reason: d.reason,
+    });
+    let skipped = page.skipped;
     let steps = page
+        .steps
         .into_iter()
         .map(|step| {
             let (kind, message) = crate::replay::event_kind(&step.event);
@@ -72,6 +91,7 @@ pub async fn list(
             steps,
             skipped,
             next_cursor,
+            divergence,
         },
     ))
 }

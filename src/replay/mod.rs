@@ -79,15 +79,21 @@ impl Recorder {
     }
 
     /// Records one accepted transition of `before` under `ctx` by `event`: numbers it and
-    /// digests its result, before the result is planned into a commit. `self` moves on; keep
-    /// a copy to go back to if the commit fails.
+    /// digests its result, before the result is planned into a commit (`None`: it changed
+    /// nothing and asked for nothing, and is not kept). `self` moves on; keep a copy to go
+    /// back to if the commit fails.
     pub fn record(
         &mut self,
         before: &ConvState,
         ctx: &ConvContext,
         event: Event,
         result: &TransitionResult,
-    ) -> PendingStep {
+    ) -> Option<PendingStep> {
+        // A transition that changes nothing and asks for nothing (a cancel at rest, say)
+        // decides nothing a replay could check: it is not kept, and costs no write.
+        if result.new_state == *before && result.effects.is_empty() && result.ended.is_none() {
+            return None;
+        }
         let n = self.next;
         self.next += 1;
         let starts = self.ctx.is_none();
@@ -102,7 +108,7 @@ impl Recorder {
         });
         let t = (!changed && self.tokens != ctx.context_tokens).then_some(ctx.context_tokens);
         self.tokens = ctx.context_tokens;
-        PendingStep {
+        Some(PendingStep {
             n,
             event,
             turn: before.turn().map(|turn| turn.id.clone()),
@@ -110,7 +116,7 @@ impl Recorder {
             c,
             b: starts.then(|| before.clone()),
             d: digest(result),
-        }
+        })
     }
 
     /// The number the next step gets.
@@ -553,12 +559,13 @@ pub fn replay(
                 },
                 replayed,
             };
-            if let Some(n) = expected.filter(|n| *n != step.n) {
-                checked.divergence = Some(diverged(
-                    format!("step {} follows step {} (a step is missing)", step.n, n - 1),
-                    None,
-                ));
-                return checked;
+            // A gap (retention removed a row between two kept ones): what follows it is re-run
+            // from the next segment's start.
+            if expected.is_some_and(|n| n != step.n) && step.b.is_none() {
+                state = None;
+                expected = None;
+                checked.skipped += 1;
+                continue;
             }
             expected = Some(step.n + 1);
             if let Some(t) = step.t {
@@ -607,27 +614,38 @@ pub fn replay(
     checked
 }
 
-/// The trace of a conversation from step `after` (exclusive), at most `limit` steps,
-/// whether more follow, and how many steps could not be re-run (retention cut off the start
-/// of their segment).
-pub fn trace(
-    rows: &[StepRow],
-    message: Messages<'_>,
-    after: i64,
-    limit: usize,
-) -> (Vec<TraceStep>, bool, u64) {
+/// A page of a trace.
+#[derive(Clone, Debug)]
+pub struct TracePage {
+    pub steps: Vec<TraceStep>,
+    /// More steps follow.
+    pub more: bool,
+    /// Steps that could not be re-run (retention cut off the start of their segment).
+    pub skipped: u64,
+    /// Where this build decides differently (or cannot read a step): the trace ends there.
+    pub divergence: Option<Divergence>,
+}
+
+/// The JSON of a page's steps stops growing past this many bytes (the page ends early, with
+/// more to follow): large states (a full queue) make large steps.
+pub const TRACE_PAGE_BYTES: usize = 4 << 20;
+
+/// The trace of a conversation from step `after` (exclusive), at most `limit` steps and
+/// about [`TRACE_PAGE_BYTES`] of JSON.
+pub fn trace(rows: &[StepRow], message: Messages<'_>, after: i64, limit: usize) -> TracePage {
     let mut page = Vec::new();
     let mut more = false;
+    let mut bytes = 0usize;
     // Nothing after the page is re-run: a page costs the steps up to its end.
     let checked = replay(rows, message, decide, |step, at, before, result, same| {
         if step.n <= after {
             return Visit::Continue;
         }
-        if page.len() == limit {
+        if page.len() == limit || bytes > TRACE_PAGE_BYTES {
             more = true;
             return Visit::Stop;
         }
-        page.push(TraceStep {
+        let traced = TraceStep {
             step: step.n,
             at,
             event: step.e.clone(),
@@ -635,10 +653,22 @@ pub fn trace(
             state_after: serde_json::to_value(&result.new_state).unwrap_or_default(),
             effects: serde_json::to_value(&result.effects).unwrap_or_default(),
             matches: same,
-        });
+        };
+        bytes = bytes.saturating_add(
+            [&traced.state_before, &traced.state_after, &traced.effects]
+                .iter()
+                .map(|value| serde_json::to_vec(value).map_or(0, |v| v.len()))
+                .sum::<usize>(),
+        );
+        page.push(traced);
         Visit::Continue
     });
-    (page, more, checked.skipped)
+    TracePage {
+        steps: page,
+        more,
+        skipped: checked.skipped,
+        divergence: checked.divergence,
+    }
 }
 
 /// A stored event's kind and the sequence id of the message it refers to, if any.

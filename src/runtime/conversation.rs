@@ -616,7 +616,10 @@ async fn store_and_dispatch(
         at,
         client_message_id,
     );
-    let mut steps = vec![step.finish(commit::messages_of(&plan))];
+    let mut steps: Vec<_> = step
+        .map(|step| step.finish(commit::messages_of(&plan)))
+        .into_iter()
+        .collect();
     if !starting_blocked(state) {
         plan = continue_ahead(state, plan, at, &mut recorder, &mut steps);
     }
@@ -744,7 +747,7 @@ fn continue_ahead(
     let step = next
         .as_ref()
         .ok()
-        .map(|next| recorder.record(base.state, &state.ctx, event, next));
+        .and_then(|next| recorder.record(base.state, &state.ctx, event, next));
     state.ctx.context_tokens = stored_tokens;
     match next {
         Ok(next) => {

@@ -96,8 +96,11 @@ pub(super) async fn repair(
         at,
         None,
     );
-    let step = step.finish(commit::messages_of(&plan));
-    commit::log_steps(&mut plan, record, vec![step], at);
+    let steps = step
+        .map(|step| step.finish(commit::messages_of(&plan)))
+        .into_iter()
+        .collect();
+    commit::log_steps(&mut plan, record, steps, at);
     let told = commit::tell_webhooks(&handles.webhooks, record, &mut plan, at);
     let Some(commit) = plan.commit else {
         return Ok(None);

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 /// Bounds of one user turn (desi-gateway-design.md: bounded runs). Exceeding one ends the
 /// turn in `Error { error_kind: Limit }` with the message chain still valid.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct TurnLimits {
     /// LLM steps (requests, not counting retries) per user turn. A sub-agent's is its
     /// `max_steps`; reaching it starts its grace turn instead of failing.
@@ -40,7 +41,10 @@ impl Default for TurnLimits {
 }
 
 /// The conversation's settings, handed to every transition by the runtime.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// Kept in the replay log (src/replay): a field added later reads as its default from a log
+/// written before it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ConvContext {
     pub conversation_id: String,
     /// REQ-BED-010: fixed at creation; every tool starts here.

@@ -308,6 +308,23 @@ async fn the_trace_is_the_tenants_own() {
         )
         .await
         .expect_error(404, "not_found");
+        // A cancel at rest changes nothing and asks for nothing: no step, no write (a tenant
+        // cannot grow the log for free).
+        for _ in 0..3 {
+            app.post(&format!("/v1/conversations/{id}/cancel"), json!({}))
+                .await
+                .expect(202);
+        }
+        let again = app
+            .get(&format!("/v1/conversations/{id}/trace"))
+            .await
+            .expect(200);
+        assert_eq!(
+            again["steps"].as_array().map(Vec::len),
+            Some(steps.len()),
+            "{again}"
+        );
+        assert!(again.get("divergence").is_none(), "{again}");
         // `bedrock replay --all --tenant`: one tenant's conversations only.
         for (tenant, expected) in [("a", 1), ("b", 0)] {
             let target = bedrock::app::ReplayTarget {
