@@ -685,6 +685,16 @@ pub async fn replay_with(
     // A hundred conversations a read: their steps and messages in three queries.
     for batch in ids.chunks(REPLAY_BATCH) {
         for input in store.replay_batch(batch).await? {
+            if let Some(reason) = &input.unreadable {
+                summary.conversations += 1;
+                summary.diverged += 1;
+                let line = serde_json::json!({
+                    "conversation_id": input.conversation_id,
+                    "unreadable": reason,
+                });
+                writeln!(out, "{line}")?;
+                continue;
+            }
             let messages = &input.messages;
             let lookup = |seq: i64| messages.get(&seq).cloned();
             let checked = crate::replay::replay(&input.rows, &lookup, decide, |_, _, _, _, _| {

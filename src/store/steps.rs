@@ -49,6 +49,8 @@ pub struct ReplayInput {
     pub conversation_id: String,
     pub rows: Vec<StepRow>,
     pub messages: HashMap<i64, Recalled>,
+    /// Why one of its rows of steps does not read, if one does not.
+    pub unreadable: Option<String>,
 }
 
 /// The conversations whose steps `bedrock replay --all` re-runs.
@@ -183,15 +185,17 @@ impl Store {
         .all(&self.db)
         .await?;
         let mut steps: HashMap<i64, Vec<StepRow>> = HashMap::with_capacity(n);
+        // A row that does not read is that conversation's to report, not the whole run's.
+        let mut unreadable: HashMap<i64, String> = HashMap::new();
         for row in rows {
-            let parsed =
-                StepRow::parse(row.first_step, row.created_at, &row.steps).map_err(|e| {
-                    StoreError::Corrupt(format!(
-                        "steps of {}: {e}",
-                        id_of.get(&row.conversation_key).unwrap_or(&"?")
-                    ))
-                })?;
-            steps.entry(row.conversation_key).or_default().push(parsed);
+            match StepRow::parse(row.first_step, row.created_at, &row.steps) {
+                Ok(parsed) => steps.entry(row.conversation_key).or_default().push(parsed),
+                Err(e) => {
+                    unreadable
+                        .entry(row.conversation_key)
+                        .or_insert_with(|| format!("the row from step {}: {e}", row.first_step));
+                }
+            }
         }
         let mut messages: HashMap<i64, HashMap<i64, Recalled>> = HashMap::with_capacity(n);
         let rows = messages::Entity::find()
@@ -222,6 +226,7 @@ impl Store {
                     conversation_id: id.clone(),
                     rows: steps.remove(&key).unwrap_or_default(),
                     messages: messages.remove(&key).unwrap_or_default(),
+                    unreadable: unreadable.remove(&key),
                 })
             })
             .collect())

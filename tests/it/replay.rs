@@ -379,6 +379,45 @@ async fn the_trace_is_the_tenants_own() {
             "{}",
             String::from_utf8_lossy(&out)
         );
+        // A row of steps that does not read is that conversation's report, and the run goes
+        // on to the others.
+        app.llm.push([Llm::text("one"), Llm::text("two")]);
+        let broken = app.conversation().await;
+        app.send(&broken, "go").await;
+        app.wait_kind(&broken, "idle").await;
+        let fine = app.conversation().await;
+        app.send(&fine, "go").await;
+        app.wait_kind(&fine, "idle").await;
+        let db_conn = sea_orm::Database::connect(&app.db_url)
+            .await
+            .expect("the database");
+        sea_orm::ConnectionTrait::execute_unprepared(
+            &db_conn,
+            &format!(
+                "UPDATE conversation_frames SET steps = '[not json' WHERE steps IS NOT NULL \
+                 AND conversation_key = (SELECT internal_key FROM conversations WHERE id = '{broken}')"
+            ),
+        )
+        .await
+        .expect("a row made unreadable");
+        db_conn.close().await.expect("closed");
+        let mut out = Vec::new();
+        let summary = bedrock::app::replay(&app.settings(), &target, &mut out, true)
+            .await
+            .expect("a replay that goes on");
+        let out = String::from_utf8_lossy(&out);
+        assert_eq!(summary.conversations, 2, "{out}");
+        assert_eq!(summary.diverged, 1, "{out}");
+        assert!(
+            out.lines()
+                .any(|l| l.contains(&broken) && l.contains("unreadable")),
+            "{out}"
+        );
+        assert!(
+            out.lines()
+                .any(|l| l.contains(&fine) && l.contains("\"same\":true")),
+            "{out}"
+        );
         app.cleanup(db).await;
     }
 }
