@@ -349,6 +349,26 @@ async fn the_trace_is_the_tenants_own() {
             .await
             .expect_err("no such tenant");
         assert!(error.to_string().contains("no tenant"), "{error}");
+        // A hostile page: the furthest `after` there is, the largest page, asked for twenty
+        // times at once. Each is answered (a few at a time, off the request workers), none
+        // fails, and nothing past the log's end is made up.
+        let far = app
+            .get(&format!(
+                "/v1/conversations/{id}/trace?after={}&limit=500",
+                i64::MAX
+            ))
+            .await
+            .expect(200);
+        assert_eq!(far["steps"], json!([]), "{far}");
+        assert!(far["next_cursor"].is_null(), "{far}");
+        let path = format!("/v1/conversations/{id}/trace?limit=500");
+        let flood: Vec<_> = (0..20).map(|_| app.get(&path)).collect();
+        for page in futures::future::join_all(flood).await {
+            assert_eq!(
+                page.expect(200)["steps"].as_array().map(Vec::len),
+                Some(steps.len())
+            );
+        }
         for query in ["limit=0", "limit=501", "after=-1", "limit=x"] {
             app.get(&format!("/v1/conversations/{id}/trace?{query}"))
                 .await
