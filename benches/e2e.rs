@@ -25,7 +25,8 @@
 //! receiver to `turn.completed` (issue 39; the server needs
 //! `BEDROCK_EGRESS__ALLOW='["127.0.0.1"]'`). After each
 //! mode the server stops and the database's growth per turn is printed (SQLite's file with
-//! its log checkpointed, Postgres's `pg_database_size`).
+//! its log checkpointed, Postgres's `pg_database_size`); `BENCH_STORED_DETAIL=1` adds each
+//! Postgres relation's (table, index, TOAST table) growth per turn.
 //!
 //! The one binary plays three parts, by `BEDROCK_E2E_ROLE`: unset, it is the conductor that
 //! starts the other two and the server; `fake-llm` and `load` are the other processes.
@@ -653,6 +654,36 @@ fn stored_bytes(db: &BenchDb) -> u64 {
     }
 }
 
+/// Postgres's relations and their sizes when `BENCH_STORED_DETAIL` is set (empty otherwise).
+fn relation_sizes(db: &BenchDb) -> Vec<(String, i64)> {
+    if db.label == "sqlite" || std::env::var_os("BENCH_STORED_DETAIL").is_none() {
+        return Vec::new();
+    }
+    runtime().block_on(common::postgres_relation_sizes(&db.url, &["CHECKPOINT"]))
+}
+
+/// Each relation's growth per turn, largest first (`BENCH_STORED_DETAIL`, Postgres).
+fn print_relation_growth(before: &[(String, i64)], after: &[(String, i64)], turns: u64) {
+    let mut growth: Vec<(&str, i64)> = after
+        .iter()
+        .map(|(name, n)| {
+            let was = before
+                .iter()
+                .find(|(b, _)| b == name)
+                .map_or(0, |(_, b)| *b);
+            (name.as_str(), n - was)
+        })
+        .filter(|(_, grew)| *grew != 0)
+        .collect();
+    growth.sort_by_key(|(_, grew)| -grew);
+    for (name, grew) in growth {
+        println!(
+            "  {name}: {:.0} bytes a turn",
+            grew as f64 / turns.max(1) as f64
+        );
+    }
+}
+
 /// Turns a reused conversation takes before its worker moves to a new one (0: never).
 fn turns_per_conversation() -> usize {
     std::env::var("BENCH_TURNS_PER_CONVERSATION")
@@ -712,6 +743,7 @@ fn conduct() {
                 std::env::temp_dir().join(format!("bedrock-e2e-{}", uuid::Uuid::now_v7().simple()));
             let server = ServerProcess::start(&db.url, &llm_base, &workspace, &[]);
             let empty = stored_bytes(&db);
+            let relations_before = relation_sizes(&db);
             let first = rows.len();
             for n in sizes {
                 let row = measure(&server, db.label, mode, n);
@@ -727,6 +759,7 @@ fn conduct() {
                 mode.name(),
                 bytes as f64 / turns.max(1) as f64
             );
+            print_relation_growth(&relations_before, &relation_sizes(&db), turns);
             for row in &mut rows[first..] {
                 row.bytes_per_turn = Some(bytes as f64 / turns.max(1) as f64);
             }

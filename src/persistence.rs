@@ -262,6 +262,13 @@ pub struct WebhookCycle {
     pub claimed_by: String,
     pub until: i64,
     pub claim_limit: u64,
+    /// The deliveries in flight: not handed out again.
+    pub flying: Vec<String>,
+    /// Deliveries its claims hold were not sent: read them again.
+    pub held: bool,
+    /// Filled by the cycle: the deliveries this node's claims hold (but those in flight),
+    /// with their endpoints, read in the cycle's transaction.
+    pub claimed: Arc<std::sync::Mutex<Vec<(crate::model::WebhookDelivery, crate::model::Webhook)>>>,
 }
 
 /// What a write reports back.
@@ -827,19 +834,25 @@ async fn write(store: &Store, job: WriteJob) -> Result<WriteOutcome, StoreError>
             ));
         }
         WriteJob::WebhookCycle(cycle) => {
-            return Ok(WriteOutcome::Count(
-                store
-                    .webhook_cycle(
-                        &cycle.finished,
-                        cycle.now,
-                        cycle.retry_for_ms,
-                        cycle.fan_out_limit,
-                        &cycle.claimed_by,
-                        cycle.until,
-                        cycle.claim_limit,
-                    )
-                    .await?,
-            ));
+            let flying: Vec<&str> = cycle.flying.iter().map(String::as_str).collect();
+            let (count, mine) = store
+                .webhook_cycle(
+                    &cycle.finished,
+                    cycle.now,
+                    cycle.retry_for_ms,
+                    cycle.fan_out_limit,
+                    &cycle.claimed_by,
+                    cycle.until,
+                    cycle.claim_limit,
+                    &flying,
+                    cycle.held,
+                )
+                .await?;
+            *cycle
+                .claimed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = mine;
+            return Ok(WriteOutcome::Count(count));
         }
         WriteJob::CreateSchedule(schedule) => store.insert_schedule(&schedule).await?,
         WriteJob::SetScheduleEnabled {

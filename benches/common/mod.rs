@@ -200,6 +200,35 @@ pub async fn postgres_number(url: &str, first: &[&str], sql: &str) -> i64 {
     n
 }
 
+/// Each relation of the database's `public` schema with its size in bytes (tables, their
+/// indexes and their TOAST tables apart), after the statements in `first`.
+pub async fn postgres_relation_sizes(url: &str, first: &[&str]) -> Vec<(String, i64)> {
+    let conn = Database::connect(url).await.expect("the database answers");
+    for statement in first {
+        let _ = conn.execute_unprepared(statement).await;
+    }
+    let rows = conn
+        .query_all_raw(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::Postgres,
+            "SELECT c.relname::text AS name, pg_relation_size(c.oid)::bigint AS n \
+             FROM pg_class c WHERE c.relkind IN ('r', 'i', 't') \
+             AND (c.relnamespace = 'public'::regnamespace OR c.relname IN \
+               (SELECT 'pg_toast_' || t.oid::text FROM pg_class t \
+                WHERE t.relnamespace = 'public'::regnamespace)) \
+             ORDER BY 1",
+        ))
+        .await
+        .expect("the statement runs");
+    let _ = conn.close().await;
+    rows.iter()
+        .map(|row| {
+            let name: String = row.try_get("", "name").expect("a name");
+            let n: i64 = row.try_get("", "n").expect("a size");
+            (name, n)
+        })
+        .collect()
+}
+
 /// The `p`-th percentile (0..=100) of sorted samples.
 pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {

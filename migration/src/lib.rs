@@ -42,6 +42,7 @@ mod m20261127_000016_agent_hooks_limits;
 mod m20261127_000017_webhooks;
 mod m20261127_000018_schedules;
 mod m20261128_000019_conversation_steps;
+mod m20261128_000020_prune_indexes;
 
 /// Runs a migration's statements for the database at hand, in order, each error naming its
 /// statement. SQLite and Postgres only.
@@ -97,6 +98,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261127_000017_webhooks::Migration),
             Box::new(m20261127_000018_schedules::Migration),
             Box::new(m20261128_000019_conversation_steps::Migration),
+            Box::new(m20261128_000020_prune_indexes::Migration),
         ]
     }
 }

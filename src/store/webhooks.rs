@@ -18,6 +18,9 @@ use crate::model::{OutboxEvent, Webhook, WebhookDelivery};
 /// The transaction advisory lock of the fan-out on Postgres.
 const FAN_OUT_LOCK: i64 = 0x6265_6472_6f63_6b39; // "bedrock9"
 
+/// Attempts whose results one statement writes (8 values each).
+const FINISH_BATCH: usize = 64;
+
 /// The attempts a delivery keeps in its log.
 pub const ATTEMPTS_KEPT: usize = 10;
 
@@ -264,6 +267,18 @@ impl Store {
         claimed_by: &str,
         except: &[&str],
     ) -> Result<Vec<(WebhookDelivery, Webhook)>> {
+        self.claimed_on(&self.db, claimed_by, except).await
+    }
+
+    /// [`Store::claimed_webhook_deliveries`] on `db` (the cycle's own transaction: the
+    /// writing connection's pages are in its cache, a reading one's are read again after
+    /// every commit).
+    async fn claimed_on(
+        &self,
+        db: &impl ConnectionTrait,
+        claimed_by: &str,
+        except: &[&str],
+    ) -> Result<Vec<(WebhookDelivery, Webhook)>> {
         let mut values: Vec<Value> = vec![claimed_by.into()];
         values.extend(except.iter().map(|id| Value::from(*id)));
         let not_in = if except.is_empty() {
@@ -278,7 +293,7 @@ impl Store {
         );
         let deliveries: Vec<WebhookDelivery> =
             DeliveryRow::find_by_statement(self.statement(&sql, values))
-                .all(&self.db)
+                .all(db)
                 .await?
                 .into_iter()
                 .map(WebhookDelivery::from)
@@ -286,17 +301,23 @@ impl Store {
         if deliveries.is_empty() {
             return Ok(Vec::new());
         }
+        // Their endpoints by id (never a search of the deliveries: those done stay for
+        // `keep_for`, and a search of them all grew with every event delivered).
+        let mut ids: Vec<&str> = deliveries.iter().map(|d| d.webhook_id.as_str()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let marks: Vec<String> = (1..=ids.len()).map(|i| format!("${i}")).collect();
         let sql = format!(
-            "SELECT {WEBHOOK_COLUMNS} FROM webhooks WHERE id IN \
-             (SELECT DISTINCT webhook_id FROM webhook_deliveries WHERE claimed_by = $1)"
+            "SELECT {WEBHOOK_COLUMNS} FROM webhooks WHERE id IN ({})",
+            marks.join(", ")
         );
-        let hooks: Vec<Webhook> =
-            WebhookRow::find_by_statement(self.statement(&sql, vec![claimed_by.into()]))
-                .all(&self.db)
-                .await?
-                .into_iter()
-                .map(Webhook::from)
-                .collect();
+        let values: Vec<Value> = ids.iter().map(|id| Value::from(*id)).collect();
+        let hooks: Vec<Webhook> = WebhookRow::find_by_statement(self.statement(&sql, values))
+            .all(db)
+            .await?
+            .into_iter()
+            .map(Webhook::from)
+            .collect();
         Ok(deliveries
             .into_iter()
             .filter_map(|delivery| {
@@ -602,7 +623,10 @@ impl Store {
 
     /// One cycle of a node's dispatcher in one transaction (one log sync): the results of
     /// the attempts it made, the outbox fanned out (on Postgres unless another node is at
-    /// it), and up to `claim_limit` due deliveries claimed. Returns how many it claimed.
+    /// it), up to `claim_limit` due deliveries claimed, and (when it claimed some,
+    /// deliveries are in flight (`except`) or its claims hold some it did not send
+    /// (`held`)) the deliveries its claims hold but those in flight, with their endpoints.
+    /// Returns how many it claimed and those.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn webhook_cycle(
         &self,
@@ -613,10 +637,12 @@ impl Store {
         claimed_by: &str,
         until: i64,
         claim_limit: u64,
-    ) -> Result<u64> {
+        except: &[&str],
+        held: bool,
+    ) -> Result<(u64, Vec<(WebhookDelivery, Webhook)>)> {
         let txn = self.writer().begin().await?;
-        for attempt in finished {
-            self.finish_on(&txn, attempt).await?;
+        if !finished.is_empty() {
+            self.finish_on(&txn, finished).await?;
         }
         self.fan_out_on(&txn, now, retry_for_ms, fan_out_limit)
             .await?;
@@ -626,81 +652,151 @@ impl Store {
         } else {
             0
         };
+        let mine = if claimed > 0 || held || !except.is_empty() {
+            self.claimed_on(&txn, claimed_by, except).await?
+        } else {
+            Vec::new()
+        };
         txn.commit().await?;
-        Ok(claimed)
+        Ok((claimed, mine))
     }
 
-    /// Writes an attempt's result (under its claim; a claim taken by another node writes
-    /// nothing): delivered, to be retried, or failed for good; the endpoint's failures
-    /// (and, past the setting, its disabling with the reason, failing its pending
-    /// deliveries). Returns whether the claim still held.
+    /// Writes the results of a cycle's attempts, each under its claim (a claim taken by
+    /// another node writes nothing): delivered, to be retried, or failed for good; each
+    /// endpoint's failures (and, past the setting, its disabling with the reason, failing
+    /// its pending deliveries). A few statements for the whole cycle, not a few an attempt:
+    /// the logs read at once, the rows changed by one `UPDATE ... FROM (VALUES ...)` per 64.
+    /// Returns how many claims still held.
     async fn finish_on(
         &self,
         txn: &sea_orm::DatabaseTransaction,
-        attempt: &Attempt,
-    ) -> Result<bool> {
-        let log = LogRow::find_by_statement(self.statement(
-            "SELECT attempts_log FROM webhook_deliveries WHERE id = $1 AND claimed_by = $2 AND status = 'pending'",
-            vec![attempt.delivery_id.clone().into(), attempt.claimed_by.clone().into()],
-        ))
-        .one(txn)
-        .await?;
-        let Some(log) = log else {
-            return Ok(false);
-        };
-        let mut entries: Vec<serde_json::Value> =
-            serde_json::from_str(&log.attempts_log).unwrap_or_default();
-        let mut entry = serde_json::json!({"at": attempt.at, "latency_ms": attempt.latency_ms});
-        if let Some(status) = attempt.status {
-            entry["status"] = status.into();
+        attempts: &[Attempt],
+    ) -> Result<usize> {
+        let mut held: Vec<(&Attempt, String)> = Vec::with_capacity(attempts.len());
+        for chunk in attempts.chunks(FINISH_BATCH) {
+            let placeholders: Vec<String> = (1..=chunk.len()).map(|i| format!("${i}")).collect();
+            let sql = format!(
+                "SELECT id, claimed_by, attempts_log FROM webhook_deliveries \
+                 WHERE status = 'pending' AND id IN ({})",
+                placeholders.join(", ")
+            );
+            let values: Vec<Value> = chunk.iter().map(|a| a.delivery_id.clone().into()).collect();
+            let logs = LogRow::find_by_statement(self.statement(&sql, values))
+                .all(txn)
+                .await?;
+            for attempt in chunk {
+                let Some(row) = logs.iter().find(|row| {
+                    row.id == attempt.delivery_id
+                        && row.claimed_by.as_deref() == Some(attempt.claimed_by.as_str())
+                }) else {
+                    continue;
+                };
+                // One attempt of a delivery a cycle (those in flight are not claimed again).
+                if held
+                    .iter()
+                    .any(|(a, _)| a.delivery_id == attempt.delivery_id)
+                {
+                    continue;
+                }
+                held.push((attempt, attempts_log_with(&row.attempts_log, attempt)));
+            }
         }
-        if let Some(error) = &attempt.error {
-            entry["error"] = error.clone().into();
+        for chunk in held.chunks(FINISH_BATCH) {
+            let tuples: Vec<String> = (0..chunk.len())
+                .map(|r| {
+                    let b = r * 8;
+                    format!(
+                        "(${}, ${}, ${}, ${}, ${}, ${}, ${}, ${})",
+                        b + 1,
+                        b + 2,
+                        b + 3,
+                        b + 4,
+                        b + 5,
+                        b + 6,
+                        b + 7,
+                        b + 8
+                    )
+                })
+                .collect();
+            let mut values: Vec<Value> = Vec::with_capacity(chunk.len() * 8);
+            for (attempt, log) in chunk {
+                let status = if attempt.succeeded {
+                    "succeeded"
+                } else if attempt.retry_at.is_some() {
+                    "pending"
+                } else {
+                    "failed"
+                };
+                values.extend([
+                    attempt.delivery_id.clone().into(),
+                    status.into(),
+                    attempt.retry_at.unwrap_or(attempt.at).into(),
+                    attempt.status.map(i32::from).into(),
+                    attempt.error.clone().into(),
+                    attempt.latency_ms.into(),
+                    log.clone().into(),
+                    attempt.at.into(),
+                ]);
+            }
+            // VALUES' columns are column1..column8 on both databases.
+            let sql = format!(
+                "UPDATE webhook_deliveries SET status = v.column2, attempts = attempts + 1, \
+                 next_attempt_at = v.column3, claimed_by = NULL, claimed_until = NULL, \
+                 last_status = v.column4, last_error = v.column5, last_latency_ms = v.column6, \
+                 attempts_log = v.column7, updated_at = v.column8 \
+                 FROM (VALUES {}) AS v WHERE webhook_deliveries.id = v.column1",
+                tuples.join(", ")
+            );
+            txn.execute_raw(self.statement(&sql, values)).await?;
         }
-        if let Some(excerpt) = &attempt.excerpt {
-            entry["excerpt"] = excerpt.clone().into();
+        // Each endpoint as its latest attempt left it: failing since the first failure after
+        // its last success (that of this cycle, if it had one, replaces the stored one), or
+        // not failing.
+        let mut latest: Vec<(&str, Option<i64>, bool)> = Vec::new();
+        let mut ordered: Vec<&Attempt> = held.iter().map(|(a, _)| *a).collect();
+        ordered.sort_by_key(|a| a.at);
+        for attempt in ordered {
+            let failing = (!attempt.succeeded).then_some(attempt.at);
+            match latest
+                .iter_mut()
+                .find(|(id, _, _)| *id == attempt.webhook_id)
+            {
+                Some((_, since, recovered)) => {
+                    *since = failing.and(since.or(failing));
+                    *recovered |= attempt.succeeded;
+                }
+                None => latest.push((attempt.webhook_id.as_str(), failing, attempt.succeeded)),
+            }
         }
-        entries.push(entry);
-        let drop = entries.len().saturating_sub(ATTEMPTS_KEPT);
-        entries.drain(..drop);
-        let status = if attempt.succeeded {
-            "succeeded"
-        } else if attempt.retry_at.is_some() {
-            "pending"
-        } else {
-            "failed"
-        };
-        txn.execute_raw(self.statement(
-            "UPDATE webhook_deliveries SET status = $1, attempts = attempts + 1, \
-             next_attempt_at = $2, claimed_by = NULL, claimed_until = NULL, last_status = $3, \
-             last_error = $4, last_latency_ms = $5, attempts_log = $6, updated_at = $7 \
-             WHERE id = $8",
-            vec![
-                status.into(),
-                attempt.retry_at.unwrap_or(attempt.at).into(),
-                attempt.status.map(i32::from).into(),
-                attempt.error.clone().into(),
-                attempt.latency_ms.into(),
-                serde_json::Value::Array(entries).to_string().into(),
-                attempt.at.into(),
-                attempt.delivery_id.clone().into(),
-            ],
-        ))
-        .await?;
-        if attempt.succeeded {
-            txn.execute_raw(self.statement(
-                "UPDATE webhooks SET failing_since = NULL WHERE id = $1 AND failing_since IS NOT NULL",
-                vec![attempt.webhook_id.clone().into()],
-            ))
-            .await?;
-        } else {
-            txn.execute_raw(self.statement(
-                "UPDATE webhooks SET failing_since = $1 WHERE id = $2 AND failing_since IS NULL",
-                vec![attempt.at.into(), attempt.webhook_id.clone().into()],
-            ))
-            .await?;
+        let recovered: Vec<Value> = latest
+            .iter()
+            .filter(|(_, since, _)| since.is_none())
+            .map(|(id, _, _)| (*id).into())
+            .collect();
+        if !recovered.is_empty() {
+            let placeholders: Vec<String> =
+                (1..=recovered.len()).map(|i| format!("${i}")).collect();
+            let sql = format!(
+                "UPDATE webhooks SET failing_since = NULL \
+                 WHERE failing_since IS NOT NULL AND id IN ({})",
+                placeholders.join(", ")
+            );
+            txn.execute_raw(self.statement(&sql, recovered)).await?;
         }
-        if let Some(reason) = &attempt.disable {
+        for (id, since, recovered) in &latest {
+            let Some(since) = since else { continue };
+            let sql = if *recovered {
+                "UPDATE webhooks SET failing_since = $1 WHERE id = $2"
+            } else {
+                "UPDATE webhooks SET failing_since = $1 WHERE id = $2 AND failing_since IS NULL"
+            };
+            txn.execute_raw(self.statement(sql, vec![(*since).into(), (*id).into()]))
+                .await?;
+        }
+        for (attempt, _) in &held {
+            let Some(reason) = &attempt.disable else {
+                continue;
+            };
             txn.execute_raw(self.statement(
                 "UPDATE webhooks SET enabled = $1, disabled_reason = $2, updated_at = $3 WHERE id = $4",
                 vec![
@@ -723,7 +819,7 @@ impl Store {
             ))
             .await?;
         }
-        Ok(true)
+        Ok(held.len())
     }
 
     /// Removes up to `limit` finished deliveries last changed before `before`; how many.
@@ -795,7 +891,214 @@ pub(super) async fn insert_outbox(
     Ok(())
 }
 
+/// `log` (a delivery's attempts as JSON) with `attempt` added, keeping the last
+/// [`ATTEMPTS_KEPT`].
+fn attempts_log_with(log: &str, attempt: &Attempt) -> String {
+    let mut entries: Vec<serde_json::Value> = serde_json::from_str(log).unwrap_or_default();
+    let mut entry = serde_json::json!({"at": attempt.at, "latency_ms": attempt.latency_ms});
+    if let Some(status) = attempt.status {
+        entry["status"] = status.into();
+    }
+    if let Some(error) = &attempt.error {
+        entry["error"] = error.clone().into();
+    }
+    if let Some(excerpt) = &attempt.excerpt {
+        entry["excerpt"] = excerpt.clone().into();
+    }
+    entries.push(entry);
+    let drop = entries.len().saturating_sub(ATTEMPTS_KEPT);
+    entries.drain(..drop);
+    serde_json::Value::Array(entries).to_string()
+}
+
 #[derive(Debug, FromQueryResult)]
 struct LogRow {
+    id: String,
+    claimed_by: Option<String>,
     attempts_log: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::testing::{at, drop_postgres, postgres_store, sqlite_store};
+
+    fn attempt(delivery: &str, claimed_by: &str, at: i64, succeeded: bool) -> Attempt {
+        Attempt {
+            delivery_id: delivery.to_owned(),
+            webhook_id: "wh_1".into(),
+            tenant_id: "t".into(),
+            claimed_by: claimed_by.to_owned(),
+            at,
+            status: Some(if succeeded { 200 } else { 500 }),
+            error: None,
+            latency_ms: 3,
+            excerpt: Some("ok".into()),
+            succeeded,
+            retry_at: (!succeeded).then_some(at + 1_000),
+            disable: None,
+        }
+    }
+
+    /// A cycle's results are written together, each under its own claim: a success, a
+    /// failure to retry and a result whose claim another node took (nothing written); the
+    /// endpoint is failing since the failure that followed its success in the cycle, and
+    /// answers again after a later success.
+    async fn results_are_written_under_their_claims(store: &Store) {
+        let hook = Webhook {
+            id: "wh_1".into(),
+            tenant_id: "t".into(),
+            url: "http://127.0.0.1:9/".into(),
+            events: vec!["turn.completed".into()],
+            description: None,
+            enabled: true,
+            disabled_reason: None,
+            secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_owned().into(),
+            previous_secret: None,
+            previous_secret_until: None,
+            failing_since: Some(1),
+            created_at: 1,
+            updated_at: 1,
+        };
+        store.insert_webhook(&hook).await.expect("an endpoint");
+        let events: Vec<OutboxEvent> = ["c1", "c2", "c3"]
+            .iter()
+            .map(|c| OutboxEvent {
+                tenant_id: "t".into(),
+                conversation_id: (*c).to_owned(),
+                event_type: "turn.completed",
+                payload: "{}".into(),
+                at: at(),
+            })
+            .collect();
+        insert_outbox(store, store.writer(), &events)
+            .await
+            .expect("the outbox");
+        let now = 10;
+        let (claimed, mut mine) = store
+            .webhook_cycle(&[], now, 60_000, 256, "n1", now + 30_000, 10, &[], false)
+            .await
+            .expect("a cycle");
+        assert_eq!(claimed, 3);
+        assert_eq!(mine.len(), 3, "the claimed deliveries come with the cycle");
+        let again = store
+            .claimed_webhook_deliveries("n1", &[])
+            .await
+            .expect("claimed");
+        assert_eq!(again.len(), 3);
+        mine.sort_by(|a, b| a.0.conversation_id.cmp(&b.0.conversation_id));
+        let ids: Vec<String> = mine.iter().map(|(d, _)| d.id.clone()).collect();
+        let finished = [
+            attempt(&ids[0], "n1", 100, true),
+            attempt(&ids[1], "n1", 200, false),
+            attempt(&ids[2], "n2", 300, true),
+        ];
+        let (claimed, held) = store
+            .webhook_cycle(&finished, 400, 60_000, 256, "n1", 400, 0, &[], true)
+            .await
+            .expect("a cycle");
+        // A delivery its claim holds but was not sent (`held`) is handed out again though
+        // the cycle claims nothing and nothing is in flight (the third: its result was
+        // another node's claim's, so n1's claim still holds it).
+        assert_eq!(claimed, 0);
+        assert_eq!(
+            held.iter().map(|(d, _)| d.id.clone()).collect::<Vec<_>>(),
+            vec![ids[2].clone()]
+        );
+        let (_, none) = store
+            .webhook_cycle(&[], 400, 60_000, 256, "n1", 400, 0, &[], false)
+            .await
+            .expect("a cycle");
+        assert!(
+            none.is_empty(),
+            "nothing claimed, in flight or held: not read"
+        );
+        let read = |id: String| async move {
+            store
+                .webhook_delivery("t", "wh_1", &id)
+                .await
+                .expect("reads")
+                .expect("there")
+        };
+        let first = read(ids[0].clone()).await;
+        assert_eq!((first.status.as_str(), first.attempts), ("succeeded", 1));
+        assert_eq!(first.last_status, Some(200));
+        let log: serde_json::Value = serde_json::from_str(&first.attempts_log).expect("JSON");
+        assert_eq!(log[0]["status"], 200);
+        assert_eq!(log[0]["excerpt"], "ok");
+        let second = read(ids[1].clone()).await;
+        assert_eq!((second.status.as_str(), second.attempts), ("pending", 1));
+        assert_eq!(second.next_attempt_at, 1_200);
+        let third = read(ids[2].clone()).await;
+        assert_eq!((third.status.as_str(), third.attempts), ("pending", 0));
+        let hook = store
+            .webhook("t", "wh_1")
+            .await
+            .expect("reads")
+            .expect("there");
+        assert_eq!(hook.failing_since, Some(200));
+
+        // The retry succeeds: the endpoint answers again, and the delivery's log has both.
+        let retry = store
+            .webhook_cycle(
+                &[],
+                1_300,
+                60_000,
+                256,
+                "n1",
+                40_000,
+                10,
+                &[ids[2].as_str()],
+                false,
+            )
+            .await
+            .expect("a cycle");
+        // The retry is claimed again; the one in flight (`except`) is not handed out.
+        assert_eq!(
+            (
+                retry.0,
+                retry
+                    .1
+                    .iter()
+                    .map(|(d, _)| d.id.clone())
+                    .collect::<Vec<_>>()
+            ),
+            (1, vec![ids[1].clone()])
+        );
+        store
+            .webhook_cycle(
+                &[attempt(&ids[1], "n1", 1_400, true)],
+                1_500,
+                60_000,
+                256,
+                "n1",
+                1_500,
+                0,
+                &[],
+                false,
+            )
+            .await
+            .expect("a cycle");
+        let second = read(ids[1].clone()).await;
+        assert_eq!((second.status.as_str(), second.attempts), ("succeeded", 2));
+        let log: serde_json::Value = serde_json::from_str(&second.attempts_log).expect("JSON");
+        assert_eq!(log.as_array().map(Vec::len), Some(2));
+        let hook = store
+            .webhook("t", "wh_1")
+            .await
+            .expect("reads")
+            .expect("there");
+        assert_eq!(hook.failing_since, None);
+    }
+
+    #[tokio::test]
+    async fn results_are_written_under_their_claims_on_each_database() {
+        let (store, dir) = sqlite_store("webhook-results", &[]).await;
+        results_are_written_under_their_claims(&store).await;
+        let _ = std::fs::remove_dir_all(dir);
+        if let Some((store, name)) = postgres_store(&[]).await {
+            results_are_written_under_their_claims(&store).await;
+            drop_postgres(store, &name).await;
+        }
+    }
 }

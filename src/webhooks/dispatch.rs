@@ -17,7 +17,7 @@ use super::{Subscribers, hook_key, signature};
 use crate::config::WebhookSettings;
 use crate::metrics::Metrics;
 use crate::model::{Webhook, WebhookDelivery};
-use crate::persistence::{Persistence, WebhookCycle, WriteJob, WriteOutcome};
+use crate::persistence::{Persistence, WebhookCycle, WriteJob};
 use crate::store::{Attempt, Store};
 
 /// Outbox rows fanned out per write.
@@ -70,6 +70,10 @@ impl Dispatcher {
         // Attempts made, their results written with the next cycle.
         let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<Attempt>();
         let mut finished: Vec<Attempt> = Vec::new();
+        // Deliveries our claims hold that were not sent (their tenant's or the node's
+        // attempts in flight were at the most): the next cycle reads them again, even when
+        // it claims nothing new and nothing is in flight any more.
+        let mut held = false;
         let poll = Duration::from_millis(this.settings.poll_ms);
         // Events or deliveries wait (as last counted, at once): work even with no endpoint
         // enabled.
@@ -107,7 +111,12 @@ impl Dispatcher {
                 backlog = this.backlog().await;
             }
             // A node whose tenants use no webhooks writes nothing for them.
-            if this.subscribers.is_empty() && !backlog && flying.is_empty() && finished.is_empty() {
+            if this.subscribers.is_empty()
+                && !backlog
+                && flying.is_empty()
+                && finished.is_empty()
+                && !held
+            {
                 continue;
             }
             let free = this.settings.concurrency.saturating_sub(flying.len());
@@ -120,42 +129,43 @@ impl Dispatcher {
                 claimed_by: claimer.clone(),
                 until: now.saturating_add(ms(this.settings.claim_ms)),
                 claim_limit: free as u64,
+                flying: flying.iter().cloned().collect(),
+                held,
+                claimed: Arc::default(),
             };
-            match this
+            let claimed = Arc::clone(&cycle.claimed);
+            if let Err(e) = this
                 .persistence
                 .write(WriteJob::WebhookCycle(Box::new(cycle)))
                 .await
             {
-                Ok(WriteOutcome::Count(claimed)) if claimed > 0 || !flying.is_empty() => {}
-                // Nothing claimed and nothing in flight: nothing of ours to read.
-                Ok(_) => continue,
-                Err(e) => {
-                    // Results not written: their claims run out and the deliveries are
-                    // made again (at least once).
-                    tracing::warn!(error = %e, "a webhook cycle could not be stored");
-                    continue;
-                }
+                // Results not written: their claims run out and the deliveries are made
+                // again (at least once).
+                tracing::warn!(error = %e, "a webhook cycle could not be stored");
+                continue;
             }
-            // Those in flight are not read again.
-            let except: Vec<&str> = flying.iter().map(String::as_str).collect();
-            let mine = match this
-                .store
-                .claimed_webhook_deliveries(&claimer, &except)
-                .await
-            {
-                Ok(mine) => mine,
-                Err(e) => {
-                    tracing::warn!(error = %e, "claimed webhook deliveries could not be read");
+            // What its claims hold, read in the cycle (none when it claimed nothing, nothing
+            // was in flight and nothing held), but those in flight.
+            let mine = std::mem::take(
+                &mut *claimed
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            );
+            held = false;
+            for (delivery, hook) in mine {
+                if flying.contains(&delivery.id) {
                     continue;
                 }
-            };
-            for (delivery, hook) in mine {
-                if flying.contains(&delivery.id) || flying.len() >= this.settings.concurrency {
+                if flying.len() >= this.settings.concurrency {
+                    held = true;
                     continue;
                 }
                 let in_flight = per_tenant.entry(delivery.tenant_id.clone()).or_default();
                 if *in_flight >= this.settings.per_tenant {
-                    continue; // still claimed: taken up when one of the tenant's ends
+                    // Still claimed: handed out by a later cycle (`held`), when one of the
+                    // tenant's ends.
+                    held = true;
+                    continue;
                 }
                 *in_flight += 1;
                 flying.insert(delivery.id.clone());
