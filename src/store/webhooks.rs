@@ -280,12 +280,13 @@ impl Store {
         except: &[&str],
     ) -> Result<Vec<(WebhookDelivery, Webhook)>> {
         let mut values: Vec<Value> = vec![claimed_by.into()];
-        values.extend(except.iter().map(|id| Value::from(*id)));
         let not_in = if except.is_empty() {
             String::new()
         } else {
-            let marks: Vec<String> = (2..=except.len() + 1).map(|i| format!("${i}")).collect();
-            format!(" AND id NOT IN ({})", marks.join(", "))
+            let mut ids: Vec<Value> = except.iter().map(|id| Value::from(*id)).collect();
+            let marks = padded_marks(&mut ids, 2);
+            values.extend(ids);
+            format!(" AND id NOT IN ({marks})")
         };
         let sql = format!(
             "SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries WHERE claimed_by = $1 AND status = 'pending'{not_in} \
@@ -306,12 +307,9 @@ impl Store {
         let mut ids: Vec<&str> = deliveries.iter().map(|d| d.webhook_id.as_str()).collect();
         ids.sort_unstable();
         ids.dedup();
-        let marks: Vec<String> = (1..=ids.len()).map(|i| format!("${i}")).collect();
-        let sql = format!(
-            "SELECT {WEBHOOK_COLUMNS} FROM webhooks WHERE id IN ({})",
-            marks.join(", ")
-        );
-        let values: Vec<Value> = ids.iter().map(|id| Value::from(*id)).collect();
+        let mut values: Vec<Value> = ids.iter().map(|id| Value::from(*id)).collect();
+        let marks = padded_marks(&mut values, 1);
+        let sql = format!("SELECT {WEBHOOK_COLUMNS} FROM webhooks WHERE id IN ({marks})");
         let hooks: Vec<Webhook> = WebhookRow::find_by_statement(self.statement(&sql, values))
             .all(db)
             .await?
@@ -505,14 +503,13 @@ impl Store {
         let mut tenants: Vec<&str> = rows.iter().map(|row| row.tenant_id.as_str()).collect();
         tenants.sort_unstable();
         tenants.dedup();
-        let placeholders: Vec<String> = (1..=tenants.len()).map(|i| format!("${i}")).collect();
+        let mut values: Vec<Value> = vec![true.into()];
+        let mut named: Vec<Value> = tenants.iter().map(|t| (*t).into()).collect();
+        let marks = padded_marks(&mut named, 2);
+        values.extend(named);
         let sql = format!(
-            "SELECT {WEBHOOK_COLUMNS} FROM webhooks WHERE enabled = ${} AND tenant_id IN ({})",
-            tenants.len() + 1,
-            placeholders.join(", ")
+            "SELECT {WEBHOOK_COLUMNS} FROM webhooks WHERE enabled = $1 AND tenant_id IN ({marks})"
         );
-        let mut values: Vec<Value> = tenants.iter().map(|t| (*t).into()).collect();
-        values.push(true.into());
         let hooks: Vec<Webhook> = WebhookRow::find_by_statement(self.statement(&sql, values))
             .all(txn)
             .await?
@@ -674,13 +671,13 @@ impl Store {
     ) -> Result<usize> {
         let mut held: Vec<(&Attempt, String)> = Vec::with_capacity(attempts.len());
         for chunk in attempts.chunks(FINISH_BATCH) {
-            let placeholders: Vec<String> = (1..=chunk.len()).map(|i| format!("${i}")).collect();
+            let mut values: Vec<Value> =
+                chunk.iter().map(|a| a.delivery_id.clone().into()).collect();
+            let marks = padded_marks(&mut values, 1);
             let sql = format!(
                 "SELECT id, claimed_by, attempts_log FROM webhook_deliveries \
-                 WHERE status = 'pending' AND id IN ({})",
-                placeholders.join(", ")
+                 WHERE status = 'pending' AND id IN ({marks})"
             );
-            let values: Vec<Value> = chunk.iter().map(|a| a.delivery_id.clone().into()).collect();
             let logs = LogRow::find_by_statement(self.statement(&sql, values))
                 .all(txn)
                 .await?;
@@ -702,7 +699,10 @@ impl Store {
             }
         }
         for chunk in held.chunks(FINISH_BATCH) {
-            let tuples: Vec<String> = (0..chunk.len())
+            // The last row repeated up to a power of two, as `padded_marks` does (the same
+            // row changed the same way once).
+            let rows = chunk.len().next_power_of_two();
+            let tuples: Vec<String> = (0..rows)
                 .map(|r| {
                     let b = r * 8;
                     format!(
@@ -719,7 +719,8 @@ impl Store {
                 })
                 .collect();
             let mut values: Vec<Value> = Vec::with_capacity(chunk.len() * 8);
-            for (attempt, log) in chunk {
+            let last = chunk.len() - 1;
+            for (attempt, log) in (0..rows).map(|r| &chunk[r.min(last)]) {
                 let status = if attempt.succeeded {
                     "succeeded"
                 } else if attempt.retry_at.is_some() {
@@ -768,18 +769,16 @@ impl Store {
                 None => latest.push((attempt.webhook_id.as_str(), failing, attempt.succeeded)),
             }
         }
-        let recovered: Vec<Value> = latest
+        let mut recovered: Vec<Value> = latest
             .iter()
             .filter(|(_, since, _)| since.is_none())
             .map(|(id, _, _)| (*id).into())
             .collect();
         if !recovered.is_empty() {
-            let placeholders: Vec<String> =
-                (1..=recovered.len()).map(|i| format!("${i}")).collect();
+            let marks = padded_marks(&mut recovered, 1);
             let sql = format!(
                 "UPDATE webhooks SET failing_since = NULL \
-                 WHERE failing_since IS NOT NULL AND id IN ({})",
-                placeholders.join(", ")
+                 WHERE failing_since IS NOT NULL AND id IN ({marks})"
             );
             txn.execute_raw(self.statement(&sql, recovered)).await?;
         }
@@ -889,6 +888,21 @@ pub(super) async fn insert_outbox(
         .await?;
     }
     Ok(())
+}
+
+/// The marks `$first, $first + 1, ...` of an `IN` list of `values`, padded first (its last
+/// value repeated) to a power of two: the list takes a few lengths only, so the database
+/// prepares each statement once and uses it again (a new length is a new statement, parsed
+/// and planned). `values` must not be empty.
+fn padded_marks(values: &mut Vec<Value>, first: usize) -> String {
+    let n = values.len().next_power_of_two();
+    if let Some(last) = values.last().cloned() {
+        values.resize(n, last);
+    }
+    (first..first + values.len())
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// `log` (a delivery's attempts as JSON) with `attempt` added, keeping the last
@@ -1089,6 +1103,22 @@ mod tests {
             .expect("reads")
             .expect("there");
         assert_eq!(hook.failing_since, None);
+    }
+
+    /// `IN` lists take the lengths 1, 2, 4, 8, ... only, padded with their last value.
+    #[test]
+    fn in_lists_are_padded_to_a_power_of_two() {
+        let mut values: Vec<Value> = vec!["a".into(), "b".into(), "c".into()];
+        assert_eq!(padded_marks(&mut values, 2), "$2, $3, $4, $5");
+        assert_eq!(
+            values,
+            vec![Value::from("a"), "b".into(), "c".into(), "c".into()]
+        );
+        let mut one: Vec<Value> = vec![1i64.into()];
+        assert_eq!(padded_marks(&mut one, 1), "$1");
+        let mut four: Vec<Value> = (0..4i64).map(Value::from).collect();
+        assert_eq!(padded_marks(&mut four, 1), "$1, $2, $3, $4");
+        assert_eq!(four.len(), 4);
     }
 
     #[tokio::test]
