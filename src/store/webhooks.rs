@@ -538,31 +538,11 @@ impl Store {
         }
         // At most 64 rows a statement (11 values each, under SQLite's 999 of old).
         for chunk in inserts.chunks(11 * 64) {
-            let rows = chunk.len() / 11;
-            let tuples: Vec<String> = (0..rows)
-                .map(|r| {
-                    let b = r * 11;
-                    format!(
-                        "(${}, ${}, ${}, ${}, ${}, ${}, ${}, 'pending', 0, ${}, ${}, '[]', ${}, ${})",
-                        b + 1,
-                        b + 2,
-                        b + 3,
-                        b + 4,
-                        b + 5,
-                        b + 6,
-                        b + 7,
-                        b + 8,
-                        b + 9,
-                        b + 10,
-                        b + 11
-                    )
-                })
-                .collect();
             let sql = format!(
                 "INSERT INTO webhook_deliveries (id, webhook_id, tenant_id, conversation_id, event_seq, \
-                 event_type, payload, status, attempts, next_attempt_at, expires_at, attempts_log, \
-                 created_at, updated_at) VALUES {}",
-                tuples.join(", ")
+                 event_type, payload, next_attempt_at, expires_at, created_at, updated_at, status, \
+                 attempts, attempts_log) VALUES {}",
+                tuples(chunk.len() / 11, 11, ", 'pending', 0, '[]'")
             );
             txn.execute_raw(self.statement(&sql, chunk.to_vec()))
                 .await?;
@@ -702,22 +682,6 @@ impl Store {
             // The last row repeated up to a power of two, as `padded_marks` does (the same
             // row changed the same way once).
             let rows = chunk.len().next_power_of_two();
-            let tuples: Vec<String> = (0..rows)
-                .map(|r| {
-                    let b = r * 8;
-                    format!(
-                        "(${}, ${}, ${}, ${}, ${}, ${}, ${}, ${})",
-                        b + 1,
-                        b + 2,
-                        b + 3,
-                        b + 4,
-                        b + 5,
-                        b + 6,
-                        b + 7,
-                        b + 8
-                    )
-                })
-                .collect();
             let mut values: Vec<Value> = Vec::with_capacity(chunk.len() * 8);
             let last = chunk.len() - 1;
             for (attempt, log) in (0..rows).map(|r| &chunk[r.min(last)]) {
@@ -746,7 +710,7 @@ impl Store {
                  last_status = v.column4, last_error = v.column5, last_latency_ms = v.column6, \
                  attempts_log = v.column7, updated_at = v.column8 \
                  FROM (VALUES {}) AS v WHERE webhook_deliveries.id = v.column1",
-                tuples.join(", ")
+                tuples(rows, 8, "")
             );
             txn.execute_raw(self.statement(&sql, values)).await?;
         }
@@ -888,6 +852,18 @@ pub(super) async fn insert_outbox(
         .await?;
     }
     Ok(())
+}
+
+/// `rows` tuples of `width` marks each, numbered on from `$1`, each ending with `tail`:
+/// `($1, $2, 'x'), ($3, $4, 'x')`.
+fn tuples(rows: usize, width: usize, tail: &str) -> String {
+    (0..rows)
+        .map(|r| {
+            let marks: Vec<String> = (1..=width).map(|c| format!("${}", r * width + c)).collect();
+            format!("({}{tail})", marks.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The marks `$first, $first + 1, ...` of an `IN` list of `values`, padded first (its last
@@ -1119,6 +1095,8 @@ mod tests {
         let mut four: Vec<Value> = (0..4i64).map(Value::from).collect();
         assert_eq!(padded_marks(&mut four, 1), "$1, $2, $3, $4");
         assert_eq!(four.len(), 4);
+        assert_eq!(tuples(2, 2, ", 'x'"), "($1, $2, 'x'), ($3, $4, 'x')");
+        assert_eq!(tuples(1, 3, ""), "($1, $2, $3)");
     }
 
     #[tokio::test]
