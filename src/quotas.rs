@@ -158,6 +158,9 @@ struct Tenant {
     workspace: Mutex<Option<(Instant, u64)>>,
     /// Held while its workspace is measured: one measurement at a time.
     measuring: tokio::sync::Mutex<()>,
+    /// Held while one of its traces is made: one at a time, so that a tenant holds at
+    /// most one of the node's trace permits.
+    tracing: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// A lock whose holder may have panicked: what it guards is a counter or a cache, whole.
@@ -327,6 +330,7 @@ impl Quotas {
                     admitting: tokio::sync::Mutex::new(()),
                     workspace: Mutex::new(None),
                     measuring: tokio::sync::Mutex::new(()),
+                    tracing: Arc::default(),
                 })
             })
             .clone()
@@ -579,6 +583,13 @@ impl Quotas {
             }
             () = tokio::time::sleep(wait) => Err(SlotWait::TimedOut { waited: started.elapsed(), limit }),
         }
+    }
+
+    /// The tenant's one slot for making a trace (src/api/trace.rs): its traces wait behind
+    /// each other only, and never hold more than one of the node's.
+    pub async fn trace_slot(&self, tenant_id: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let tracing = self.tenant(tenant_id).tracing.clone();
+        tracing.lock_owned().await
     }
 
     /// A slot for one LLM request of the tenant (its share of the node's), waiting behind

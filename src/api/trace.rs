@@ -41,7 +41,9 @@ pub async fn list(
         .saturating_add(i64::try_from(limit).unwrap_or(i64::MAX))
         .saturating_add(1);
     // A trace re-runs the core over the conversation's log: off the async workers, and a
-    // few at a time on a node, so that no tenant's traces take the node's cores.
+    // few at a time on a node, one of them a tenant's, so that no tenant's traces take the
+    // node's cores or keep others' waiting.
+    let _mine = app.quotas.trace_slot(&caller.0.id).await;
     static RUNNING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
     let _permit = RUNNING
         .acquire()

@@ -361,14 +361,49 @@ async fn the_trace_is_the_tenants_own() {
             .expect(200);
         assert_eq!(far["steps"], json!([]), "{far}");
         assert!(far["next_cursor"].is_null(), "{far}");
+        // Meanwhile another tenant's trace is not kept waiting behind the flood: a tenant's
+        // traces are made one at a time, so it holds one of the node's two permits at most.
+        let b_conv = app
+            .request(
+                reqwest::Method::POST,
+                "/v1/conversations",
+                b,
+                Some(json!({})),
+            )
+            .await
+            .expect(201);
+        let b_conv = b_conv["id"].as_str().expect("an id").to_owned();
         let path = format!("/v1/conversations/{id}/trace?limit=500");
-        let flood: Vec<_> = (0..20).map(|_| app.get(&path)).collect();
-        for page in futures::future::join_all(flood).await {
+        let done = std::sync::atomic::AtomicUsize::new(0);
+        let flood: Vec<_> = (0..20)
+            .map(|_| async {
+                let page = app.get(&path).await;
+                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                page
+            })
+            .collect();
+        let b_trace = async {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            let page = app
+                .request(
+                    reqwest::Method::GET,
+                    &format!("/v1/conversations/{b_conv}/trace"),
+                    b,
+                    None,
+                )
+                .await
+                .expect(200);
+            (page, done.load(std::sync::atomic::Ordering::SeqCst))
+        };
+        let (pages, (b_page, a_done)) = tokio::join!(futures::future::join_all(flood), b_trace);
+        for page in pages {
             assert_eq!(
                 page.expect(200)["steps"].as_array().map(Vec::len),
                 Some(steps.len())
             );
         }
+        assert_eq!(b_page["steps"], json!([]), "{b_page}");
+        assert!(a_done < 20, "b's trace waited for all of a's flood");
         for query in ["limit=0", "limit=501", "after=-1", "limit=x"] {
             app.get(&format!("/v1/conversations/{id}/trace?{query}"))
                 .await
