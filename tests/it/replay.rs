@@ -363,16 +363,7 @@ async fn the_trace_is_the_tenants_own() {
         assert!(far["next_cursor"].is_null(), "{far}");
         // Meanwhile another tenant's trace is not kept waiting behind the flood: a tenant's
         // traces are made one at a time, so it holds one of the node's two permits at most.
-        let b_conv = app
-            .request(
-                reqwest::Method::POST,
-                "/v1/conversations",
-                b,
-                Some(json!({})),
-            )
-            .await
-            .expect(201);
-        let b_conv = b_conv["id"].as_str().expect("an id").to_owned();
+        let b_conv = app.conversation_of(&app.key_b).await;
         let path = format!("/v1/conversations/{id}/trace?limit=500");
         let done = std::sync::atomic::AtomicUsize::new(0);
         let flood: Vec<_> = (0..20)

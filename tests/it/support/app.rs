@@ -235,6 +235,20 @@ impl TestApp {
         body["id"].as_str().expect("an id").to_owned()
     }
 
+    /// A new conversation of the tenant whose key is `key`; returns its id.
+    pub async fn conversation_of(&self, key: &str) -> String {
+        let body = self
+            .request(
+                reqwest::Method::POST,
+                "/v1/conversations",
+                Some(key),
+                Some(json!({})),
+            )
+            .await
+            .expect(201);
+        body["id"].as_str().expect("an id").to_owned()
+    }
+
     pub async fn state(&self, id: &str) -> Value {
         self.get(&format!("/v1/conversations/{id}"))
             .await
