@@ -261,18 +261,9 @@ impl Store {
         .map(WebhookDelivery::from))
     }
 
-    /// The deliveries claimed by `claimed_by` (a node's claim token), with their endpoints.
-    pub async fn claimed_webhook_deliveries(
-        &self,
-        claimed_by: &str,
-        except: &[&str],
-    ) -> Result<Vec<(WebhookDelivery, Webhook)>> {
-        self.claimed_on(&self.db, claimed_by, except).await
-    }
-
-    /// [`Store::claimed_webhook_deliveries`] on `db` (the cycle's own transaction: the
-    /// writing connection's pages are in its cache, a reading one's are read again after
-    /// every commit).
+    /// The deliveries claimed by `claimed_by` (a node's claim token) but those in `except`,
+    /// with their endpoints, on `db` (the cycle's own transaction: the writing connection's
+    /// pages are in its cache, a reading one's are read again after every commit).
     async fn claimed_on(
         &self,
         db: &impl ConnectionTrait,
@@ -643,12 +634,11 @@ impl Store {
     /// endpoint's failures (and, past the setting, its disabling with the reason, failing
     /// its pending deliveries). A few statements for the whole cycle, not a few an attempt:
     /// the logs read at once, the rows changed by one `UPDATE ... FROM (VALUES ...)` per 64.
-    /// Returns how many claims still held.
     async fn finish_on(
         &self,
         txn: &sea_orm::DatabaseTransaction,
         attempts: &[Attempt],
-    ) -> Result<usize> {
+    ) -> Result<()> {
         let mut held: Vec<(&Attempt, String)> = Vec::with_capacity(attempts.len());
         for chunk in attempts.chunks(FINISH_BATCH) {
             let mut values: Vec<Value> =
@@ -782,7 +772,7 @@ impl Store {
             ))
             .await?;
         }
-        Ok(held.len())
+        Ok(())
     }
 
     /// Removes up to `limit` finished deliveries last changed before `before`; how many.
@@ -972,7 +962,7 @@ mod tests {
         assert_eq!(claimed, 3);
         assert_eq!(mine.len(), 3, "the claimed deliveries come with the cycle");
         let again = store
-            .claimed_webhook_deliveries("n1", &[])
+            .claimed_on(&store.db, "n1", &[])
             .await
             .expect("claimed");
         assert_eq!(again.len(), 3);
