@@ -277,8 +277,10 @@ async fn copy_templates(url: &str, ids: &[String], conversations: usize) -> f64 
     let bytes: i64 = db
         .query_one_raw(Statement::from_string(
             DbBackend::Sqlite,
-            "SELECT (SELECT COALESCE(SUM(LENGTH(steps)), 0) FROM conversation_steps) \
-             + (SELECT COALESCE(SUM(LENGTH(steps)), 0) FROM conversation_frames) AS n",
+            "SELECT (SELECT COALESCE(SUM(COALESCE(LENGTH(packed_steps), LENGTH(steps))), 0) \
+             FROM conversation_steps) \
+             + (SELECT COALESCE(SUM(COALESCE(LENGTH(packed_steps), LENGTH(steps))), 0) \
+             FROM conversation_frames) AS n",
         ))
         .await
         .unwrap()
@@ -325,8 +327,8 @@ async fn copy_templates(url: &str, ids: &[String], conversations: usize) -> f64 
         .await
         .unwrap();
         db.execute_raw(run(
-            "INSERT INTO conversation_steps (conversation_key, last_step, first_step, steps, created_at) \
-             SELECT (SELECT internal_key FROM conversations WHERE id = ?1), last_step, first_step, steps, created_at \
+            "INSERT INTO conversation_steps (conversation_key, last_step, first_step, steps, packed_steps, created_at) \
+             SELECT (SELECT internal_key FROM conversations WHERE id = ?1), last_step, first_step, steps, packed_steps, created_at \
              FROM conversation_steps WHERE conversation_key = (SELECT internal_key FROM conversations WHERE id = ?2)"
                 .to_owned(),
         ))

@@ -43,7 +43,7 @@ const POSTGRES_UP: &[&str] = &[
 ];
 
 /// `bedrock_commit` of m7 with the frames' step columns.
-const COMMIT_FUNCTION: &str = r#"
+pub(crate) const COMMIT_FUNCTION: &str = r#"
 CREATE OR REPLACE FUNCTION bedrock_commit(doc_conversations json, doc_messages json, doc_frames json)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE

@@ -109,9 +109,13 @@ impl Store {
         use conversation_frames::Column;
         // The items come back as the text they were stored as (Postgres keeps them as
         // `json`, which the driver would not read as text).
-        Ok(conversation_frames::Entity::find()
+        conversation_frames::Entity::find()
             .select_only()
-            .columns([Column::FirstEventId, Column::LastEventId])
+            .columns([
+                Column::FirstEventId,
+                Column::LastEventId,
+                Column::PackedFrames,
+            ])
             .column_as(
                 Expr::col(Column::Frames).cast_as(sea_orm::sea_query::Alias::new("text")),
                 "frames",
@@ -124,12 +128,21 @@ impl Store {
             .all(&self.db)
             .await?
             .into_iter()
-            .map(|row| FrameRow {
-                first_event_id: row.first_event_id,
-                last_event_id: row.last_event_id,
-                frames: row.frames,
+            .map(|row| {
+                let frames = super::packed::json_of(row.packed_frames.as_deref(), row.frames)
+                    .map_err(|e| {
+                        StoreError::Corrupt(format!(
+                            "frames of {conversation_id} to {}: {e}",
+                            row.last_event_id
+                        ))
+                    })?;
+                Ok(FrameRow {
+                    first_event_id: row.first_event_id,
+                    last_event_id: row.last_event_id,
+                    frames,
+                })
             })
-            .collect())
+            .collect::<Result<_>>()
     }
 
     /// A conversation's messages with sequence ids `from..=to`, ascending.

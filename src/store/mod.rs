@@ -14,6 +14,7 @@ mod error;
 mod history;
 mod limits;
 mod mcp;
+mod packed;
 mod postgres;
 mod quotas;
 mod requests;
@@ -58,7 +59,9 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 struct StoredRow {
     first_event_id: i64,
     last_event_id: i64,
-    frames: String,
+    /// Before migration 21; `''` or NULL on a packed row.
+    frames: Option<String>,
+    packed_frames: Option<Vec<u8>>,
 }
 
 /// A row of `conversation_frames` to write: a commit's frames, in a run that carries at most
@@ -68,28 +71,41 @@ struct NewFrames<'a> {
     conversation_id: &'a str,
     last_event_id: i64,
     first_event_id: i64,
-    /// The items, JSON text.
-    #[serde(serialize_with = "raw_text")]
+    /// The items, JSON text, while the row is made; stored packed.
+    #[serde(skip)]
     frames: String,
+    /// The items packed (src/store/packed.rs; base64 in Postgres's document).
+    #[serde(serialize_with = "base64_bytes")]
+    packed_frames: Vec<u8>,
     dedup_key: Option<&'a str>,
     /// Milliseconds since the Unix epoch.
     created_at: i64,
     /// The commit's steps of the replay log (issue 40), on its last row of frames: no row of
     /// their own, no index entry of their own. (A commit without frames writes its steps to
-    /// `conversation_steps`.)
+    /// `conversation_steps`.) Packed.
     first_step: Option<i64>,
     last_step: Option<i64>,
-    steps: Option<String>,
+    #[serde(serialize_with = "base64_option")]
+    packed_steps: Option<Vec<u8>>,
 }
 
-/// JSON text written into a document as the JSON it is.
-fn raw_text<S: serde::Serializer>(
-    text: &str,
+/// Bytes written into a JSON document as base64 (which Postgres's `decode` reads).
+fn base64_bytes<S: serde::Serializer>(
+    bytes: &[u8],
     serializer: S,
 ) -> std::result::Result<S::Ok, S::Error> {
-    let raw: &serde_json::value::RawValue =
-        serde_json::from_str(text).map_err(serde::ser::Error::custom)?;
-    raw.serialize(serializer)
+    use base64::Engine as _;
+    serializer.serialize_str(&base64::engine::general_purpose::STANDARD.encode(bytes))
+}
+
+fn base64_option<S: serde::Serializer>(
+    bytes: &Option<Vec<u8>>,
+    serializer: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    match bytes {
+        Some(bytes) => base64_bytes(bytes, serializer),
+        None => serializer.serialize_none(),
+    }
 }
 
 /// The rows a commit's frames are stored in: consecutive frames share a row, a second
@@ -107,11 +123,12 @@ fn frame_rows(commit: &ConversationCommit) -> Vec<NewFrames<'_>> {
                 last_event_id: event.event_id,
                 first_event_id: event.event_id,
                 frames: String::from("["),
+                packed_frames: Vec::new(),
                 dedup_key: None,
                 created_at: event.created_at.timestamp_millis(),
                 first_step: None,
                 last_step: None,
-                steps: None,
+                packed_steps: None,
             });
         }
         let Some(row) = rows.last_mut() else {
@@ -142,15 +159,21 @@ fn frame_rows(commit: &ConversationCommit) -> Vec<NewFrames<'_>> {
     }
     for row in &mut rows {
         row.frames.push(']');
+        row.packed_frames = packed::pack(&row.frames);
     }
     if let Some(last) = rows.last_mut()
         && let (Some(first), Some(end)) = (commit.steps.first(), commit.steps.last())
     {
         last.first_step = Some(first.n);
         last.last_step = Some(end.n);
-        last.steps = Some(crate::model::LoggedStep::array(&commit.steps));
+        last.packed_steps = Some(packed_steps(commit));
     }
     rows
+}
+
+/// A commit's steps, packed.
+fn packed_steps(commit: &ConversationCommit) -> Vec<u8> {
+    packed::pack(&crate::model::LoggedStep::array(&commit.steps))
 }
 
 /// Whether a commit's steps need a row of `conversation_steps` (it has steps but no frames
@@ -1138,5 +1161,127 @@ mod tests {
             .await
             .expect("reads");
         assert!(left.is_empty(), "{left:?}");
+    }
+    /// Issue 40, migration 21: rows written before packing (JSON text) and packed rows read
+    /// side by side, in order, through every reader of frames and steps; the new rows are
+    /// packed and leave the text columns empty.
+    #[tokio::test]
+    async fn rows_written_before_packing_read_beside_packed_ones_on_each_database() {
+        let (store, dir) = sqlite_store("packed-rows", &["c"]).await;
+        old_and_packed_rows(&store, false).await;
+        let _ = std::fs::remove_dir_all(&dir);
+        if let Some((store, name)) = postgres_store(&["c"]).await {
+            old_and_packed_rows(&store, true).await;
+            drop_postgres(store, &name).await;
+        }
+    }
+
+    async fn old_and_packed_rows(store: &Store, postgres: bool) {
+        let first = row(store, "c").await.next_sequence_id;
+        let step = |n: i64| crate::model::LoggedStep {
+            n,
+            json: format!(r#"{{"e":{{"continue":{{}}}},"d":"{n:016x}"}}"#),
+        };
+        // As written before migration 21: a row of frames with a step, a row of steps.
+        let old_frames = r#"[{"s":{"kind":"idle"}}]"#;
+        let old_steps = crate::model::LoggedStep::array(&[step(1)]);
+        let key = "(SELECT internal_key FROM conversations WHERE id = 'c')";
+        store
+            .db
+            .execute_unprepared(&format!(
+                "INSERT INTO conversation_frames (conversation_key, last_event_id, \
+                 first_event_id, frames, created_at, first_step, last_step, steps) \
+                 VALUES ({key}, {e}, {e}, '{old_frames}', 0, 1, 1, '{old_steps}')",
+                e = first - 1
+            ))
+            .await
+            .expect("an old row of frames");
+        store
+            .db
+            .execute_unprepared(&format!(
+                "INSERT INTO conversation_steps (conversation_key, last_step, first_step, \
+                 steps, created_at) VALUES ({key}, 2, 2, '{}', 0)",
+                crate::model::LoggedStep::array(&[step(2)])
+            ))
+            .await
+            .expect("an old row of steps");
+        // Packed: a commit with frames and two steps, then one with a step and no frames.
+        let mut framed = (*user_turn("c", first, first)).clone();
+        framed.steps = vec![step(3), step(4)];
+        let mut bare = (*user_turn("c", first + 1, first + 1)).clone();
+        bare.messages.clear();
+        bare.events.clear();
+        bare.next_sequence_id = first + 1;
+        bare.next_event_id = first + 1;
+        bare.steps = vec![step(5)];
+        store
+            .commit_batch(&[Arc::new(framed)])
+            .await
+            .expect("a packed row of frames");
+        store
+            .commit_batch(&[Arc::new(bare)])
+            .await
+            .expect("a packed row of steps");
+
+        let frames = store.frames_after("c", -1, 100).await.expect("frames read");
+        let texts: Vec<(i64, &str)> = frames
+            .iter()
+            .map(|r| (r.last_event_id, r.frames.as_str()))
+            .collect();
+        let packed_text = format!(r#"[{{"m":{first}}}]"#);
+        assert_eq!(
+            texts,
+            vec![(first - 1, old_frames), (first, packed_text.as_str())]
+        );
+        let digests = |rows: &[crate::replay::StepRow]| -> Vec<(i64, String)> {
+            rows.iter()
+                .flat_map(|row| row.steps.iter().map(|s| (s.n, s.d.clone())))
+                .collect()
+        };
+        let expected: Vec<(i64, String)> = (1..=5).map(|n| (n, format!("{n:016x}"))).collect();
+        assert_eq!(
+            digests(&store.steps_of("c", 100).await.expect("steps")),
+            expected
+        );
+        assert_eq!(
+            digests(&store.steps_of("c", 3).await.expect("steps")),
+            expected[..4]
+        );
+        let batch = store
+            .replay_batch(&["c".to_owned()])
+            .await
+            .expect("a batch");
+        assert_eq!(batch.len(), 1);
+        assert_eq!(batch[0].unreadable, None);
+        assert_eq!(digests(&batch[0].rows), expected);
+        assert_eq!(store.next_step("c").await.expect("next"), 6);
+
+        // The new rows hold their JSON packed only.
+        let empty = if postgres { "IS NULL" } else { "= ''" };
+        let count = |sql: String| async move {
+            store
+                .db
+                .query_one_raw(sea_orm::Statement::from_string(store.backend(), sql))
+                .await
+                .expect("counts")
+                .and_then(|r| r.try_get_by_index::<i64>(0).ok())
+                .unwrap_or(-1)
+        };
+        assert_eq!(
+            count(format!(
+                "SELECT COUNT(*) FROM conversation_frames WHERE packed_frames IS NOT NULL \
+                 AND packed_steps IS NOT NULL AND frames {empty} AND steps IS NULL"
+            ))
+            .await,
+            1
+        );
+        assert_eq!(
+            count(format!(
+                "SELECT COUNT(*) FROM conversation_steps WHERE packed_steps IS NOT NULL \
+                 AND steps {empty}"
+            ))
+            .await,
+            1
+        );
     }
 }

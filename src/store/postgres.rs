@@ -12,6 +12,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use base64::Engine as _;
 use chrono::{DateTime, SecondsFormat, Utc};
 use sea_orm::{ConnectionTrait, DbBackend, Statement, Value};
 use serde::Serialize;
@@ -53,9 +54,9 @@ const OUTBOX: &str = "o AS (INSERT INTO webhook_outbox (tenant_id, conversation_
 /// others ride on its last row of frames) as one row of `conversation_steps`, in the same
 /// statement. The conversation exists before its commit
 /// (the guarded update needs it), so the statement's snapshot finds its key.
-const STEPS: &str = "s AS (INSERT INTO conversation_steps (conversation_key, last_step, first_step, steps, created_at) \
-       SELECT k.internal_key, x.last_step, x.first_step, x.steps, x.created_at FROM \
-       json_to_recordset($S1::json) AS x(conversation_id text, last_step bigint, first_step bigint, steps text, created_at bigint) \
+const STEPS: &str = "s AS (INSERT INTO conversation_steps (conversation_key, last_step, first_step, packed_steps, created_at) \
+       SELECT k.internal_key, x.last_step, x.first_step, decode(x.packed_steps, 'base64'), x.created_at FROM \
+       json_to_recordset($S1::json) AS x(conversation_id text, last_step bigint, first_step bigint, packed_steps text, created_at bigint) \
        JOIN conversations k ON k.id = x.conversation_id)";
 
 /// The statement of a batch with or without usage, outbox rows and steps: eight texts, each
@@ -130,7 +131,8 @@ pub(super) async fn commit(
             serde_json::json!({"conversation_id": commit.conversation_id,
                 "last_step": commit.steps.last().map_or(0, |step| step.n),
                 "first_step": commit.steps.first().map_or(0, |step| step.n),
-                "steps": crate::model::LoggedStep::array(&commit.steps),
+                "packed_steps": base64::engine::general_purpose::STANDARD
+                    .encode(super::packed_steps(commit)),
                 "created_at": commit.at.timestamp_millis()})
         })
         .collect();

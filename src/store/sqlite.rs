@@ -366,19 +366,20 @@ fn insert_frames(rows: &[NewFrames<'_>]) -> Statement {
             Value::from(row.conversation_id),
             Value::from(row.last_event_id),
             Value::from(row.first_event_id),
-            Value::from(row.frames.as_str()),
+            Value::Bytes(Some(row.packed_frames.clone())),
             Value::String(row.dedup_key.map(str::to_owned)),
             Value::from(row.created_at),
             Value::BigInt(row.first_step),
             Value::BigInt(row.last_step),
-            Value::String(row.steps.clone()),
+            Value::Bytes(row.packed_steps.clone()),
         ]);
     }
+    // `frames` is `NOT NULL` in SQLite's table: a packed row leaves it `''`.
     let sql = format!(
         "INSERT INTO conversation_frames \
-         (conversation_key, last_event_id, first_event_id, frames, dedup_key, created_at, \
-         first_step, last_step, steps) VALUES {}",
-        vec![format!("({KEY_OF}, ?, ?, ?, ?, ?, ?, ?, ?)"); rows.len()].join(", ")
+         (conversation_key, last_event_id, first_event_id, frames, packed_frames, dedup_key, \
+         created_at, first_step, last_step, packed_steps) VALUES {}",
+        vec![format!("({KEY_OF}, ?, ?, '', ?, ?, ?, ?, ?, ?)"); rows.len()].join(", ")
     );
     Statement::from_sql_and_values(DbBackend::Sqlite, sql, values)
 }
@@ -414,14 +415,15 @@ fn insert_steps(commits: &[&ConversationCommit]) -> Statement {
             Value::from(commit.conversation_id.as_str()),
             Value::from(last),
             Value::from(first),
-            Value::from(crate::model::LoggedStep::array(&commit.steps)),
+            Value::Bytes(Some(super::packed_steps(commit))),
             Value::from(commit.at.timestamp_millis()),
         ]);
     }
+    // `steps` is `NOT NULL` in SQLite's table: a packed row leaves it `''`.
     let sql = format!(
         "INSERT INTO conversation_steps \
-         (conversation_key, last_step, first_step, steps, created_at) VALUES {}",
-        vec![format!("({KEY_OF}, ?, ?, ?, ?)"); commits.len()].join(", ")
+         (conversation_key, last_step, first_step, steps, packed_steps, created_at) VALUES {}",
+        vec![format!("({KEY_OF}, ?, ?, '', ?, ?)"); commits.len()].join(", ")
     );
     Statement::from_sql_and_values(DbBackend::Sqlite, sql, values)
 }

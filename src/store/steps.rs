@@ -20,7 +20,9 @@ struct Last {
 struct Row {
     first_step: i64,
     created_at: i64,
-    steps: String,
+    /// Before migration 21; `''` or NULL on a packed row.
+    steps: Option<String>,
+    packed_steps: Option<Vec<u8>>,
 }
 
 #[derive(Debug, FromQueryResult)]
@@ -39,7 +41,19 @@ struct KeyedRow {
     conversation_key: i64,
     first_step: i64,
     created_at: i64,
-    steps: String,
+    steps: Option<String>,
+    packed_steps: Option<Vec<u8>>,
+}
+
+/// A stored row of steps read: its JSON from the packed column where it has one.
+fn parse_row(
+    first_step: i64,
+    created_at: i64,
+    packed: Option<&[u8]>,
+    text: Option<String>,
+) -> std::result::Result<StepRow, String> {
+    let json = super::packed::json_of(packed, text)?;
+    StepRow::parse(first_step, created_at, &json)
 }
 
 /// What a replay of one conversation reads: its rows of steps and the messages they may
@@ -85,11 +99,12 @@ impl Store {
     /// A conversation's stored rows of steps, in order, up to the row that holds step
     /// `upto` (the end of a trace's page: nothing after it is read).
     pub async fn steps_of(&self, conversation_id: &str, upto: i64) -> Result<Vec<StepRow>> {
-        let sql = "SELECT f.first_step, f.created_at, f.steps FROM conversation_frames f \
+        let sql = "SELECT f.first_step, f.created_at, f.steps, f.packed_steps \
+             FROM conversation_frames f \
              WHERE f.conversation_key = (SELECT internal_key FROM conversations WHERE id = $1) \
-               AND f.steps IS NOT NULL AND f.first_step <= $2 \
+               AND f.last_step IS NOT NULL AND f.first_step <= $2 \
              UNION ALL \
-             SELECT s.first_step, s.created_at, s.steps FROM conversation_steps s \
+             SELECT s.first_step, s.created_at, s.steps, s.packed_steps FROM conversation_steps s \
              WHERE s.conversation_key = (SELECT internal_key FROM conversations WHERE id = $1) \
                AND s.first_step <= $2 \
              ORDER BY 1";
@@ -99,8 +114,13 @@ impl Store {
                 .await?;
         rows.into_iter()
             .map(|row| {
-                StepRow::parse(row.first_step, row.created_at, &row.steps)
-                    .map_err(|e| StoreError::Corrupt(format!("steps of {conversation_id}: {e}")))
+                parse_row(
+                    row.first_step,
+                    row.created_at,
+                    row.packed_steps.as_deref(),
+                    row.steps,
+                )
+                .map_err(|e| StoreError::Corrupt(format!("steps of {conversation_id}: {e}")))
             })
             .collect()
     }
@@ -171,10 +191,12 @@ impl Store {
         values.extend(key_values());
         let rows = KeyedRow::find_by_statement(self.statement(
             &format!(
-                "SELECT f.conversation_key AS conversation_key, f.first_step, f.created_at, f.steps \
-                 FROM conversation_frames f WHERE f.conversation_key IN ({}) AND f.steps IS NOT NULL \
+                "SELECT f.conversation_key AS conversation_key, f.first_step, f.created_at, f.steps, \
+                 f.packed_steps \
+                 FROM conversation_frames f WHERE f.conversation_key IN ({}) AND f.last_step IS NOT NULL \
                  UNION ALL \
-                 SELECT s.conversation_key AS conversation_key, s.first_step, s.created_at, s.steps \
+                 SELECT s.conversation_key AS conversation_key, s.first_step, s.created_at, s.steps, \
+                 s.packed_steps \
                  FROM conversation_steps s WHERE s.conversation_key IN ({}) \
                  ORDER BY 1, 2",
                 list(1, n),
@@ -188,7 +210,12 @@ impl Store {
         // A row that does not read is that conversation's to report, not the whole run's.
         let mut unreadable: HashMap<i64, String> = HashMap::new();
         for row in rows {
-            match StepRow::parse(row.first_step, row.created_at, &row.steps) {
+            match parse_row(
+                row.first_step,
+                row.created_at,
+                row.packed_steps.as_deref(),
+                row.steps,
+            ) {
                 Ok(parsed) => steps.entry(row.conversation_key).or_default().push(parsed),
                 Err(e) => {
                     unreadable
@@ -237,7 +264,7 @@ impl Store {
         let mut sql = String::from(
             "SELECT c.id FROM conversations c WHERE (EXISTS \
              (SELECT 1 FROM conversation_frames f \
-              WHERE f.conversation_key = c.internal_key AND f.steps IS NOT NULL) \
+              WHERE f.conversation_key = c.internal_key AND f.last_step IS NOT NULL) \
              OR EXISTS (SELECT 1 FROM conversation_steps s WHERE s.conversation_key = c.internal_key))",
         );
         let mut values: Vec<sea_orm::Value> = Vec::new();
@@ -249,7 +276,7 @@ impl Store {
             values.push(since.into());
             sql.push_str(&format!(
                 " AND (EXISTS (SELECT 1 FROM conversation_frames f \
-                 WHERE f.conversation_key = c.internal_key AND f.steps IS NOT NULL \
+                 WHERE f.conversation_key = c.internal_key AND f.last_step IS NOT NULL \
                  AND f.created_at >= ${n}) \
                  OR EXISTS (SELECT 1 FROM conversation_steps s \
                  WHERE s.conversation_key = c.internal_key AND s.created_at >= ${n}))",

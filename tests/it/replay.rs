@@ -437,10 +437,16 @@ async fn the_trace_is_the_tenants_own() {
         let db_conn = sea_orm::Database::connect(&app.db_url)
             .await
             .expect("the database");
+        // Its packed steps damaged (an unknown format byte, 9).
+        let damaged = if app.db_url.starts_with("postgres") {
+            "'\\x0900'::bytea"
+        } else {
+            "X'0900'"
+        };
         sea_orm::ConnectionTrait::execute_unprepared(
             &db_conn,
             &format!(
-                "UPDATE conversation_frames SET steps = '[not json' WHERE steps IS NOT NULL \
+                "UPDATE conversation_frames SET packed_steps = {damaged} WHERE last_step IS NOT NULL \
                  AND conversation_key = (SELECT internal_key FROM conversations WHERE id = '{broken}')"
             ),
         )
