@@ -519,8 +519,9 @@ pub struct ConversationCommit {
     /// Events for the tenant's webhooks, written to the outbox in the same transaction
     /// (usually none: a turn's end, for a tenant with webhooks).
     pub outbox: Vec<OutboxEvent>,
-    /// The transitions' steps for the replay log (src/replay), in order: one row of
-    /// `conversation_steps` per commit that has any.
+    /// The transitions' steps for the replay log (src/replay), in order: on the commit's
+    /// last row of frames, or a row of `conversation_steps` for a commit without frames
+    /// (packed, src/store/packed.rs).
     pub steps: Vec<LoggedStep>,
 }
 
@@ -533,7 +534,7 @@ pub struct LoggedStep {
 }
 
 impl LoggedStep {
-    /// A commit's steps as the JSON array a `conversation_steps` row holds.
+    /// A commit's steps as the JSON array a row of steps holds (packed when stored).
     pub fn array(steps: &[LoggedStep]) -> String {
         let mut json =
             String::with_capacity(steps.iter().map(|s| s.json.len() + 1).sum::<usize>() + 2);

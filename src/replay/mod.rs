@@ -3,7 +3,7 @@
 //! [`transition`] again and checks every step against what was stored; [`trace`] shows each
 //! step's event, the states before and after and the effects.
 //!
-//! A step is stored compactly (an item of `conversation_steps.steps`, one row per commit):
+//! A step is stored compactly (an item of a commit's row of steps, packed by the store):
 //! the event as JSON with the fields a message of the same transition holds replaced by that
 //! message's sequence id (`"msg"`), the context only where a segment starts (an actor's first
 //! step: at a start, a restart, a takeover) or where it changed, the context's token count
@@ -25,7 +25,7 @@ use crate::state_machine::{
 #[cfg(test)]
 mod tests;
 
-/// One step as stored: an item of a `conversation_steps` row's `steps` array.
+/// One step as stored: an item of a row's array of steps.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StoredStep {
     /// The step's number in its conversation, from 1, without gaps (not stored: its row's

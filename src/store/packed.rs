@@ -40,14 +40,15 @@ const RAW: u8 = 0;
 /// zstd with dictionary 1.
 const ZSTD_1: u8 = 1;
 
-/// The largest JSON a packed value may unpack to: a frame's size is in its header, so a
-/// damaged row cannot ask for more than this.
+/// The largest JSON that is compressed, and so the most a packed value may unpack to:
+/// a frame's size is in its header, read before anything is allocated, so a damaged row
+/// cannot ask for more. (Larger JSON, if any, is kept as it is.)
 const MAX_UNPACKED: usize = 256 << 20;
 
-static ENCODER_1: LazyLock<EncoderDictionary<'static>> =
-    LazyLock::new(|| EncoderDictionary::copy(DICTIONARY_1, LEVEL));
-static DECODER_1: LazyLock<DecoderDictionary<'static>> =
-    LazyLock::new(|| DecoderDictionary::copy(DICTIONARY_1));
+static ENCODER_1: LazyLock<std::io::Result<EncoderDictionary<'static>>> =
+    LazyLock::new(|| EncoderDictionary::try_copy(DICTIONARY_1, LEVEL));
+static DECODER_1: LazyLock<std::io::Result<DecoderDictionary<'static>>> =
+    LazyLock::new(|| DecoderDictionary::try_copy(DICTIONARY_1));
 
 thread_local! {
     /// A compression context per thread, with dictionary 1 attached (made once).
@@ -56,7 +57,10 @@ thread_local! {
 }
 
 fn compressor() -> std::io::Result<Compressor<'static>> {
-    let mut compressor = Compressor::with_prepared_dictionary(&ENCODER_1)?;
+    let dictionary = ENCODER_1
+        .as_ref()
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let mut compressor = Compressor::with_prepared_dictionary(dictionary)?;
     compressor.set_parameter(CParameter::ChecksumFlag(false))?;
     compressor.set_parameter(CParameter::DictIdFlag(false))?;
     compressor.set_parameter(CParameter::ContentSizeFlag(true))?;
@@ -65,13 +69,17 @@ fn compressor() -> std::io::Result<Compressor<'static>> {
 
 /// `json` packed: format 1, or format 0 where compressing does not make it smaller.
 pub(super) fn pack(json: &str) -> Vec<u8> {
-    let compressed = COMPRESSOR.with(|slot| {
-        let mut slot = slot.borrow_mut();
-        if slot.is_none() {
-            *slot = compressor().ok();
-        }
-        slot.as_mut()?.compress(json.as_bytes()).ok()
-    });
+    let compressed = (json.len() <= MAX_UNPACKED)
+        .then(|| {
+            COMPRESSOR.with(|slot| {
+                let mut slot = slot.borrow_mut();
+                if slot.is_none() {
+                    *slot = compressor().ok();
+                }
+                slot.as_mut()?.compress(json.as_bytes()).ok()
+            })
+        })
+        .flatten();
     match compressed {
         Some(frame) if frame.starts_with(&MAGIC) && frame.len() - MAGIC.len() < json.len() => {
             let mut packed = Vec::with_capacity(frame.len() - MAGIC.len() + 1);
@@ -99,17 +107,24 @@ pub(super) fn unpack(packed: &[u8]) -> Result<String, String> {
             let mut frame = Vec::with_capacity(data.len() + MAGIC.len());
             frame.extend_from_slice(&MAGIC);
             frame.extend_from_slice(data);
+            // Every frame written records its size: one that does not, or records more
+            // than was ever packed, is damaged, and nothing is allocated for it.
+            let size = match zstd::zstd_safe::get_frame_content_size(&frame) {
+                Ok(Some(size)) if size <= MAX_UNPACKED as u64 => size as usize,
+                _ => return Err("a packed value's size does not read".to_owned()),
+            };
             DECOMPRESSOR.with(|slot| {
                 let mut slot = slot.borrow_mut();
                 if slot.is_none() {
+                    let dictionary = DECODER_1.as_ref().map_err(|e| format!("zstd: {e}"))?;
                     *slot = Some(
-                        Decompressor::with_prepared_dictionary(&DECODER_1)
+                        Decompressor::with_prepared_dictionary(dictionary)
                             .map_err(|e| format!("zstd: {e}"))?,
                     );
                 }
                 let decompressor = slot.as_mut().ok_or("zstd: no context")?;
                 decompressor
-                    .decompress(&frame, MAX_UNPACKED)
+                    .decompress(&frame, size)
                     .map_err(|e| format!("a packed value does not unpack: {e}"))
             })?
         }
