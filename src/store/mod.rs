@@ -89,13 +89,18 @@ struct NewFrames<'a> {
     packed_steps: Option<Vec<u8>>,
 }
 
-/// Bytes written into a JSON document as base64 (which Postgres's `decode` reads).
+/// Bytes as base64, the way Postgres's `decode(..., 'base64')` reads them (a packed value in
+/// `bedrock_commit`'s documents).
+fn base64_text(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
 fn base64_bytes<S: serde::Serializer>(
     bytes: &[u8],
     serializer: S,
 ) -> std::result::Result<S::Ok, S::Error> {
-    use base64::Engine as _;
-    serializer.serialize_str(&base64::engine::general_purpose::STANDARD.encode(bytes))
+    serializer.serialize_str(&base64_text(bytes))
 }
 
 fn base64_option<S: serde::Serializer>(
@@ -159,7 +164,8 @@ fn frame_rows(commit: &ConversationCommit) -> Vec<NewFrames<'_>> {
     }
     for row in &mut rows {
         row.frames.push(']');
-        row.packed_frames = packed::pack(&row.frames);
+        // The text is not kept once packed.
+        row.packed_frames = packed::pack(&std::mem::take(&mut row.frames));
     }
     if let Some(last) = rows.last_mut()
         && let (Some(first), Some(end)) = (commit.steps.first(), commit.steps.last())

@@ -12,7 +12,6 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use base64::Engine as _;
 use chrono::{DateTime, SecondsFormat, Utc};
 use sea_orm::{ConnectionTrait, DbBackend, Statement, Value};
 use serde::Serialize;
@@ -131,8 +130,7 @@ pub(super) async fn commit(
             serde_json::json!({"conversation_id": commit.conversation_id,
                 "last_step": commit.steps.last().map_or(0, |step| step.n),
                 "first_step": commit.steps.first().map_or(0, |step| step.n),
-                "packed_steps": base64::engine::general_purpose::STANDARD
-                    .encode(super::packed_steps(commit)),
+                "packed_steps": super::base64_text(&super::packed_steps(commit)),
                 "created_at": commit.at.timestamp_millis()})
         })
         .collect();
