@@ -65,14 +65,41 @@ const WAITING: [&str; 8] = [
 
 fn main() {
     match std::env::var(ROLE).as_deref() {
-        Ok("fake-llm") => common::live::serve_fake_llm(),
+        Ok("fake-llm") => serve_fake_llm_and_receiver(),
         Ok("workload") => workload(),
         _ => conduct(),
     }
 }
 
 // ---------------------------------------------------------------------------------------
-// The fake LLM process.
+// The fake LLM process, and a webhook receiver that answers every delivery with a 200.
+
+fn serve_fake_llm_and_receiver() {
+    use std::io::Write as _;
+    bedrock::install_crypto();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let llm = bedrock::testkit::FakeLlm::start().await;
+            llm.forget_requests();
+            llm.auto_tool_turns("think", json!({"thoughts": "one tool call per turn"}));
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let hook = format!("http://{}/hook", listener.local_addr().unwrap());
+            let router = axum::Router::new().route("/hook", axum::routing::post(|| async { "ok" }));
+            tokio::spawn(async move { axum::serve(listener, router).await });
+            println!("{}", llm.base_url);
+            println!("{hook}");
+            std::io::stdout().flush().unwrap();
+            tokio::task::spawn_blocking(|| {
+                let mut line = String::new();
+                while std::io::stdin().read_line(&mut line).is_ok_and(|n| n > 0) {}
+            })
+            .await
+            .unwrap();
+        });
+}
 
 // ---------------------------------------------------------------------------------------
 // The workload: `TURNCOST_CONVERSATIONS` conversations of `TURNS` turns, one turn at a time.
@@ -85,6 +112,8 @@ fn workload() {
         .unwrap();
     let llm = std::env::var("TURNCOST_LLM").unwrap();
     let dir = PathBuf::from(std::env::var("TURNCOST_DIR").unwrap());
+    // The variant with a subscribed endpoint (`turn.completed`, on the receiver).
+    let hook = std::env::var("TURNCOST_HOOK").ok();
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -114,6 +143,10 @@ fn workload() {
                     ),
                     // valgrind knows no Landlock system calls; the `think` tool runs no process.
                     ("BEDROCK_SANDBOX__MODE".into(), "off".into()),
+                    // The receiver is on loopback. The dispatcher's idle poll is a cost of
+                    // time, not of turns: it is left out (a turn's end wakes it).
+                    ("BEDROCK_EGRESS__ALLOW".into(), r#"["127.0.0.1"]"#.into()),
+                    ("BEDROCK_WEBHOOKS__POLL_MS".into(), "3600000".into()),
                 ],
                 4,
                 Duration::from_secs(60),
@@ -132,6 +165,30 @@ fn workload() {
                 })
                 .await
                 .unwrap();
+            let hook_id = format!("wh_{}", uuid::Uuid::now_v7().simple());
+            if let Some(url) = &hook {
+                let now = chrono::Utc::now().timestamp_millis();
+                services
+                    .persistence
+                    .write(WriteJob::CreateWebhook(Box::new(bedrock::model::Webhook {
+                        id: hook_id.clone(),
+                        tenant_id: tenant.clone(),
+                        url: url.clone(),
+                        events: vec![bedrock::webhooks::TURN_COMPLETED.into()],
+                        description: None,
+                        enabled: true,
+                        disabled_reason: None,
+                        secret: bedrock::webhooks::new_secret().into(),
+                        previous_secret: None,
+                        previous_secret_until: None,
+                        failing_since: None,
+                        created_at: now,
+                        updated_at: now,
+                    })))
+                    .await
+                    .unwrap();
+                services.webhooks.refresh(&services.store).await.unwrap();
+            }
             for n in 0..conversations {
                 let id = uuid::Uuid::now_v7().to_string();
                 services
@@ -170,6 +227,27 @@ fn workload() {
                     }
                 }
             }
+            if hook.is_some() {
+                // Every turn's event delivered and its result written (the receiver answers
+                // each with a 200): then the run ends.
+                loop {
+                    let (outbox, pending) = services.store.webhook_backlog().await.unwrap();
+                    if outbox == 0 && pending == 0 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                let delivered = services
+                    .store
+                    .webhook_deliveries(&tenant, &hook_id, Some("succeeded"), None, 100_000)
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    delivered.len(),
+                    conversations * TURNS,
+                    "every turn's event delivered"
+                );
+            }
             runtime.shutdown(Duration::from_secs(5)).await;
         });
 }
@@ -201,15 +279,19 @@ fn have(tool: &str) -> bool {
 }
 
 /// Runs the workload of `conversations` under `wrapper` in a fresh directory.
-fn run(wrapper: &[String], conversations: usize, llm: &str, scratch: &Path) {
+fn run(wrapper: &[String], conversations: usize, peers: &Peers, scratch: &Path) {
     let dir = scratch.join(format!("run-{}", uuid::Uuid::now_v7().simple()));
     std::fs::create_dir_all(&dir).unwrap();
-    let status = Command::new(&wrapper[0])
+    let mut cmd = Command::new(&wrapper[0]);
+    if let Some(hook) = &peers.hook {
+        cmd.env("TURNCOST_HOOK", hook);
+    }
+    let status = cmd
         .args(&wrapper[1..])
         .arg(std::env::current_exe().unwrap())
         .env(ROLE, "workload")
         .env("TURNCOST_CONVERSATIONS", conversations.to_string())
-        .env("TURNCOST_LLM", llm)
+        .env("TURNCOST_LLM", &peers.llm)
         .env("TURNCOST_DIR", &dir)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
@@ -223,8 +305,13 @@ fn run(wrapper: &[String], conversations: usize, llm: &str, scratch: &Path) {
 }
 
 /// The instructions of one run, from callgrind's output file.
-fn instructions(conversations: usize, llm: &str, scratch: &Path) -> u64 {
-    let out = scratch.join(format!("callgrind-{conversations}.out"));
+fn instructions(conversations: usize, peers: &Peers, scratch: &Path) -> u64 {
+    let variant = if peers.hook.is_some() {
+        "-subscribed"
+    } else {
+        ""
+    };
+    let out = scratch.join(format!("callgrind-{conversations}{variant}.out"));
     run(
         &[
             "valgrind".into(),
@@ -233,7 +320,7 @@ fn instructions(conversations: usize, llm: &str, scratch: &Path) -> u64 {
             format!("--callgrind-out-file={}", out.display()),
         ],
         conversations,
-        llm,
+        peers,
         scratch,
     );
     let text = std::fs::read_to_string(&out).unwrap();
@@ -248,16 +335,16 @@ fn instructions(conversations: usize, llm: &str, scratch: &Path) -> u64 {
 
 /// The run with the fewest system calls of `SYSCALL_TRIES`: what a run adds beyond its work
 /// (a thread woken once more, a retried read) depends on the moment, and only adds.
-fn fewest_syscalls(conversations: usize, llm: &str, scratch: &Path) -> (u64, u64) {
+fn fewest_syscalls(conversations: usize, peers: &Peers, scratch: &Path) -> (u64, u64) {
     (0..SYSCALL_TRIES)
-        .map(|_| syscalls(conversations, llm, scratch))
+        .map(|_| syscalls(conversations, peers, scratch))
         .min()
         .unwrap()
 }
 
 /// The system calls of one run (without the waiting ones) and its fsyncs, from strace's
 /// summary.
-fn syscalls(conversations: usize, llm: &str, scratch: &Path) -> (u64, u64) {
+fn syscalls(conversations: usize, peers: &Peers, scratch: &Path) -> (u64, u64) {
     let out = scratch.join(format!("strace-{conversations}.txt"));
     run(
         &[
@@ -268,7 +355,7 @@ fn syscalls(conversations: usize, llm: &str, scratch: &Path) -> (u64, u64) {
             out.display().to_string(),
         ],
         conversations,
-        llm,
+        peers,
         scratch,
     );
     let text = std::fs::read_to_string(&out).unwrap();
@@ -295,6 +382,42 @@ fn baseline_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches/turncost.json")
 }
 
+/// The processes a workload talks to: the fake LLM, and the receiver of its tenant's
+/// webhook (`None`: the tenant has no endpoint).
+struct Peers {
+    llm: String,
+    hook: Option<String>,
+}
+
+/// What a turn of the workload with `peers` costs: the runs of `SMALL` and `LARGE`
+/// conversations, the difference divided by the difference in turns.
+fn cost_of(name: &str, peers: &Peers, scratch: &Path) -> Cost {
+    let turns = ((LARGE - SMALL) * TURNS) as f64;
+    let (small, large) = (
+        instructions(SMALL, peers, scratch),
+        instructions(LARGE, peers, scratch),
+    );
+    let ((small_calls, small_fsyncs), (large_calls, large_fsyncs)) = (
+        fewest_syscalls(SMALL, peers, scratch),
+        fewest_syscalls(LARGE, peers, scratch),
+    );
+    let per_turn = |small: u64, large: u64| (large as f64 - small as f64) / turns;
+    let cost = Cost {
+        instructions: per_turn(small, large),
+        syscalls: per_turn(small_calls, large_calls),
+        fsyncs: per_turn(small_fsyncs, large_fsyncs),
+    };
+    println!(
+        "{name}: per turn {:.0} instructions, {:.1} system calls ({:.2} fsyncs); runs of {} and {} turns: {small} and {large} instructions, {small_calls} and {large_calls} system calls",
+        cost.instructions,
+        cost.syscalls,
+        cost.fsyncs,
+        SMALL * TURNS,
+        LARGE * TURNS
+    );
+    cost
+}
+
 fn conduct() {
     for tool in ["valgrind", "strace"] {
         if !have(tool) {
@@ -307,41 +430,48 @@ fn conduct() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(fake.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let llm = line.trim().to_owned();
+    let mut lines = BufReader::new(fake.stdout.take().unwrap()).lines();
+    let mut next_line = || lines.next().unwrap().unwrap().trim().to_owned();
+    let (llm, hook) = (next_line(), next_line());
     let _fake = Owned(fake);
     let scratch = std::env::temp_dir().join(format!(
         "bedrock-turncost-{}",
         uuid::Uuid::now_v7().simple()
     ));
     std::fs::create_dir_all(&scratch).unwrap();
-    let turns = ((LARGE - SMALL) * TURNS) as f64;
-    let (small, large) = (
-        instructions(SMALL, &llm, &scratch),
-        instructions(LARGE, &llm, &scratch),
+    let cost = cost_of(
+        "turncost",
+        &Peers {
+            llm: llm.clone(),
+            hook: None,
+        },
+        &scratch,
     );
-    let ((small_calls, small_fsyncs), (large_calls, large_fsyncs)) = (
-        fewest_syscalls(SMALL, &llm, &scratch),
-        fewest_syscalls(LARGE, &llm, &scratch),
-    );
-    let _ = std::fs::remove_dir_all(&scratch);
-    let per_turn = |small: u64, large: u64| (large as f64 - small as f64) / turns;
-    let cost = Cost {
-        instructions: per_turn(small, large),
-        syscalls: per_turn(small_calls, large_calls),
-        fsyncs: per_turn(small_fsyncs, large_fsyncs),
-    };
-    println!(
-        "turncost: per turn {:.0} instructions, {:.1} system calls ({:.2} fsyncs); runs of {} and {} turns: {small} and {large} instructions, {small_calls} and {large_calls} system calls",
-        cost.instructions,
-        cost.syscalls,
-        cost.fsyncs,
-        SMALL * TURNS,
-        LARGE * TURNS
-    );
+    // With `TURNCOST_WEBHOOK=1`, the turn of a tenant with an endpoint subscribed to
+    // `turn.completed` too, each event delivered (issue 39): what the subscription adds.
+    if std::env::var("TURNCOST_WEBHOOK").is_ok_and(|v| v == "1") {
+        let subscribed = cost_of(
+            "turncost (subscribed)",
+            &Peers {
+                llm,
+                hook: Some(hook),
+            },
+            &scratch,
+        );
+        println!(
+            "turncost: a subscribed tenant's turn costs {:+.1}% instructions and {:+.1}% system calls ({:+.2} fsyncs) over one without",
+            (subscribed.instructions / cost.instructions - 1.0) * 100.0,
+            (subscribed.syscalls / cost.syscalls - 1.0) * 100.0,
+            subscribed.fsyncs - cost.fsyncs
+        );
+        println!("{}", json!({"turncost_subscribed": subscribed}));
+    }
+    // `TURNCOST_KEEP=1` keeps callgrind's files (for `callgrind_annotate`).
+    if std::env::var("TURNCOST_KEEP").is_ok_and(|v| v == "1") {
+        println!("turncost: callgrind's files kept in {}", scratch.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&scratch);
+    }
     println!("{}", json!({"turncost": cost}));
     let path = baseline_path();
     if std::env::var("TURNCOST_UPDATE").is_ok_and(|v| v == "1") {

@@ -516,9 +516,9 @@ pub struct ConversationCommit {
     pub at: DateTime<Utc>,
     /// The lease epoch the commit is made under (see [`ConversationRecord::lease`]).
     pub lease: Option<i64>,
-    /// Events for the tenant's webhooks, written to the outbox in the same transaction
-    /// (usually none: a turn's end, for a tenant with webhooks).
-    pub outbox: Vec<OutboxEvent>,
+    /// Deliveries to the tenant's webhooks, written in the same transaction (usually none:
+    /// a turn's end, for a tenant with webhooks).
+    pub deliveries: Vec<NewDelivery>,
     /// The transitions' steps for the replay log (src/replay), in order: on the commit's
     /// last row of frames, or a row of `conversation_steps` for a commit without frames
     /// (packed, src/store/packed.rs).
@@ -550,10 +550,12 @@ impl LoggedStep {
     }
 }
 
-/// An event a tenant's webhooks are told of (docs/api.md, "Webhooks"), written to the
-/// outbox in the transaction of the change that caused it.
+/// An event a tenant's webhooks are told of (docs/api.md, "Webhooks"): a turn's end, a
+/// request to the client. Made into a [`NewDelivery`] per subscribed endpoint
+/// (`webhooks::Subscribers::deliveries`), written in the transaction of the change that
+/// caused it.
 #[derive(Clone, Debug, PartialEq)]
-pub struct OutboxEvent {
+pub struct WebhookEvent {
     pub tenant_id: String,
     pub conversation_id: String,
     /// `turn.completed`, `request.created`, ...
@@ -561,6 +563,30 @@ pub struct OutboxEvent {
     /// The event's JSON (the body's `data`), small: ids and states, never secrets.
     pub payload: String,
     pub at: DateTime<Utc>,
+}
+
+/// An event's delivery to one endpoint, written with the change that caused the event, so a
+/// crash between the two loses nothing and sends nothing for a change that was not stored.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewDelivery {
+    /// The `webhook-id` header (`msg_...`).
+    pub id: String,
+    pub webhook_id: String,
+    pub tenant_id: String,
+    pub conversation_id: String,
+    /// Orders a conversation's deliveries to an endpoint: microseconds when the event was
+    /// made, increasing on the node.
+    pub event_seq: i64,
+    pub event_type: &'static str,
+    pub payload: String,
+    /// Milliseconds since the Unix epoch.
+    pub created_at: i64,
+    /// Retried until then.
+    pub expires_at: i64,
+    /// Claimed by this node's dispatcher (the claimer, until when): it is sent as soon as it
+    /// is stored, without a claim. `None`: an earlier delivery of the conversation to the
+    /// endpoint is not done yet, and the dispatcher claims this one after it.
+    pub claimed: Option<(String, i64)>,
 }
 
 /// A tenant's webhook endpoint (its secrets never printed).
@@ -593,7 +619,7 @@ pub struct WebhookDelivery {
     pub webhook_id: String,
     pub tenant_id: String,
     pub conversation_id: String,
-    /// The event's place in the outbox: a conversation's deliveries go out in its order.
+    /// The event's place among the conversation's: its deliveries go out in this order.
     pub event_seq: i64,
     pub event_type: String,
     pub payload: String,

@@ -98,7 +98,7 @@ pub enum WriteJob {
     },
     InsertAttachments(Vec<NewAttachment>),
     /// A request to the client, with its webhook event (`request.created`) if any.
-    CreateClientRequest(crate::model::ClientRequest, Vec<crate::model::OutboxEvent>),
+    CreateClientRequest(crate::model::ClientRequest, Vec<crate::model::NewDelivery>),
     /// Resolve a pending request; `Resolved(false)` when it was no longer pending.
     ResolveClientRequest {
         id: String,
@@ -109,7 +109,7 @@ pub enum WriteJob {
     /// Ask the client to run one of its tools.
     CreateClientToolCall(
         Box<crate::model::ClientToolCall>,
-        Vec<crate::model::OutboxEvent>,
+        Vec<crate::model::NewDelivery>,
     ),
     /// Resolve a pending client tool call (answered with its output and whether it is an
     /// error, expired, cancelled); `Resolved(false)` when it was no longer pending.
@@ -198,7 +198,7 @@ pub enum WriteJob {
         id: String,
     },
     /// One cycle of a node's webhook dispatcher, one transaction: attempts' results, the
-    /// outbox fanned out, due deliveries claimed: `Count(claimed)`.
+    /// outbox of an earlier release fanned out, due deliveries claimed: `Count(claimed)`.
     WebhookCycle(Box<WebhookCycle>),
     /// A tenant's schedule made.
     CreateSchedule(Box<crate::model::Schedule>),
@@ -611,7 +611,10 @@ async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>, written: impl F
                 usage_replies.push(reply);
             }
             Job::Write(job, reply) => {
-                let _ = reply.send(write(store, job).await);
+                // Boxed: the future of any write is as large as the largest (every arm of
+                // `write`), and it would make every flush's task that large, copied a few
+                // times as each is spawned (issue 41).
+                let _ = reply.send(Box::pin(write(store, job)).await);
             }
             Job::Checkpoint => {
                 if let Err(e) = store.checkpoint().await {
@@ -633,16 +636,13 @@ async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>, written: impl F
         // One bad commit (or a taken slug) must not fail its neighbours: write each alone
         // to find it.
         Err(error) if batch.len() + created.len() + usage.len() > 1 && !error.is_unavailable() => {
-            for (new, reply) in created.iter().zip(created_replies) {
-                let outcome = store.insert_conversation(new).await;
-                let _ = reply.send(outcome.map(|()| WriteOutcome::Done));
-            }
-            for (record, reply) in usage.iter().zip(usage_replies) {
-                let _ = reply.send(store.record(record).await.map(|()| WriteOutcome::Done));
-            }
-            for (commit, reply) in batch.chunks(1).zip(replies) {
-                let _ = reply.send(store.commit_batch(commit).await);
-            }
+            Box::pin(one_by_one(
+                store,
+                (&created, created_replies),
+                (&usage, usage_replies),
+                (&batch, replies),
+            ))
+            .await;
             written();
             return;
         }
@@ -664,6 +664,25 @@ async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>, written: impl F
     }
     for reply in created_replies.into_iter().chain(usage_replies) {
         let _ = reply.send(outcome.clone().map(|()| WriteOutcome::Done));
+    }
+}
+
+/// Writes each of a batch that failed alone, to find the one that fails.
+async fn one_by_one(
+    store: &Store,
+    (created, created_replies): (&[NewConversation], Vec<Reply<WriteOutcome>>),
+    (usage, usage_replies): (&[crate::store::UsageRecord], Vec<Reply<WriteOutcome>>),
+    (batch, replies): (&[Arc<ConversationCommit>], Vec<Reply<()>>),
+) {
+    for (new, reply) in created.iter().zip(created_replies) {
+        let outcome = store.insert_conversation(new).await;
+        let _ = reply.send(outcome.map(|()| WriteOutcome::Done));
+    }
+    for (record, reply) in usage.iter().zip(usage_replies) {
+        let _ = reply.send(store.record(record).await.map(|()| WriteOutcome::Done));
+    }
+    for (commit, reply) in batch.chunks(1).zip(replies) {
+        let _ = reply.send(store.commit_batch(commit).await);
     }
 }
 
@@ -711,8 +730,8 @@ async fn write(store: &Store, job: WriteJob) -> Result<WriteOutcome, StoreError>
                 .await?
         }
         WriteJob::InsertAttachments(new) => store.insert_attachments(&new).await?,
-        WriteJob::CreateClientRequest(request, outbox) => {
-            store.insert_client_request(&request, &outbox).await?
+        WriteJob::CreateClientRequest(request, deliveries) => {
+            store.insert_client_request(&request, &deliveries).await?
         }
         WriteJob::ResolveClientRequest {
             id,
@@ -725,8 +744,8 @@ async fn write(store: &Store, job: WriteJob) -> Result<WriteOutcome, StoreError>
                 .await?;
             return Ok(WriteOutcome::Resolved(resolved));
         }
-        WriteJob::CreateClientToolCall(call, outbox) => {
-            store.insert_client_tool_call(&call, &outbox).await?
+        WriteJob::CreateClientToolCall(call, deliveries) => {
+            store.insert_client_tool_call(&call, &deliveries).await?
         }
         WriteJob::ResolveClientToolCall {
             id,
@@ -1022,7 +1041,7 @@ mod tests {
             next_event_id: expected_event,
             at: at(),
             lease: None,
-            outbox: Vec::new(),
+            deliveries: Vec::new(),
             steps: Vec::new(),
         }
     }
@@ -1193,6 +1212,90 @@ mod tests {
             assert_eq!(matches!(state, ConvState::Error { .. }), landed, "{id}");
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Issue 39: an event's deliveries land in its commit's transaction, claimed as they
+    /// were made; one for an endpoint disabled or deleted since this node read the endpoints
+    /// is not written, and takes nothing down with it (on both databases).
+    #[tokio::test]
+    async fn deliveries_land_with_their_commit_for_enabled_endpoints_only() {
+        let (sqlite, dir) = sqlite_store("deliveries", &["c1"]).await;
+        let postgres = crate::store::testing::postgres_store(&["c1"]).await;
+        let mut stores = vec![&sqlite];
+        if let Some((store, _)) = &postgres {
+            stores.push(store);
+        }
+        for store in stores {
+            for (id, enabled) in [("wh_on", true), ("wh_off", false)] {
+                store
+                    .insert_webhook(&crate::model::Webhook {
+                        id: id.into(),
+                        tenant_id: "t".into(),
+                        url: "http://127.0.0.1:9/".into(),
+                        events: vec!["turn.completed".into()],
+                        description: None,
+                        enabled,
+                        disabled_reason: None,
+                        secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_owned().into(),
+                        previous_secret: None,
+                        previous_secret_until: None,
+                        failing_since: None,
+                        created_at: 1,
+                        updated_at: 1,
+                    })
+                    .await
+                    .expect("an endpoint");
+            }
+            let delivery = |id: &str, webhook: &str, claimed: bool| crate::model::NewDelivery {
+                id: id.into(),
+                webhook_id: webhook.into(),
+                tenant_id: "t".into(),
+                conversation_id: "c1".into(),
+                event_seq: 7,
+                event_type: "turn.completed",
+                payload: "{}".into(),
+                created_at: 10,
+                expires_at: 100,
+                claimed: claimed.then(|| ("n/direct".to_owned(), 70)),
+            };
+            let before = row(store, "c1").await;
+            let mut commit = to_error("c1", "x", before.next_sequence_id, before.next_event_id);
+            commit.deliveries = vec![
+                delivery("msg_1", "wh_on", true),
+                delivery("msg_2", "wh_off", false),
+                delivery("msg_3", "wh_gone", true),
+            ];
+            flush_one(store, commit).await.expect("the commit lands");
+            assert!(matches!(
+                row(store, "c1").await.state,
+                ConvState::Error { .. }
+            ));
+            let on = store
+                .webhook_deliveries("t", "wh_on", Some("pending"), None, 10)
+                .await
+                .expect("reads");
+            assert_eq!(
+                on.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(),
+                ["msg_1"]
+            );
+            assert_eq!((on[0].event_seq, on[0].attempts_log.as_str()), (7, "[]"));
+            let off = store
+                .webhook_deliveries("t", "wh_off", None, None, 10)
+                .await
+                .expect("reads");
+            assert!(off.is_empty(), "a disabled endpoint gets nothing");
+            // The claim it was made under holds it: a read of pending pairs that leaves out
+            // that claim's does not see it, another does.
+            let pairs = |except: &'static str| async move {
+                store.pending_pairs(except).await.expect("reads")
+            };
+            assert!(pairs("n/direct").await.is_empty());
+            assert_eq!(pairs("n2").await, [("wh_on".to_owned(), "c1".to_owned())]);
+        }
+        let _ = std::fs::remove_dir_all(dir);
+        if let Some((store, name)) = postgres {
+            crate::store::testing::drop_postgres(store, &name).await;
+        }
     }
 
     /// New conversations are written with the commits of their batch; one whose slug is

@@ -170,9 +170,7 @@ pub async fn create(
     app.persistence
         .write(WriteJob::CreateWebhook(Box::new(hook.clone())))
         .await?;
-    if enabled {
-        app.webhooks.add(&tenant_id);
-    }
+    known_again(&app).await;
     Ok(reply(StatusCode::CREATED, &view(&hook, Some(secret))))
 }
 
@@ -253,10 +251,8 @@ pub async fn update(
     if changed != WriteOutcome::Resolved(true) {
         return Err(ApiError::not_found("webhook"));
     }
+    known_again(&app).await;
     let hook = found(&app, &caller, &id).await?;
-    if hook.enabled {
-        app.webhooks.add(&caller.0.id);
-    }
     Ok(reply(StatusCode::OK, &view(&hook, None)))
 }
 
@@ -279,7 +275,16 @@ pub async fn delete(
             id,
         })
         .await?;
+    known_again(&app).await;
     ApiError::removed(removed, "webhook")
+}
+
+/// The node's endpoints read again after one changed here: its next event goes to the
+/// endpoint as it is now (other nodes read them again within a second).
+async fn known_again(app: &AppState) {
+    if let Err(e) = app.webhooks.refresh(&app.store).await {
+        tracing::warn!(error = %e, "webhook endpoints not read again");
+    }
 }
 
 /// A new signing secret, shown in this answer only; the previous one keeps signing beside
@@ -312,6 +317,7 @@ pub async fn rotate_secret(
     if rotated != WriteOutcome::Resolved(true) {
         return Err(ApiError::not_found("webhook"));
     }
+    known_again(&app).await;
     let hook = found(&app, &caller, &id).await?;
     Ok(reply(StatusCode::OK, &view(&hook, Some(secret))))
 }

@@ -238,7 +238,7 @@ mod tests {
             next_event_id: 1,
             at: at(),
             lease: None,
-            outbox: Vec::new(),
+            deliveries: Vec::new(),
             steps: Vec::new(),
         });
         if let Ok(mut messages) = store.messages.lock() {

@@ -171,15 +171,17 @@ async fn ask<'a>(
         return Err(failed("the client tool call was cancelled"));
     }
     // The tenant's webhooks are told in the call's own transaction.
-    let outbox = if handles.webhooks.has(run.tenant_id) {
-        vec![crate::webhooks::request_created(
-            run.tenant_id,
-            run.conversation_id,
-            &call.id,
-            "client_tool",
-            &call.tool_use_id,
-            now,
-        )]
+    let deliveries = if handles.webhooks.has(run.tenant_id) {
+        handles
+            .webhooks
+            .deliveries(vec![crate::webhooks::request_created(
+                run.tenant_id,
+                run.conversation_id,
+                &call.id,
+                "client_tool",
+                &call.tool_use_id,
+                now,
+            )])
     } else {
         Vec::new()
     };
@@ -188,17 +190,16 @@ async fn ask<'a>(
         .persistence
         .write(WriteJob::CreateClientToolCall(
             Box::new(call.clone()),
-            outbox,
+            deliveries.clone(),
         ))
         .await
     {
+        handles.webhooks.not_stored(&deliveries);
         return Err(failed(format!(
             "the client tool call could not be stored: {e}"
         )));
     }
-    if handles.webhooks.has(run.tenant_id) {
-        handles.webhooks.wake();
-    }
+    handles.webhooks.stored(&deliveries);
     // A cancel that came while the call was stored found no call to cancel: it is
     // cancelled here (a conversation that stops for a shutdown leaves it for the restart).
     if run.cancel.is_cancelled() && !handles.lifecycle.is_shutting_down() {

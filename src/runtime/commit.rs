@@ -92,7 +92,7 @@ impl Plan {
                     next_event_id: second.next_event_id,
                     at: second.at,
                     lease: first.lease,
-                    outbox: [first.outbox, second.outbox].concat(),
+                    deliveries: [first.deliveries, second.deliveries].concat(),
                     steps: [first.steps, second.steps].concat(),
                 }))
             }
@@ -144,15 +144,18 @@ pub fn log_steps(
             next_event_id: record.next_event_id,
             at: at.trunc_subsecs(6),
             lease: record.lease,
-            outbox: Vec::new(),
+            deliveries: Vec::new(),
             steps: Vec::new(),
         })
     });
     Arc::make_mut(commit).steps = steps;
 }
 
-/// The events of the turns `plan` ends, written with its commit (the outbox), for a
-/// top-level conversation of a tenant with webhooks. Whether there were any.
+/// The deliveries of the events of the turns `plan` ends, written with its commit, for a
+/// top-level conversation of a tenant with webhooks. Whether there were any: once the commit
+/// is stored (or not), `webhooks` is told ([`Subscribers::stored`]).
+///
+/// [`Subscribers::stored`]: crate::webhooks::Subscribers::stored
 pub fn tell_webhooks(
     webhooks: &crate::webhooks::Subscribers,
     record: &ConversationRecord,
@@ -167,16 +170,15 @@ pub fn tell_webhooks(
     };
     let commit = Arc::make_mut(commit);
     let event_id = commit.next_event_id - 1;
-    for end in &plan.ended {
-        commit.outbox.extend(crate::webhooks::turn_events(
-            &record.tenant_id,
-            &record.id,
-            end,
-            event_id,
-            at,
-        ));
-    }
-    !commit.outbox.is_empty()
+    let events = plan
+        .ended
+        .iter()
+        .flat_map(|end| {
+            crate::webhooks::turn_events(&record.tenant_id, &record.id, end, event_id, at)
+        })
+        .collect();
+    commit.deliveries.extend(webhooks.deliveries(events));
+    !commit.deliveries.is_empty()
 }
 
 /// Numbers the effects of `result` from `base`'s counters.
@@ -290,7 +292,7 @@ pub fn plan<'a>(
                     next_event_id: next_event,
                     at,
                     lease: conv.lease,
-                    outbox: Vec::new(),
+                    deliveries: Vec::new(),
                     steps: Vec::new(),
                 })
             });
@@ -394,7 +396,7 @@ pub fn plan_frames(
                 next_event_id: next_event,
                 at,
                 lease: conv.lease,
-                outbox: Vec::new(),
+                deliveries: Vec::new(),
                 steps: Vec::new(),
             })
         }),

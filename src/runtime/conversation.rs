@@ -628,14 +628,17 @@ async fn store_and_dispatch(
     if let Some(commit) = &plan.commit
         && let Err(error) = store(state, commit, how).await
     {
+        if told {
+            state.handles.webhooks.not_stored(&commit.deliveries);
+        }
         if starts_turn {
             state.turn = replaced; // the turn did not start
         }
         return Err(error);
     }
     state.recorder = recorder;
-    if told {
-        state.handles.webhooks.wake();
+    if told && let Some(commit) = &plan.commit {
+        state.handles.webhooks.stored(&commit.deliveries);
     }
     for frame in &plan.frames {
         state.handles.hub.publish(&state.record.id, frame.clone());

@@ -367,7 +367,12 @@ impl Runtime {
         let persistence = Persistence::new(persistence, write_timeout);
         let background = Arc::new(BackgroundTasks::default());
         // Before recovery: the turns it ends are told to the tenants' webhooks.
-        let webhooks = Arc::new(crate::webhooks::Subscribers::load(&store).await?);
+        let node_name = cluster
+            .as_ref()
+            .map_or_else(|| "local".to_owned(), |node| node.node_id.clone());
+        let webhooks = Arc::new(
+            crate::webhooks::Subscribers::load(&store, &settings.webhooks, &node_name).await?,
+        );
         let handles = Arc::new(Handles {
             settings: settings.clone(),
             store: store.clone(),
@@ -396,9 +401,7 @@ impl Runtime {
             settings: settings.webhooks.clone(),
             subscribers: webhooks.clone(),
             metrics: metrics.clone(),
-            node: cluster
-                .as_ref()
-                .map_or_else(|| "local".to_owned(), |node| node.node_id.clone()),
+            node: node_name,
         }
         .start(lifecycle.shutdown.clone())?;
         let runtime = Runtime {

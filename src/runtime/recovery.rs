@@ -110,9 +110,14 @@ pub(super) async fn repair(
         .iter()
         .filter(|m| matches!(m.content, MessageContent::Tool(_)))
         .count() as u64;
-    handles.persistence.commit(commit.clone()).await?;
+    if let Err(e) = handles.persistence.commit(commit.clone()).await {
+        if told {
+            handles.webhooks.not_stored(&commit.deliveries);
+        }
+        return Err(e);
+    }
     if told {
-        handles.webhooks.wake();
+        handles.webhooks.stored(&commit.deliveries);
     }
     commit::apply(record, &commit);
     // Clients may be watching already (a conversation taken over from a dead node).

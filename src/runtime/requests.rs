@@ -176,21 +176,23 @@ impl RequestBroker {
         let timeout = timeout.min(handles.settings.requests.max_timeout());
         let (timeout_ms, expires_at) = expiry(now, timeout);
         // The tenant's webhooks are told in the request's own transaction.
-        let outbox = if handles.webhooks.has(tenant_id) {
+        let deliveries = if handles.webhooks.has(tenant_id) {
             let kind = match &request_type {
                 RequestType::Confirm { .. } => "confirm",
                 RequestType::Prompt { .. } => "prompt",
                 RequestType::Select { .. } => "select",
                 RequestType::Custom { .. } => "custom",
             };
-            vec![crate::webhooks::request_created(
-                tenant_id,
-                conversation_id,
-                &id,
-                kind,
-                tool_use_id.as_deref().unwrap_or_default(),
-                now,
-            )]
+            handles
+                .webhooks
+                .deliveries(vec![crate::webhooks::request_created(
+                    tenant_id,
+                    conversation_id,
+                    &id,
+                    kind,
+                    tool_use_id.as_deref().unwrap_or_default(),
+                    now,
+                )])
         } else {
             Vec::new()
         };
@@ -207,17 +209,16 @@ impl RequestBroker {
         };
         if let Err(e) = handles
             .persistence
-            .write(WriteJob::CreateClientRequest(request, outbox))
+            .write(WriteJob::CreateClientRequest(request, deliveries.clone()))
             .await
         {
+            handles.webhooks.not_stored(&deliveries);
             return (
                 id,
                 Asked::Failed(format!("the request could not be stored: {e}")),
             );
         }
-        if handles.webhooks.has(tenant_id) {
-            handles.webhooks.wake();
-        }
+        handles.webhooks.stored(&deliveries);
         let (rx, _waiter) = self.wait_for(&id);
         let mut frames = vec![Keyed::from(Durable::ClientRequest {
             request_id: id.clone(),

@@ -71,11 +71,11 @@ impl Store {
             .collect()
     }
 
-    /// Stores a call, and `outbox` (its webhook event) in the same transaction.
+    /// Stores a call, and its webhook event's deliveries in the same transaction.
     pub(crate) async fn insert_client_tool_call(
         &self,
         call: &ClientToolCall,
-        outbox: &[crate::model::OutboxEvent],
+        deliveries: &[crate::model::NewDelivery],
     ) -> Result<()> {
         let txn = self.writer().begin().await?;
         client_tool_calls::Entity::insert(client_tool_calls::ActiveModel {
@@ -95,7 +95,7 @@ impl Store {
         })
         .exec(&txn)
         .await?;
-        super::webhooks::insert_outbox(self, &txn, outbox).await?;
+        super::webhooks::insert_deliveries(self, &txn, deliveries).await?;
         txn.commit().await?;
         Ok(())
     }

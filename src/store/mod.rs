@@ -773,7 +773,7 @@ mod tests {
             next_event_id: seq + 1,
             at: at(),
             lease: None,
-            outbox: Vec::new(),
+            deliveries: Vec::new(),
             steps: Vec::new(),
         })
     }

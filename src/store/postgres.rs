@@ -42,12 +42,20 @@ const USAGE: &str = "u AS (INSERT INTO usage_daily (tenant_id, model, day, input
        FROM json_to_recordset($U2::json) AS x(tenant_id text, period_start text, spent bigint, held bigint) \
        WHERE tenant_limits.tenant_id = x.tenant_id AND tenant_limits.period_start = x.period_start)";
 
-/// Webhook events beside [`COMMIT`] (issue 39): the outbox rows of the batch's commits, in
-/// the same statement, so they land with the change that caused them or not at all.
-const OUTBOX: &str = "o AS (INSERT INTO webhook_outbox (tenant_id, conversation_id, event_type, payload, created_at) \
-       SELECT tenant_id, conversation_id, event_type, payload, created_at FROM \
-       json_to_recordset($O1::json) AS x(ord bigint, tenant_id text, conversation_id text, event_type text, payload text, created_at bigint) \
-       ORDER BY ord)";
+/// Webhook deliveries beside [`COMMIT`] (issue 39): those of the batch's commits' events,
+/// in the same statement, so they land with the change that caused them or not at all; each
+/// only while its endpoint is there and enabled (one deleted or disabled on another node
+/// since this one read the endpoints gets nothing, and takes no commit down with it).
+const DELIVERIES: &str = "d AS (INSERT INTO webhook_deliveries (id, webhook_id, tenant_id, conversation_id, \
+       event_seq, event_type, payload, next_attempt_at, expires_at, created_at, updated_at, claimed_by, \
+       claimed_until, status, attempts, attempts_log) \
+       SELECT x.id, x.webhook_id, x.tenant_id, x.conversation_id, x.event_seq, x.event_type, x.payload, \
+       x.created_at, x.expires_at, x.created_at, x.created_at, x.claimed_by, x.claimed_until, 'pending', 0, '[]' FROM \
+       json_to_recordset($D1::json) AS x(ord bigint, id text, webhook_id text, tenant_id text, \
+       conversation_id text, event_seq bigint, event_type text, payload text, created_at bigint, \
+       expires_at bigint, claimed_by text, claimed_until bigint) \
+       JOIN webhooks w ON w.id = x.webhook_id AND w.enabled \
+       ORDER BY x.ord)";
 
 /// The replay log beside [`COMMIT`] (issue 40): the steps of a commit without frames (the
 /// others ride on its last row of frames) as one row of `conversation_steps`, in the same
@@ -58,12 +66,12 @@ const STEPS: &str = "s AS (INSERT INTO conversation_steps (conversation_key, las
        json_to_recordset($S1::json) AS x(conversation_id text, last_step bigint, first_step bigint, packed_steps text, created_at bigint) \
        JOIN conversations k ON k.id = x.conversation_id)";
 
-/// The statement of a batch with or without usage, outbox rows and steps: eight texts, each
+/// The statement of a batch with or without usage, deliveries and steps: eight texts, each
 /// prepared once.
-fn commit_text(usage: bool, outbox: bool, steps: bool) -> &'static str {
+fn commit_text(usage: bool, deliveries: bool, steps: bool) -> &'static str {
     static TEXTS: std::sync::LazyLock<[String; 8]> = std::sync::LazyLock::new(|| {
-        let text = |usage: bool, outbox: bool, steps: bool| {
-            if !usage && !outbox && !steps {
+        let text = |usage: bool, deliveries: bool, steps: bool| {
+            if !usage && !deliveries && !steps {
                 return COMMIT.to_owned();
             }
             let mut parts = vec![
@@ -78,8 +86,8 @@ fn commit_text(usage: bool, outbox: bool, steps: bool) -> &'static str {
                 );
                 next += 2;
             }
-            if outbox {
-                parts.push(OUTBOX.replace("$O1", &format!("${next}")));
+            if deliveries {
+                parts.push(DELIVERIES.replace("$D1", &format!("${next}")));
                 next += 1;
             }
             if steps {
@@ -89,11 +97,11 @@ fn commit_text(usage: bool, outbox: bool, steps: bool) -> &'static str {
         };
         std::array::from_fn(|i| text(i & 1 != 0, i & 2 != 0, i & 4 != 0))
     });
-    &TEXTS[usize::from(usage) + 2 * usize::from(outbox) + 4 * usize::from(steps)]
+    &TEXTS[usize::from(usage) + 2 * usize::from(deliveries) + 4 * usize::from(steps)]
 }
 
 /// Writes `commits` in one statement, with the usage in `usage` (if any) and the commits'
-/// outbox rows (if any).
+/// webhook deliveries (if any).
 pub(super) async fn commit(
     db: &impl ConnectionTrait,
     commits: &[Arc<ConversationCommit>],
@@ -109,19 +117,27 @@ pub(super) async fn commit(
         let (days, spends) = usage_documents(usage);
         values.extend([Value::from(days), Value::from(spends)]);
     }
-    let outbox: Vec<serde_json::Value> = commits
+    let deliveries: Vec<serde_json::Value> = commits
         .iter()
-        .flat_map(|commit| &commit.outbox)
+        .flat_map(|commit| &commit.deliveries)
         .enumerate()
-        .map(|(ord, event)| {
-            serde_json::json!({"ord": ord, "tenant_id": event.tenant_id,
-                "conversation_id": event.conversation_id, "event_type": event.event_type,
-                "payload": event.payload, "created_at": event.at.timestamp_millis()})
+        .map(|(ord, d)| {
+            let (claimed_by, claimed_until) = d
+                .claimed
+                .as_ref()
+                .map_or((None, None), |(by, until)| (Some(by), Some(until)));
+            serde_json::json!({"ord": ord, "id": d.id, "webhook_id": d.webhook_id,
+                "tenant_id": d.tenant_id, "conversation_id": d.conversation_id,
+                "event_seq": d.event_seq, "event_type": d.event_type, "payload": d.payload,
+                "created_at": d.created_at, "expires_at": d.expires_at,
+                "claimed_by": claimed_by, "claimed_until": claimed_until})
         })
         .collect();
-    let has_outbox = !outbox.is_empty();
-    if has_outbox {
-        values.push(Value::from(serde_json::Value::Array(outbox).to_string()));
+    let has_deliveries = !deliveries.is_empty();
+    if has_deliveries {
+        values.push(Value::from(
+            serde_json::Value::Array(deliveries).to_string(),
+        ));
     }
     let steps: Vec<serde_json::Value> = commits
         .iter()
@@ -138,7 +154,7 @@ pub(super) async fn commit(
     if has_steps {
         values.push(Value::from(serde_json::Value::Array(steps).to_string()));
     }
-    let sql = commit_text(!usage.is_empty(), has_outbox, has_steps);
+    let sql = commit_text(!usage.is_empty(), has_deliveries, has_steps);
     db.query_one_raw(Statement::from_sql_and_values(
         DbBackend::Postgres,
         sql,

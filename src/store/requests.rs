@@ -69,11 +69,11 @@ impl Store {
             .collect()
     }
 
-    /// Stores a request, and `outbox` (its webhook event) in the same transaction.
+    /// Stores a request, and its webhook event's deliveries in the same transaction.
     pub(crate) async fn insert_client_request(
         &self,
         request: &ClientRequest,
-        outbox: &[crate::model::OutboxEvent],
+        deliveries: &[crate::model::NewDelivery],
     ) -> Result<()> {
         let txn = self.writer().begin().await?;
         client_requests::Entity::insert(client_requests::ActiveModel {
@@ -90,7 +90,7 @@ impl Store {
         })
         .exec(&txn)
         .await?;
-        super::webhooks::insert_outbox(self, &txn, outbox).await?;
+        super::webhooks::insert_deliveries(self, &txn, deliveries).await?;
         txn.commit().await?;
         Ok(())
     }

@@ -48,7 +48,7 @@ use tokio::sync::{Mutex, oneshot};
 
 use super::codec;
 use super::{NewFrames, Result, StoreError, frame_rows, message_event_id, shaped_chunks, to_i64};
-use crate::model::{ConversationCommit, MessageRecord, OutboxEvent};
+use crate::model::{ConversationCommit, MessageRecord, NewDelivery};
 
 /// Statements kept prepared on the writer's connection. A batch's text depends on how many
 /// rows each of its statements carries (powers of two), so a busy server sees a few hundred
@@ -312,9 +312,13 @@ fn batch(
     for chunk in shaped_chunks(&frames) {
         append(insert_frames(chunk));
     }
-    let outbox: Vec<&OutboxEvent> = commits.iter().flat_map(|c| &c.outbox).collect();
-    for chunk in shaped_chunks(&outbox) {
-        append(insert_outbox(chunk));
+    let deliveries: Vec<&NewDelivery> = commits.iter().flat_map(|c| &c.deliveries).collect();
+    for chunk in shaped_chunks(&deliveries) {
+        append(Statement::from_sql_and_values(
+            DbBackend::Sqlite,
+            super::webhooks::insert_deliveries_sql(chunk.len(), false),
+            super::webhooks::delivery_values(chunk),
+        ));
     }
     let steps: Vec<&ConversationCommit> = commits
         .iter()
@@ -380,27 +384,6 @@ fn insert_frames(rows: &[NewFrames<'_>]) -> Statement {
          (conversation_key, last_event_id, first_event_id, frames, packed_frames, dedup_key, \
          created_at, first_step, last_step, packed_steps) VALUES {}",
         vec![format!("({KEY_OF}, ?, ?, '', ?, ?, ?, ?, ?, ?)"); rows.len()].join(", ")
-    );
-    Statement::from_sql_and_values(DbBackend::Sqlite, sql, values)
-}
-
-/// The statement that writes webhook events to the outbox (issue 39), in the commit of the
-/// change that caused them.
-fn insert_outbox(rows: &[&OutboxEvent]) -> Statement {
-    let mut values: Vec<Value> = Vec::with_capacity(rows.len() * 5);
-    for row in rows {
-        values.extend([
-            Value::from(row.tenant_id.as_str()),
-            Value::from(row.conversation_id.as_str()),
-            Value::from(row.event_type),
-            Value::from(row.payload.as_str()),
-            Value::from(row.at.timestamp_millis()),
-        ]);
-    }
-    let sql = format!(
-        "INSERT INTO webhook_outbox (tenant_id, conversation_id, event_type, payload, created_at) \
-         VALUES {}",
-        vec!["(?, ?, ?, ?, ?)"; rows.len()].join(", ")
     );
     Statement::from_sql_and_values(DbBackend::Sqlite, sql, values)
 }

@@ -13,7 +13,7 @@ use sea_orm::{ConnectionTrait, DbBackend, FromQueryResult, TransactionTrait, Val
 use secrecy::ExposeSecret as _;
 
 use super::{Result, Store};
-use crate::model::{OutboxEvent, Webhook, WebhookDelivery};
+use crate::model::{NewDelivery, Webhook, WebhookDelivery};
 
 /// The transaction advisory lock of the fan-out on Postgres.
 const FAN_OUT_LOCK: i64 = 0x6265_6472_6f63_6b39; // "bedrock9"
@@ -42,6 +42,8 @@ pub struct Attempt {
     pub tenant_id: String,
     /// The claim it was made under: a claim that ran out (and was taken) writes nothing.
     pub claimed_by: String,
+    /// The delivery's log of attempts when it was sent: this one is added to it.
+    pub log_before: String,
     pub at: i64,
     /// The HTTP status, if the endpoint answered.
     pub status: Option<u16>,
@@ -207,6 +209,39 @@ impl Store {
         .await?
         .into_iter()
         .map(|row| row.tenant_id)
+        .collect())
+    }
+
+    /// Every enabled endpoint (a node keeps them in memory: a commit reads them with no I/O).
+    pub async fn enabled_webhooks(&self) -> Result<Vec<Webhook>> {
+        let sql = format!("SELECT {WEBHOOK_COLUMNS} FROM webhooks WHERE enabled = $1");
+        Ok(
+            WebhookRow::find_by_statement(self.statement(&sql, vec![true.into()]))
+                .all(&self.db)
+                .await?
+                .into_iter()
+                .map(Webhook::from)
+                .collect(),
+        )
+    }
+
+    /// The (endpoint, conversation) pairs with a delivery not done (but those claimed by
+    /// `except`, which its holder knows of): a new event of one waits its turn behind it.
+    pub async fn pending_pairs(&self, except: &str) -> Result<Vec<(String, String)>> {
+        #[derive(FromQueryResult)]
+        struct PairRow {
+            webhook_id: String,
+            conversation_id: String,
+        }
+        Ok(PairRow::find_by_statement(self.statement(
+            "SELECT DISTINCT webhook_id, conversation_id FROM webhook_deliveries \
+             WHERE status = 'pending' AND (claimed_by IS NULL OR claimed_by <> $1)",
+            vec![except.into()],
+        ))
+        .all(&self.db)
+        .await?
+        .into_iter()
+        .map(|row| (row.webhook_id, row.conversation_id))
         .collect())
     }
 
@@ -612,8 +647,10 @@ impl Store {
         if !finished.is_empty() {
             self.finish_on(&txn, finished).await?;
         }
-        self.fan_out_on(&txn, now, retry_for_ms, fan_out_limit)
-            .await?;
+        if fan_out_limit > 0 {
+            self.fan_out_on(&txn, now, retry_for_ms, fan_out_limit)
+                .await?;
+        }
         let claimed = if claim_limit > 0 {
             self.claim_on(&txn, claimed_by, now, until, claim_limit)
                 .await?
@@ -633,46 +670,30 @@ impl Store {
     /// another node writes nothing): delivered, to be retried, or failed for good; each
     /// endpoint's failures (and, past the setting, its disabling with the reason, failing
     /// its pending deliveries). A few statements for the whole cycle, not a few an attempt:
-    /// the logs read at once, the rows changed by one `UPDATE ... FROM (VALUES ...)` per 64.
+    /// the rows changed by one `UPDATE ... FROM (VALUES ...)` per 64, each attempt's log
+    /// made from the one its delivery was sent with (nothing is read).
     async fn finish_on(
         &self,
         txn: &sea_orm::DatabaseTransaction,
         attempts: &[Attempt],
     ) -> Result<()> {
         let mut held: Vec<(&Attempt, String)> = Vec::with_capacity(attempts.len());
-        for chunk in attempts.chunks(FINISH_BATCH) {
-            let mut values: Vec<Value> =
-                chunk.iter().map(|a| a.delivery_id.clone().into()).collect();
-            let marks = padded_marks(&mut values, 1);
-            let sql = format!(
-                "SELECT id, claimed_by, attempts_log FROM webhook_deliveries \
-                 WHERE status = 'pending' AND id IN ({marks})"
-            );
-            let logs = LogRow::find_by_statement(self.statement(&sql, values))
-                .all(txn)
-                .await?;
-            for attempt in chunk {
-                let Some(row) = logs.iter().find(|row| {
-                    row.id == attempt.delivery_id
-                        && row.claimed_by.as_deref() == Some(attempt.claimed_by.as_str())
-                }) else {
-                    continue;
-                };
-                // One attempt of a delivery a cycle (those in flight are not claimed again).
-                if held
-                    .iter()
-                    .any(|(a, _)| a.delivery_id == attempt.delivery_id)
-                {
-                    continue;
-                }
-                held.push((attempt, attempts_log_with(&row.attempts_log, attempt)));
+        for attempt in attempts {
+            // One attempt of a delivery a cycle (those in flight are not claimed again).
+            if held
+                .iter()
+                .any(|(a, _)| a.delivery_id == attempt.delivery_id)
+            {
+                continue;
             }
+            held.push((attempt, attempts_log_with(&attempt.log_before, attempt)));
         }
+        let mut written: Vec<String> = Vec::with_capacity(held.len());
         for chunk in held.chunks(FINISH_BATCH) {
             // The last row repeated up to a power of two, as `padded_marks` does (the same
             // row changed the same way once).
             let rows = chunk.len().next_power_of_two();
-            let mut values: Vec<Value> = Vec::with_capacity(chunk.len() * 8);
+            let mut values: Vec<Value> = Vec::with_capacity(chunk.len() * 9);
             let last = chunk.len() - 1;
             for (attempt, log) in (0..rows).map(|r| &chunk[r.min(last)]) {
                 let status = if attempt.succeeded {
@@ -691,19 +712,27 @@ impl Store {
                     attempt.latency_ms.into(),
                     log.clone().into(),
                     attempt.at.into(),
+                    attempt.claimed_by.clone().into(),
                 ]);
             }
-            // VALUES' columns are column1..column8 on both databases.
+            // VALUES' columns are column1..column9 on both databases. A row whose claim ran
+            // out (and was taken by another node) is not changed.
             let sql = format!(
                 "UPDATE webhook_deliveries SET status = v.column2, attempts = attempts + 1, \
                  next_attempt_at = v.column3, claimed_by = NULL, claimed_until = NULL, \
                  last_status = v.column4, last_error = v.column5, last_latency_ms = v.column6, \
                  attempts_log = v.column7, updated_at = v.column8 \
-                 FROM (VALUES {}) AS v WHERE webhook_deliveries.id = v.column1",
-                tuples(rows, 8, "")
+                 FROM (VALUES {}) AS v WHERE webhook_deliveries.id = v.column1 \
+                 AND webhook_deliveries.claimed_by = v.column9 AND webhook_deliveries.status = 'pending' \
+                 RETURNING webhook_deliveries.id",
+                tuples(rows, 9, "")
             );
-            txn.execute_raw(self.statement(&sql, values)).await?;
+            for row in txn.query_all_raw(self.statement(&sql, values)).await? {
+                written.push(row.try_get::<String>("", "id")?);
+            }
         }
+        // Only the attempts whose claims held tell of their endpoints.
+        held.retain(|(attempt, _)| written.contains(&attempt.delivery_id));
         // Each endpoint as its latest attempt left it: failing since the first failure after
         // its last success (that of this cycle, if it had one, replaces the stored one), or
         // not failing.
@@ -821,11 +850,85 @@ impl Store {
     }
 }
 
-/// Writes `events` to the outbox on `db` (a transaction of the change that caused them).
+/// Writes new deliveries (an event's, in the transaction of the change that caused it).
+pub(super) async fn insert_deliveries(
+    store: &Store,
+    db: &impl ConnectionTrait,
+    deliveries: &[NewDelivery],
+) -> Result<()> {
+    if deliveries.is_empty() {
+        return Ok(());
+    }
+    let rows: Vec<&NewDelivery> = deliveries.iter().collect();
+    db.execute_raw(store.statement(
+        &insert_deliveries_sql(rows.len(), true),
+        delivery_values(&rows),
+    ))
+    .await?;
+    Ok(())
+}
+
+/// The values of a row of [`insert_deliveries_sql`] per delivery.
+pub(super) const DELIVERY_VALUES: usize = 11;
+
+/// The statement that writes `rows` new deliveries, marks numbered (`$1`, for
+/// [`Store::statement`]) or not (`?`, for a batch of statements). A row is written only
+/// while its endpoint is there and enabled: an endpoint deleted or disabled on another node
+/// since this one read the endpoints gets nothing (and takes no commit down with it).
+pub(super) fn insert_deliveries_sql(rows: usize, numbered: bool) -> String {
+    let tuples = if numbered {
+        tuples(rows, DELIVERY_VALUES, "")
+    } else {
+        vec![format!("({})", ["?"; DELIVERY_VALUES].join(", ")); rows].join(", ")
+    };
+    let enabled = if numbered {
+        format!("${}", rows * DELIVERY_VALUES + 1)
+    } else {
+        "?".to_owned()
+    };
+    format!(
+        "INSERT INTO webhook_deliveries (id, webhook_id, tenant_id, conversation_id, event_seq, \
+         event_type, payload, next_attempt_at, expires_at, created_at, updated_at, claimed_by, \
+         claimed_until, status, attempts, attempts_log) \
+         SELECT v.column1, v.column2, v.column3, v.column4, v.column5, v.column6, v.column7, \
+         v.column8, v.column9, v.column8, v.column8, v.column10, v.column11, 'pending', 0, '[]' \
+         FROM (VALUES {tuples}) AS v \
+         WHERE v.column2 IN (SELECT id FROM webhooks WHERE enabled = {enabled})"
+    )
+}
+
+/// The values of `rows` for [`insert_deliveries_sql`], then its last (`true`).
+pub(super) fn delivery_values(rows: &[&NewDelivery]) -> Vec<Value> {
+    let mut values: Vec<Value> = Vec::with_capacity(rows.len() * DELIVERY_VALUES + 1);
+    for row in rows {
+        let (claimed_by, claimed_until) = match &row.claimed {
+            Some((by, until)) => (Some(by.clone()), Some(*until)),
+            None => (None, None),
+        };
+        values.extend([
+            Value::from(row.id.as_str()),
+            Value::from(row.webhook_id.as_str()),
+            Value::from(row.tenant_id.as_str()),
+            Value::from(row.conversation_id.as_str()),
+            Value::from(row.event_seq),
+            Value::from(row.event_type),
+            Value::from(row.payload.as_str()),
+            Value::from(row.created_at),
+            Value::from(row.expires_at),
+            Value::String(claimed_by),
+            Value::BigInt(claimed_until),
+        ]);
+    }
+    values.push(true.into());
+    values
+}
+
+/// Writes outbox rows as an earlier release did (the fan-out still takes them).
+#[cfg(test)]
 pub(super) async fn insert_outbox(
     store: &Store,
     db: &impl ConnectionTrait,
-    events: &[OutboxEvent],
+    events: &[crate::model::WebhookEvent],
 ) -> Result<()> {
     for event in events {
         db.execute_raw(store.statement(
@@ -891,13 +994,6 @@ fn attempts_log_with(log: &str, attempt: &Attempt) -> String {
     serde_json::Value::Array(entries).to_string()
 }
 
-#[derive(Debug, FromQueryResult)]
-struct LogRow {
-    id: String,
-    claimed_by: Option<String>,
-    attempts_log: String,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -909,6 +1005,7 @@ mod tests {
             webhook_id: "wh_1".into(),
             tenant_id: "t".into(),
             claimed_by: claimed_by.to_owned(),
+            log_before: "[]".into(),
             at,
             status: Some(if succeeded { 200 } else { 500 }),
             error: None,
@@ -941,9 +1038,9 @@ mod tests {
             updated_at: 1,
         };
         store.insert_webhook(&hook).await.expect("an endpoint");
-        let events: Vec<OutboxEvent> = ["c1", "c2", "c3"]
+        let events: Vec<crate::model::WebhookEvent> = ["c1", "c2", "c3"]
             .iter()
-            .map(|c| OutboxEvent {
+            .map(|c| crate::model::WebhookEvent {
                 tenant_id: "t".into(),
                 conversation_id: (*c).to_owned(),
                 event_type: "turn.completed",
@@ -1045,18 +1142,13 @@ mod tests {
             ),
             (1, vec![ids[1].clone()])
         );
+        // The retry's attempt adds to the log it was sent with.
+        let retried = Attempt {
+            log_before: retry.1[0].0.attempts_log.clone(),
+            ..attempt(&ids[1], "n1", 1_400, true)
+        };
         store
-            .webhook_cycle(
-                &[attempt(&ids[1], "n1", 1_400, true)],
-                1_500,
-                60_000,
-                256,
-                "n1",
-                1_500,
-                0,
-                &[],
-                false,
-            )
+            .webhook_cycle(&[retried], 1_500, 60_000, 256, "n1", 1_500, 0, &[], false)
             .await
             .expect("a cycle");
         let second = read(ids[1].clone()).await;

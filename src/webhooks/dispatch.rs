@@ -1,10 +1,14 @@
-//! The dispatcher: one per node. It fans the outbox out into deliveries, claims due ones
-//! for this node (until `claim_ms`; a dead node's claims run out and another node takes
-//! them), sends each, and writes what came of it. All its writes go through the persistence
-//! actor. A conversation's deliveries to an endpoint go out one at a time, in the order of
-//! its events (the claim takes only the first undone one).
+//! The dispatcher: one per node. It sends the deliveries handed to it as they are stored
+//! (claimed by this node in their own transaction), claims the others when due (a
+//! conversation's delivery behind an undone one, a retry, those whose claim ran out: a
+//! dead node's are taken by another node), sends each, and writes what came of it, in
+//! cycles (one transaction for the results of the moment and the claim). All its writes go
+//! through the persistence actor. A conversation's deliveries to an endpoint go out one at a
+//! time, in the order of its events (a delivery is handed over only when its pair has no
+//! undone one, and the claim takes only the first undone one). It also fans out the outbox
+//! rows an earlier release left.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -67,33 +71,39 @@ impl Dispatcher {
         // Deliveries in flight, and per tenant.
         let mut flying: HashSet<String> = HashSet::new();
         let mut per_tenant: HashMap<String, usize> = HashMap::new();
-        // Attempts made, their results written with the next cycle.
-        let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<Attempt>();
+        // Attempts made (with their conversations, and whether they were handed over),
+        // their results written with the next cycle.
+        let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<Done>();
         let mut finished: Vec<Attempt> = Vec::new();
+        // Deliveries handed over as they were stored that wait for a free attempt.
+        let mut waiting: VecDeque<(WebhookDelivery, Arc<Webhook>)> = VecDeque::new();
         // Deliveries our claims hold that were not sent (their tenant's or the node's
         // attempts in flight were at the most): the next cycle reads them again, even when
         // it claims nothing new and nothing is in flight any more.
         let mut held = false;
         let poll = Duration::from_millis(this.settings.poll_ms);
         // Events or deliveries wait (as last counted, at once): work even with no endpoint
-        // enabled.
-        this.refresh().await;
-        let mut backlog = this.backlog().await;
+        // enabled; the outbox of an earlier release is fanned out while it has rows.
+        let (mut outbox, mut pending) = this.backlog().await;
         let (mut refreshed, mut counted) = (Instant::now(), Instant::now());
+        // When due deliveries were last claimed: at least every `poll`, at once when some
+        // were stored unclaimed, and in the cycle that finishes one that others wait behind.
+        let mut claimed_at: Option<Instant> = None;
+        let mut behind = false;
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
                 _ = tokio::time::sleep(poll) => {}
-                // Events stored, an attempt made: what comes in the next moment joins the
+                // Deliveries stored, an attempt made: what comes in the next moment joins the
                 // same cycle (one transaction for all of it).
                 _ = this.subscribers.woken() => tokio::time::sleep(GATHER).await,
-                Some(attempt) = done_rx.recv() => {
-                    finished.push(attempt);
+                Some(done) = done_rx.recv() => {
+                    behind |= this.attempt_done(done, &mut finished);
                     tokio::time::sleep(GATHER).await;
                 }
             }
-            while let Ok(attempt) = done_rx.try_recv() {
-                finished.push(attempt);
+            while let Ok(done) = done_rx.try_recv() {
+                behind |= this.attempt_done(done, &mut finished);
             }
             for attempt in &finished {
                 flying.remove(&attempt.delivery_id);
@@ -104,35 +114,78 @@ impl Dispatcher {
             while flights.try_join_next().is_some() {}
             if refreshed.elapsed() >= REFRESH_EVERY {
                 refreshed = Instant::now();
-                this.refresh().await;
+                if let Err(e) = this.subscribers.refresh(&this.store).await {
+                    tracing::debug!(error = %e, "webhook endpoints not read");
+                }
             }
             if counted.elapsed() >= COUNT_EVERY {
                 counted = Instant::now();
-                backlog = this.backlog().await;
+                (outbox, pending) = this.backlog().await;
             }
+            waiting.extend(this.subscribers.take_handed());
+            // Handed over as they were stored: sent now, no claim to make or read.
+            while let Some((delivery, hook)) = waiting.pop_front() {
+                if flying.len() >= this.settings.concurrency
+                    || per_tenant.get(&delivery.tenant_id).copied().unwrap_or(0)
+                        >= this.settings.per_tenant
+                {
+                    waiting.push_front((delivery, hook));
+                    break;
+                }
+                let claim = this.subscribers.direct_claimer().to_owned();
+                this.fly(
+                    &mut flights,
+                    &client,
+                    &done_tx,
+                    (&mut flying, &mut per_tenant),
+                    delivery,
+                    hook,
+                    claim,
+                    true,
+                );
+            }
+            let claim = this.subscribers.take_claim()
+                || held
+                || std::mem::take(&mut behind)
+                || claimed_at.is_none_or(|at| at.elapsed() >= poll);
             // A node whose tenants use no webhooks writes nothing for them.
             if this.subscribers.is_empty()
-                && !backlog
+                && !outbox
+                && !pending
                 && flying.is_empty()
                 && finished.is_empty()
                 && !held
             {
                 continue;
             }
+            // Only results to write, outbox rows to fan out or deliveries to claim make a
+            // cycle: a delivery handed over as it was stored needs none before it is sent.
+            if finished.is_empty() && !outbox && !claim {
+                continue;
+            }
             let free = this.settings.concurrency.saturating_sub(flying.len());
+            if claim {
+                claimed_at = Some(Instant::now());
+            }
             let now = now_ms();
             let cycle = WebhookCycle {
                 finished: std::mem::take(&mut finished),
                 now,
                 retry_for_ms: ms(this.settings.retry_for_ms),
-                fan_out_limit: FAN_OUT_BATCH,
+                fan_out_limit: if outbox { FAN_OUT_BATCH } else { 0 },
                 claimed_by: claimer.clone(),
                 until: now.saturating_add(ms(this.settings.claim_ms)),
-                claim_limit: free as u64,
+                claim_limit: if claim { free as u64 } else { 0 },
                 flying: flying.iter().cloned().collect(),
                 held,
                 claimed: Arc::default(),
             };
+            let disabled: Vec<String> = cycle
+                .finished
+                .iter()
+                .filter(|a| a.disable.is_some())
+                .map(|a| a.webhook_id.clone())
+                .collect();
             let claimed = Arc::clone(&cycle.claimed);
             if let Err(e) = this
                 .persistence
@@ -143,6 +196,9 @@ impl Dispatcher {
                 // again (at least once).
                 tracing::warn!(error = %e, "a webhook cycle could not be stored");
                 continue;
+            }
+            for id in &disabled {
+                this.subscribers.forget(id);
             }
             // What its claims hold, read in the cycle (none when it claimed nothing, nothing
             // was in flight and nothing held), but those in flight.
@@ -156,57 +212,90 @@ impl Dispatcher {
                 if flying.contains(&delivery.id) {
                     continue;
                 }
-                if flying.len() >= this.settings.concurrency {
-                    held = true;
-                    continue;
-                }
-                let in_flight = per_tenant.entry(delivery.tenant_id.clone()).or_default();
-                if *in_flight >= this.settings.per_tenant {
+                if flying.len() >= this.settings.concurrency
+                    || per_tenant.get(&delivery.tenant_id).copied().unwrap_or(0)
+                        >= this.settings.per_tenant
+                {
                     // Still claimed: handed out by a later cycle (`held`), when one of the
                     // tenant's ends.
                     held = true;
                     continue;
                 }
-                *in_flight += 1;
-                flying.insert(delivery.id.clone());
-                let (this, client, claimer, done) = (
-                    Arc::clone(&this),
-                    client.clone(),
+                this.fly(
+                    &mut flights,
+                    &client,
+                    &done_tx,
+                    (&mut flying, &mut per_tenant),
+                    delivery,
+                    Arc::new(hook),
                     claimer.clone(),
-                    done_tx.clone(),
-                );
-                let span = tracing::info_span!("webhook delivery", tenant = %delivery.tenant_id,
-                    conversation = %delivery.conversation_id, webhook = %hook.id,
-                    event = %delivery.event_type, delivery = %delivery.id,
-                    attempt = delivery.attempts + 1);
-                flights.spawn(
-                    async move {
-                        let attempt = this.deliver(&client, &claimer, delivery, hook).await;
-                        let _ = done.send(attempt);
-                    }
-                    .instrument(span),
+                    false,
                 );
             }
         }
         flights.abort_all();
     }
 
-    /// The subscribed tenants, read again.
-    async fn refresh(&self) {
-        match self.store.webhook_tenants().await {
-            Ok(tenants) => self.subscribers.replace(tenants),
-            Err(e) => tracing::debug!(error = %e, "webhook tenants not read"),
+    /// An attempt's result: kept for the next cycle; a handed delivery's pair is told.
+    /// Whether deliveries of its pair may wait behind it (the cycle that writes it claims).
+    fn attempt_done(&self, done: Done, finished: &mut Vec<Attempt>) -> bool {
+        if done.handed {
+            self.subscribers.attempted(
+                &done.attempt.webhook_id,
+                &done.conversation_id,
+                done.attempt.succeeded,
+            );
         }
+        let behind = self
+            .subscribers
+            .waits_behind(&done.attempt.webhook_id, &done.conversation_id);
+        finished.push(done.attempt);
+        behind
     }
 
-    /// Whether events or deliveries wait (and the metric of how many).
-    async fn backlog(&self) -> bool {
+    /// Sends `delivery` under `claim` in a task of its own.
+    #[allow(clippy::too_many_arguments)]
+    fn fly(
+        self: &Arc<Self>,
+        flights: &mut JoinSet<()>,
+        client: &crate::egress::Client,
+        done: &tokio::sync::mpsc::UnboundedSender<Done>,
+        (flying, per_tenant): (&mut HashSet<String>, &mut HashMap<String, usize>),
+        delivery: WebhookDelivery,
+        hook: Arc<Webhook>,
+        claim: String,
+        handed: bool,
+    ) {
+        *per_tenant.entry(delivery.tenant_id.clone()).or_default() += 1;
+        flying.insert(delivery.id.clone());
+        let (this, client, done) = (Arc::clone(self), client.clone(), done.clone());
+        let span = tracing::info_span!("webhook delivery", tenant = %delivery.tenant_id,
+            conversation = %delivery.conversation_id, webhook = %hook.id,
+            event = %delivery.event_type, delivery = %delivery.id,
+            attempt = delivery.attempts + 1);
+        let conversation_id = delivery.conversation_id.clone();
+        flights.spawn(
+            async move {
+                let attempt = this.deliver(&client, &claim, delivery, &hook).await;
+                let _ = done.send(Done {
+                    attempt,
+                    conversation_id,
+                    handed,
+                });
+            }
+            .instrument(span),
+        );
+    }
+
+    /// Whether outbox rows (of an earlier release) and deliveries wait (and the metric of
+    /// how many).
+    async fn backlog(&self) -> (bool, bool) {
         match self.store.webhook_backlog().await {
             Ok((outbox, pending)) => {
                 self.metrics.webhook_backlog(outbox, pending);
-                outbox > 0 || pending > 0
+                (outbox > 0, pending > 0)
             }
-            Err(_) => true,
+            Err(_) => (true, true),
         }
     }
 
@@ -216,10 +305,10 @@ impl Dispatcher {
         client: &crate::egress::Client,
         claimer: &str,
         delivery: WebhookDelivery,
-        hook: Webhook,
+        hook: &Webhook,
     ) -> Attempt {
         let started = Instant::now();
-        let sent = send(client, &delivery, &hook).await;
+        let sent = send(client, &delivery, hook).await;
         let latency = started.elapsed();
         let at = now_ms();
         let (status, error, excerpt, retryable) = match sent {
@@ -273,6 +362,7 @@ impl Dispatcher {
             webhook_id: hook.id.clone(),
             tenant_id: delivery.tenant_id.clone(),
             claimed_by: claimer.to_owned(),
+            log_before: delivery.attempts_log.clone(),
             at,
             status,
             error,
@@ -283,6 +373,14 @@ impl Dispatcher {
             disable,
         }
     }
+}
+
+/// An attempt made, for the dispatcher's loop.
+struct Done {
+    attempt: Attempt,
+    conversation_id: String,
+    /// The delivery was handed over as it was stored (not claimed by a cycle).
+    handed: bool,
 }
 
 /// What an attempt came to.

@@ -1,26 +1,29 @@
 //! Tenants' webhooks (docs/api.md, "Webhooks"; issue 39): a backend with no open socket is
 //! told when a turn ends, a request waits or a budget is spent.
 //!
-//! An event is written to the outbox in the transaction of the change that caused it: a
-//! turn's end with the conversation's commit (runtime/conversation.rs), a request to the
-//! client with its row. Only tenants with an enabled endpoint write events ([`Subscribers`],
-//! read without I/O on the commit path). The dispatcher (dispatch.rs) fans the outbox out
-//! into deliveries, claims due ones, and sends each signed as Standard Webhooks sign, under
-//! the egress policy, retrying with backoff until it is answered with a 2xx or runs out.
+//! An event's deliveries, one per subscribed endpoint, are written in the transaction of
+//! the change that caused it: a turn's end with the conversation's commit
+//! (runtime/conversation.rs), a request to the client with its row. Only tenants with an
+//! enabled endpoint write them ([`Subscribers`], read without I/O on the commit path). Most
+//! are handed to this node's dispatcher (dispatch.rs) as soon as they are stored; the rest
+//! (a conversation's delivery waiting behind an undone one, a retry, a dead node's) it
+//! claims. It sends each signed as Standard Webhooks sign, under the egress policy, retrying
+//! with backoff until it is answered with a 2xx or runs out.
 
 mod dispatch;
 
 pub use dispatch::{Dispatcher, retry_delay_ms};
 
-use std::collections::HashSet;
-use std::sync::RwLock;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use base64::Engine as _;
 use chrono::{DateTime, Utc};
 use hmac::{Hmac, Mac};
 use serde_json::json;
 
-use crate::model::OutboxEvent;
+use crate::model::{NewDelivery, Webhook, WebhookDelivery, WebhookEvent};
 use crate::state_machine::{ErrorKind, TurnEnd, TurnOutcome};
 use crate::store::Store;
 
@@ -43,55 +46,349 @@ pub const BUDGET_EXHAUSTED: &str = "budget.exhausted";
 /// The most of an error's message an event carries.
 const MAX_MESSAGE_BYTES: usize = 1000;
 
-/// The tenants that have an enabled endpoint: only their conversations write events. Kept
-/// in memory (a commit reads it with no I/O), refreshed by the dispatcher every second and
-/// at once when an endpoint is made on this node.
-#[derive(Debug, Default)]
+/// An endpoint and a conversation: a conversation's deliveries to an endpoint go out one
+/// at a time, in the order of its events.
+type Pair = (String, String);
+
+/// What a node knows of its tenants' webhooks, read without I/O on the commit path: the
+/// enabled endpoints (read again every second by the dispatcher, and at once when an
+/// endpoint changes on this node), and which (endpoint, conversation) pairs have a delivery
+/// not done.
+///
+/// An event's delivery is written with the change that caused it. When its pair has no
+/// delivery that is not done, it is written claimed by this node's dispatcher and handed to
+/// it once stored: it goes out at once, without a claim's transaction and read. Otherwise it
+/// is written unclaimed, and the dispatcher claims it when the ones before it are done (the
+/// claim takes a pair's first undone delivery only). A delivery handed out but never sent
+/// (the process died) is claimed by any node when its claim runs out.
+#[derive(Debug)]
 pub struct Subscribers {
-    tenants: RwLock<HashSet<String>>,
-    /// Outbox rows were written on this node: the dispatcher looks now.
+    known: Mutex<Known>,
+    /// Deliveries were stored or one is due: the dispatcher looks now.
     wake: tokio::sync::Notify,
+    /// Deliveries were stored unclaimed (or one was retried by hand): the next cycle claims.
+    claim: AtomicBool,
+    /// The claim of deliveries handed to this node's dispatcher as they are stored.
+    direct_claimer: String,
+    claim_ms: i64,
+    retry_for_ms: i64,
+}
+
+#[derive(Debug, Default)]
+struct Known {
+    /// Each tenant's enabled endpoints.
+    hooks: HashMap<String, Vec<Arc<Webhook>>>,
+    /// Pairs with deliveries handed (or to be handed, once stored) to this node's dispatcher
+    /// and not yet attempted.
+    flying: HashMap<Pair, u32>,
+    /// Pairs with unclaimed deliveries written in a transaction not yet done.
+    unconfirmed: HashMap<Pair, u32>,
+    /// Pairs with stored deliveries not done, as last read, and those marked since: the
+    /// generation they were marked in ([`Subscribers::refresh`] keeps those marked while it
+    /// read).
+    pending: HashMap<Pair, u64>,
+    generation: u64,
+    /// Pairs with a delivery that may be stored under this node's direct claim but will not
+    /// be sent by it (its write's outcome is not known, its endpoint went): until its claim
+    /// runs out (the pending pairs as read leave out this node's direct claims).
+    orphaned: HashMap<Pair, i64>,
+    /// Stored deliveries handed to the dispatcher, with their endpoints.
+    handed: Vec<(WebhookDelivery, Arc<Webhook>)>,
+}
+
+impl Known {
+    fn busy(&self, pair: &Pair) -> bool {
+        self.flying.contains_key(pair)
+            || self.unconfirmed.contains_key(pair)
+            || self.pending.contains_key(pair)
+            || self.orphaned.contains_key(pair)
+    }
+
+    fn mark_pending(&mut self, pair: Pair) {
+        let generation = self.generation;
+        self.pending.insert(pair, generation);
+    }
+}
+
+/// Takes one from `counts[pair]`, removing it at zero.
+fn release(counts: &mut HashMap<Pair, u32>, pair: &Pair) {
+    if let Some(n) = counts.get_mut(pair) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            counts.remove(pair);
+        }
+    }
 }
 
 impl Subscribers {
-    /// The tenants with endpoints, as stored.
-    pub async fn load(store: &Store) -> crate::store::Result<Subscribers> {
-        let subscribers = Subscribers::default();
-        subscribers.replace(store.webhook_tenants().await?);
+    /// The endpoints and pending pairs as stored; `node` names this node's claims.
+    pub async fn load(
+        store: &Store,
+        settings: &crate::config::WebhookSettings,
+        node: &str,
+    ) -> crate::store::Result<Subscribers> {
+        let subscribers = Subscribers {
+            known: Mutex::default(),
+            wake: tokio::sync::Notify::new(),
+            claim: AtomicBool::new(true),
+            direct_claimer: format!("{node}/{}/direct", uuid::Uuid::now_v7().simple()),
+            claim_ms: i64::try_from(settings.claim_ms).unwrap_or(i64::MAX),
+            retry_for_ms: i64::try_from(settings.retry_for_ms).unwrap_or(i64::MAX),
+        };
+        subscribers.refresh(store).await?;
         Ok(subscribers)
+    }
+
+    fn known(&self) -> std::sync::MutexGuard<'_, Known> {
+        self.known
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Reads the enabled endpoints and the pending pairs again. A pair marked while it read
+    /// stays marked (its delivery may have been stored after the read began).
+    pub async fn refresh(&self, store: &Store) -> crate::store::Result<()> {
+        let began = {
+            let mut known = self.known();
+            known.generation += 1;
+            known.generation
+        };
+        let hooks = store.enabled_webhooks().await?;
+        let pending = store.pending_pairs(&self.direct_claimer).await?;
+        let mut by_tenant: HashMap<String, Vec<Arc<Webhook>>> = HashMap::new();
+        for hook in hooks {
+            by_tenant
+                .entry(hook.tenant_id.clone())
+                .or_default()
+                .push(Arc::new(hook));
+        }
+        let mut known = self.known();
+        known.hooks = by_tenant;
+        known.pending.retain(|_, marked| *marked >= began);
+        let now = Utc::now().timestamp_millis();
+        known.orphaned.retain(|_, until| *until > now);
+        for pair in pending {
+            known.pending.entry(pair).or_insert(0);
+        }
+        Ok(())
     }
 
     /// Whether the tenant has an enabled endpoint.
     pub fn has(&self, tenant_id: &str) -> bool {
-        self.tenants
-            .read()
-            .is_ok_and(|tenants| tenants.contains(tenant_id))
+        self.known().hooks.contains_key(tenant_id)
     }
 
     /// No tenant has an enabled endpoint.
     pub fn is_empty(&self) -> bool {
-        self.tenants.read().is_ok_and(|tenants| tenants.is_empty())
+        self.known().hooks.is_empty()
     }
 
-    pub fn add(&self, tenant_id: &str) {
-        if let Ok(mut tenants) = self.tenants.write() {
-            tenants.insert(tenant_id.to_owned());
+    /// The claim under which deliveries are handed to the dispatcher as they are stored.
+    pub(crate) fn direct_claimer(&self) -> &str {
+        &self.direct_claimer
+    }
+
+    /// The deliveries of `events`: one per enabled endpoint of the event's tenant subscribed
+    /// to its type, to be written with the change that caused them; then [`stored`] or
+    /// [`not_stored`].
+    ///
+    /// [`stored`]: Self::stored
+    /// [`not_stored`]: Self::not_stored
+    pub fn deliveries(&self, events: Vec<WebhookEvent>) -> Vec<NewDelivery> {
+        let mut known = self.known();
+        let mut deliveries = Vec::new();
+        for event in events {
+            let Some(hooks) = known.hooks.get(&event.tenant_id) else {
+                continue;
+            };
+            let hooks: Vec<String> = hooks
+                .iter()
+                .filter(|hook| hook.events.iter().any(|e| e == event.event_type))
+                .map(|hook| hook.id.clone())
+                .collect();
+            let created_at = event.at.timestamp_millis();
+            for webhook_id in hooks {
+                let pair = (webhook_id.clone(), event.conversation_id.clone());
+                let claimed = if known.busy(&pair) {
+                    *known.unconfirmed.entry(pair).or_default() += 1;
+                    None
+                } else {
+                    *known.flying.entry(pair).or_default() += 1;
+                    Some((
+                        self.direct_claimer.clone(),
+                        created_at.saturating_add(self.claim_ms),
+                    ))
+                };
+                deliveries.push(NewDelivery {
+                    id: format!("msg_{}", uuid::Uuid::now_v7().simple()),
+                    webhook_id,
+                    tenant_id: event.tenant_id.clone(),
+                    conversation_id: event.conversation_id.clone(),
+                    event_seq: next_seq(),
+                    event_type: event.event_type,
+                    payload: event.payload.clone(),
+                    created_at,
+                    expires_at: created_at.saturating_add(self.retry_for_ms),
+                    claimed,
+                });
+            }
         }
+        deliveries
     }
 
-    pub fn replace(&self, now: Vec<String>) {
-        if let Ok(mut tenants) = self.tenants.write() {
-            *tenants = now.into_iter().collect();
+    /// `deliveries` were stored: those claimed go to the dispatcher now, the others are
+    /// claimed by its next cycle.
+    pub fn stored(&self, deliveries: &[NewDelivery]) {
+        if deliveries.is_empty() {
+            return;
         }
-    }
-
-    /// Events were stored: the dispatcher fans them out now, not at its next poll.
-    pub fn wake(&self) {
+        let mut known = self.known();
+        let mut claim = false;
+        for delivery in deliveries {
+            let pair = (
+                delivery.webhook_id.clone(),
+                delivery.conversation_id.clone(),
+            );
+            if delivery.claimed.is_none() {
+                release(&mut known.unconfirmed, &pair);
+                known.mark_pending(pair);
+                claim = true;
+                continue;
+            }
+            let hook = known.hooks.get(&delivery.tenant_id).and_then(|hooks| {
+                hooks
+                    .iter()
+                    .find(|hook| hook.id == delivery.webhook_id)
+                    .cloned()
+            });
+            let Some(hook) = hook else {
+                // Disabled or removed since: if it was written, its claim runs out and the
+                // dispatcher's claim finds that its endpoint is not enabled.
+                release(&mut known.flying, &pair);
+                known
+                    .orphaned
+                    .insert(pair, delivery.claimed.as_ref().map_or(0, |c| c.1));
+                continue;
+            };
+            known.handed.push((handed(delivery), hook));
+        }
+        drop(known);
+        if claim {
+            self.claim.store(true, Ordering::Release);
+        }
         self.wake.notify_one();
+    }
+
+    /// `deliveries` were not stored, or it is not known whether they were: none is sent now;
+    /// whatever was stored of them is claimed once its claim runs out.
+    pub fn not_stored(&self, deliveries: &[NewDelivery]) {
+        let mut known = self.known();
+        for delivery in deliveries {
+            let pair = (
+                delivery.webhook_id.clone(),
+                delivery.conversation_id.clone(),
+            );
+            match &delivery.claimed {
+                Some((_, until)) => {
+                    release(&mut known.flying, &pair);
+                    known.orphaned.insert(pair, *until);
+                }
+                None => {
+                    release(&mut known.unconfirmed, &pair);
+                    known.mark_pending(pair);
+                }
+            }
+        }
+    }
+
+    /// The deliveries handed over since the last call.
+    pub(crate) fn take_handed(&self) -> Vec<(WebhookDelivery, Arc<Webhook>)> {
+        std::mem::take(&mut self.known().handed)
+    }
+
+    /// A handed delivery was attempted: its pair is free again if it was delivered.
+    pub(crate) fn attempted(&self, webhook_id: &str, conversation_id: &str, delivered: bool) {
+        let mut known = self.known();
+        let pair = (webhook_id.to_owned(), conversation_id.to_owned());
+        release(&mut known.flying, &pair);
+        if !delivered {
+            // Marked through the next read too: that read may come before the cycle that
+            // writes the result (until then the row is under this node's direct claim, which
+            // the read leaves out).
+            let generation = known.generation.saturating_add(1);
+            known.pending.insert(pair, generation);
+        }
+    }
+
+    /// Whether deliveries of the pair may wait unclaimed (behind one just attempted).
+    pub(crate) fn waits_behind(&self, webhook_id: &str, conversation_id: &str) -> bool {
+        let known = self.known();
+        let pair = (webhook_id.to_owned(), conversation_id.to_owned());
+        known.pending.contains_key(&pair) || known.unconfirmed.contains_key(&pair)
+    }
+
+    /// An endpoint was disabled by this node: nothing more is written for it.
+    pub(crate) fn forget(&self, webhook_id: &str) {
+        let mut known = self.known();
+        for hooks in known.hooks.values_mut() {
+            hooks.retain(|hook| hook.id != webhook_id);
+        }
+        known.hooks.retain(|_, hooks| !hooks.is_empty());
+    }
+
+    /// Deliveries are due (stored unclaimed, retried by hand): the dispatcher claims now.
+    pub fn wake(&self) {
+        self.claim.store(true, Ordering::Release);
+        self.wake.notify_one();
+    }
+
+    /// Whether a claim was asked for since the last call.
+    pub(crate) fn take_claim(&self) -> bool {
+        self.claim.swap(false, Ordering::AcqRel)
     }
 
     pub(crate) async fn woken(&self) {
         self.wake.notified().await;
+    }
+}
+
+/// A stored delivery as the dispatcher sends it.
+fn handed(delivery: &NewDelivery) -> WebhookDelivery {
+    WebhookDelivery {
+        id: delivery.id.clone(),
+        webhook_id: delivery.webhook_id.clone(),
+        tenant_id: delivery.tenant_id.clone(),
+        conversation_id: delivery.conversation_id.clone(),
+        event_seq: delivery.event_seq,
+        event_type: delivery.event_type.to_owned(),
+        payload: delivery.payload.clone(),
+        status: "pending".to_owned(),
+        attempts: 0,
+        next_attempt_at: delivery.created_at,
+        expires_at: delivery.expires_at,
+        last_status: None,
+        last_error: None,
+        last_latency_ms: None,
+        attempts_log: "[]".to_owned(),
+        created_at: delivery.created_at,
+        updated_at: delivery.created_at,
+    }
+}
+
+/// The next event's place among a conversation's: microseconds since the Unix epoch, more
+/// than the last one this process gave. A conversation moves to another node only after its
+/// owner has been gone for longer than its lease (seconds), far more than the clocks of a
+/// cluster's nodes differ by.
+pub fn next_seq() -> i64 {
+    static LAST: AtomicI64 = AtomicI64::new(0);
+    let now = Utc::now().timestamp_micros();
+    let mut last = LAST.load(Ordering::Relaxed);
+    loop {
+        let next = now.max(last.saturating_add(1));
+        match LAST.compare_exchange_weak(last, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return next,
+            Err(seen) => last = seen,
+        }
     }
 }
 
@@ -104,13 +401,13 @@ pub fn turn_events(
     end: &TurnEnd,
     event_id: i64,
     at: DateTime<Utc>,
-) -> Vec<OutboxEvent> {
+) -> Vec<WebhookEvent> {
     let mut data = json!({
         "conversation_id": conversation_id,
         "turn_id": end.turn.0,
         "event_id": event_id,
     });
-    let event = |event_type: &'static str, data: &serde_json::Value| OutboxEvent {
+    let event = |event_type: &'static str, data: &serde_json::Value| WebhookEvent {
         tenant_id: tenant_id.to_owned(),
         conversation_id: conversation_id.to_owned(),
         event_type,
@@ -158,8 +455,8 @@ pub fn request_created(
     kind: &str,
     tool_use_id: &str,
     at: DateTime<Utc>,
-) -> OutboxEvent {
-    OutboxEvent {
+) -> WebhookEvent {
+    WebhookEvent {
         tenant_id: tenant_id.to_owned(),
         conversation_id: conversation_id.to_owned(),
         event_type: REQUEST_CREATED,
@@ -215,6 +512,119 @@ mod tests {
     use super::*;
     use crate::state_machine::TurnId;
 
+    fn hook(id: &str, tenant: &str, events: &[&str]) -> Webhook {
+        Webhook {
+            id: id.into(),
+            tenant_id: tenant.into(),
+            url: "http://127.0.0.1:9/".into(),
+            events: events.iter().map(|e| (*e).to_owned()).collect(),
+            description: None,
+            enabled: true,
+            disabled_reason: None,
+            secret: new_secret().into(),
+            previous_secret: None,
+            previous_secret_until: None,
+            failing_since: None,
+            created_at: 1,
+            updated_at: 1,
+        }
+    }
+
+    fn subscribers(hooks: Vec<Webhook>) -> Subscribers {
+        let subscribers = Subscribers {
+            known: Mutex::default(),
+            wake: tokio::sync::Notify::new(),
+            claim: AtomicBool::new(false),
+            direct_claimer: "n/1/direct".into(),
+            claim_ms: 60_000,
+            retry_for_ms: 86_400_000,
+        };
+        for hook in hooks {
+            subscribers
+                .known()
+                .hooks
+                .entry(hook.tenant_id.clone())
+                .or_default()
+                .push(Arc::new(hook));
+        }
+        subscribers
+    }
+
+    fn completed(tenant: &str, conversation: &str) -> WebhookEvent {
+        WebhookEvent {
+            tenant_id: tenant.into(),
+            conversation_id: conversation.into(),
+            event_type: TURN_COMPLETED,
+            payload: "{}".into(),
+            at: DateTime::from_timestamp(1_800_000_000, 0).expect("a time"),
+        }
+    }
+
+    /// A conversation's delivery to an endpoint is handed to the dispatcher as it is stored
+    /// only when none of the pair's is undone: while one is in flight, failed, written
+    /// unclaimed or of unknown fate, the next waits for the claim (which takes a pair's first
+    /// undone one only), so the pair's deliveries keep the order of its events.
+    #[test]
+    fn a_delivery_is_handed_over_only_behind_nothing_undone() {
+        let subs = subscribers(vec![
+            hook("wh_a", "t", &[TURN_COMPLETED]),
+            hook("wh_b", "t", &[TURN_FAILED]),
+            hook("wh_x", "other", &[TURN_COMPLETED]),
+        ]);
+        let direct = |d: &NewDelivery| d.claimed.is_some();
+        // Only the tenant's endpoints subscribed to the event: one delivery.
+        let first = subs.deliveries(vec![completed("t", "c1")]);
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].webhook_id, "wh_a");
+        assert!(direct(&first[0]));
+        assert_eq!(
+            first[0].claimed.as_ref().map(|c| c.0.as_str()),
+            Some("n/1/direct")
+        );
+        // In flight: the pair's next one waits; another conversation's does not.
+        let second = subs.deliveries(vec![completed("t", "c1")]);
+        assert!(!direct(&second[0]));
+        assert!(second[0].event_seq > first[0].event_seq);
+        assert!(direct(&subs.deliveries(vec![completed("t", "c2")])[0]));
+        subs.stored(&first);
+        subs.stored(&second);
+        assert!(
+            subs.take_claim(),
+            "an unclaimed one stored: the next cycle claims"
+        );
+        let handed = subs.take_handed();
+        assert_eq!(handed.len(), 1, "only the claimed one is handed over");
+        assert_eq!(handed[0].0.id, first[0].id);
+        // Delivered: the pair still has the unclaimed one waiting (until a read says not).
+        subs.attempted("wh_a", "c1", true);
+        assert!(subs.waits_behind("wh_a", "c1"));
+        assert!(!direct(&subs.deliveries(vec![completed("t", "c1")])[0]));
+        // A failed attempt holds its pair too.
+        subs.attempted("wh_a", "c2", false);
+        assert!(!direct(&subs.deliveries(vec![completed("t", "c2")])[0]));
+        // A write of unknown fate: its pair waits; no other tenant's endpoint is ever used.
+        let third = subs.deliveries(vec![completed("t", "c3")]);
+        assert!(direct(&third[0]));
+        subs.not_stored(&third);
+        assert!(subs.take_handed().is_empty());
+        assert!(!direct(&subs.deliveries(vec![completed("t", "c3")])[0]));
+        assert!(subs.deliveries(vec![completed("nobody", "c9")]).is_empty());
+        // A forgotten (disabled) endpoint gets nothing more.
+        subs.forget("wh_a");
+        assert!(subs.deliveries(vec![completed("t", "c4")]).is_empty());
+        assert!(subs.has("t"), "wh_b is still enabled");
+    }
+
+    #[test]
+    fn event_places_increase() {
+        let mut last = 0;
+        for _ in 0..1000 {
+            let next = next_seq();
+            assert!(next > last);
+            last = next;
+        }
+    }
+
     /// The signature of Standard Webhooks' own example (its specification's test vector).
     #[test]
     fn signatures_are_standard_webhooks() {
@@ -242,7 +652,7 @@ mod tests {
             turn: TurnId::new("t1"),
             outcome,
         };
-        let types = |events: Vec<OutboxEvent>| -> Vec<&'static str> {
+        let types = |events: Vec<WebhookEvent>| -> Vec<&'static str> {
             events.iter().map(|e| e.event_type).collect()
         };
         assert_eq!(
