@@ -200,6 +200,10 @@ pub enum WriteJob {
     /// One cycle of a node's webhook dispatcher, one transaction: attempts' results, the
     /// outbox of an earlier release fanned out, due deliveries claimed: `Count(claimed)`.
     WebhookCycle(Box<WebhookCycle>),
+    /// Webhook attempts' results. On SQLite they go with a batch of commits (waiting a
+    /// moment for one, as the usage of LLM responses does): no transaction, sync or
+    /// connection of their own.
+    WebhookResults(crate::store::WebhookResults),
     /// A tenant's schedule made.
     CreateSchedule(Box<crate::model::Schedule>),
     /// A schedule paused or resumed: `Resolved(whether it was there)`.
@@ -548,8 +552,13 @@ where
 }
 
 /// Whether a job is the usage of an LLM response.
+/// Whether a job waits a moment for a commit to go with: the usage of an LLM response,
+/// webhook attempts' results.
 fn is_usage(job: &Job) -> bool {
-    matches!(job, Job::Write(WriteJob::RecordUsage(_), _))
+    matches!(
+        job,
+        Job::Write(WriteJob::RecordUsage(_) | WriteJob::WebhookResults(_), _)
+    )
 }
 
 /// Whether a job is written with the commits of a batch: a commit, a new conversation, the
@@ -560,7 +569,9 @@ fn batched(job: &Job) -> bool {
         Job::Commit(..)
             | Job::Urgent(..)
             | Job::Write(
-                WriteJob::CreateConversation(_) | WriteJob::RecordUsage(_),
+                WriteJob::CreateConversation(_)
+                    | WriteJob::RecordUsage(_)
+                    | WriteJob::WebhookResults(_),
                 _
             )
     )
@@ -596,6 +607,7 @@ async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>, written: impl F
     let mut created_replies = Vec::new();
     let mut usage = Vec::new();
     let mut usage_replies = Vec::new();
+    let mut results = crate::store::WebhookResults::default();
     for job in jobs {
         match job {
             Job::Commit(commit, reply) | Job::Urgent(commit, reply) => {
@@ -608,6 +620,10 @@ async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>, written: impl F
             }
             Job::Write(WriteJob::RecordUsage(record), reply) => {
                 usage.push(record);
+                usage_replies.push(reply);
+            }
+            Job::Write(WriteJob::WebhookResults(these), reply) => {
+                results.append(these);
                 usage_replies.push(reply);
             }
             Job::Write(job, reply) => {
@@ -623,23 +639,26 @@ async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>, written: impl F
             }
         }
     }
-    if batch.is_empty() && created.is_empty() && usage.is_empty() {
+    if batch.is_empty() && created.is_empty() && usage.is_empty() && results.is_empty() {
         written();
         return;
     }
     let started = Instant::now();
-    let outcome = match store.write_batch(&batch, &created, &usage).await {
+    let outcome = match store.write_batch(&batch, &created, &usage, &results).await {
         Ok(durable) => {
             written();
             durable.wait().await
         }
         // One bad commit (or a taken slug) must not fail its neighbours: write each alone
         // to find it.
-        Err(error) if batch.len() + created.len() + usage.len() > 1 && !error.is_unavailable() => {
+        Err(error)
+            if batch.len() + created.len() + usage.len() + results.len() > 1
+                && !error.is_unavailable() =>
+        {
             Box::pin(one_by_one(
                 store,
                 (&created, created_replies),
-                (&usage, usage_replies),
+                (&usage, &results, usage_replies),
                 (&batch, replies),
             ))
             .await;
@@ -671,15 +690,28 @@ async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>, written: impl F
 async fn one_by_one(
     store: &Store,
     (created, created_replies): (&[NewConversation], Vec<Reply<WriteOutcome>>),
-    (usage, usage_replies): (&[crate::store::UsageRecord], Vec<Reply<WriteOutcome>>),
+    (usage, results, usage_replies): (
+        &[crate::store::UsageRecord],
+        &crate::store::WebhookResults,
+        Vec<Reply<WriteOutcome>>,
+    ),
     (batch, replies): (&[Arc<ConversationCommit>], Vec<Reply<()>>),
 ) {
     for (new, reply) in created.iter().zip(created_replies) {
         let outcome = store.insert_conversation(new).await;
         let _ = reply.send(outcome.map(|()| WriteOutcome::Done));
     }
-    for (record, reply) in usage.iter().zip(usage_replies) {
+    // The usage replies come first, then those of the webhook results (all of them, one
+    // write: they are a dispatcher's, which only logs a failure).
+    let mut usage_replies = usage_replies.into_iter();
+    for (record, reply) in usage.iter().zip(usage_replies.by_ref()) {
         let _ = reply.send(store.record(record).await.map(|()| WriteOutcome::Done));
+    }
+    if !results.is_empty() {
+        let outcome = store.finish_webhook_attempts(results).await;
+        for reply in usage_replies {
+            let _ = reply.send(outcome.clone().map(|()| WriteOutcome::Done));
+        }
     }
     for (commit, reply) in batch.chunks(1).zip(replies) {
         let _ = reply.send(store.commit_batch(commit).await);
@@ -852,6 +884,7 @@ async fn write(store: &Store, job: WriteJob) -> Result<WriteOutcome, StoreError>
                 store.delete_webhook(&tenant_id, &id).await?,
             ));
         }
+        WriteJob::WebhookResults(results) => store.finish_webhook_attempts(&results).await?,
         WriteJob::WebhookCycle(cycle) => {
             let flying: Vec<&str> = cycle.flying.iter().map(String::as_str).collect();
             let (count, mine) = store

@@ -154,6 +154,9 @@ struct Tenant {
     /// and not yet under way are read together, so requests at once cannot each find room
     /// for themselves.
     admitting: tokio::sync::Mutex<()>,
+    /// How many admissions have been let go: one let go while an admission read what is
+    /// stored may be counted twice (held, and stored), so that admission reads again.
+    released: AtomicU64,
     /// The last measurement of its workspace: when, and its bytes.
     workspace: Mutex<Option<(Instant, u64)>>,
     /// Held while its workspace is measured: one measurement at a time.
@@ -274,9 +277,14 @@ impl Counter {
     }
 }
 
+/// Reads of what is in use an admission makes at most, while admissions are let go
+/// meanwhile.
+const READS: usize = 4;
+
 impl Drop for Held {
     fn drop(&mut self) {
         self.1.of(&self.0).fetch_sub(1, Ordering::AcqRel);
+        self.0.released.fetch_add(1, Ordering::AcqRel);
     }
 }
 
@@ -328,6 +336,7 @@ impl Quotas {
                     starting: AtomicU64::new(0),
                     making_agents: AtomicU64::new(0),
                     admitting: tokio::sync::Mutex::new(()),
+                    released: AtomicU64::new(0),
                     workspace: Mutex::new(None),
                     measuring: tokio::sync::Mutex::new(()),
                     tracing: Arc::default(),
@@ -425,7 +434,7 @@ impl Quotas {
     pub async fn conversation<F>(
         &self,
         tenant_id: &str,
-        stored: impl FnOnce() -> F,
+        stored: impl Fn() -> F,
     ) -> crate::store::Result<Result<Held, Exceeded>>
     where
         F: Future<Output = crate::store::Result<u64>>,
@@ -441,7 +450,16 @@ impl Quotas {
             .filter(|(at, _)| at.elapsed() < fresh)
             .map(|(_, count)| count + tenant.admitted_since.load(Ordering::Acquire));
         if bound.is_none_or(|bound| bound >= limit) {
-            let count = stored().await?;
+            // As in `admit`: one let go during the count is read again, not counted twice.
+            let (mut count, mut held) = (0, held);
+            for _ in 0..READS {
+                let released = tenant.released.load(Ordering::Acquire);
+                held = tenant.creating.load(Ordering::Acquire);
+                count = stored().await?;
+                if tenant.released.load(Ordering::Acquire) == released {
+                    break;
+                }
+            }
             *lock(&tenant.stored) = Some((Instant::now(), count));
             tenant.admitted_since.store(held, Ordering::Release);
             if let Err(exceeded) = self.within(Quota::Conversations, limit, count + held) {
@@ -460,7 +478,7 @@ impl Quotas {
     pub async fn agent<F>(
         &self,
         tenant_id: &str,
-        stored: impl FnOnce() -> F,
+        stored: impl Fn() -> F,
     ) -> crate::store::Result<Result<Held, Exceeded>>
     where
         F: Future<Output = crate::store::Result<u64>>,
@@ -484,7 +502,7 @@ impl Quotas {
         &self,
         tenant_id: &str,
         at_most: impl FnOnce() -> u64,
-        running: impl FnOnce() -> u64,
+        running: impl Fn() -> u64,
     ) -> Result<Held, Exceeded> {
         let admitted = self
             .admit(
@@ -510,7 +528,7 @@ impl Quotas {
         quota: Quota,
         counter: Counter,
         at_most: Option<impl FnOnce() -> u64>,
-        in_use: impl FnOnce() -> F,
+        in_use: impl Fn() -> F,
     ) -> Result<Result<Held, Exceeded>, E>
     where
         F: Future<Output = Result<u64, E>>,
@@ -521,7 +539,18 @@ impl Quotas {
         let held = counter.of(&tenant).load(Ordering::Acquire);
         let room = at_most.is_some_and(|bound| bound().saturating_add(held) < limit);
         if !room {
-            let used = in_use().await? + held;
+            // One let go during the read (its write done) may be in both `held` and what
+            // the read found: read again. Past the last read, it counts twice (a refusal,
+            // never one too many).
+            let mut used = 0;
+            for _ in 0..READS {
+                let released = tenant.released.load(Ordering::Acquire);
+                let held = counter.of(&tenant).load(Ordering::Acquire);
+                used = in_use().await? + held;
+                if tenant.released.load(Ordering::Acquire) == released {
+                    break;
+                }
+            }
             if let Err(exceeded) = self.within(quota, limit, used) {
                 return Ok(Err(exceeded));
             }
@@ -722,6 +751,41 @@ mod tests {
             .turn("t", || 0, running(0))
             .await
             .expect("room again");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// An agent written and let go while a create reads the stored count is in both the
+    /// count and the admitted ones: the create reads again and is admitted (a flood of
+    /// creates once got one refusal too many this way). The quota still holds.
+    #[tokio::test]
+    async fn an_admission_let_go_during_the_count_is_not_counted_twice() {
+        let (store, dir) = sqlite_store("quota-agents", &[]).await;
+        let workspaces =
+            Arc::new(crate::workspace::Workspaces::open(&dir.join("ws"), None).expect("a root"));
+        let mut limits = settings(2);
+        limits.agents = 2;
+        let quotas = Quotas::new(limits, false, store, workspaces);
+        let first = quotas
+            .agent("t", || std::future::ready(Ok(0)))
+            .await
+            .expect("reads")
+            .expect("room");
+        // The first is written (the count finds it) and let go during the second's count.
+        let writing = Mutex::new(Some(first));
+        let second = quotas
+            .agent("t", || {
+                drop(writing.lock().expect("not poisoned").take());
+                std::future::ready(Ok(1))
+            })
+            .await
+            .expect("reads")
+            .expect("room: one stored of two");
+        let third = quotas
+            .agent("t", || std::future::ready(Ok(1)))
+            .await
+            .expect("reads");
+        assert!(third.is_err(), "one stored and one admitted reach 2");
+        drop(second);
         let _ = std::fs::remove_dir_all(dir);
     }
 

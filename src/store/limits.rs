@@ -490,10 +490,15 @@ impl Store {
     /// a batch of its own. The persistence actor writes them with the group commit of its
     /// batch instead (`WriteJob::RecordUsage`); this is for a write that must go on its own.
     pub async fn record(&self, usage: &UsageRecord) -> Result<()> {
-        self.write_batch(&[], &[], std::slice::from_ref(usage))
-            .await?
-            .wait()
-            .await
+        self.write_batch(
+            &[],
+            &[],
+            std::slice::from_ref(usage),
+            &super::WebhookResults::default(),
+        )
+        .await?
+        .wait()
+        .await
     }
 
     /// Gives back a reservation whose request spent nothing it was told of (failed,

@@ -48,7 +48,7 @@ pub use mcp::McpServer;
 pub use schedules::RunOutcome;
 pub(crate) use sqlite::Durable;
 pub use steps::{ReplayFilter, ReplayInput};
-pub use webhooks::{ATTEMPTS_KEPT, Attempt, WebhookChange};
+pub use webhooks::{ATTEMPTS_KEPT, Attempt, WebhookChange, WebhookResults};
 
 use crate::model::{ConversationCommit, NewConversation, StoredFrame};
 
@@ -426,7 +426,10 @@ impl Store {
     /// commit's guarded update must find its conversation's counters as it expects, or
     /// nothing of the batch is written ([`StoreError::Conflict`]).
     pub(crate) async fn commit_batch(&self, commits: &[Arc<ConversationCommit>]) -> Result<()> {
-        self.write_batch(commits, &[], &[]).await?.wait().await
+        self.write_batch(commits, &[], &[], &WebhookResults::default())
+            .await?
+            .wait()
+            .await
     }
 
     /// [`Store::commit_batch`] in two steps: the batch is written (and visible) when this
@@ -441,6 +444,7 @@ impl Store {
         commits: &[Arc<ConversationCommit>],
         created: &[NewConversation],
         usage: &[UsageRecord],
+        results: &WebhookResults,
     ) -> Result<Durable> {
         match &self.writer {
             Some(writer) => {
@@ -448,8 +452,20 @@ impl Store {
                     .iter()
                     .map(conversation_row)
                     .collect::<Result<Vec<_>>>()?;
-                let usage = Store::sqlite_usage_statements(usage);
-                writer.write(commits, rows, usage).await
+                let mut more = Store::sqlite_usage_statements(usage);
+                more.extend(webhooks::finish_statements(results, false).into_iter().map(
+                    |(sql, values)| {
+                        sea_orm::Statement::from_sql_and_values(DbBackend::Sqlite, sql, values)
+                    },
+                ));
+                writer.write(commits, rows, more).await
+            }
+            // Webhook results first, in a transaction of their own (what fails there fails
+            // the batch before any commit of it is written).
+            None if !results.is_empty() => {
+                self.finish_webhook_attempts(results).await?;
+                Box::pin(self.write_batch(commits, created, usage, &WebhookResults::default()))
+                    .await
             }
             None if created.is_empty() => {
                 postgres::commit(&self.db, commits, usage).await?;
@@ -901,7 +917,12 @@ mod tests {
         }
         let first = row(store, "c1").await.next_sequence_id;
         store
-            .write_batch(&[user_turn("c1", first, first)], &[], &usage)
+            .write_batch(
+                &[user_turn("c1", first, first)],
+                &[],
+                &usage,
+                &WebhookResults::default(),
+            )
             .await
             .expect("written")
             .wait()
@@ -951,7 +972,12 @@ mod tests {
         let (store, dir) = sqlite_store("log-sync", &["c1"]).await;
         let first = row(&store, "c1").await.next_sequence_id;
         let durable = store
-            .write_batch(&[user_turn("c1", first, first)], &[], &[])
+            .write_batch(
+                &[user_turn("c1", first, first)],
+                &[],
+                &[],
+                &WebhookResults::default(),
+            )
             .await
             .expect("written");
         assert_eq!(
@@ -986,7 +1012,12 @@ mod tests {
         if let Some((store, name)) = postgres_store(&["c1"]).await {
             let first = row(&store, "c1").await.next_sequence_id;
             let durable = store
-                .write_batch(&[user_turn("c1", first, first)], &[], &[])
+                .write_batch(
+                    &[user_turn("c1", first, first)],
+                    &[],
+                    &[],
+                    &WebhookResults::default(),
+                )
                 .await
                 .expect("written");
             assert!(!durable.syncs(), "nothing more to wait for");

@@ -24,6 +24,29 @@ const FINISH_BATCH: usize = 64;
 /// The attempts a delivery keeps in its log.
 pub const ATTEMPTS_KEPT: usize = 10;
 
+/// What a dispatcher writes of its attempts: their results, and the deliveries handed to
+/// it that it gives back to the claim (unclaimed) behind a failed one of their pair.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WebhookResults {
+    pub attempts: Vec<Attempt>,
+    pub released: Vec<String>,
+}
+
+impl WebhookResults {
+    pub fn is_empty(&self) -> bool {
+        self.attempts.is_empty() && self.released.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.attempts.len() + self.released.len()
+    }
+
+    pub fn append(&mut self, other: WebhookResults) {
+        self.attempts.extend(other.attempts);
+        self.released.extend(other.released);
+    }
+}
+
 /// What an endpoint's owner may change.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct WebhookChange {
@@ -666,140 +689,31 @@ impl Store {
         Ok((claimed, mine))
     }
 
-    /// Writes the results of a cycle's attempts, each under its claim (a claim taken by
-    /// another node writes nothing): delivered, to be retried, or failed for good; each
-    /// endpoint's failures (and, past the setting, its disabling with the reason, failing
-    /// its pending deliveries). A few statements for the whole cycle, not a few an attempt:
-    /// the rows changed by one `UPDATE ... FROM (VALUES ...)` per 64, each attempt's log
-    /// made from the one its delivery was sent with (nothing is read).
+    /// Writes the results of a cycle's attempts in a transaction of their own (Postgres;
+    /// SQLite's go with a batch of commits, [`finish_statements`]).
+    pub(crate) async fn finish_webhook_attempts(&self, results: &WebhookResults) -> Result<()> {
+        if results.is_empty() {
+            return Ok(());
+        }
+        let txn = self.writer().begin().await?;
+        for (sql, values) in finish_statements(results, true) {
+            txn.execute_raw(self.statement(&sql, values)).await?;
+        }
+        txn.commit().await?;
+        Ok(())
+    }
+
     async fn finish_on(
         &self,
         txn: &sea_orm::DatabaseTransaction,
         attempts: &[Attempt],
     ) -> Result<()> {
-        let mut held: Vec<(&Attempt, String)> = Vec::with_capacity(attempts.len());
-        for attempt in attempts {
-            // One attempt of a delivery a cycle (those in flight are not claimed again).
-            if held
-                .iter()
-                .any(|(a, _)| a.delivery_id == attempt.delivery_id)
-            {
-                continue;
-            }
-            held.push((attempt, attempts_log_with(&attempt.log_before, attempt)));
-        }
-        let mut written: Vec<String> = Vec::with_capacity(held.len());
-        for chunk in held.chunks(FINISH_BATCH) {
-            // The last row repeated up to a power of two, as `padded_marks` does (the same
-            // row changed the same way once).
-            let rows = chunk.len().next_power_of_two();
-            let mut values: Vec<Value> = Vec::with_capacity(chunk.len() * 9);
-            let last = chunk.len() - 1;
-            for (attempt, log) in (0..rows).map(|r| &chunk[r.min(last)]) {
-                let status = if attempt.succeeded {
-                    "succeeded"
-                } else if attempt.retry_at.is_some() {
-                    "pending"
-                } else {
-                    "failed"
-                };
-                values.extend([
-                    attempt.delivery_id.clone().into(),
-                    status.into(),
-                    attempt.retry_at.unwrap_or(attempt.at).into(),
-                    attempt.status.map(i32::from).into(),
-                    attempt.error.clone().into(),
-                    attempt.latency_ms.into(),
-                    log.clone().into(),
-                    attempt.at.into(),
-                    attempt.claimed_by.clone().into(),
-                ]);
-            }
-            // VALUES' columns are column1..column9 on both databases. A row whose claim ran
-            // out (and was taken by another node) is not changed.
-            let sql = format!(
-                "UPDATE webhook_deliveries SET status = v.column2, attempts = attempts + 1, \
-                 next_attempt_at = v.column3, claimed_by = NULL, claimed_until = NULL, \
-                 last_status = v.column4, last_error = v.column5, last_latency_ms = v.column6, \
-                 attempts_log = v.column7, updated_at = v.column8 \
-                 FROM (VALUES {}) AS v WHERE webhook_deliveries.id = v.column1 \
-                 AND webhook_deliveries.claimed_by = v.column9 AND webhook_deliveries.status = 'pending' \
-                 RETURNING webhook_deliveries.id",
-                tuples(rows, 9, "")
-            );
-            for row in txn.query_all_raw(self.statement(&sql, values)).await? {
-                written.push(row.try_get::<String>("", "id")?);
-            }
-        }
-        // Only the attempts whose claims held tell of their endpoints.
-        held.retain(|(attempt, _)| written.contains(&attempt.delivery_id));
-        // Each endpoint as its latest attempt left it: failing since the first failure after
-        // its last success (that of this cycle, if it had one, replaces the stored one), or
-        // not failing.
-        let mut latest: Vec<(&str, Option<i64>, bool)> = Vec::new();
-        let mut ordered: Vec<&Attempt> = held.iter().map(|(a, _)| *a).collect();
-        ordered.sort_by_key(|a| a.at);
-        for attempt in ordered {
-            let failing = (!attempt.succeeded).then_some(attempt.at);
-            match latest
-                .iter_mut()
-                .find(|(id, _, _)| *id == attempt.webhook_id)
-            {
-                Some((_, since, recovered)) => {
-                    *since = failing.and(since.or(failing));
-                    *recovered |= attempt.succeeded;
-                }
-                None => latest.push((attempt.webhook_id.as_str(), failing, attempt.succeeded)),
-            }
-        }
-        let mut recovered: Vec<Value> = latest
-            .iter()
-            .filter(|(_, since, _)| since.is_none())
-            .map(|(id, _, _)| (*id).into())
-            .collect();
-        if !recovered.is_empty() {
-            let marks = padded_marks(&mut recovered, 1);
-            let sql = format!(
-                "UPDATE webhooks SET failing_since = NULL \
-                 WHERE failing_since IS NOT NULL AND id IN ({marks})"
-            );
-            txn.execute_raw(self.statement(&sql, recovered)).await?;
-        }
-        for (id, since, recovered) in &latest {
-            let Some(since) = since else { continue };
-            let sql = if *recovered {
-                "UPDATE webhooks SET failing_since = $1 WHERE id = $2"
-            } else {
-                "UPDATE webhooks SET failing_since = $1 WHERE id = $2 AND failing_since IS NULL"
-            };
-            txn.execute_raw(self.statement(sql, vec![(*since).into(), (*id).into()]))
-                .await?;
-        }
-        for (attempt, _) in &held {
-            let Some(reason) = &attempt.disable else {
-                continue;
-            };
-            txn.execute_raw(self.statement(
-                "UPDATE webhooks SET enabled = $1, disabled_reason = $2, updated_at = $3 WHERE id = $4",
-                vec![
-                    false.into(),
-                    reason.clone().into(),
-                    attempt.at.into(),
-                    attempt.webhook_id.clone().into(),
-                ],
-            ))
-            .await?;
-            txn.execute_raw(self.statement(
-                "UPDATE webhook_deliveries SET status = 'failed', claimed_by = NULL, \
-                 claimed_until = NULL, last_error = $1, updated_at = $2 \
-                 WHERE webhook_id = $3 AND status = 'pending'",
-                vec![
-                    "the endpoint was disabled".into(),
-                    attempt.at.into(),
-                    attempt.webhook_id.clone().into(),
-                ],
-            ))
-            .await?;
+        let results = WebhookResults {
+            attempts: attempts.to_vec(),
+            released: Vec::new(),
+        };
+        for (sql, values) in finish_statements(&results, true) {
+            txn.execute_raw(self.statement(&sql, values)).await?;
         }
         Ok(())
     }
@@ -848,6 +762,176 @@ impl Store {
             .await?;
         Ok(done.rows_affected() == 1)
     }
+}
+
+/// The statements that write attempts' results, each under its claim (a claim taken by
+/// another node writes nothing): delivered, to be retried, or failed for good; each
+/// endpoint's failures (and, past the setting, its disabling with the reason, failing its
+/// pending deliveries). A few statements for all of them, not a few an attempt: the rows
+/// changed by one `UPDATE ... FROM (VALUES ...)` per 64, each attempt's log made from the one
+/// its delivery was sent with (nothing is read, so they can go with a batch of commits). An
+/// attempt tells of its endpoint's health whoever's claim it was made under. Marks numbered
+/// (`$1`, for [`Store::statement`]) or not (`?`, for a batch of statements).
+pub(super) fn finish_statements(
+    results: &WebhookResults,
+    numbered: bool,
+) -> Vec<(String, Vec<Value>)> {
+    let attempts = &results.attempts;
+    let mut statements: Vec<(String, Vec<Value>)> = Vec::new();
+    let mut push = |sql: String, values: Vec<Value>| {
+        let sql = if numbered { sql } else { unnumbered(&sql) };
+        statements.push((sql, values));
+    };
+    // Handed deliveries given back to the claim: under their direct claim still (one that
+    // ran out and was taken is not changed).
+    for chunk in results.released.chunks(FINISH_BATCH) {
+        let mut values: Vec<Value> = chunk.iter().map(|id| id.clone().into()).collect();
+        let marks = padded_marks(&mut values, 1);
+        push(
+            format!(
+                "UPDATE webhook_deliveries SET claimed_by = NULL, claimed_until = NULL \
+                 WHERE status = 'pending' AND claimed_by LIKE '%/direct' AND id IN ({marks})"
+            ),
+            values,
+        );
+    }
+    let mut held: Vec<(&Attempt, String)> = Vec::with_capacity(attempts.len());
+    for attempt in attempts {
+        // One attempt of a delivery a cycle (those in flight are not claimed again).
+        if held
+            .iter()
+            .any(|(a, _)| a.delivery_id == attempt.delivery_id)
+        {
+            continue;
+        }
+        held.push((attempt, attempts_log_with(&attempt.log_before, attempt)));
+    }
+    for chunk in held.chunks(FINISH_BATCH) {
+        // The last row repeated up to a power of two, as `padded_marks` does (the same
+        // row changed the same way once).
+        let rows = chunk.len().next_power_of_two();
+        let mut values: Vec<Value> = Vec::with_capacity(rows * 9);
+        let last = chunk.len() - 1;
+        for (attempt, log) in (0..rows).map(|r| &chunk[r.min(last)]) {
+            let status = if attempt.succeeded {
+                "succeeded"
+            } else if attempt.retry_at.is_some() {
+                "pending"
+            } else {
+                "failed"
+            };
+            values.extend([
+                attempt.delivery_id.clone().into(),
+                status.into(),
+                attempt.retry_at.unwrap_or(attempt.at).into(),
+                attempt.status.map(i32::from).into(),
+                attempt.error.clone().into(),
+                attempt.latency_ms.into(),
+                log.clone().into(),
+                attempt.at.into(),
+                attempt.claimed_by.clone().into(),
+            ]);
+        }
+        // VALUES' columns are column1..column9 on both databases. A row whose claim ran out
+        // (and was taken by another node) is not changed.
+        push(
+            format!(
+                "UPDATE webhook_deliveries SET status = v.column2, attempts = attempts + 1, \
+                 next_attempt_at = v.column3, claimed_by = NULL, claimed_until = NULL, \
+                 last_status = v.column4, last_error = v.column5, last_latency_ms = v.column6, \
+                 attempts_log = v.column7, updated_at = v.column8 \
+                 FROM (VALUES {}) AS v WHERE webhook_deliveries.id = v.column1 \
+                 AND webhook_deliveries.claimed_by = v.column9 AND webhook_deliveries.status = 'pending'",
+                tuples(rows, 9, "")
+            ),
+            values,
+        );
+    }
+    // Each endpoint as its latest attempt left it: failing since the first failure after
+    // its last success (that of this cycle, if it had one, replaces the stored one), or
+    // not failing.
+    let mut latest: Vec<(&str, Option<i64>, bool)> = Vec::new();
+    let mut ordered: Vec<&Attempt> = held.iter().map(|(a, _)| *a).collect();
+    ordered.sort_by_key(|a| a.at);
+    for attempt in ordered {
+        let failing = (!attempt.succeeded).then_some(attempt.at);
+        match latest
+            .iter_mut()
+            .find(|(id, _, _)| *id == attempt.webhook_id)
+        {
+            Some((_, since, recovered)) => {
+                *since = failing.and(since.or(failing));
+                *recovered |= attempt.succeeded;
+            }
+            None => latest.push((attempt.webhook_id.as_str(), failing, attempt.succeeded)),
+        }
+    }
+    let mut recovered: Vec<Value> = latest
+        .iter()
+        .filter(|(_, since, _)| since.is_none())
+        .map(|(id, _, _)| (*id).into())
+        .collect();
+    if !recovered.is_empty() {
+        let marks = padded_marks(&mut recovered, 1);
+        let sql = format!(
+            "UPDATE webhooks SET failing_since = NULL \
+             WHERE failing_since IS NOT NULL AND id IN ({marks})"
+        );
+        push(sql, recovered);
+    }
+    for (id, since, recovered) in &latest {
+        let Some(since) = since else { continue };
+        let sql = if *recovered {
+            "UPDATE webhooks SET failing_since = $1 WHERE id = $2"
+        } else {
+            "UPDATE webhooks SET failing_since = $1 WHERE id = $2 AND failing_since IS NULL"
+        };
+        push(sql.to_owned(), vec![(*since).into(), (*id).into()]);
+    }
+    for (attempt, _) in &held {
+        let Some(reason) = &attempt.disable else {
+            continue;
+        };
+        push(
+            "UPDATE webhooks SET enabled = $1, disabled_reason = $2, updated_at = $3 WHERE id = $4"
+                .to_owned(),
+            vec![
+                false.into(),
+                reason.clone().into(),
+                attempt.at.into(),
+                attempt.webhook_id.clone().into(),
+            ],
+        );
+        push(
+            "UPDATE webhook_deliveries SET status = 'failed', claimed_by = NULL, \
+             claimed_until = NULL, last_error = $1, updated_at = $2 \
+             WHERE webhook_id = $3 AND status = 'pending'"
+                .to_owned(),
+            vec![
+                "the endpoint was disabled".into(),
+                attempt.at.into(),
+                attempt.webhook_id.clone().into(),
+            ],
+        );
+    }
+    statements
+}
+
+/// `sql` with its marks `$1`, `$2`, ... made `?` (they come in order).
+fn unnumbered(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '$' && chars.peek().is_some_and(char::is_ascii_digit) {
+            while chars.peek().is_some_and(char::is_ascii_digit) {
+                chars.next();
+            }
+            out.push('?');
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Writes new deliveries (an event's, in the transaction of the change that caused it).
@@ -1018,9 +1102,10 @@ mod tests {
     }
 
     /// A cycle's results are written together, each under its own claim: a success, a
-    /// failure to retry and a result whose claim another node took (nothing written); the
-    /// endpoint is failing since the failure that followed its success in the cycle, and
-    /// answers again after a later success.
+    /// failure to retry and a result whose claim another node took (its row not changed);
+    /// the endpoint is failing since the failure that followed its success in the cycle,
+    /// and answers again after a later success. The same statements, unnumbered, go with a
+    /// batch of commits on SQLite.
     async fn results_are_written_under_their_claims(store: &Store) {
         let hook = Webhook {
             id: "wh_1".into(),
@@ -1068,7 +1153,9 @@ mod tests {
         let finished = [
             attempt(&ids[0], "n1", 100, true),
             attempt(&ids[1], "n1", 200, false),
-            attempt(&ids[2], "n2", 300, true),
+            // Another node's claim: its row is not changed, but its failure still tells of
+            // the endpoint (whoever's claim it was made under).
+            attempt(&ids[2], "n2", 300, false),
         ];
         let (claimed, held) = store
             .webhook_cycle(&finished, 400, 60_000, 256, "n1", 400, 0, &[], true)
@@ -1179,6 +1266,30 @@ mod tests {
         assert_eq!(four.len(), 4);
         assert_eq!(tuples(2, 2, ", 'x'"), "($1, $2, 'x'), ($3, $4, 'x')");
         assert_eq!(tuples(1, 3, ""), "($1, $2, $3)");
+        assert_eq!(
+            unnumbered("SET a = $1 WHERE b IN ($2, $13) AND c = '$x'"),
+            "SET a = ? WHERE b IN (?, ?) AND c = '$x'"
+        );
+        // The statements of a batch take their marks in order, each with a value.
+        let statements = finish_statements(
+            &WebhookResults {
+                attempts: vec![Attempt {
+                    disable: Some("down".into()),
+                    ..attempt("d1", "n1", 5, false)
+                }],
+                released: vec!["d2".into(), "d3".into()],
+            },
+            false,
+        );
+        for (sql, values) in &statements {
+            assert!(!sql.contains('$'), "{sql}");
+            assert_eq!(sql.matches('?').count(), values.len(), "{sql}");
+        }
+        assert_eq!(
+            statements.len(),
+            5,
+            "released, results, failing, disabled, its deliveries failed"
+        );
     }
 
     #[tokio::test]

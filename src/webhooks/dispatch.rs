@@ -22,7 +22,7 @@ use crate::config::WebhookSettings;
 use crate::metrics::Metrics;
 use crate::model::{Webhook, WebhookDelivery};
 use crate::persistence::{Persistence, WebhookCycle, WriteJob};
-use crate::store::{Attempt, Store};
+use crate::store::{Attempt, Store, WebhookResults};
 
 /// Outbox rows fanned out per write.
 const FAN_OUT_BATCH: u64 = 256;
@@ -75,8 +75,10 @@ impl Dispatcher {
         // their results written with the next cycle.
         let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<Done>();
         let mut finished: Vec<Attempt> = Vec::new();
-        // Deliveries handed over as they were stored that wait for a free attempt.
-        let mut waiting: VecDeque<(WebhookDelivery, Arc<Webhook>)> = VecDeque::new();
+        // Deliveries handed over as they were stored, per (endpoint, conversation): sent one
+        // at a time, in order; and those given back to the claim behind a failed one.
+        let mut lanes: HashMap<Pair, Lane> = HashMap::new();
+        let mut released: Vec<String> = Vec::new();
         // Deliveries our claims hold that were not sent (their tenant's or the node's
         // attempts in flight were at the most): the next cycle reads them again, even when
         // it claims nothing new and nothing is in flight any more.
@@ -98,12 +100,11 @@ impl Dispatcher {
                 // same cycle (one transaction for all of it).
                 _ = this.subscribers.woken() => tokio::time::sleep(GATHER).await,
                 Some(done) = done_rx.recv() => {
-                    behind |= this.attempt_done(done, &mut finished);
-                    tokio::time::sleep(GATHER).await;
+                    behind |= this.attempt_done(done, &mut finished, &mut lanes, &mut released);
                 }
             }
             while let Ok(done) = done_rx.try_recv() {
-                behind |= this.attempt_done(done, &mut finished);
+                behind |= this.attempt_done(done, &mut finished, &mut lanes, &mut released);
             }
             for attempt in &finished {
                 flying.remove(&attempt.delivery_id);
@@ -122,17 +123,45 @@ impl Dispatcher {
                 counted = Instant::now();
                 (outbox, pending) = this.backlog().await;
             }
-            waiting.extend(this.subscribers.take_handed());
-            // Handed over as they were stored: sent now, no claim to make or read.
-            while let Some((delivery, hook)) = waiting.pop_front() {
+            for (delivery, hook) in this.subscribers.take_handed() {
+                let pair = (
+                    delivery.webhook_id.clone(),
+                    delivery.conversation_id.clone(),
+                );
+                // Its pair waits for the claim (one of it failed since it was made): the
+                // claim takes it, in its place.
+                if this.subscribers.waits_behind(&pair.0, &pair.1) {
+                    released.push(delivery.id.clone());
+                    continue;
+                }
+                let lane = lanes.entry(pair).or_default();
+                let at = lane
+                    .queue
+                    .iter()
+                    .position(|(d, _)| d.event_seq > delivery.event_seq)
+                    .unwrap_or(lane.queue.len());
+                lane.queue.insert(at, (delivery, hook));
+            }
+            // Handed over as they were stored: sent now, no claim to make or read; a pair's
+            // next once the one before it is delivered.
+            let claim_of_handed = this.subscribers.direct_claimer().to_owned();
+            for lane in lanes.values_mut() {
+                if lane.flying {
+                    continue;
+                }
+                let Some((delivery, _)) = lane.queue.front() else {
+                    continue;
+                };
                 if flying.len() >= this.settings.concurrency
                     || per_tenant.get(&delivery.tenant_id).copied().unwrap_or(0)
                         >= this.settings.per_tenant
                 {
-                    waiting.push_front((delivery, hook));
-                    break;
+                    continue;
                 }
-                let claim = this.subscribers.direct_claimer().to_owned();
+                let Some((delivery, hook)) = lane.queue.pop_front() else {
+                    continue;
+                };
+                lane.flying = true;
                 this.fly(
                     &mut flights,
                     &client,
@@ -140,10 +169,11 @@ impl Dispatcher {
                     (&mut flying, &mut per_tenant),
                     delivery,
                     hook,
-                    claim,
+                    claim_of_handed.clone(),
                     true,
                 );
             }
+            lanes.retain(|_, lane| lane.flying || !lane.queue.is_empty());
             let claim = this.subscribers.take_claim()
                 || held
                 || std::mem::take(&mut behind)
@@ -158,9 +188,37 @@ impl Dispatcher {
             {
                 continue;
             }
-            // Only results to write, outbox rows to fan out or deliveries to claim make a
-            // cycle: a delivery handed over as it was stored needs none before it is sent.
-            if finished.is_empty() && !outbox && !claim {
+            // The results of the attempts made: on SQLite with the next batch of commits.
+            if !finished.is_empty() || !released.is_empty() {
+                let results = WebhookResults {
+                    attempts: std::mem::take(&mut finished),
+                    released: std::mem::take(&mut released),
+                };
+                let disabled: Vec<String> = results
+                    .attempts
+                    .iter()
+                    .filter(|a| a.disable.is_some())
+                    .map(|a| a.webhook_id.clone())
+                    .collect();
+                behind |= !results.released.is_empty();
+                match this
+                    .persistence
+                    .write(WriteJob::WebhookResults(results))
+                    .await
+                {
+                    Ok(_) => {
+                        for id in &disabled {
+                            this.subscribers.forget(id);
+                        }
+                    }
+                    // Results not written: their claims run out and the deliveries are made
+                    // again (at least once).
+                    Err(e) => tracing::warn!(error = %e, "webhook results could not be stored"),
+                }
+            }
+            // Only outbox rows to fan out or deliveries to claim make a cycle: a delivery
+            // handed over as it was stored needs none before it is sent.
+            if !outbox && !claim {
                 continue;
             }
             let free = this.settings.concurrency.saturating_sub(flying.len());
@@ -169,7 +227,7 @@ impl Dispatcher {
             }
             let now = now_ms();
             let cycle = WebhookCycle {
-                finished: std::mem::take(&mut finished),
+                finished: Vec::new(),
                 now,
                 retry_for_ms: ms(this.settings.retry_for_ms),
                 fan_out_limit: if outbox { FAN_OUT_BATCH } else { 0 },
@@ -180,25 +238,14 @@ impl Dispatcher {
                 held,
                 claimed: Arc::default(),
             };
-            let disabled: Vec<String> = cycle
-                .finished
-                .iter()
-                .filter(|a| a.disable.is_some())
-                .map(|a| a.webhook_id.clone())
-                .collect();
             let claimed = Arc::clone(&cycle.claimed);
             if let Err(e) = this
                 .persistence
                 .write(WriteJob::WebhookCycle(Box::new(cycle)))
                 .await
             {
-                // Results not written: their claims run out and the deliveries are made
-                // again (at least once).
                 tracing::warn!(error = %e, "a webhook cycle could not be stored");
                 continue;
-            }
-            for id in &disabled {
-                this.subscribers.forget(id);
             }
             // What its claims hold, read in the cycle (none when it claimed nothing, nothing
             // was in flight and nothing held), but those in flight.
@@ -236,19 +283,33 @@ impl Dispatcher {
         flights.abort_all();
     }
 
-    /// An attempt's result: kept for the next cycle; a handed delivery's pair is told.
-    /// Whether deliveries of its pair may wait behind it (the cycle that writes it claims).
-    fn attempt_done(&self, done: Done, finished: &mut Vec<Attempt>) -> bool {
+    /// An attempt's result: kept for the next write. A handed delivery's lane sends its next
+    /// one if it was delivered, and gives the rest back to the claim if it failed (they go
+    /// after its retry). Whether deliveries of its pair may wait behind it for the claim.
+    fn attempt_done(
+        &self,
+        done: Done,
+        finished: &mut Vec<Attempt>,
+        lanes: &mut HashMap<Pair, Lane>,
+        released: &mut Vec<String>,
+    ) -> bool {
+        let pair = (
+            done.attempt.webhook_id.clone(),
+            done.conversation_id.clone(),
+        );
         if done.handed {
-            self.subscribers.attempted(
-                &done.attempt.webhook_id,
-                &done.conversation_id,
-                done.attempt.succeeded,
-            );
+            if done.attempt.succeeded {
+                if let Some(lane) = lanes.get_mut(&pair) {
+                    lane.flying = false;
+                }
+            } else {
+                self.subscribers.failed(&pair.0, &pair.1);
+                if let Some(lane) = lanes.remove(&pair) {
+                    released.extend(lane.queue.into_iter().map(|(d, _)| d.id));
+                }
+            }
         }
-        let behind = self
-            .subscribers
-            .waits_behind(&done.attempt.webhook_id, &done.conversation_id);
+        let behind = self.subscribers.waits_behind(&pair.0, &pair.1);
         finished.push(done.attempt);
         behind
     }
@@ -373,6 +434,16 @@ impl Dispatcher {
             disable,
         }
     }
+}
+
+/// An endpoint and a conversation.
+type Pair = (String, String);
+
+/// A pair's deliveries handed over as they were stored: one in flight at a time.
+#[derive(Default)]
+struct Lane {
+    flying: bool,
+    queue: VecDeque<(WebhookDelivery, Arc<Webhook>)>,
 }
 
 /// An attempt made, for the dispatcher's loop.

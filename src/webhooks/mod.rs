@@ -56,11 +56,15 @@ type Pair = (String, String);
 /// not done.
 ///
 /// An event's delivery is written with the change that caused it. When its pair has no
-/// delivery that is not done, it is written claimed by this node's dispatcher and handed to
-/// it once stored: it goes out at once, without a claim's transaction and read. Otherwise it
-/// is written unclaimed, and the dispatcher claims it when the ones before it are done (the
-/// claim takes a pair's first undone delivery only). A delivery handed out but never sent
-/// (the process died) is claimed by any node when its claim runs out.
+/// undone delivery but those handed to this node's dispatcher, it is written claimed by the
+/// dispatcher and handed to it once stored: the dispatcher sends a pair's handed deliveries
+/// one after another, in order, without a claim's transaction or read. Otherwise (a
+/// delivery of the pair failed and waits for its retry, or is another node's, or was
+/// written unclaimed) it is written unclaimed, and the dispatcher claims it when the ones
+/// before it are done (the claim takes a pair's first undone delivery only). When a handed
+/// delivery fails, those of its pair handed after it are released to the claim. A delivery
+/// handed out but never sent (the process died) is claimed by any node when its claim runs
+/// out.
 #[derive(Debug)]
 pub struct Subscribers {
     known: Mutex<Known>,
@@ -78,9 +82,6 @@ pub struct Subscribers {
 struct Known {
     /// Each tenant's enabled endpoints.
     hooks: HashMap<String, Vec<Arc<Webhook>>>,
-    /// Pairs with deliveries handed (or to be handed, once stored) to this node's dispatcher
-    /// and not yet attempted.
-    flying: HashMap<Pair, u32>,
     /// Pairs with unclaimed deliveries written in a transaction not yet done.
     unconfirmed: HashMap<Pair, u32>,
     /// Pairs with stored deliveries not done, as last read, and those marked since: the
@@ -98,8 +99,7 @@ struct Known {
 
 impl Known {
     fn busy(&self, pair: &Pair) -> bool {
-        self.flying.contains_key(pair)
-            || self.unconfirmed.contains_key(pair)
+        self.unconfirmed.contains_key(pair)
             || self.pending.contains_key(pair)
             || self.orphaned.contains_key(pair)
     }
@@ -213,7 +213,6 @@ impl Subscribers {
                     *known.unconfirmed.entry(pair).or_default() += 1;
                     None
                 } else {
-                    *known.flying.entry(pair).or_default() += 1;
                     Some((
                         self.direct_claimer.clone(),
                         created_at.saturating_add(self.claim_ms),
@@ -264,7 +263,6 @@ impl Subscribers {
             let Some(hook) = hook else {
                 // Disabled or removed since: if it was written, its claim runs out and the
                 // dispatcher's claim finds that its endpoint is not enabled.
-                release(&mut known.flying, &pair);
                 known
                     .orphaned
                     .insert(pair, delivery.claimed.as_ref().map_or(0, |c| c.1));
@@ -290,7 +288,6 @@ impl Subscribers {
             );
             match &delivery.claimed {
                 Some((_, until)) => {
-                    release(&mut known.flying, &pair);
                     known.orphaned.insert(pair, *until);
                 }
                 None => {
@@ -306,12 +303,12 @@ impl Subscribers {
         std::mem::take(&mut self.known().handed)
     }
 
-    /// A handed delivery was attempted: its pair is free again if it was delivered.
-    pub(crate) fn attempted(&self, webhook_id: &str, conversation_id: &str, delivered: bool) {
+    /// A handed delivery failed: its pair's next deliveries wait for the claim (behind its
+    /// retry) until it is done.
+    pub(crate) fn failed(&self, webhook_id: &str, conversation_id: &str) {
         let mut known = self.known();
         let pair = (webhook_id.to_owned(), conversation_id.to_owned());
-        release(&mut known.flying, &pair);
-        if !delivered {
+        {
             // Marked through the next read too: that read may come before the cycle that
             // writes the result (until then the row is under this node's direct claim, which
             // the read leaves out).
@@ -320,7 +317,8 @@ impl Subscribers {
         }
     }
 
-    /// Whether deliveries of the pair may wait unclaimed (behind one just attempted).
+    /// Whether deliveries of the pair wait for the claim: those handed over for it are
+    /// released to it (and a claim may find some behind one just attempted).
     pub(crate) fn waits_behind(&self, webhook_id: &str, conversation_id: &str) -> bool {
         let known = self.known();
         let pair = (webhook_id.to_owned(), conversation_id.to_owned());
@@ -561,11 +559,12 @@ mod tests {
     }
 
     /// A conversation's delivery to an endpoint is handed to the dispatcher as it is stored
-    /// only when none of the pair's is undone: while one is in flight, failed, written
-    /// unclaimed or of unknown fate, the next waits for the claim (which takes a pair's first
+    /// (which sends a pair's one at a time, in order) unless the pair has an undone delivery
+    /// the dispatcher does not hold: a failed one waiting for its retry, one written
+    /// unclaimed, one of unknown fate. Then it waits for the claim (which takes a pair's first
     /// undone one only), so the pair's deliveries keep the order of its events.
     #[test]
-    fn a_delivery_is_handed_over_only_behind_nothing_undone() {
+    fn a_delivery_is_handed_over_only_behind_nothing_undone_elsewhere() {
         let subs = subscribers(vec![
             hook("wh_a", "t", &[TURN_COMPLETED]),
             hook("wh_b", "t", &[TURN_FAILED]),
@@ -581,31 +580,39 @@ mod tests {
             first[0].claimed.as_ref().map(|c| c.0.as_str()),
             Some("n/1/direct")
         );
-        // In flight: the pair's next one waits; another conversation's does not.
+        // Handed too: the dispatcher sends it after the first.
         let second = subs.deliveries(vec![completed("t", "c1")]);
-        assert!(!direct(&second[0]));
+        assert!(direct(&second[0]));
         assert!(second[0].event_seq > first[0].event_seq);
-        assert!(direct(&subs.deliveries(vec![completed("t", "c2")])[0]));
         subs.stored(&first);
         subs.stored(&second);
+        assert!(!subs.take_claim(), "nothing to claim");
+        let handed = subs.take_handed();
+        assert_eq!(
+            handed
+                .iter()
+                .map(|(d, _)| d.id.as_str())
+                .collect::<Vec<_>>(),
+            [first[0].id.as_str(), second[0].id.as_str()]
+        );
+        assert!(!subs.waits_behind("wh_a", "c1"));
+        // A handed one failed: the pair's next ones wait for the claim, behind its retry.
+        subs.failed("wh_a", "c1");
+        assert!(subs.waits_behind("wh_a", "c1"));
+        let third = subs.deliveries(vec![completed("t", "c1")]);
+        assert!(!direct(&third[0]));
+        subs.stored(&third);
         assert!(
             subs.take_claim(),
             "an unclaimed one stored: the next cycle claims"
         );
-        let handed = subs.take_handed();
-        assert_eq!(handed.len(), 1, "only the claimed one is handed over");
-        assert_eq!(handed[0].0.id, first[0].id);
-        // Delivered: the pair still has the unclaimed one waiting (until a read says not).
-        subs.attempted("wh_a", "c1", true);
-        assert!(subs.waits_behind("wh_a", "c1"));
-        assert!(!direct(&subs.deliveries(vec![completed("t", "c1")])[0]));
-        // A failed attempt holds its pair too.
-        subs.attempted("wh_a", "c2", false);
-        assert!(!direct(&subs.deliveries(vec![completed("t", "c2")])[0]));
+        assert!(subs.take_handed().is_empty());
+        // Another conversation's are handed over still.
+        assert!(direct(&subs.deliveries(vec![completed("t", "c2")])[0]));
         // A write of unknown fate: its pair waits; no other tenant's endpoint is ever used.
-        let third = subs.deliveries(vec![completed("t", "c3")]);
-        assert!(direct(&third[0]));
-        subs.not_stored(&third);
+        let fourth = subs.deliveries(vec![completed("t", "c3")]);
+        assert!(direct(&fourth[0]));
+        subs.not_stored(&fourth);
         assert!(subs.take_handed().is_empty());
         assert!(!direct(&subs.deliveries(vec![completed("t", "c3")])[0]));
         assert!(subs.deliveries(vec![completed("nobody", "c9")]).is_empty());
