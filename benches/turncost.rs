@@ -65,41 +65,15 @@ const WAITING: [&str; 8] = [
 
 fn main() {
     match std::env::var(ROLE).as_deref() {
-        Ok("fake-llm") => serve_fake_llm_and_receiver(),
+        Ok("fake-llm") => common::live::serve_fake_llm_and(true),
         Ok("workload") => workload(),
         _ => conduct(),
     }
 }
 
 // ---------------------------------------------------------------------------------------
-// The fake LLM process, and a webhook receiver that answers every delivery with a 200.
-
-fn serve_fake_llm_and_receiver() {
-    use std::io::Write as _;
-    bedrock::install_crypto();
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(async {
-            let llm = bedrock::testkit::FakeLlm::start().await;
-            llm.forget_requests();
-            llm.auto_tool_turns("think", json!({"thoughts": "one tool call per turn"}));
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let hook = format!("http://{}/hook", listener.local_addr().unwrap());
-            let router = axum::Router::new().route("/hook", axum::routing::post(|| async { "ok" }));
-            tokio::spawn(async move { axum::serve(listener, router).await });
-            println!("{}", llm.base_url);
-            println!("{hook}");
-            std::io::stdout().flush().unwrap();
-            tokio::task::spawn_blocking(|| {
-                let mut line = String::new();
-                while std::io::stdin().read_line(&mut line).is_ok_and(|n| n > 0) {}
-            })
-            .await
-            .unwrap();
-        });
-}
+// The fake LLM process, and a webhook receiver that answers every delivery with a 200
+// (common::live).
 
 // ---------------------------------------------------------------------------------------
 // The workload: `TURNCOST_CONVERSATIONS` conversations of `TURNS` turns, one turn at a time.

@@ -193,13 +193,19 @@ pub fn cpu_time(pid: u32) -> (Duration, Duration) {
 /// loopback port, asking for one `think` call per turn, prints its base URL, and runs until
 /// stdin closes (the conductor going away, whatever the way).
 pub fn serve_fake_llm() {
+    serve_fake_llm_and(false);
+}
+
+/// [`serve_fake_llm`], and with `receiver` a webhook receiver too that answers every
+/// delivery with a 200: its URL is the second line printed.
+pub fn serve_fake_llm_and(receiver: bool) {
     use std::io::Write as _;
     bedrock::install_crypto();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap()
-        .block_on(async {
+        .block_on(async move {
             let llm = bedrock::testkit::FakeLlm::start().await;
             llm.forget_requests();
             llm.auto_tool_turns(
@@ -207,6 +213,13 @@ pub fn serve_fake_llm() {
                 serde_json::json!({"thoughts": "one tool call per turn"}),
             );
             println!("{}", llm.base_url);
+            if receiver {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                println!("http://{}/hook", listener.local_addr().unwrap());
+                let router =
+                    axum::Router::new().route("/hook", axum::routing::post(|| async { "ok" }));
+                tokio::spawn(async move { axum::serve(listener, router).await });
+            }
             std::io::stdout().flush().unwrap();
             tokio::task::spawn_blocking(|| {
                 let mut line = String::new();

@@ -67,13 +67,16 @@ impl Dispatcher {
 
     async fn run(self, client: crate::egress::Client, claimer: String, stop: CancellationToken) {
         let this = Arc::new(self);
-        let mut flights: JoinSet<()> = JoinSet::new();
-        // Deliveries in flight, and per tenant.
-        let mut flying: HashSet<String> = HashSet::new();
-        let mut per_tenant: HashMap<String, usize> = HashMap::new();
         // Attempts made (with their conversations, and whether they were handed over),
         // their results written with the next cycle.
         let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<Done>();
+        let mut flights = Flights {
+            tasks: JoinSet::new(),
+            client,
+            done: done_tx,
+            flying: HashSet::new(),
+            per_tenant: HashMap::new(),
+        };
         let mut finished: Vec<Attempt> = Vec::new();
         // Deliveries handed over as they were stored, per (endpoint, conversation): sent one
         // at a time, in order; and those given back to the claim behind a failed one.
@@ -107,12 +110,8 @@ impl Dispatcher {
                 behind |= this.attempt_done(done, &mut finished, &mut lanes, &mut released);
             }
             for attempt in &finished {
-                flying.remove(&attempt.delivery_id);
-                if let Some(n) = per_tenant.get_mut(&attempt.tenant_id) {
-                    *n = n.saturating_sub(1);
-                }
+                flights.landed(attempt);
             }
-            while flights.try_join_next().is_some() {}
             if refreshed.elapsed() >= REFRESH_EVERY {
                 refreshed = Instant::now();
                 if let Err(e) = this.subscribers.refresh(&this.store).await {
@@ -152,26 +151,14 @@ impl Dispatcher {
                 let Some((delivery, _)) = lane.queue.front() else {
                     continue;
                 };
-                if flying.len() >= this.settings.concurrency
-                    || per_tenant.get(&delivery.tenant_id).copied().unwrap_or(0)
-                        >= this.settings.per_tenant
-                {
+                if !flights.room(&this.settings, &delivery.tenant_id) {
                     continue;
                 }
                 let Some((delivery, hook)) = lane.queue.pop_front() else {
                     continue;
                 };
                 lane.flying = true;
-                this.fly(
-                    &mut flights,
-                    &client,
-                    &done_tx,
-                    (&mut flying, &mut per_tenant),
-                    delivery,
-                    hook,
-                    claim_of_handed.clone(),
-                    true,
-                );
+                flights.start(&this, delivery, hook, claim_of_handed.clone(), true);
             }
             lanes.retain(|_, lane| lane.flying || !lane.queue.is_empty());
             let claim = this.subscribers.take_claim()
@@ -182,7 +169,7 @@ impl Dispatcher {
             if this.subscribers.is_empty()
                 && !outbox
                 && !pending
-                && flying.is_empty()
+                && flights.flying.is_empty()
                 && finished.is_empty()
                 && !held
             {
@@ -221,7 +208,10 @@ impl Dispatcher {
             if !outbox && !claim {
                 continue;
             }
-            let free = this.settings.concurrency.saturating_sub(flying.len());
+            let free = this
+                .settings
+                .concurrency
+                .saturating_sub(flights.flying.len());
             if claim {
                 claimed_at = Some(Instant::now());
             }
@@ -234,7 +224,7 @@ impl Dispatcher {
                 claimed_by: claimer.clone(),
                 until: now.saturating_add(ms(this.settings.claim_ms)),
                 claim_limit: if claim { free as u64 } else { 0 },
-                flying: flying.iter().cloned().collect(),
+                flying: flights.flying.iter().cloned().collect(),
                 held,
                 claimed: Arc::default(),
             };
@@ -256,31 +246,19 @@ impl Dispatcher {
             );
             held = false;
             for (delivery, hook) in mine {
-                if flying.contains(&delivery.id) {
+                if flights.flying.contains(&delivery.id) {
                     continue;
                 }
-                if flying.len() >= this.settings.concurrency
-                    || per_tenant.get(&delivery.tenant_id).copied().unwrap_or(0)
-                        >= this.settings.per_tenant
-                {
+                if !flights.room(&this.settings, &delivery.tenant_id) {
                     // Still claimed: handed out by a later cycle (`held`), when one of the
                     // tenant's ends.
                     held = true;
                     continue;
                 }
-                this.fly(
-                    &mut flights,
-                    &client,
-                    &done_tx,
-                    (&mut flying, &mut per_tenant),
-                    delivery,
-                    Arc::new(hook),
-                    claimer.clone(),
-                    false,
-                );
+                flights.start(&this, delivery, Arc::new(hook), claimer.clone(), false);
             }
         }
-        flights.abort_all();
+        flights.tasks.abort_all();
     }
 
     /// An attempt's result: kept for the next write. A handed delivery's lane sends its next
@@ -312,40 +290,6 @@ impl Dispatcher {
         let behind = self.subscribers.waits_behind(&pair.0, &pair.1);
         finished.push(done.attempt);
         behind
-    }
-
-    /// Sends `delivery` under `claim` in a task of its own.
-    #[allow(clippy::too_many_arguments)]
-    fn fly(
-        self: &Arc<Self>,
-        flights: &mut JoinSet<()>,
-        client: &crate::egress::Client,
-        done: &tokio::sync::mpsc::UnboundedSender<Done>,
-        (flying, per_tenant): (&mut HashSet<String>, &mut HashMap<String, usize>),
-        delivery: WebhookDelivery,
-        hook: Arc<Webhook>,
-        claim: String,
-        handed: bool,
-    ) {
-        *per_tenant.entry(delivery.tenant_id.clone()).or_default() += 1;
-        flying.insert(delivery.id.clone());
-        let (this, client, done) = (Arc::clone(self), client.clone(), done.clone());
-        let span = tracing::info_span!("webhook delivery", tenant = %delivery.tenant_id,
-            conversation = %delivery.conversation_id, webhook = %hook.id,
-            event = %delivery.event_type, delivery = %delivery.id,
-            attempt = delivery.attempts + 1);
-        let conversation_id = delivery.conversation_id.clone();
-        flights.spawn(
-            async move {
-                let attempt = this.deliver(&client, &claim, delivery, &hook).await;
-                let _ = done.send(Done {
-                    attempt,
-                    conversation_id,
-                    handed,
-                });
-            }
-            .instrument(span),
-        );
     }
 
     /// Whether outbox rows (of an earlier release) and deliveries wait (and the metric of
@@ -433,6 +377,70 @@ impl Dispatcher {
             retry_at,
             disable,
         }
+    }
+}
+
+/// The node's attempts in flight: their tasks, and how many per tenant.
+struct Flights {
+    tasks: JoinSet<()>,
+    client: crate::egress::Client,
+    done: tokio::sync::mpsc::UnboundedSender<Done>,
+    /// The deliveries in flight.
+    flying: HashSet<String>,
+    per_tenant: HashMap<String, usize>,
+}
+
+impl Flights {
+    /// Whether another attempt of the tenant may start (the node's and the tenant's limits).
+    fn room(&self, settings: &WebhookSettings, tenant_id: &str) -> bool {
+        self.flying.len() < settings.concurrency
+            && self.per_tenant.get(tenant_id).copied().unwrap_or(0) < settings.per_tenant
+    }
+
+    /// An attempt ended.
+    fn landed(&mut self, attempt: &Attempt) {
+        self.flying.remove(&attempt.delivery_id);
+        if let Some(n) = self.per_tenant.get_mut(&attempt.tenant_id) {
+            *n = n.saturating_sub(1);
+        }
+        while self.tasks.try_join_next().is_some() {}
+    }
+
+    /// Sends `delivery` under `claim` in a task of its own.
+    fn start(
+        &mut self,
+        dispatcher: &Arc<Dispatcher>,
+        delivery: WebhookDelivery,
+        hook: Arc<Webhook>,
+        claim: String,
+        handed: bool,
+    ) {
+        *self
+            .per_tenant
+            .entry(delivery.tenant_id.clone())
+            .or_default() += 1;
+        self.flying.insert(delivery.id.clone());
+        let (this, client, done) = (
+            Arc::clone(dispatcher),
+            self.client.clone(),
+            self.done.clone(),
+        );
+        let span = tracing::info_span!("webhook delivery", tenant = %delivery.tenant_id,
+            conversation = %delivery.conversation_id, webhook = %hook.id,
+            event = %delivery.event_type, delivery = %delivery.id,
+            attempt = delivery.attempts + 1);
+        let conversation_id = delivery.conversation_id.clone();
+        self.tasks.spawn(
+            async move {
+                let attempt = this.deliver(&client, &claim, delivery, &hook).await;
+                let _ = done.send(Done {
+                    attempt,
+                    conversation_id,
+                    handed,
+                });
+            }
+            .instrument(span),
+        );
     }
 }
 
