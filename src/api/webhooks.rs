@@ -170,7 +170,7 @@ pub async fn create(
     app.persistence
         .write(WriteJob::CreateWebhook(Box::new(hook.clone())))
         .await?;
-    known_again(&app).await;
+    known_again(&app, &tenant_id).await;
     Ok(reply(StatusCode::CREATED, &view(&hook, Some(secret))))
 }
 
@@ -251,7 +251,7 @@ pub async fn update(
     if changed != WriteOutcome::Resolved(true) {
         return Err(ApiError::not_found("webhook"));
     }
-    known_again(&app).await;
+    known_again(&app, &caller.0.id).await;
     let hook = found(&app, &caller, &id).await?;
     Ok(reply(StatusCode::OK, &view(&hook, None)))
 }
@@ -275,14 +275,14 @@ pub async fn delete(
             id,
         })
         .await?;
-    known_again(&app).await;
+    known_again(&app, &caller.0.id).await;
     ApiError::removed(removed, "webhook")
 }
 
-/// The node's endpoints read again after one changed here: its next event goes to the
+/// The tenant's endpoints read again after one changed here: its next event goes to the
 /// endpoint as it is now (other nodes read them again within a second).
-async fn known_again(app: &AppState) {
-    if let Err(e) = app.webhooks.refresh(&app.store).await {
+async fn known_again(app: &AppState, tenant_id: &str) {
+    if let Err(e) = app.webhooks.refresh_tenant(&app.store, tenant_id).await {
         tracing::warn!(error = %e, "webhook endpoints not read again");
     }
 }
@@ -317,7 +317,7 @@ pub async fn rotate_secret(
     if rotated != WriteOutcome::Resolved(true) {
         return Err(ApiError::not_found("webhook"));
     }
-    known_again(&app).await;
+    known_again(&app, &caller.0.id).await;
     let hook = found(&app, &caller, &id).await?;
     Ok(reply(StatusCode::OK, &view(&hook, Some(secret))))
 }

@@ -93,6 +93,9 @@ struct Known {
     /// be sent by it (its write's outcome is not known, its endpoint went): until its claim
     /// runs out (the pending pairs as read leave out this node's direct claims).
     orphaned: HashMap<Pair, i64>,
+    /// Tenants whose endpoints were read alone (after a change on this node), and the
+    /// generation they were read in: a read of all of them begun before keeps theirs.
+    read_alone: HashMap<String, u64>,
     /// Stored deliveries handed to the dispatcher, with their endpoints.
     handed: Vec<(WebhookDelivery, Arc<Webhook>)>,
 }
@@ -102,6 +105,15 @@ impl Known {
         self.unconfirmed.contains_key(pair)
             || self.pending.contains_key(pair)
             || self.orphaned.contains_key(pair)
+    }
+
+    /// The tenant's enabled endpoints are `hooks` (none: it is not known at all).
+    fn set_hooks(&mut self, tenant_id: String, hooks: Vec<Arc<Webhook>>) {
+        if hooks.is_empty() {
+            self.hooks.remove(&tenant_id);
+        } else {
+            self.hooks.insert(tenant_id, hooks);
+        }
     }
 
     fn mark_pending(&mut self, pair: Pair) {
@@ -163,13 +175,41 @@ impl Subscribers {
                 .push(Arc::new(hook));
         }
         let mut known = self.known();
+        let kept: Vec<(String, Option<Vec<Arc<Webhook>>>)> = known
+            .read_alone
+            .iter()
+            .filter(|(_, read)| **read >= began)
+            .map(|(tenant, _)| (tenant.clone(), known.hooks.get(tenant).cloned()))
+            .collect();
         known.hooks = by_tenant;
+        for (tenant, hooks) in kept {
+            known.set_hooks(tenant, hooks.unwrap_or_default());
+        }
+        known.read_alone.retain(|_, read| *read >= began);
         known.pending.retain(|_, marked| *marked >= began);
         let now = Utc::now().timestamp_millis();
         known.orphaned.retain(|_, until| *until > now);
         for pair in pending {
             known.pending.entry(pair).or_insert(0);
         }
+        Ok(())
+    }
+
+    /// Reads one tenant's endpoints again, after a change to them on this node: its next
+    /// event goes by them at once. Only that tenant's rows are read, so a tenant's flood of
+    /// changes reads nothing of any other's.
+    pub async fn refresh_tenant(&self, store: &Store, tenant_id: &str) -> crate::store::Result<()> {
+        let hooks: Vec<Arc<Webhook>> = store
+            .webhooks(tenant_id)
+            .await?
+            .into_iter()
+            .filter(|hook| hook.enabled)
+            .map(Arc::new)
+            .collect();
+        let mut known = self.known();
+        let generation = known.generation;
+        known.read_alone.insert(tenant_id.to_owned(), generation);
+        known.set_hooks(tenant_id.to_owned(), hooks);
         Ok(())
     }
 
@@ -620,6 +660,54 @@ mod tests {
         subs.forget("wh_a");
         assert!(subs.deliveries(vec![completed("t", "c4")]).is_empty());
         assert!(subs.has("t"), "wh_b is still enabled");
+    }
+
+    /// A change on this node reads only the changing tenant's endpoints, and counts at once.
+    #[tokio::test]
+    async fn a_tenants_change_reads_that_tenants_endpoints_only() {
+        let (store, dir) = crate::store::testing::sqlite_store("webhook-known", &[]).await;
+        for (id, tenant) in [("wh_1", "t1"), ("wh_2", "t2")] {
+            store
+                .insert_webhook(&hook(id, tenant, &[TURN_COMPLETED]))
+                .await
+                .expect("an endpoint");
+        }
+        let settings = crate::config::Settings::load_from(None, Vec::<(String, String)>::new())
+            .expect("the defaults");
+        let subs = Subscribers::load(&store, &settings.webhooks, "n")
+            .await
+            .expect("loads");
+        assert!(subs.has("t1") && subs.has("t2"));
+        let known_of = |tenant: &str| -> Vec<String> {
+            subs.known()
+                .hooks
+                .get(tenant)
+                .map(|hooks| hooks.iter().map(|h| h.id.clone()).collect())
+                .unwrap_or_default()
+        };
+        // t2 gains an endpoint and t1 loses its own; t1's change is read alone.
+        store
+            .insert_webhook(&hook("wh_3", "t2", &[TURN_COMPLETED]))
+            .await
+            .expect("an endpoint");
+        let off = crate::store::WebhookChange {
+            enabled: Some(false),
+            ..Default::default()
+        };
+        assert!(
+            store
+                .update_webhook("t1", "wh_1", &off, 2)
+                .await
+                .expect("changes")
+        );
+        subs.refresh_tenant(&store, "t1").await.expect("reads");
+        assert!(!subs.has("t1"), "t1's change counts at once");
+        assert_eq!(known_of("t2"), ["wh_2"], "t2's endpoints were not read");
+        // The next read of them all finds t2's.
+        subs.refresh(&store).await.expect("reads");
+        assert_eq!(known_of("t2").len(), 2);
+        assert!(!subs.has("t1"));
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

@@ -353,6 +353,109 @@ async fn webhooks_are_signed_retried_and_logged() {
     }
 }
 
+/// What a hostile tenant tries first against its endpoints: a flood of changes to one of
+/// them (events switched back and forth, its secret rotated), all at once. Each is answered
+/// (no 5xx); another tenant's events keep reaching its own endpoint, once each; and the
+/// flooding tenant's last change counts at once on this node (its next turn's event goes by
+/// it), so a change reads only the changing tenant's endpoints, never every tenant's.
+#[tokio::test]
+async fn a_flood_of_endpoint_changes_costs_other_tenants_nothing() {
+    for db in TestDb::each().await {
+        let app = TestApp::spawn_with(&db, &FAST).await;
+        let b = Some(app.key_b.as_str());
+        let (addr_a, receiver_a) = serve_receiver().await;
+        let (addr_b, receiver_b) = serve_receiver().await;
+        let hook_a = subscribe(&app, addr_a, &receiver_a, json!(["turn.completed"])).await;
+        let made_b = app
+            .request(
+                reqwest::Method::POST,
+                "/v1/webhooks",
+                b,
+                Some(json!({"url": format!("http://{addr_b}/hook"), "events": ["turn.completed"]})),
+            )
+            .await
+            .expect(201);
+        *receiver_b.secret.lock().expect("the secret") =
+            made_b["secret"].as_str().map(str::to_owned);
+
+        let conv_b = app
+            .request(
+                reqwest::Method::POST,
+                "/v1/conversations",
+                b,
+                Some(json!({})),
+            )
+            .await
+            .expect(201);
+        let conv_b = conv_b["id"].as_str().expect("an id").to_owned();
+        app.llm.push([Llm::text("b's")]);
+        let flood = (0..40).map(|i| {
+            let (method, path, body) = if i % 5 == 4 {
+                (
+                    reqwest::Method::POST,
+                    format!("/v1/webhooks/{hook_a}/rotate_secret"),
+                    None,
+                )
+            } else {
+                let events = if i % 2 == 0 {
+                    json!(["turn.failed"])
+                } else {
+                    json!(["turn.completed", "turn.failed"])
+                };
+                (
+                    reqwest::Method::PATCH,
+                    format!("/v1/webhooks/{hook_a}"),
+                    Some(json!({ "events": events })),
+                )
+            };
+            let key = app.key_a.clone();
+            let app = &app;
+            async move { app.request(method, &path, Some(&key), body).await.status }
+        });
+        let to_b = format!("/v1/conversations/{conv_b}/messages");
+        let send_b = app.request(reqwest::Method::POST, &to_b, b, Some(json!({"text": "hi"})));
+        let (statuses, sent) = tokio::join!(futures::future::join_all(flood), send_b);
+        sent.expect(202);
+        assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+        eventually("b's event at b's endpoint", WAIT, || async {
+            (receiver_b.of_type("turn.completed").len() == 1).then_some(())
+        })
+        .await;
+
+        // The flood's last word counts at once: unsubscribed, a's turn tells a nothing;
+        // subscribed again, its next turn is told.
+        app.request(
+            reqwest::Method::PATCH,
+            &format!("/v1/webhooks/{hook_a}"),
+            Some(&app.key_a),
+            Some(json!({"events": ["turn.failed"]})),
+        )
+        .await
+        .expect(200);
+        let before = receiver_a.of_type("turn.completed").len();
+        one_turn(&app, "not told").await;
+        app.request(
+            reqwest::Method::PATCH,
+            &format!("/v1/webhooks/{hook_a}"),
+            Some(&app.key_a),
+            Some(json!({"events": ["turn.completed"]})),
+        )
+        .await
+        .expect(200);
+        let told = one_turn(&app, "told").await;
+        let got = eventually("a's event after the flood", WAIT, || async {
+            let got = receiver_a.of_type("turn.completed");
+            (got.len() > before).then_some(got)
+        })
+        .await;
+        assert_eq!(got.len(), before + 1, "only the subscribed turn is told");
+        assert_eq!(got[before].body["data"]["conversation_id"], told.as_str());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(receiver_b.of_type("turn.completed").len(), 1, "b's once");
+        app.cleanup(db).await;
+    }
+}
+
 /// A request to the client (`request.created`, naming the request and the call), a
 /// cancelled turn, a failed one and a spent budget are each told, as subscribed; an
 /// unsubscribed event is not.
