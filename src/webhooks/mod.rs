@@ -665,13 +665,25 @@ mod tests {
     /// A change on this node reads only the changing tenant's endpoints, and counts at once.
     #[tokio::test]
     async fn a_tenants_change_reads_that_tenants_endpoints_only() {
+        use crate::persistence::{Persistence, PersistenceActor, WriteJob};
         let (store, dir) = crate::store::testing::sqlite_store("webhook-known", &[]).await;
-        for (id, tenant) in [("wh_1", "t1"), ("wh_2", "t2")] {
-            store
-                .insert_webhook(&hook(id, tenant, &[TURN_COMPLETED]))
-                .await
-                .expect("an endpoint");
-        }
+        let (actor, _) = ractor::Actor::spawn(
+            None,
+            PersistenceActor,
+            (store.clone(), Arc::new(crate::metrics::Metrics::default())),
+        )
+        .await
+        .expect("the actor starts");
+        let persistence = Persistence::new(actor.clone(), std::time::Duration::from_secs(30));
+        let make = |id: &str, tenant: &str| {
+            persistence.write(WriteJob::CreateWebhook(Box::new(hook(
+                id,
+                tenant,
+                &[TURN_COMPLETED],
+            ))))
+        };
+        make("wh_1", "t1").await.expect("an endpoint");
+        make("wh_2", "t2").await.expect("an endpoint");
         let settings = crate::config::Settings::load_from(None, Vec::<(String, String)>::new())
             .expect("the defaults");
         let subs = Subscribers::load(&store, &settings.webhooks, "n")
@@ -686,20 +698,20 @@ mod tests {
                 .unwrap_or_default()
         };
         // t2 gains an endpoint and t1 loses its own; t1's change is read alone.
-        store
-            .insert_webhook(&hook("wh_3", "t2", &[TURN_COMPLETED]))
+        make("wh_3", "t2").await.expect("an endpoint");
+        let changed = persistence
+            .write(WriteJob::UpdateWebhook {
+                tenant_id: "t1".into(),
+                id: "wh_1".into(),
+                change: crate::store::WebhookChange {
+                    enabled: Some(false),
+                    ..Default::default()
+                },
+                at: 2,
+            })
             .await
-            .expect("an endpoint");
-        let off = crate::store::WebhookChange {
-            enabled: Some(false),
-            ..Default::default()
-        };
-        assert!(
-            store
-                .update_webhook("t1", "wh_1", &off, 2)
-                .await
-                .expect("changes")
-        );
+            .expect("changes");
+        assert_eq!(changed, crate::persistence::WriteOutcome::Resolved(true));
         subs.refresh_tenant(&store, "t1").await.expect("reads");
         assert!(!subs.has("t1"), "t1's change counts at once");
         assert_eq!(known_of("t2"), ["wh_2"], "t2's endpoints were not read");
@@ -707,6 +719,7 @@ mod tests {
         subs.refresh(&store).await.expect("reads");
         assert_eq!(known_of("t2").len(), 2);
         assert!(!subs.has("t1"));
+        actor.stop(None);
         let _ = std::fs::remove_dir_all(dir);
     }
 
