@@ -197,8 +197,8 @@ pub enum WriteJob {
         tenant_id: String,
         id: String,
     },
-    /// One cycle of a node's webhook dispatcher, one transaction: attempts' results, the
-    /// outbox of an earlier release fanned out, due deliveries claimed: `Count(claimed)`.
+    /// One cycle of a node's webhook dispatcher, one transaction: the outbox of an earlier
+    /// release fanned out, due deliveries claimed: `Count(claimed)`.
     WebhookCycle(Box<WebhookCycle>),
     /// Webhook attempts' results. On SQLite they go with a batch of commits (waiting a
     /// moment for one, as the usage of LLM responses does): no transaction, sync or
@@ -259,7 +259,6 @@ pub enum WriteJob {
 /// One cycle of a node's webhook dispatcher (see [`WriteJob::WebhookCycle`]).
 #[derive(Clone, Debug)]
 pub struct WebhookCycle {
-    pub finished: Vec<crate::store::Attempt>,
     pub now: i64,
     pub retry_for_ms: i64,
     pub fan_out_limit: u64,
@@ -608,6 +607,7 @@ async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>, written: impl F
     let mut usage = Vec::new();
     let mut usage_replies = Vec::new();
     let mut results = crate::store::WebhookResults::default();
+    let mut results_replies = Vec::new();
     for job in jobs {
         match job {
             Job::Commit(commit, reply) | Job::Urgent(commit, reply) => {
@@ -624,7 +624,7 @@ async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>, written: impl F
             }
             Job::Write(WriteJob::WebhookResults(these), reply) => {
                 results.append(these);
-                usage_replies.push(reply);
+                results_replies.push(reply);
             }
             Job::Write(job, reply) => {
                 // Boxed: the future of any write is as large as the largest (every arm of
@@ -637,6 +637,16 @@ async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>, written: impl F
                     tracing::debug!(%e, "checkpoint skipped");
                 }
             }
+        }
+    }
+    // Webhook results ride with SQLite's group commit (its text, its connection); Postgres
+    // writes them alone, so that they never fail the batch's commits.
+    if store.backend() != sea_orm::DbBackend::Sqlite && !results.is_empty() {
+        let outcome = store
+            .finish_webhook_attempts(&std::mem::take(&mut results))
+            .await;
+        for reply in results_replies.drain(..) {
+            let _ = reply.send(outcome.clone().map(|()| WriteOutcome::Done));
         }
     }
     if batch.is_empty() && created.is_empty() && usage.is_empty() && results.is_empty() {
@@ -658,7 +668,8 @@ async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>, written: impl F
             Box::pin(one_by_one(
                 store,
                 (&created, created_replies),
-                (&usage, &results, usage_replies),
+                (&usage, usage_replies),
+                (&results, results_replies),
                 (&batch, replies),
             ))
             .await;
@@ -681,7 +692,11 @@ async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>, written: impl F
     for reply in replies {
         let _ = reply.send(outcome.clone());
     }
-    for reply in created_replies.into_iter().chain(usage_replies) {
+    for reply in created_replies
+        .into_iter()
+        .chain(usage_replies)
+        .chain(results_replies)
+    {
         let _ = reply.send(outcome.clone().map(|()| WriteOutcome::Done));
     }
 }
@@ -690,28 +705,21 @@ async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>, written: impl F
 async fn one_by_one(
     store: &Store,
     (created, created_replies): (&[NewConversation], Vec<Reply<WriteOutcome>>),
-    (usage, results, usage_replies): (
-        &[crate::store::UsageRecord],
-        &crate::store::WebhookResults,
-        Vec<Reply<WriteOutcome>>,
-    ),
+    (usage, usage_replies): (&[crate::store::UsageRecord], Vec<Reply<WriteOutcome>>),
+    (results, results_replies): (&crate::store::WebhookResults, Vec<Reply<WriteOutcome>>),
     (batch, replies): (&[Arc<ConversationCommit>], Vec<Reply<()>>),
 ) {
     for (new, reply) in created.iter().zip(created_replies) {
         let outcome = store.insert_conversation(new).await;
         let _ = reply.send(outcome.map(|()| WriteOutcome::Done));
     }
-    // The usage replies come first, then those of the webhook results (all of them, one
-    // write: they are a dispatcher's, which only logs a failure).
-    let mut usage_replies = usage_replies.into_iter();
-    for (record, reply) in usage.iter().zip(usage_replies.by_ref()) {
+    for (record, reply) in usage.iter().zip(usage_replies) {
         let _ = reply.send(store.record(record).await.map(|()| WriteOutcome::Done));
     }
-    if !results.is_empty() {
-        let outcome = store.finish_webhook_attempts(results).await;
-        for reply in usage_replies {
-            let _ = reply.send(outcome.clone().map(|()| WriteOutcome::Done));
-        }
+    // The webhook results, all in one write (a dispatcher's: it only logs a failure).
+    let outcome = store.finish_webhook_attempts(results).await;
+    for reply in results_replies {
+        let _ = reply.send(outcome.clone().map(|()| WriteOutcome::Done));
     }
     for (commit, reply) in batch.chunks(1).zip(replies) {
         let _ = reply.send(store.commit_batch(commit).await);
@@ -889,7 +897,6 @@ async fn write(store: &Store, job: WriteJob) -> Result<WriteOutcome, StoreError>
             let flying: Vec<&str> = cycle.flying.iter().map(String::as_str).collect();
             let (count, mine) = store
                 .webhook_cycle(
-                    &cycle.finished,
                     cycle.now,
                     cycle.retry_for_ms,
                     cycle.fan_out_limit,

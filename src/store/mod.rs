@@ -460,8 +460,8 @@ impl Store {
                 ));
                 writer.write(commits, rows, more).await
             }
-            // Webhook results first, in a transaction of their own (what fails there fails
-            // the batch before any commit of it is written).
+            // Webhook results in a transaction of their own before the commits (the
+            // persistence actor writes them alone on Postgres, never here).
             None if !results.is_empty() => {
                 self.finish_webhook_attempts(results).await?;
                 Box::pin(self.write_batch(commits, created, usage, &WebhookResults::default()))

@@ -172,11 +172,6 @@ const DELIVERY_COLUMNS: &str = "id, webhook_id, tenant_id, conversation_id, even
      last_latency_ms, attempts_log, created_at, updated_at";
 
 #[derive(Debug, FromQueryResult)]
-struct TenantRow {
-    tenant_id: String,
-}
-
-#[derive(Debug, FromQueryResult)]
 struct OutboxRow {
     seq: i64,
     tenant_id: String,
@@ -220,19 +215,6 @@ impl Store {
             vec![tenant_id.into()],
         )
         .await
-    }
-
-    /// The tenants with at least one enabled endpoint: their conversations write events.
-    pub async fn webhook_tenants(&self) -> Result<Vec<String>> {
-        Ok(TenantRow::find_by_statement(self.statement(
-            "SELECT DISTINCT tenant_id FROM webhooks WHERE enabled = $1",
-            vec![true.into()],
-        ))
-        .all(&self.db)
-        .await?
-        .into_iter()
-        .map(|row| row.tenant_id)
-        .collect())
     }
 
     /// Every enabled endpoint (a node keeps them in memory: a commit reads them with no I/O).
@@ -647,16 +629,15 @@ impl Store {
         Ok(done.rows_affected())
     }
 
-    /// One cycle of a node's dispatcher in one transaction (one log sync): the results of
-    /// the attempts it made, the outbox fanned out (on Postgres unless another node is at
-    /// it), up to `claim_limit` due deliveries claimed, and (when it claimed some,
+    /// One cycle of a node's dispatcher in one transaction (one log sync): the outbox an
+    /// earlier release left fanned out (with `fan_out_limit`; on Postgres unless another
+    /// node is at it), up to `claim_limit` due deliveries claimed, and (when it claimed some,
     /// deliveries are in flight (`except`) or its claims hold some it did not send
     /// (`held`)) the deliveries its claims hold but those in flight, with their endpoints.
     /// Returns how many it claimed and those.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn webhook_cycle(
         &self,
-        finished: &[Attempt],
         now: i64,
         retry_for_ms: i64,
         fan_out_limit: u64,
@@ -667,9 +648,6 @@ impl Store {
         held: bool,
     ) -> Result<(u64, Vec<(WebhookDelivery, Webhook)>)> {
         let txn = self.writer().begin().await?;
-        if !finished.is_empty() {
-            self.finish_on(&txn, finished).await?;
-        }
         if fan_out_limit > 0 {
             self.fan_out_on(&txn, now, retry_for_ms, fan_out_limit)
                 .await?;
@@ -700,21 +678,6 @@ impl Store {
             txn.execute_raw(self.statement(&sql, values)).await?;
         }
         txn.commit().await?;
-        Ok(())
-    }
-
-    async fn finish_on(
-        &self,
-        txn: &sea_orm::DatabaseTransaction,
-        attempts: &[Attempt],
-    ) -> Result<()> {
-        let results = WebhookResults {
-            attempts: attempts.to_vec(),
-            released: Vec::new(),
-        };
-        for (sql, values) in finish_statements(&results, true) {
-            txn.execute_raw(self.statement(&sql, values)).await?;
-        }
         Ok(())
     }
 
@@ -1083,6 +1046,13 @@ mod tests {
     use super::*;
     use crate::store::testing::{at, drop_postgres, postgres_store, sqlite_store};
 
+    fn results_of(attempts: &[Attempt]) -> WebhookResults {
+        WebhookResults {
+            attempts: attempts.to_vec(),
+            released: Vec::new(),
+        }
+    }
+
     fn attempt(delivery: &str, claimed_by: &str, at: i64, succeeded: bool) -> Attempt {
         Attempt {
             delivery_id: delivery.to_owned(),
@@ -1138,7 +1108,7 @@ mod tests {
             .expect("the outbox");
         let now = 10;
         let (claimed, mut mine) = store
-            .webhook_cycle(&[], now, 60_000, 256, "n1", now + 30_000, 10, &[], false)
+            .webhook_cycle(now, 60_000, 256, "n1", now + 30_000, 10, &[], false)
             .await
             .expect("a cycle");
         assert_eq!(claimed, 3);
@@ -1157,8 +1127,12 @@ mod tests {
             // the endpoint (whoever's claim it was made under).
             attempt(&ids[2], "n2", 300, false),
         ];
+        store
+            .finish_webhook_attempts(&results_of(&finished))
+            .await
+            .expect("results");
         let (claimed, held) = store
-            .webhook_cycle(&finished, 400, 60_000, 256, "n1", 400, 0, &[], true)
+            .webhook_cycle(400, 60_000, 256, "n1", 400, 0, &[], true)
             .await
             .expect("a cycle");
         // A delivery its claim holds but was not sent (`held`) is handed out again though
@@ -1170,7 +1144,7 @@ mod tests {
             vec![ids[2].clone()]
         );
         let (_, none) = store
-            .webhook_cycle(&[], 400, 60_000, 256, "n1", 400, 0, &[], false)
+            .webhook_cycle(400, 60_000, 256, "n1", 400, 0, &[], false)
             .await
             .expect("a cycle");
         assert!(
@@ -1205,7 +1179,6 @@ mod tests {
         // The retry succeeds: the endpoint answers again, and the delivery's log has both.
         let retry = store
             .webhook_cycle(
-                &[],
                 1_300,
                 60_000,
                 256,
@@ -1235,9 +1208,9 @@ mod tests {
             ..attempt(&ids[1], "n1", 1_400, true)
         };
         store
-            .webhook_cycle(&[retried], 1_500, 60_000, 256, "n1", 1_500, 0, &[], false)
+            .finish_webhook_attempts(&results_of(&[retried]))
             .await
-            .expect("a cycle");
+            .expect("results");
         let second = read(ids[1].clone()).await;
         assert_eq!((second.status.as_str(), second.attempts), ("succeeded", 2));
         let log: serde_json::Value = serde_json::from_str(&second.attempts_log).expect("JSON");

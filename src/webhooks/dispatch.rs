@@ -28,7 +28,7 @@ use crate::store::{Attempt, Store, WebhookResults};
 const FAN_OUT_BATCH: u64 = 256;
 /// The most of an answer's body that is kept.
 const EXCERPT_BYTES: usize = 256;
-/// After a wake-up, how long events and results gather before the cycle that writes them.
+/// After deliveries were stored, how long more gather before they are taken.
 const GATHER: Duration = Duration::from_millis(10);
 /// How often the subscribed tenants are read again (an endpoint made on another node).
 const REFRESH_EVERY: Duration = Duration::from_secs(1);
@@ -99,8 +99,9 @@ impl Dispatcher {
             tokio::select! {
                 _ = stop.cancelled() => break,
                 _ = tokio::time::sleep(poll) => {}
-                // Deliveries stored, an attempt made: what comes in the next moment joins the
-                // same cycle (one transaction for all of it).
+                // Deliveries stored: those of the next moment are taken with them. An attempt
+                // made: its lane's next goes at once (results gather in the write, which
+                // waits for a group commit).
                 _ = this.subscribers.woken() => tokio::time::sleep(GATHER).await,
                 Some(done) = done_rx.recv() => {
                     behind |= this.attempt_done(done, &mut finished, &mut lanes, &mut released);
@@ -217,7 +218,6 @@ impl Dispatcher {
             }
             let now = now_ms();
             let cycle = WebhookCycle {
-                finished: Vec::new(),
                 now,
                 retry_for_ms: ms(this.settings.retry_for_ms),
                 fan_out_limit: if outbox { FAN_OUT_BATCH } else { 0 },
