@@ -152,6 +152,20 @@ async fn subscribe(app: &TestApp, addr: SocketAddr, receiver: &Receiver, events:
     made["id"].as_str().expect("an id").to_owned()
 }
 
+/// A new conversation of the tenant whose key is `key`.
+async fn conversation_of(app: &TestApp, key: Option<&str>) -> String {
+    let made = app
+        .request(
+            reqwest::Method::POST,
+            "/v1/conversations",
+            key,
+            Some(json!({})),
+        )
+        .await
+        .expect(201);
+    made["id"].as_str().expect("an id").to_owned()
+}
+
 async fn one_turn(app: &TestApp, text: &str) -> String {
     let id = app.conversation().await;
     app.llm.push([Llm::text(text)]);
@@ -319,16 +333,7 @@ async fn webhooks_are_signed_retried_and_logged() {
         .expect_error(404, "not_found");
         // Tenant b's turns tell tenant a's endpoint nothing.
         let before = receiver.got().len();
-        let conv_b = app
-            .request(
-                reqwest::Method::POST,
-                "/v1/conversations",
-                b,
-                Some(json!({})),
-            )
-            .await
-            .expect(201);
-        let conv_b = conv_b["id"].as_str().expect("an id").to_owned();
+        let conv_b = conversation_of(&app, b).await;
         app.llm.push([Llm::text("b's")]);
         app.request(
             reqwest::Method::POST,
@@ -378,16 +383,7 @@ async fn a_flood_of_endpoint_changes_costs_other_tenants_nothing() {
         *receiver_b.secret.lock().expect("the secret") =
             made_b["secret"].as_str().map(str::to_owned);
 
-        let conv_b = app
-            .request(
-                reqwest::Method::POST,
-                "/v1/conversations",
-                b,
-                Some(json!({})),
-            )
-            .await
-            .expect(201);
-        let conv_b = conv_b["id"].as_str().expect("an id").to_owned();
+        let conv_b = conversation_of(&app, b).await;
         app.llm.push([Llm::text("b's")]);
         let flood = (0..40).map(|i| {
             let (method, path, body) = if i % 5 == 4 {
