@@ -1331,6 +1331,38 @@ mod tests {
             };
             assert!(pairs("n/direct").await.is_empty());
             assert_eq!(pairs("n2").await, [("wh_on".to_owned(), "c1".to_owned())]);
+            // A delivery that cannot be written (its id taken) takes its commit down with it:
+            // on SQLite the deliveries run after the batch's text, in its transaction.
+            let before = row(store, "c1").await;
+            let mut commit = to_error("c1", "y", before.next_sequence_id, before.next_event_id);
+            commit.deliveries = vec![delivery("msg_1", "wh_on", true)];
+            assert!(flush_one(store, commit).await.is_err(), "the id is taken");
+            let message = |state: ConvState| {
+                let ConvState::Error { message, .. } = state else {
+                    panic!("{state:?}");
+                };
+                message
+            };
+            assert_eq!(
+                message(row(store, "c1").await.state),
+                "x",
+                "nothing of the commit landed"
+            );
+            // And the writer goes on.
+            let mut commit = to_error("c1", "z", before.next_sequence_id, before.next_event_id);
+            commit.deliveries = vec![delivery("msg_4", "wh_on", false)];
+            flush_one(store, commit)
+                .await
+                .expect("the next commit lands");
+            assert_eq!(message(row(store, "c1").await.state), "z");
+            let on = store
+                .webhook_deliveries("t", "wh_on", None, None, 10)
+                .await
+                .expect("reads");
+            assert_eq!(
+                on.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(),
+                ["msg_4", "msg_1"]
+            );
         }
         let _ = std::fs::remove_dir_all(dir);
         if let Some((store, name)) = postgres {

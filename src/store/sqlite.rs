@@ -242,15 +242,32 @@ impl Writer {
         commits: &[Arc<ConversationCommit>],
         created: Vec<conversations::ActiveModel>,
         more: Vec<Statement>,
+        alone: Vec<Statement>,
     ) -> Result<Durable> {
-        let (sql, values) = batch(commits, created, more)?;
+        let (sql, values) = batch(commits, created, more, alone.is_empty())?;
         let mut held = self.held.lock().await;
         let writer = match &mut *held {
             Some(writer) => writer,
             None => held.insert(Held::acquire(&self.pool, self.file.as_ref()).await?),
         };
-        let query = sqlx::query_with(sqlx::AssertSqlSafe(sql), SqlxValues(Values(values)));
-        let Err(error) = writer.conn.execute(query).await else {
+        let written = async {
+            let query = sqlx::query_with(sqlx::AssertSqlSafe(sql), SqlxValues(Values(values)));
+            writer.conn.execute(query).await?;
+            let last = alone.len().saturating_sub(1);
+            for (n, statement) in alone.into_iter().enumerate() {
+                let sql = if n == last {
+                    format!("{};\nCOMMIT", statement.sql)
+                } else {
+                    statement.sql
+                };
+                let values = statement.values.unwrap_or(Values(Vec::new()));
+                let query = sqlx::query_with(sqlx::AssertSqlSafe(sql), SqlxValues(values));
+                writer.conn.execute(query).await?;
+            }
+            Ok::<(), sqlx::Error>(())
+        }
+        .await;
+        let Err(error) = written else {
             return Ok(Durable(writer.log.clone()));
         };
         // The transaction is still open when a statement before COMMIT failed. A connection
@@ -272,14 +289,21 @@ impl Writer {
     }
 }
 
-/// The text of a batch, BEGIN to COMMIT, and its arguments. A few statements for the whole
-/// batch, not a few per commit; their row counts are powers of two, so the texts repeat and
-/// stay prepared (every new text is parsed and planned again). `more` (the usage of LLM
-/// responses) goes last, in the same transaction.
+/// The text of a batch, BEGIN to COMMIT (to before it unless `commit`), and its arguments. A
+/// few statements for the whole batch, not a few per commit; their row counts are powers of
+/// two, so the texts repeat and stay prepared (every new text is parsed and planned again).
+/// `more` (the usage of LLM responses) goes last, in the same transaction.
+///
+/// The connection keeps a text's statements prepared under the whole text, so each mix of
+/// row counts is a text of its own: the webhooks' statements, whose counts vary apart from
+/// the commits', run after it, each a text of its own (`Writer::write`). In the text they
+/// multiplied the mixes past what the connection keeps, and a subscribed tenant's batches
+/// were parsed again nearly every time (8% of the server's CPU under load).
 fn batch(
     commits: &[Arc<ConversationCommit>],
     created: Vec<conversations::ActiveModel>,
     more: Vec<Statement>,
+    commit: bool,
 ) -> Result<(String, Vec<Value>)> {
     let mut sql = String::from("BEGIN");
     let mut values = Vec::new();
@@ -312,14 +336,6 @@ fn batch(
     for chunk in shaped_chunks(&frames) {
         append(insert_frames(chunk));
     }
-    let deliveries: Vec<&NewDelivery> = commits.iter().flat_map(|c| &c.deliveries).collect();
-    for chunk in shaped_chunks(&deliveries) {
-        append(Statement::from_sql_and_values(
-            DbBackend::Sqlite,
-            super::webhooks::insert_deliveries_sql(chunk.len(), false),
-            super::webhooks::delivery_values(chunk),
-        ));
-    }
     let steps: Vec<&ConversationCommit> = commits
         .iter()
         .map(AsRef::as_ref)
@@ -331,12 +347,29 @@ fn batch(
     for statement in more {
         append(statement);
     }
-    sql.push_str(";\nCOMMIT");
+    if commit {
+        sql.push_str(";\nCOMMIT");
+    }
     Ok((sql, values))
 }
 
 /// A row's conversation key, found by the conversation's id (the first of its values).
 const KEY_OF: &str = "(SELECT internal_key FROM conversations WHERE id = ?)";
+
+/// The statements that insert the webhook deliveries of `commits`: run after the batch's
+/// text, each alone (see [`batch`]).
+pub(super) fn insert_deliveries(commits: &[Arc<ConversationCommit>]) -> Vec<Statement> {
+    let deliveries: Vec<&NewDelivery> = commits.iter().flat_map(|c| &c.deliveries).collect();
+    shaped_chunks(&deliveries)
+        .map(|chunk| {
+            Statement::from_sql_and_values(
+                DbBackend::Sqlite,
+                super::webhooks::insert_deliveries_sql(chunk.len(), false),
+                super::webhooks::delivery_values(chunk),
+            )
+        })
+        .collect()
+}
 
 /// The statement that inserts messages, each with its frame's event id.
 fn insert_messages(rows: &[(&ConversationCommit, &MessageRecord)]) -> Statement {
@@ -355,7 +388,7 @@ fn insert_messages(rows: &[(&ConversationCommit, &MessageRecord)]) -> Statement 
         ]);
     }
     let sql = format!(
-        "INSERT INTO messages (conversation_key, sequence_id, id, message_type, content, \
+        "INSERT OR FAIL INTO messages (conversation_key, sequence_id, id, message_type, content, \
          usage_data, client_message_id, created_at, event_id) VALUES {}",
         vec![format!("({KEY_OF}, ?, ?, ?, ?, ?, ?, ?, ?)"); rows.len()].join(", ")
     );
@@ -380,7 +413,7 @@ fn insert_frames(rows: &[NewFrames<'_>]) -> Statement {
     }
     // `frames` is `NOT NULL` in SQLite's table: a packed row leaves it `''`.
     let sql = format!(
-        "INSERT INTO conversation_frames \
+        "INSERT OR FAIL INTO conversation_frames \
          (conversation_key, last_event_id, first_event_id, frames, packed_frames, dedup_key, \
          created_at, first_step, last_step, packed_steps) VALUES {}",
         vec![format!("({KEY_OF}, ?, ?, '', ?, ?, ?, ?, ?, ?)"); rows.len()].join(", ")
@@ -404,7 +437,7 @@ fn insert_steps(commits: &[&ConversationCommit]) -> Statement {
     }
     // `steps` is `NOT NULL` in SQLite's table: a packed row leaves it `''`.
     let sql = format!(
-        "INSERT INTO conversation_steps \
+        "INSERT OR FAIL INTO conversation_steps \
          (conversation_key, last_step, first_step, steps, packed_steps, created_at) VALUES {}",
         vec![format!("({KEY_OF}, ?, ?, '', ?, ?)"); commits.len()].join(", ")
     );
@@ -443,7 +476,7 @@ fn update_conversations(commits: &[Arc<ConversationCommit>]) -> Result<Statement
     let sql = format!(
         "WITH v(id, exp_seq, exp_evt, next_seq, next_evt, updated_at, state, state_data, state_at, \
          input_tokens, output_tokens, context_tokens) AS (VALUES {}) \
-         UPDATE conversations SET \
+         UPDATE OR FAIL conversations SET \
            next_sequence_id = v.next_seq, next_event_id = v.next_evt, updated_at = v.updated_at, \
            state = COALESCE(v.state, conversations.state), \
            state_data = COALESCE(v.state_data, conversations.state_data), \
@@ -469,6 +502,63 @@ fn store_error(error: sqlx::Error) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A batch's text is the same whatever webhook deliveries its commits carry, and each
+    /// statement of the deliveries is a text of one shape: the connection keeps statements
+    /// prepared per text, and the mixes of both had thrown them out under load (issue 39).
+    #[test]
+    fn a_batchs_text_does_not_vary_with_its_deliveries() {
+        let commit = |deliveries: usize| {
+            Arc::new(ConversationCommit {
+                conversation_id: "c1".into(),
+                state: None,
+                messages: Vec::new(),
+                events: Vec::new(),
+                usage: None,
+                expected_next_sequence_id: 1,
+                expected_next_event_id: 1,
+                next_sequence_id: 1,
+                next_event_id: 1,
+                at: chrono::DateTime::UNIX_EPOCH,
+                lease: None,
+                deliveries: (0..deliveries)
+                    .map(|n| NewDelivery {
+                        id: format!("d{n}"),
+                        webhook_id: "wh".into(),
+                        tenant_id: "t".into(),
+                        conversation_id: "c1".into(),
+                        event_seq: i64::try_from(n).expect("small"),
+                        event_type: "turn.completed",
+                        payload: "{}".into(),
+                        created_at: 1,
+                        expires_at: 2,
+                        claimed: None,
+                    })
+                    .collect(),
+                steps: Vec::new(),
+            })
+        };
+        let text = |deliveries: usize| {
+            batch(&[commit(deliveries)], Vec::new(), Vec::new(), false)
+                .expect("a batch")
+                .0
+        };
+        assert_eq!(text(0), text(1));
+        assert_eq!(text(0), text(3));
+        assert!(!text(3).contains("webhook_deliveries"));
+        // Three deliveries: a statement of two rows and one of one.
+        let alone = insert_deliveries(&[commit(3)]);
+        assert_eq!(alone.len(), 2);
+        assert_eq!(
+            alone[0].sql,
+            super::super::webhooks::insert_deliveries_sql(2, false)
+        );
+        assert_eq!(
+            alone[1].sql,
+            super::super::webhooks::insert_deliveries_sql(1, false)
+        );
+        assert!(insert_deliveries(&[commit(0)]).is_empty());
+    }
 
     /// Every request waiting when a sync begins is answered by it; a log that cannot be synced
     /// fails every commit waiting for it, as unavailable (the commit is retried, never

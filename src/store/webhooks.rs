@@ -799,12 +799,13 @@ pub(super) fn finish_statements(
         // (and was taken by another node) is not changed.
         push(
             format!(
-                "UPDATE webhook_deliveries SET status = v.column2, attempts = attempts + 1, \
+                "UPDATE{} webhook_deliveries SET status = v.column2, attempts = attempts + 1, \
                  next_attempt_at = v.column3, claimed_by = NULL, claimed_until = NULL, \
                  last_status = v.column4, last_error = v.column5, last_latency_ms = v.column6, \
                  attempts_log = v.column7, updated_at = v.column8 \
                  FROM (VALUES {}) AS v WHERE webhook_deliveries.id = v.column1 \
                  AND webhook_deliveries.claimed_by = v.column9 AND webhook_deliveries.status = 'pending'",
+                if numbered { "" } else { " OR FAIL" },
                 tuples(rows, 9, "")
             ),
             values,
@@ -933,8 +934,9 @@ pub(super) fn insert_deliveries_sql(rows: usize, numbered: bool) -> String {
     } else {
         "?".to_owned()
     };
+    let or_fail = if numbered { "" } else { " OR FAIL" };
     format!(
-        "INSERT INTO webhook_deliveries (id, webhook_id, tenant_id, conversation_id, event_seq, \
+        "INSERT{or_fail} INTO webhook_deliveries (id, webhook_id, tenant_id, conversation_id, event_seq, \
          event_type, payload, next_attempt_at, expires_at, created_at, updated_at, claimed_by, \
          claimed_until, status, attempts, attempts_log) \
          SELECT v.column1, v.column2, v.column3, v.column4, v.column5, v.column6, v.column7, \

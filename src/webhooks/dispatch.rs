@@ -78,6 +78,12 @@ impl Dispatcher {
             per_tenant: HashMap::new(),
         };
         let mut finished: Vec<Attempt> = Vec::new();
+        // The results being written (one write at a time; those of attempts made meanwhile
+        // gather for the next). The loop does not wait for it: lanes go on sending.
+        let mut writing: JoinSet<Vec<String>> = JoinSet::new();
+        // Deliveries whose attempt ended and whose result is not written yet: still claimed,
+        // so a cycle must not take them for undone ones of its claim.
+        let mut unwritten: HashSet<String> = HashSet::new();
         // Deliveries handed over as they were stored, per (endpoint, conversation): sent one
         // at a time, in order; and those given back to the claim behind a failed one.
         let mut lanes: HashMap<Pair, Lane> = HashMap::new();
@@ -104,14 +110,20 @@ impl Dispatcher {
                 // waits for a group commit).
                 _ = this.subscribers.woken() => tokio::time::sleep(GATHER).await,
                 Some(done) = done_rx.recv() => {
+                    flights.landed(&done.attempt);
+                    unwritten.insert(done.attempt.delivery_id.clone());
                     behind |= this.attempt_done(done, &mut finished, &mut lanes, &mut released);
+                }
+                Some(written) = writing.join_next(), if !writing.is_empty() => {
+                    for id in written.unwrap_or_default() {
+                        unwritten.remove(&id);
+                    }
                 }
             }
             while let Ok(done) = done_rx.try_recv() {
+                flights.landed(&done.attempt);
+                unwritten.insert(done.attempt.delivery_id.clone());
                 behind |= this.attempt_done(done, &mut finished, &mut lanes, &mut released);
-            }
-            for attempt in &finished {
-                flights.landed(attempt);
             }
             if refreshed.elapsed() >= REFRESH_EVERY {
                 refreshed = Instant::now();
@@ -172,12 +184,16 @@ impl Dispatcher {
                 && !pending
                 && flights.flying.is_empty()
                 && finished.is_empty()
+                && writing.is_empty()
                 && !held
             {
                 continue;
             }
-            // The results of the attempts made: on SQLite with the next batch of commits.
-            if !finished.is_empty() || !released.is_empty() {
+            // The results of the attempts made: on SQLite with the next batch of commits. One
+            // write at a time, beside the loop: a write waits for a group commit (up to 5 ms)
+            // and its sync, and a loop that waited with it left every lane idle meanwhile
+            // (deliveries fell seconds behind under load).
+            if writing.is_empty() && (!finished.is_empty() || !released.is_empty()) {
                 let results = WebhookResults {
                     attempts: std::mem::take(&mut finished),
                     released: std::mem::take(&mut released),
@@ -189,20 +205,31 @@ impl Dispatcher {
                     .map(|a| a.webhook_id.clone())
                     .collect();
                 behind |= !results.released.is_empty();
-                match this
-                    .persistence
-                    .write(WriteJob::WebhookResults(results))
-                    .await
-                {
-                    Ok(_) => {
-                        for id in &disabled {
-                            this.subscribers.forget(id);
+                let ids: Vec<String> = results
+                    .attempts
+                    .iter()
+                    .map(|a| a.delivery_id.clone())
+                    .collect();
+                let this = Arc::clone(&this);
+                writing.spawn(async move {
+                    match this
+                        .persistence
+                        .write(WriteJob::WebhookResults(results))
+                        .await
+                    {
+                        Ok(_) => {
+                            for id in &disabled {
+                                this.subscribers.forget(id);
+                            }
+                        }
+                        // Results not written: their claims run out and the deliveries are
+                        // made again (at least once).
+                        Err(e) => {
+                            tracing::warn!(error = %e, "webhook results could not be stored");
                         }
                     }
-                    // Results not written: their claims run out and the deliveries are made
-                    // again (at least once).
-                    Err(e) => tracing::warn!(error = %e, "webhook results could not be stored"),
-                }
+                    ids
+                });
             }
             // Only outbox rows to fan out or deliveries to claim make a cycle: a delivery
             // handed over as it was stored needs none before it is sent.
@@ -224,7 +251,12 @@ impl Dispatcher {
                 claimed_by: claimer.clone(),
                 until: now.saturating_add(ms(this.settings.claim_ms)),
                 claim_limit: if claim { free as u64 } else { 0 },
-                flying: flights.flying.iter().cloned().collect(),
+                flying: flights
+                    .flying
+                    .iter()
+                    .chain(unwritten.iter())
+                    .cloned()
+                    .collect(),
                 held,
                 claimed: Arc::default(),
             };
@@ -246,7 +278,7 @@ impl Dispatcher {
             );
             held = false;
             for (delivery, hook) in mine {
-                if flights.flying.contains(&delivery.id) {
+                if flights.flying.contains(&delivery.id) || unwritten.contains(&delivery.id) {
                     continue;
                 }
                 if !flights.room(&this.settings, &delivery.tenant_id) {
@@ -259,6 +291,12 @@ impl Dispatcher {
             }
         }
         flights.tasks.abort_all();
+        // A results write under way is let finish (for a while): what it does not write is
+        // sent again when its claims run out.
+        let _ = tokio::time::timeout(Duration::from_secs(2), async {
+            while writing.join_next().await.is_some() {}
+        })
+        .await;
     }
 
     /// An attempt's result: kept for the next write. A handed delivery's lane sends its next
@@ -478,7 +516,7 @@ enum Sent {
 /// Sends `delivery` to `hook`: `{"type", "timestamp", "data"}`, signed with the endpoint's
 /// secret (and its previous one during a rotation).
 async fn send(client: &crate::egress::Client, delivery: &WebhookDelivery, hook: &Webhook) -> Sent {
-    let Ok(url) = url::Url::parse(&hook.url) else {
+    let Some(url) = parsed(&hook.url) else {
         return Sent::Refused("the endpoint's URL is not a URL".into());
     };
     let created = chrono::DateTime::from_timestamp_millis(delivery.created_at)
@@ -544,6 +582,27 @@ async fn send(client: &crate::egress::Client, delivery: &WebhookDelivery, hook: 
     kept.truncate(EXCERPT_BYTES);
     let excerpt = (!kept.is_empty()).then(|| String::from_utf8_lossy(&kept).into_owned());
     Sent::Answered { status, excerpt }
+}
+
+/// `url` parsed, from a cache of the endpoints' URLs (parsing one, with its host's IDNA
+/// checks, costs more than signing a delivery). The parse is pure, so the cache is shared
+/// by every dispatcher of the process; it is emptied when it holds `URLS_KEPT`.
+fn parsed(url: &str) -> Option<url::Url> {
+    const URLS_KEPT: usize = 1024;
+    static URLS: std::sync::LazyLock<std::sync::Mutex<HashMap<String, url::Url>>> =
+        std::sync::LazyLock::new(Default::default);
+    let mut urls = URLS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(parsed) = urls.get(url) {
+        return Some(parsed.clone());
+    }
+    let parsed = url::Url::parse(url).ok()?;
+    if urls.len() >= URLS_KEPT {
+        urls.clear();
+    }
+    urls.insert(url.to_owned(), parsed.clone());
+    Some(parsed)
 }
 
 /// The delay before the retry after `attempts` failed ones: `retry_initial_ms` doubled per
