@@ -80,7 +80,9 @@ impl Dispatcher {
         let mut finished: Vec<Attempt> = Vec::new();
         // The results being written (one write at a time; those of attempts made meanwhile
         // gather for the next). The loop does not wait for it: lanes go on sending.
-        let mut writing: JoinSet<Vec<String>> = JoinSet::new();
+        let mut writing: JoinSet<()> = JoinSet::new();
+        // The deliveries of the write under way (whatever becomes of its task).
+        let mut in_write: Vec<String> = Vec::new();
         // Deliveries whose attempt ended and whose result is not written yet: still claimed,
         // so a cycle must not take them for undone ones of its claim.
         let mut unwritten: HashSet<String> = HashSet::new();
@@ -114,8 +116,8 @@ impl Dispatcher {
                     unwritten.insert(done.attempt.delivery_id.clone());
                     behind |= this.attempt_done(done, &mut finished, &mut lanes, &mut released);
                 }
-                Some(written) = writing.join_next(), if !writing.is_empty() => {
-                    for id in written.unwrap_or_default() {
+                Some(_) = writing.join_next(), if !writing.is_empty() => {
+                    for id in in_write.drain(..) {
                         unwritten.remove(&id);
                     }
                 }
@@ -205,7 +207,7 @@ impl Dispatcher {
                     .map(|a| a.webhook_id.clone())
                     .collect();
                 behind |= !results.released.is_empty();
-                let ids: Vec<String> = results
+                in_write = results
                     .attempts
                     .iter()
                     .map(|a| a.delivery_id.clone())
@@ -228,7 +230,6 @@ impl Dispatcher {
                             tracing::warn!(error = %e, "webhook results could not be stored");
                         }
                     }
-                    ids
                 });
             }
             // Only outbox rows to fan out or deliveries to claim make a cycle: a delivery
