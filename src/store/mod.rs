@@ -455,23 +455,9 @@ impl Store {
                 let more = Store::sqlite_usage_statements(usage);
                 let mut alone = sqlite::insert_deliveries(commits);
                 // The results' statements as one text: their mixes are few.
-                let finish = webhooks::finish_statements(results, false);
-                if !finish.is_empty() {
-                    let mut sql = String::new();
-                    let mut values = Vec::new();
-                    for (text, more) in finish {
-                        if !sql.is_empty() {
-                            sql.push_str(";\n");
-                        }
-                        sql.push_str(&text);
-                        values.extend(more);
-                    }
-                    alone.push(sea_orm::Statement::from_sql_and_values(
-                        DbBackend::Sqlite,
-                        sql,
-                        values,
-                    ));
-                }
+                alone.extend(sqlite::one_text(webhooks::finish_statements(
+                    results, false,
+                )));
                 writer.write(commits, rows, more, alone).await
             }
             // Webhook results in a transaction of their own before the commits (the

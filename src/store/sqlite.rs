@@ -371,6 +371,22 @@ pub(super) fn insert_deliveries(commits: &[Arc<ConversationCommit>]) -> Vec<Stat
         .collect()
 }
 
+/// `statements` as one text (none when there are none).
+pub(super) fn one_text(statements: Vec<(String, Vec<Value>)>) -> Option<Statement> {
+    let mut statements = statements.into_iter();
+    let (mut sql, mut values) = statements.next()?;
+    for (text, more) in statements {
+        sql.push_str(";\n");
+        sql.push_str(&text);
+        values.extend(more);
+    }
+    Some(Statement::from_sql_and_values(
+        DbBackend::Sqlite,
+        sql,
+        values,
+    ))
+}
+
 /// The statement that inserts messages, each with its frame's event id.
 fn insert_messages(rows: &[(&ConversationCommit, &MessageRecord)]) -> Statement {
     let mut values: Vec<Value> = Vec::with_capacity(rows.len() * 9);
@@ -558,6 +574,15 @@ mod tests {
             super::super::webhooks::insert_deliveries_sql(1, false)
         );
         assert!(insert_deliveries(&[commit(0)]).is_empty());
+        // The results' statements go as one text.
+        let joined = one_text(vec![
+            ("UPDATE a".into(), vec![Value::from(1)]),
+            ("UPDATE b".into(), vec![Value::from(2), Value::from(3)]),
+        ])
+        .expect("a text");
+        assert_eq!(joined.sql, "UPDATE a;\nUPDATE b");
+        assert_eq!(joined.values.map(|v| v.0.len()), Some(3));
+        assert!(one_text(Vec::new()).is_none());
     }
 
     /// Every request waiting when a sync begins is answered by it; a log that cannot be synced

@@ -67,8 +67,7 @@ impl Dispatcher {
 
     async fn run(self, client: crate::egress::Client, claimer: String, stop: CancellationToken) {
         let this = Arc::new(self);
-        // Attempts made (with their conversations, and whether they were handed over),
-        // their results written with the next cycle.
+        // Attempts made (with their conversations, and whether they were handed over).
         let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<Done>();
         let mut flights = Flights {
             tasks: JoinSet::new(),
@@ -77,15 +76,14 @@ impl Dispatcher {
             flying: HashSet::new(),
             per_tenant: HashMap::new(),
         };
+        // Attempts whose results wait for the next write.
         let mut finished: Vec<Attempt> = Vec::new();
         // The results being written (one write at a time; those of attempts made meanwhile
-        // gather for the next). The loop does not wait for it: lanes go on sending.
+        // gather in `finished`). The loop does not wait for it: lanes go on sending. Its
+        // deliveries (whatever becomes of its task) and those in `finished` are still
+        // claimed, so a cycle must not take them for undone ones of its claim.
         let mut writing: JoinSet<()> = JoinSet::new();
-        // The deliveries of the write under way (whatever becomes of its task).
         let mut in_write: Vec<String> = Vec::new();
-        // Deliveries whose attempt ended and whose result is not written yet: still claimed,
-        // so a cycle must not take them for undone ones of its claim.
-        let mut unwritten: HashSet<String> = HashSet::new();
         // Deliveries handed over as they were stored, per (endpoint, conversation): sent one
         // at a time, in order; and those given back to the claim behind a failed one.
         let mut lanes: HashMap<Pair, Lane> = HashMap::new();
@@ -113,18 +111,12 @@ impl Dispatcher {
                 _ = this.subscribers.woken() => tokio::time::sleep(GATHER).await,
                 Some(done) = done_rx.recv() => {
                     flights.landed(&done.attempt);
-                    unwritten.insert(done.attempt.delivery_id.clone());
                     behind |= this.attempt_done(done, &mut finished, &mut lanes, &mut released);
                 }
-                Some(_) = writing.join_next(), if !writing.is_empty() => {
-                    for id in in_write.drain(..) {
-                        unwritten.remove(&id);
-                    }
-                }
+                Some(_) = writing.join_next(), if !writing.is_empty() => in_write.clear(),
             }
             while let Ok(done) = done_rx.try_recv() {
                 flights.landed(&done.attempt);
-                unwritten.insert(done.attempt.delivery_id.clone());
                 behind |= this.attempt_done(done, &mut finished, &mut lanes, &mut released);
             }
             if refreshed.elapsed() >= REFRESH_EVERY {
@@ -255,7 +247,8 @@ impl Dispatcher {
                 flying: flights
                     .flying
                     .iter()
-                    .chain(unwritten.iter())
+                    .chain(&in_write)
+                    .chain(finished.iter().map(|a| &a.delivery_id))
                     .cloned()
                     .collect(),
                 held,
@@ -279,7 +272,9 @@ impl Dispatcher {
             );
             held = false;
             for (delivery, hook) in mine {
-                if flights.flying.contains(&delivery.id) || unwritten.contains(&delivery.id) {
+                let unwritten = in_write.contains(&delivery.id)
+                    || finished.iter().any(|a| a.delivery_id == delivery.id);
+                if flights.flying.contains(&delivery.id) || unwritten {
                     continue;
                 }
                 if !flights.room(&this.settings, &delivery.tenant_id) {
@@ -343,7 +338,7 @@ impl Dispatcher {
         }
     }
 
-    /// One attempt of `delivery`: its result, written with the next cycle.
+    /// One attempt of `delivery`: its result, for the dispatcher's next write.
     async fn deliver(
         &self,
         client: &crate::egress::Client,
@@ -624,4 +619,90 @@ fn now_ms() -> i64 {
 
 fn ms(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hostile tenant's first try on the attempt's path: an endpoint whose name
+    /// resolved to a public address when it was made and resolves to the node's own now,
+    /// or the loopback in other spellings (kept from before the checks at creation). Each
+    /// attempt is refused at its moment, before any connection, and not retried (refused,
+    /// not failed); the second attempt, which finds the URL parsed and kept, too.
+    #[tokio::test]
+    async fn an_endpoint_that_now_points_inside_is_refused_at_each_attempt() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let port = listener.local_addr().expect("an address").port();
+        let lookup: crate::egress::Lookup = Arc::new(|name: String| {
+            Box::pin(async move {
+                if name == "rebind.test" {
+                    Ok(vec![std::net::IpAddr::from([127, 0, 0, 1])])
+                } else {
+                    Err(std::io::Error::other("no such name"))
+                }
+            })
+        });
+        let client = crate::egress::Egress::new(&[])
+            .expect("a policy")
+            .with_lookup(lookup, Duration::from_secs(1))
+            .client(|builder| builder.timeout(Duration::from_secs(2)))
+            .expect("a client");
+        let delivery = WebhookDelivery {
+            id: "msg_1".into(),
+            webhook_id: "wh_1".into(),
+            tenant_id: "t".into(),
+            conversation_id: "c".into(),
+            event_seq: 1,
+            event_type: "turn.completed".into(),
+            payload: "{}".into(),
+            status: "pending".into(),
+            attempts: 0,
+            next_attempt_at: 0,
+            expires_at: i64::MAX,
+            last_status: None,
+            last_error: None,
+            last_latency_ms: None,
+            attempts_log: "[]".into(),
+            created_at: 0,
+            updated_at: 0,
+        };
+        for url in [
+            format!("http://rebind.test:{port}/"),
+            format!("http://127.1:{port}/"),
+            format!("http://[::ffff:127.0.0.1]:{port}/"),
+            format!("http://0x7f000001:{port}/"),
+        ] {
+            let hook = Webhook {
+                id: "wh_1".into(),
+                tenant_id: "t".into(),
+                url: url.clone(),
+                events: vec!["turn.completed".into()],
+                description: None,
+                enabled: true,
+                disabled_reason: None,
+                secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_owned().into(),
+                previous_secret: None,
+                previous_secret_until: None,
+                failing_since: None,
+                created_at: 0,
+                updated_at: 0,
+            };
+            for attempt in 1..=2 {
+                let sent = send(&client, &delivery, &hook).await;
+                assert!(
+                    matches!(&sent, Sent::Refused(why) if why.contains("egress policy")),
+                    "{url}, attempt {attempt}: not refused"
+                );
+            }
+        }
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), listener.accept())
+                .await
+                .is_err(),
+            "nothing reached the node's own port"
+        );
+    }
 }

@@ -348,13 +348,11 @@ impl Subscribers {
     pub(crate) fn failed(&self, webhook_id: &str, conversation_id: &str) {
         let mut known = self.known();
         let pair = (webhook_id.to_owned(), conversation_id.to_owned());
-        {
-            // Marked through the next read too: that read may come before the cycle that
-            // writes the result (until then the row is under this node's direct claim, which
-            // the read leaves out).
-            let generation = known.generation.saturating_add(1);
-            known.pending.insert(pair, generation);
-        }
+        // Marked through the next read too: that read may come before the write of the
+        // result (until then the row is under this node's direct claim, which the read
+        // leaves out).
+        let generation = known.generation.saturating_add(1);
+        known.pending.insert(pair, generation);
     }
 
     /// Whether deliveries of the pair wait for the claim: those handed over for it are

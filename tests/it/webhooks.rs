@@ -420,24 +420,24 @@ async fn a_flood_of_endpoint_changes_costs_other_tenants_nothing() {
 
         // The flood's last word counts at once: unsubscribed, a's turn tells a nothing;
         // subscribed again, its next turn is told.
-        app.request(
-            reqwest::Method::PATCH,
-            &format!("/v1/webhooks/{hook_a}"),
-            Some(&app.key_a),
-            Some(json!({"events": ["turn.failed"]})),
-        )
-        .await
-        .expect(200);
+        let subscribe = |event: &'static str| {
+            let (app, path) = (&app, format!("/v1/webhooks/{hook_a}"));
+            async move {
+                let events = json!({ "events": [event] });
+                app.request(
+                    reqwest::Method::PATCH,
+                    &path,
+                    Some(&app.key_a),
+                    Some(events),
+                )
+                .await
+                .expect(200);
+            }
+        };
+        subscribe("turn.failed").await;
         let before = receiver_a.of_type("turn.completed").len();
         one_turn(&app, "not told").await;
-        app.request(
-            reqwest::Method::PATCH,
-            &format!("/v1/webhooks/{hook_a}"),
-            Some(&app.key_a),
-            Some(json!({"events": ["turn.completed"]})),
-        )
-        .await
-        .expect(200);
+        subscribe("turn.completed").await;
         let told = one_turn(&app, "told").await;
         let got = eventually("a's event after the flood", WAIT, || async {
             let got = receiver_a.of_type("turn.completed");
