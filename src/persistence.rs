@@ -641,7 +641,7 @@ async fn flush(store: &Store, metrics: &Metrics, jobs: Vec<Job>, written: impl F
     }
     // Webhook results ride with SQLite's group commit (its text, its connection); Postgres
     // writes them alone, so that they never fail the batch's commits.
-    if store.backend() != sea_orm::DbBackend::Sqlite && !results.is_empty() {
+    if !store.results_ride_with_commits() && !results.is_empty() {
         let outcome = store
             .finish_webhook_attempts(&std::mem::take(&mut results))
             .await;

@@ -281,6 +281,29 @@ impl Counter {
 /// meanwhile.
 const READS: usize = 4;
 
+/// What `stored` counts and the admissions `held` holds, read together: an admission let
+/// go during the count (its write done) may be in both, so the count is read again. Past
+/// the last read it counts twice (a refusal, never one too many).
+async fn steady_count<F, E>(
+    tenant: &Tenant,
+    held: &AtomicU64,
+    stored: &impl Fn() -> F,
+) -> Result<(u64, u64), E>
+where
+    F: Future<Output = Result<u64, E>>,
+{
+    let (mut count, mut holding) = (0, 0);
+    for _ in 0..READS {
+        let released = tenant.released.load(Ordering::Acquire);
+        holding = held.load(Ordering::Acquire);
+        count = stored().await?;
+        if tenant.released.load(Ordering::Acquire) == released {
+            break;
+        }
+    }
+    Ok((count, holding))
+}
+
 impl Drop for Held {
     fn drop(&mut self) {
         self.1.of(&self.0).fetch_sub(1, Ordering::AcqRel);
@@ -442,7 +465,6 @@ impl Quotas {
         let tenant = self.tenant(tenant_id);
         let limit = self.limits(&tenant, tenant_id).await[Quota::Conversations];
         let _one_at_a_time = tenant.admitting.lock().await;
-        let held = tenant.creating.load(Ordering::Acquire);
         let fresh = Duration::from_millis(self.defaults.cache_ms);
         let bound = (!self.clustered)
             .then(|| *lock(&tenant.stored))
@@ -450,16 +472,7 @@ impl Quotas {
             .filter(|(at, _)| at.elapsed() < fresh)
             .map(|(_, count)| count + tenant.admitted_since.load(Ordering::Acquire));
         if bound.is_none_or(|bound| bound >= limit) {
-            // As in `admit`: one let go during the count is read again, not counted twice.
-            let (mut count, mut held) = (0, held);
-            for _ in 0..READS {
-                let released = tenant.released.load(Ordering::Acquire);
-                held = tenant.creating.load(Ordering::Acquire);
-                count = stored().await?;
-                if tenant.released.load(Ordering::Acquire) == released {
-                    break;
-                }
-            }
+            let (count, held) = steady_count(&tenant, &tenant.creating, &stored).await?;
             *lock(&tenant.stored) = Some((Instant::now(), count));
             tenant.admitted_since.store(held, Ordering::Release);
             if let Err(exceeded) = self.within(Quota::Conversations, limit, count + held) {
@@ -539,19 +552,8 @@ impl Quotas {
         let held = counter.of(&tenant).load(Ordering::Acquire);
         let room = at_most.is_some_and(|bound| bound().saturating_add(held) < limit);
         if !room {
-            // One let go during the read (its write done) may be in both `held` and what
-            // the read found: read again. Past the last read, it counts twice (a refusal,
-            // never one too many).
-            let mut used = 0;
-            for _ in 0..READS {
-                let released = tenant.released.load(Ordering::Acquire);
-                let held = counter.of(&tenant).load(Ordering::Acquire);
-                used = in_use().await? + held;
-                if tenant.released.load(Ordering::Acquire) == released {
-                    break;
-                }
-            }
-            if let Err(exceeded) = self.within(quota, limit, used) {
+            let (stored, held) = steady_count(&tenant, counter.of(&tenant), &in_use).await?;
+            if let Err(exceeded) = self.within(quota, limit, stored + held) {
                 return Ok(Err(exceeded));
             }
         }

@@ -432,6 +432,13 @@ impl Store {
             .await
     }
 
+    /// Whether webhook attempts' results cost nothing beside a batch of commits (SQLite's
+    /// group commit: its text, its connection); elsewhere they are written alone, so that
+    /// they never fail the commits they would have gone with.
+    pub(crate) fn results_ride_with_commits(&self) -> bool {
+        self.writer.is_some()
+    }
+
     /// [`Store::commit_batch`] in two steps: the batch is written (and visible) when this
     /// returns, and durable when the answer's `wait` returns. The next batch may be written
     /// in between (SQLite syncs its log off the write lock; a Postgres commit is durable
@@ -461,7 +468,7 @@ impl Store {
                 writer.write(commits, rows, more, alone).await
             }
             // Webhook results in a transaction of their own before the commits (the
-            // persistence actor writes them alone on Postgres, never here).
+            // persistence actor writes them alone instead: `results_ride_with_commits`).
             None if !results.is_empty() => {
                 self.finish_webhook_attempts(results).await?;
                 Box::pin(self.write_batch(commits, created, usage, &WebhookResults::default()))
