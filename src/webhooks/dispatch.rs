@@ -676,19 +676,8 @@ mod tests {
             format!("http://0x7f000001:{port}/"),
         ] {
             let hook = Webhook {
-                id: "wh_1".into(),
-                tenant_id: "t".into(),
                 url: url.clone(),
-                events: vec!["turn.completed".into()],
-                description: None,
-                enabled: true,
-                disabled_reason: None,
-                secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_owned().into(),
-                previous_secret: None,
-                previous_secret_until: None,
-                failing_since: None,
-                created_at: 0,
-                updated_at: 0,
+                ..super::super::tests::hook("wh_1", "t", &["turn.completed"])
             };
             for attempt in 1..=2 {
                 let sent = send(&client, &delivery, &hook).await;

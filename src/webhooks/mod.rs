@@ -548,7 +548,8 @@ mod tests {
     use super::*;
     use crate::state_machine::TurnId;
 
-    fn hook(id: &str, tenant: &str, events: &[&str]) -> Webhook {
+    /// An enabled endpoint of `tenant` for `events` (also the dispatcher's tests').
+    pub(super) fn hook(id: &str, tenant: &str, events: &[&str]) -> Webhook {
         Webhook {
             id: id.into(),
             tenant_id: tenant.into(),
