@@ -80,6 +80,16 @@ fn main() {
 
 fn workload() {
     bedrock::install_crypto();
+    // Logs as a node writes them (JSON, the default filter), to nowhere: formatting a turn's
+    // lines and spans is part of its cost, the write to stderr is not counted.
+    {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        use tracing_subscriber::util::SubscriberInitExt as _;
+        tracing_subscriber::registry()
+            .with(bedrock::telemetry::filter())
+            .with(bedrock::telemetry::log_layer(true, std::io::sink))
+            .init();
+    }
     let conversations: usize = std::env::var("TURNCOST_CONVERSATIONS")
         .unwrap()
         .parse()
@@ -267,7 +277,8 @@ fn run(wrapper: &[String], conversations: usize, peers: &Peers, scratch: &Path) 
         .env("TURNCOST_CONVERSATIONS", conversations.to_string())
         .env("TURNCOST_LLM", &peers.llm)
         .env("TURNCOST_DIR", &dir)
-        .env("RUST_LOG", "warn")
+        // The default filter (info), as a node logs unless told otherwise.
+        .env_remove("RUST_LOG")
         .stdout(Stdio::null())
         .status()
         .unwrap();

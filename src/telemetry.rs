@@ -86,22 +86,55 @@ pub fn resource(instance_id: &str) -> Resource {
     .build()
 }
 
+/// The spans of a turn's steps and of a webhook's deliveries: traced (exported over OTLP
+/// with their attributes), but not given to the log layer, which would format each one's
+/// fields (and format them again at each field recorded later) for the context of lines
+/// that are rarely logged within them. A line logged within one carries the turn's span
+/// (tenant, conversation, trace id) instead; a delivery's failure line names its webhook,
+/// event and delivery itself.
+const UNLOGGED_SPANS: [&str; 5] = [
+    "conversation.transition",
+    "persistence.commit",
+    "llm.request",
+    "tool.run",
+    "webhook delivery",
+];
+
+/// What the log layer sees: every event its level lets through, and the spans not in
+/// [`UNLOGGED_SPANS`].
+fn logged(metadata: &tracing::Metadata<'_>) -> bool {
+    !metadata.is_span() || !UNLOGGED_SPANS.contains(&metadata.name())
+}
+
+/// What is logged and traced: RUST_LOG, or by default `info` with the chattier crates at
+/// `warn`.
+pub fn filter() -> EnvFilter {
+    EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new("info,ractor=warn,sqlx=warn,sea_orm=warn,sea_orm_migration=warn,h2=warn,hyper=warn,reqwest=warn")
+    })
+}
+
+/// The log layer: lines (JSON with `json_logs`) to `writer`, without [`UNLOGGED_SPANS`].
+pub fn log_layer<S, W>(json_logs: bool, writer: W) -> Box<dyn Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    let fmt = tracing_subscriber::fmt::layer().with_writer(writer);
+    let logged = tracing_subscriber::filter::filter_fn(logged);
+    if json_logs {
+        fmt.json().with_filter(logged).boxed()
+    } else {
+        fmt.with_filter(logged).boxed()
+    }
+}
+
 /// Installs the global subscriber. Call once, at start, after `install_crypto`.
 /// `instance_id` names this process among the service's (`service.instance.id`).
 pub fn init(json_logs: bool, instance_id: &str) -> anyhow::Result<Telemetry> {
-    let filter = || {
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-            EnvFilter::new("info,ractor=warn,sqlx=warn,sea_orm=warn,sea_orm_migration=warn,h2=warn,hyper=warn,reqwest=warn")
-        })
-    };
     type Base = tracing_subscriber::layer::Layered<EnvFilter, tracing_subscriber::Registry>;
     let mut layers: Vec<Box<dyn Layer<Base> + Send + Sync>> = Vec::new();
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-    layers.push(if json_logs {
-        fmt.json().boxed()
-    } else {
-        fmt.boxed()
-    });
+    layers.push(log_layer(json_logs, std::io::stderr));
     let resource = resource(instance_id);
     let metrics = Arc::new(Metrics::new(
         if otlp_configured(Signal::Metrics) {
@@ -142,4 +175,87 @@ pub fn init(json_logs: bool, instance_id: &str) -> anyhow::Result<Telemetry> {
         .with(layers)
         .try_init()?;
     Ok(Telemetry { provider, metrics })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    use super::*;
+
+    /// Lines written to memory.
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .expect("not poisoned")
+                .extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_line_logged_within_a_step_carries_its_turn_not_the_step() {
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber =
+            tracing_subscriber::registry().with(log_layer(true, move || writer.clone()));
+        tracing::subscriber::with_default(subscriber, || {
+            let turn = tracing::info_span!(
+                "conversation.turn",
+                tenant = "t1",
+                conversation = "c1",
+                outcome = tracing::field::Empty
+            );
+            let _turn = turn.enter();
+            let step = tracing::info_span!(
+                "llm.request",
+                model = "m",
+                input_tokens = tracing::field::Empty
+            );
+            let _step = step.enter();
+            step.record("input_tokens", 5);
+            tracing::warn!("a retry");
+            let delivery = tracing::info_span!("webhook delivery", webhook = "w1");
+            let _delivery = delivery.enter();
+            tracing::info!("within a delivery");
+        });
+        tracing::subscriber::with_default(
+            tracing_subscriber::registry().with(log_layer(true, {
+                let writer = lines.clone();
+                move || writer.clone()
+            })),
+            || {
+                let firing = tracing::info_span!("schedule firing", schedule = "s1");
+                let _firing = firing.enter();
+                tracing::info!("fired");
+            },
+        );
+        let text = String::from_utf8(lines.0.lock().expect("not poisoned").clone()).expect("UTF-8");
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|line| serde_json::from_str(line).expect("a JSON line"))
+            .collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        // Other spans are logged as they were.
+        assert_eq!(lines[2]["span"]["name"], "schedule firing", "{}", lines[2]);
+        assert_eq!(lines[2]["span"]["schedule"], "s1", "{}", lines[2]);
+        for line in &lines[..2] {
+            assert_eq!(line["span"]["name"], "conversation.turn", "{line}");
+            assert_eq!(line["span"]["tenant"], "t1", "{line}");
+            assert_eq!(line["span"]["conversation"], "c1", "{line}");
+            let spans = line["spans"].as_array().expect("the span list");
+            assert_eq!(spans.len(), 1, "only the turn is logged: {line}");
+        }
+        assert_eq!(lines[0]["fields"]["message"], "a retry");
+        assert_eq!(lines[0]["level"], "WARN");
+    }
 }

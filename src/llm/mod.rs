@@ -390,7 +390,10 @@ async fn call(shared: &Shared, job: &LlmJob) -> Result<LlmReply, Failure> {
             drop(images);
             let body = request::body(&ctx, &history.messages, history.turn_from, &converted)
                 .map_err(encoding)?;
-            if let Some(failure) = too_big(body.size().map_err(encoding)?) {
+            // Counted only where the bound from its pieces' lengths might be over.
+            if body.size_at_most() > llm.max_request_bytes
+                && let Some(failure) = too_big(body.size().map_err(encoding)?)
+            {
                 return Err(failure);
             }
             let probe = Arc::new(http::Probe::default());

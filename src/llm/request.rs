@@ -480,6 +480,38 @@ impl Body<'_> {
     pub fn size(&self) -> serde_json::Result<usize> {
         json_size(self)
     }
+
+    /// A bound the body's JSON never exceeds, from the lengths of its history's pieces (none
+    /// is serialised): what is sent is the pieces one after the other, a run of assistant
+    /// messages merged into one no longer than its parts, the system prompt, and the model's
+    /// name, which escaping makes at most six times as long. A body under the limit by this
+    /// bound needs no count.
+    pub fn size_at_most(&self) -> usize {
+        /// The fields and punctuation around the pieces, with room to spare.
+        const FRAME: usize = 512;
+        let escaped = |text: &str| text.len() * 6;
+        // The system prompt is short: counted.
+        let system = json_size(&self.messages.system).unwrap_or(usize::MAX / 4);
+        let history: usize = self
+            .messages
+            .history
+            .iter()
+            .map(|piece| match piece {
+                Wire::Skip | Wire::Images(_) => 1,
+                Wire::Json(json) => json.get().len() + 1,
+                Wire::Thought {
+                    plain,
+                    with_reasoning,
+                } => plain.get().len().max(with_reasoning.get().len()) + 1,
+            })
+            .sum();
+        let images: usize = self.messages.images.iter().map(|i| i.get().len() + 1).sum();
+        let tools = match &self.tools {
+            Tools::Cached(raw) => raw.get().len(),
+            Tools::Own(raw) => raw.get().len(),
+        };
+        FRAME + escaped(self.model) + system + history + images + tools
+    }
 }
 
 /// The size of `value`'s JSON, counted without making it.
@@ -672,6 +704,7 @@ mod tests {
         let body = body(&ctx, &wires, 0, &[]).expect("encodes");
         let text = serde_json::to_string(&body).expect("serialises");
         assert_eq!(body.size().expect("counts"), text.len());
+        assert!(body.size_at_most() >= text.len(), "the bound holds");
         let sent: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
         let messages = sent["messages"].as_array().expect("messages");
         let roles: Vec<&str> = messages.iter().filter_map(|m| m["role"].as_str()).collect();
@@ -770,6 +803,7 @@ mod tests {
         let body = body(&ctx, &wires, 0, &converted).expect("encodes");
         let text = serde_json::to_string(&body).expect("serialises");
         assert_eq!(body.size().expect("counts"), text.len());
+        assert!(body.size_at_most() >= text.len(), "the bound holds");
         let sent: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
 
         let mut messages = vec![ChatCompletionRequestMessage::System(

@@ -389,7 +389,14 @@ impl Dispatcher {
         };
         self.metrics.webhook_attempt(outcome, latency.as_secs_f64());
         if !succeeded {
+            // Its span is not logged (telemetry::UNLOGGED_SPANS): the line says which.
             tracing::info!(
+                tenant = %delivery.tenant_id,
+                conversation = %delivery.conversation_id,
+                webhook = %hook.id,
+                event = %delivery.event_type,
+                delivery = %delivery.id,
+                attempt = delivery.attempts + 1,
                 outcome,
                 ?status,
                 error = error.as_deref().unwrap_or(""),
