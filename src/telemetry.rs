@@ -86,24 +86,19 @@ pub fn resource(instance_id: &str) -> Resource {
     .build()
 }
 
-/// The spans of a turn's steps and of a webhook's deliveries: traced (exported over OTLP
-/// with their attributes), but not given to the log layer, which would format each one's
-/// fields (and format them again at each field recorded later) for the context of lines
-/// that are rarely logged within them. A line logged within one carries the turn's span
-/// (tenant, conversation, trace id) instead; a delivery's failure line names its webhook,
-/// event and delivery itself.
-const UNLOGGED_SPANS: [&str; 5] = [
-    "conversation.transition",
-    "persistence.commit",
-    "llm.request",
-    "tool.run",
-    "webhook delivery",
-];
+/// The target of the spans of a turn's steps (its transitions, commits, LLM requests and
+/// tool runs) and of a webhook's deliveries: traced (exported over OTLP with their
+/// attributes), but not given to the log layer, which would format each one's fields (and
+/// format them again at each field recorded later) for the context of lines that are rarely
+/// logged within them. A line logged within one carries the turn's span (tenant,
+/// conversation, trace id) instead; a delivery's failure line names its webhook, event and
+/// delivery itself.
+pub const STEP: &str = "bedrock::step";
 
-/// What the log layer sees: every event its level lets through, and the spans not in
-/// [`UNLOGGED_SPANS`].
+/// What the log layer sees: every event its level lets through, and the spans but the
+/// steps' ([`STEP`]).
 fn logged(metadata: &tracing::Metadata<'_>) -> bool {
-    !metadata.is_span() || !UNLOGGED_SPANS.contains(&metadata.name())
+    !metadata.is_span() || metadata.target() != STEP
 }
 
 /// What is logged and traced: RUST_LOG, or by default `info` with the chattier crates at
@@ -114,7 +109,7 @@ pub fn filter() -> EnvFilter {
     })
 }
 
-/// The log layer: lines (JSON with `json_logs`) to `writer`, without [`UNLOGGED_SPANS`].
+/// The log layer: lines (JSON with `json_logs`) to `writer`, without the steps' spans.
 pub fn log_layer<S, W>(json_logs: bool, writer: W) -> Box<dyn Layer<S> + Send + Sync>
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
@@ -217,6 +212,7 @@ mod tests {
             );
             let _turn = turn.enter();
             let step = tracing::info_span!(
+                target: STEP,
                 "llm.request",
                 model = "m",
                 input_tokens = tracing::field::Empty
@@ -224,7 +220,7 @@ mod tests {
             let _step = step.enter();
             step.record("input_tokens", 5);
             tracing::warn!("a retry");
-            let delivery = tracing::info_span!("webhook delivery", webhook = "w1");
+            let delivery = tracing::info_span!(target: STEP, "webhook delivery", webhook = "w1");
             let _delivery = delivery.enter();
             tracing::info!("within a delivery");
         });

@@ -260,6 +260,7 @@ impl Actor for LlmGateway {
 /// Runs one job and answers it exactly once, whatever happens (a panic included).
 async fn run_job(shared: Arc<Shared>, job: LlmJob) {
     let span = tracing::info_span!(
+        target: crate::telemetry::STEP,
         parent: job.span.id(),
         "llm.request",
         tenant = %job.tenant_id,

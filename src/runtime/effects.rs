@@ -167,6 +167,7 @@ async fn execute_tool(
     let args = ToolRunArgs {
         turn: turn.clone(),
         span: tracing::info_span!(
+            target: crate::telemetry::STEP,
             parent: state.turn.as_ref().and_then(|turn| turn.span.id()),
             "tool.run",
             tenant = %state.record.tenant_id,

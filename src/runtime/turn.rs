@@ -55,6 +55,7 @@ pub(super) fn commit_span(
 ) -> tracing::Span {
     let from = conv.state.kind();
     let transition = tracing::info_span!(
+        target: crate::telemetry::STEP,
         parent: turn.and_then(|turn| turn.span.id()),
         "conversation.transition",
         tenant = %conv.tenant_id,
@@ -63,6 +64,7 @@ pub(super) fn commit_span(
         to = commit.state.as_ref().map_or(from, ConvState::kind),
     );
     tracing::info_span!(
+        target: crate::telemetry::STEP,
         parent: &transition,
         "persistence.commit",
         conversation = %conv.id,

@@ -796,7 +796,8 @@ pub(super) fn finish_statements(
             ]);
         }
         // VALUES' columns are column1..column9 on both databases. A row whose claim ran out
-        // (and was taken by another node) is not changed.
+        // (and was taken by another node) is not changed. SQLite's (unnumbered) form is
+        // `OR FAIL`, as `insert_deliveries_sql` says.
         push(
             format!(
                 "UPDATE{} webhook_deliveries SET status = v.column2, attempts = attempts + 1, \
@@ -934,6 +935,8 @@ pub(super) fn insert_deliveries_sql(rows: usize, numbered: bool) -> String {
     } else {
         "?".to_owned()
     };
+    // The unnumbered form is SQLite's (a batch's statements): `OR FAIL` spares the statement
+    // its journal; a failure still fails the batch, which rolls back whole.
     let or_fail = if numbered { "" } else { " OR FAIL" };
     format!(
         "INSERT{or_fail} INTO webhook_deliveries (id, webhook_id, tenant_id, conversation_id, event_seq, \

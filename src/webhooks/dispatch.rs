@@ -236,6 +236,15 @@ impl Dispatcher {
             if claim {
                 claimed_at = Some(Instant::now());
             }
+            // Deliveries the cycle must not take for undone ones of its claim: in flight, or
+            // attempted with their results not yet written.
+            let busy: HashSet<String> = flights
+                .flying
+                .iter()
+                .chain(&in_write)
+                .chain(finished.iter().map(|a| &a.delivery_id))
+                .cloned()
+                .collect();
             let now = now_ms();
             let cycle = WebhookCycle {
                 now,
@@ -244,13 +253,7 @@ impl Dispatcher {
                 claimed_by: claimer.clone(),
                 until: now.saturating_add(ms(this.settings.claim_ms)),
                 claim_limit: if claim { free as u64 } else { 0 },
-                flying: flights
-                    .flying
-                    .iter()
-                    .chain(&in_write)
-                    .chain(finished.iter().map(|a| &a.delivery_id))
-                    .cloned()
-                    .collect(),
+                flying: busy.iter().cloned().collect(),
                 held,
                 claimed: Arc::default(),
             };
@@ -272,9 +275,7 @@ impl Dispatcher {
             );
             held = false;
             for (delivery, hook) in mine {
-                let unwritten = in_write.contains(&delivery.id)
-                    || finished.iter().any(|a| a.delivery_id == delivery.id);
-                if flights.flying.contains(&delivery.id) || unwritten {
+                if busy.contains(&delivery.id) {
                     continue;
                 }
                 if !flights.room(&this.settings, &delivery.tenant_id) {
@@ -389,7 +390,7 @@ impl Dispatcher {
         };
         self.metrics.webhook_attempt(outcome, latency.as_secs_f64());
         if !succeeded {
-            // Its span is not logged (telemetry::UNLOGGED_SPANS): the line says which.
+            // Its span is not logged (telemetry::STEP): the line says which.
             tracing::info!(
                 tenant = %delivery.tenant_id,
                 conversation = %delivery.conversation_id,
@@ -466,7 +467,7 @@ impl Flights {
             self.client.clone(),
             self.done.clone(),
         );
-        let span = tracing::info_span!("webhook delivery", tenant = %delivery.tenant_id,
+        let span = tracing::info_span!(target: crate::telemetry::STEP, "webhook delivery", tenant = %delivery.tenant_id,
             conversation = %delivery.conversation_id, webhook = %hook.id,
             event = %delivery.event_type, delivery = %delivery.id,
             attempt = delivery.attempts + 1);
