@@ -44,6 +44,7 @@ mod m20261127_000018_schedules;
 mod m20261128_000019_conversation_steps;
 mod m20261128_000020_prune_indexes;
 mod m20261128_000021_packed_rows;
+mod m20261128_000022_delivery_listing;
 
 /// Runs a migration's statements for the database at hand, in order, each error naming its
 /// statement. SQLite and Postgres only.
@@ -101,6 +102,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261128_000019_conversation_steps::Migration),
             Box::new(m20261128_000020_prune_indexes::Migration),
             Box::new(m20261128_000021_packed_rows::Migration),
+            Box::new(m20261128_000022_delivery_listing::Migration),
         ]
     }
 }

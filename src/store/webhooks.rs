@@ -260,20 +260,11 @@ impl Store {
         before: Option<&str>,
         limit: u64,
     ) -> Result<Vec<WebhookDelivery>> {
-        let mut sql = format!(
-            "SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries WHERE tenant_id = $1 AND webhook_id = $2"
-        );
         let mut values: Vec<Value> = vec![tenant_id.into(), webhook_id.into()];
-        if let Some(status) = status {
-            values.push(status.into());
-            sql.push_str(&format!(" AND status = ${}", values.len()));
-        }
-        if let Some(before) = before {
-            values.push(before.into());
-            sql.push_str(&format!(" AND id < ${}", values.len()));
-        }
+        values.extend(status.map(Value::from));
+        values.extend(before.map(Value::from));
         values.push(i64::try_from(limit).unwrap_or(i64::MAX).into());
-        sql.push_str(&format!(" ORDER BY id DESC LIMIT ${}", values.len()));
+        let sql = listing_sql(status.is_some(), before.is_some());
         Ok(DeliveryRow::find_by_statement(self.statement(&sql, values))
             .all(&self.db)
             .await?
@@ -597,22 +588,7 @@ impl Store {
         until: i64,
         limit: u64,
     ) -> Result<u64> {
-        let skip_locked = if self.backend() == DbBackend::Postgres {
-            " FOR UPDATE SKIP LOCKED"
-        } else {
-            ""
-        };
-        let sql = format!(
-            "UPDATE webhook_deliveries SET claimed_by = $1, claimed_until = $2 WHERE id IN (\
-               SELECT d.id FROM webhook_deliveries d \
-               WHERE d.status = 'pending' AND d.next_attempt_at <= $3 \
-                 AND (d.claimed_until IS NULL OR d.claimed_until < $4) \
-                 AND NOT EXISTS (SELECT 1 FROM webhook_deliveries e \
-                   WHERE e.status = 'pending' AND e.webhook_id = d.webhook_id \
-                     AND e.conversation_id = d.conversation_id AND e.event_seq < d.event_seq) \
-                 AND EXISTS (SELECT 1 FROM webhooks w WHERE w.id = d.webhook_id AND w.enabled = $5) \
-               ORDER BY d.next_attempt_at LIMIT $6{skip_locked})"
-        );
+        let sql = claim_sql(self.backend() == DbBackend::Postgres);
         let done = db
             .execute_raw(self.statement(
                 &sql,
@@ -741,7 +717,7 @@ pub(super) fn finish_statements(
 ) -> Vec<(String, Vec<Value>)> {
     let attempts = &results.attempts;
     let mut statements: Vec<(String, Vec<Value>)> = Vec::new();
-    let mut push = |sql: String, values: Vec<Value>| {
+    let push = |statements: &mut Vec<(String, Vec<Value>)>, sql: String, values: Vec<Value>| {
         let sql = if numbered { sql } else { unnumbered(&sql) };
         statements.push((sql, values));
     };
@@ -751,6 +727,7 @@ pub(super) fn finish_statements(
         let mut values: Vec<Value> = chunk.iter().map(|id| id.clone().into()).collect();
         let marks = padded_marks(&mut values, 1);
         push(
+            &mut statements,
             format!(
                 "UPDATE webhook_deliveries SET claimed_by = NULL, claimed_until = NULL \
                  WHERE status = 'pending' AND claimed_by LIKE '%/direct' AND id IN ({marks})"
@@ -795,22 +772,7 @@ pub(super) fn finish_statements(
                 attempt.claimed_by.clone().into(),
             ]);
         }
-        // VALUES' columns are column1..column9 on both databases. A row whose claim ran out
-        // (and was taken by another node) is not changed. SQLite's (unnumbered) form is
-        // `OR FAIL`, as `insert_deliveries_sql` says.
-        push(
-            format!(
-                "UPDATE{} webhook_deliveries SET status = v.column2, attempts = attempts + 1, \
-                 next_attempt_at = v.column3, claimed_by = NULL, claimed_until = NULL, \
-                 last_status = v.column4, last_error = v.column5, last_latency_ms = v.column6, \
-                 attempts_log = v.column7, updated_at = v.column8 \
-                 FROM (VALUES {}) AS v WHERE webhook_deliveries.id = v.column1 \
-                 AND webhook_deliveries.claimed_by = v.column9 AND webhook_deliveries.status = 'pending'",
-                if numbered { "" } else { " OR FAIL" },
-                tuples(rows, 9, "")
-            ),
-            values,
-        );
+        statements.push((results_sql(rows, numbered).into_owned(), values));
     }
     // Each endpoint as its latest attempt left it: failing since the first failure after
     // its last success (that of this cycle, if it had one, replaces the stored one), or
@@ -842,7 +804,7 @@ pub(super) fn finish_statements(
             "UPDATE webhooks SET failing_since = NULL \
              WHERE failing_since IS NOT NULL AND id IN ({marks})"
         );
-        push(sql, recovered);
+        push(&mut statements, sql, recovered);
     }
     for (id, since, recovered) in &latest {
         let Some(since) = since else { continue };
@@ -851,13 +813,18 @@ pub(super) fn finish_statements(
         } else {
             "UPDATE webhooks SET failing_since = $1 WHERE id = $2 AND failing_since IS NULL"
         };
-        push(sql.to_owned(), vec![(*since).into(), (*id).into()]);
+        push(
+            &mut statements,
+            sql.to_owned(),
+            vec![(*since).into(), (*id).into()],
+        );
     }
     for (attempt, _) in &held {
         let Some(reason) = &attempt.disable else {
             continue;
         };
         push(
+            &mut statements,
             "UPDATE webhooks SET enabled = $1, disabled_reason = $2, updated_at = $3 WHERE id = $4"
                 .to_owned(),
             vec![
@@ -868,6 +835,7 @@ pub(super) fn finish_statements(
             ],
         );
         push(
+            &mut statements,
             "UPDATE webhook_deliveries SET status = 'failed', claimed_by = NULL, \
              claimed_until = NULL, last_error = $1, updated_at = $2 \
              WHERE webhook_id = $3 AND status = 'pending'"
@@ -880,6 +848,80 @@ pub(super) fn finish_statements(
         );
     }
     statements
+}
+
+/// The statement that writes `rows` attempts' results (a power of two up to
+/// [`FINISH_BATCH`]), marks numbered or not: made once per shape, as the batch's other
+/// texts repeat (making it each time, `?` marks and all, was a tenth of a delivery's cost).
+/// VALUES' columns are column1..column9 on both databases. A row whose claim ran out (and
+/// was taken by another node) is not changed. SQLite's (unnumbered) form is `OR FAIL`, as
+/// [`insert_deliveries_sql`] says.
+fn results_sql(rows: usize, numbered: bool) -> std::borrow::Cow<'static, str> {
+    const SHAPES: usize = FINISH_BATCH.trailing_zeros() as usize + 1;
+    static TEXTS: [[std::sync::OnceLock<String>; SHAPES]; 2] =
+        [const { [const { std::sync::OnceLock::new() }; SHAPES] }; 2];
+    let shape = rows.next_power_of_two().trailing_zeros() as usize;
+    let make = || {
+        let sql = format!(
+            "UPDATE{} webhook_deliveries SET status = v.column2, attempts = attempts + 1, \
+             next_attempt_at = v.column3, claimed_by = NULL, claimed_until = NULL, \
+             last_status = v.column4, last_error = v.column5, last_latency_ms = v.column6, \
+             attempts_log = v.column7, updated_at = v.column8 \
+             FROM (VALUES {}) AS v WHERE webhook_deliveries.id = v.column1 \
+             AND webhook_deliveries.claimed_by = v.column9 AND webhook_deliveries.status = 'pending'",
+            if numbered { "" } else { " OR FAIL" },
+            tuples(1 << shape, 9, "")
+        );
+        if numbered { sql } else { unnumbered(&sql) }
+    };
+    match TEXTS[usize::from(numbered)].get(shape) {
+        Some(text) => text.get_or_init(make).as_str().into(),
+        // Not met: chunks are at most FINISH_BATCH rows.
+        None => make().into(),
+    }
+}
+
+/// The claim of due deliveries (see [`Store::claim_on`]): `$1` the claimer, `$2` until when,
+/// `$3` and `$4` now, `$5` true, `$6` the most to claim. It searches the pending deliveries
+/// by when they are due, and each one's endpoint and elders by key.
+fn claim_sql(postgres: bool) -> String {
+    let skip_locked = if postgres {
+        " FOR UPDATE SKIP LOCKED"
+    } else {
+        ""
+    };
+    format!(
+        "UPDATE webhook_deliveries SET claimed_by = $1, claimed_until = $2 WHERE id IN (\
+           SELECT d.id FROM webhook_deliveries d \
+           WHERE d.status = 'pending' AND d.next_attempt_at <= $3 \
+             AND (d.claimed_until IS NULL OR d.claimed_until < $4) \
+             AND NOT EXISTS (SELECT 1 FROM webhook_deliveries e \
+               WHERE e.status = 'pending' AND e.webhook_id = d.webhook_id \
+                 AND e.conversation_id = d.conversation_id AND e.event_seq < d.event_seq) \
+             AND EXISTS (SELECT 1 FROM webhooks w WHERE w.id = d.webhook_id AND w.enabled = $5) \
+           ORDER BY d.next_attempt_at LIMIT $6{skip_locked})"
+    )
+}
+
+/// The statement of a page of an endpoint's deliveries, newest first: `$1` the tenant, `$2`
+/// the endpoint, then the status and the cursor where asked for, then the limit. It reads
+/// the page's rows of the `(webhook_id, id)` index and stops (ids are UUIDv7s: the order
+/// the deliveries were made in), never sorting all the endpoint's deliveries.
+fn listing_sql(status: bool, before: bool) -> String {
+    let mut sql = format!(
+        "SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries WHERE tenant_id = $1 AND webhook_id = $2"
+    );
+    let mut mark = 2;
+    if status {
+        mark += 1;
+        sql.push_str(&format!(" AND status = ${mark}"));
+    }
+    if before {
+        mark += 1;
+        sql.push_str(&format!(" AND id < ${mark}"));
+    }
+    sql.push_str(&format!(" ORDER BY id DESC LIMIT ${}", mark + 1));
+    sql
 }
 
 /// `sql` with its marks `$1`, `$2`, ... made `?` (they come in order).
@@ -945,7 +987,7 @@ pub(super) fn insert_deliveries_sql(rows: usize, numbered: bool) -> String {
          SELECT v.column1, v.column2, v.column3, v.column4, v.column5, v.column6, v.column7, \
          v.column8, v.column9, v.column8, v.column8, v.column10, v.column11, 'pending', 0, '[]' \
          FROM (VALUES {tuples}) AS v \
-         WHERE v.column2 IN (SELECT id FROM webhooks WHERE enabled = {enabled})"
+         WHERE EXISTS (SELECT 1 FROM webhooks w WHERE w.id = v.column2 AND w.enabled = {enabled})"
     )
 }
 
@@ -1268,6 +1310,146 @@ mod tests {
             5,
             "released, results, failing, disabled, its deliveries failed"
         );
+        // The results' texts, made once per shape, have a mark per value of their rows.
+        for rows in [1, 2, 4, 8, 16, 32, 64] {
+            assert_eq!(results_sql(rows, false).matches('?').count(), rows * 9);
+            let numbered = results_sql(rows, true);
+            assert!(numbered.contains(&format!("${},", rows * 9 - 1)), "{rows}");
+            assert!(!numbered.contains(&format!("${}", rows * 9 + 1)), "{rows}");
+            assert_eq!(results_sql(rows, true), numbered, "the same text again");
+        }
+    }
+
+    /// SQLite's plan of `sql`, a line per step.
+    async fn plan(store: &Store, sql: &str) -> Vec<String> {
+        store
+            .writer()
+            .query_all_raw(sea_orm::Statement::from_string(
+                DbBackend::Sqlite,
+                format!("EXPLAIN QUERY PLAN {sql}"),
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .iter()
+            .map(|row| row.try_get::<String>("", "detail").expect("a step"))
+            .collect()
+    }
+
+    /// A hostile tenant's thousand endpoints, or one endpoint's day of deliveries, cost no
+    /// one else anything: the webhook statements that run with every batch of commits, in
+    /// the dispatcher's cycles and for the API find their rows by key. None reads every
+    /// endpoint or every delivery of the node (a delivery's insert read all enabled
+    /// endpoints into a list for its `IN`), and a page of an endpoint's deliveries is not
+    /// sorted from all of them. Pending deliveries are read through their partial indexes
+    /// (only those not done are in them).
+    #[tokio::test]
+    async fn webhook_statements_find_their_rows_by_key() {
+        let (store, dir) = sqlite_store("webhook-plans", &[]).await;
+        let mut statements = vec![
+            insert_deliveries_sql(1, false),
+            insert_deliveries_sql(4, false),
+            insert_deliveries_sql(2, true),
+            claim_sql(false),
+            listing_sql(false, false),
+            listing_sql(true, true),
+        ];
+        let results = WebhookResults {
+            attempts: vec![
+                Attempt {
+                    disable: Some("down".into()),
+                    ..attempt("d1", "n1", 5, false)
+                },
+                attempt("d2", "n1", 6, true),
+            ],
+            released: vec!["d3".into()],
+        };
+        statements.extend(
+            finish_statements(&results, false)
+                .into_iter()
+                .map(|(sql, _)| sql),
+        );
+        for sql in &statements {
+            let steps = plan(&store, sql).await;
+            for step in &steps {
+                let whole_table = ["webhooks", "webhook_deliveries", "w", "d", "e"]
+                    .iter()
+                    .any(|table| step == &format!("SCAN {table}"));
+                let unbounded = step.starts_with("SCAN ")
+                    && step.contains("webhook")
+                    && !step.contains("webhook_deliveries_due")
+                    && !step.contains("webhook_deliveries_order");
+                assert!(
+                    !whole_table && !unbounded && !step.contains("TEMP B-TREE"),
+                    "{step} in the plan of {sql}: {steps:#?}"
+                );
+            }
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// Migration 22: the deliveries stored before it are kept (SQLite makes the table again,
+    /// without its foreign key) and listed through the new index, newest first, a page at
+    /// a time; deleting the endpoint still deletes its deliveries.
+    #[tokio::test]
+    async fn deliveries_stored_before_migration_22_are_kept_on_each_database() {
+        let (store, dir) = crate::store::testing::sqlite_unmigrated("deliveries-22").await;
+        deliveries_kept_through_22(&store).await;
+        let _ = std::fs::remove_dir_all(dir);
+        if let Some((store, name)) = crate::store::testing::postgres_unmigrated().await {
+            deliveries_kept_through_22(&store).await;
+            drop_postgres(store, &name).await;
+        }
+    }
+
+    async fn deliveries_kept_through_22(store: &Store) {
+        use migration::{Migrator, MigratorTrait};
+        Migrator::up(&store.db, Some(21))
+            .await
+            .expect("the migrations before");
+        store
+            .db
+            .execute_unprepared(
+                "INSERT INTO webhooks (id, tenant_id, url, events, enabled, secret, created_at, \
+                 updated_at) VALUES ('wh_1', 't', 'http://127.0.0.1:9/', '[]', true, 's', 1, 1)",
+            )
+            .await
+            .expect("an endpoint");
+        for n in 1..=3 {
+            store
+                .db
+                .execute_unprepared(&format!(
+                    "INSERT INTO webhook_deliveries (id, webhook_id, tenant_id, conversation_id, \
+                     event_seq, event_type, payload, status, attempts, next_attempt_at, \
+                     expires_at, attempts_log, created_at, updated_at) VALUES ('msg_{n}', \
+                     'wh_1', 't', 'c', {n}, 'turn.completed', '{{}}', 'succeeded', 1, {n}, 9, \
+                     '[]', {n}, {n})"
+                ))
+                .await
+                .expect("a delivery");
+        }
+        Migrator::up(&store.db, None).await.expect("migration 22");
+        let ids = |page: Vec<WebhookDelivery>| page.into_iter().map(|d| d.id).collect::<Vec<_>>();
+        let first = store
+            .webhook_deliveries("t", "wh_1", None, None, 2)
+            .await
+            .expect("a page");
+        assert_eq!(ids(first), ["msg_3", "msg_2"]);
+        let next = store
+            .webhook_deliveries("t", "wh_1", Some("succeeded"), Some("msg_2"), 2)
+            .await
+            .expect("the next page");
+        assert_eq!(ids(next), ["msg_1"]);
+        let other = store
+            .webhook_deliveries("u", "wh_1", None, None, 10)
+            .await
+            .expect("another tenant's page");
+        assert!(other.is_empty(), "a tenant lists its own endpoints' only");
+        assert!(store.delete_webhook("t", "wh_1").await.expect("deleted"));
+        let left = store
+            .webhook_deliveries("t", "wh_1", None, None, 10)
+            .await
+            .expect("a page");
+        assert!(left.is_empty(), "the endpoint's deliveries go with it");
     }
 
     #[tokio::test]
