@@ -195,6 +195,45 @@ fn history_step_on(duration: Duration, anthropic: bool) -> (f64, f64, usize) {
     (from_kept, again, size)
 }
 
+/// A response of `events` OpenAI text deltas read in pieces of `read` bytes, parsed by the
+/// event-stream parser as read (`cut` false) or one event at a time
+/// (`bedrock::llm::events`): nanoseconds per event.
+fn parse_reads(events: usize, read: usize, cut: bool, duration: Duration) -> f64 {
+    use futures::StreamExt;
+    let chunks = turn();
+    let mut body = Vec::new();
+    for chunk in chunks.iter().cycle().take(events) {
+        body.extend_from_slice(format!("data: {chunk}\n\n").as_bytes());
+    }
+    let body = bytes::Bytes::from(body);
+    let reads: Vec<bytes::Bytes> = (0..body.len())
+        .step_by(read)
+        .map(|at| body.slice(at..(at + read).min(body.len())))
+        .collect();
+    let run = || {
+        let stream = futures::stream::iter(reads.clone().into_iter().map(Ok::<_, std::io::Error>));
+        let stream = if cut {
+            bedrock::llm::events::one_event_each(stream).boxed()
+        } else {
+            stream.boxed()
+        };
+        let parsed = futures::executor::block_on(
+            eventsource_stream::EventStream::new(stream).fold(0usize, |n, event| async move {
+                black_box(event.unwrap());
+                n + 1
+            }),
+        );
+        assert_eq!(parsed, events);
+    };
+    let started = Instant::now();
+    let mut runs = 0u32;
+    while started.elapsed() < duration || runs == 0 {
+        run();
+        runs += 1;
+    }
+    started.elapsed().as_nanos() as f64 / f64::from(runs) / events as f64
+}
+
 fn main() {
     let chunks = turn();
     let duration = Duration::from_secs(
@@ -284,6 +323,19 @@ fn main() {
     println!("|---|---|");
     println!("| every message converted and serialised again | {a_again:.0} |");
     println!("| the pieces the conversation's history keeps | {a_kept:.0} |");
+    println!();
+    println!("a response of 2,000 text deltas (about 480 KB), parsed by the event-stream parser");
+    println!("| read in pieces of | ns per event, as read | one event at a time |");
+    println!("|---|---|---|");
+    let mut reads = serde_json::Map::new();
+    for read in [256usize, 4 << 10, 64 << 10, 512 << 10] {
+        let as_read = parse_reads(2_000, read, false, duration / 3);
+        let cut = parse_reads(2_000, read, true, duration / 3);
+        println!("| {} KiB | {as_read:.0} | {cut:.0} |", read as f64 / 1024.0);
+        reads.insert(format!("parse_{read}_ns"), as_read.into());
+        reads.insert(format!("parse_{read}_cut_ns"), cut.into());
+    }
+    println!("{}", serde_json::Value::Object(reads));
     println!(
         "{}",
         serde_json::json!({"bench": "gateway", "strict_ns": strict, "tolerant_ns": tolerant, "tolerant_assembled_ns": assembled,

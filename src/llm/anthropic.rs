@@ -640,7 +640,10 @@ pub(super) async fn stream_reply(
     };
     let probe = Arc::new(super::http::Probe::default());
     let raw = super::http::limited(response.bytes_stream(), limits, probe.clone());
-    let mut events = std::pin::pin!(eventsource_stream::EventStream::new(raw));
+    // One event at a time: the parser copies what it has not parsed at every line (events.rs).
+    let mut events = std::pin::pin!(eventsource_stream::EventStream::new(
+        super::events::one_event_each(raw)
+    ));
     let mut translator = Translator::default();
     let mut accumulator =
         super::Accumulator::new(llm.max_tool_args_bytes, super::generated_ids(&job.request));

@@ -101,7 +101,9 @@ pub async fn execute(
     let body = if whole {
         reqwest::Body::wrap_stream(one_event(body, probe))
     } else {
-        reqwest::Body::wrap_stream(body)
+        // async-openai's event-stream parser copies what it has not parsed at every line:
+        // it gets one event at a time (events.rs).
+        reqwest::Body::wrap_stream(super::events::one_event_each(body))
     };
     builder
         .body(body)

@@ -11,6 +11,7 @@ mod budget;
 
 pub use budget::Budgets;
 pub mod chunk;
+pub mod events;
 mod history;
 mod http;
 pub mod request;
