@@ -40,7 +40,7 @@ impl AppState {
     /// running.
     pub(super) async fn created(&self, conv: ConversationRecord) -> Response {
         let created = reply(StatusCode::CREATED, &self.conversation_json(&conv));
-        if let Err(e) = self.conversations.start_from(conv).await {
+        if let Err(e) = self.conversations.start_created(conv).await {
             tracing::warn!(error = %e, "a new conversation's actor did not start; it starts on first use");
         }
         created

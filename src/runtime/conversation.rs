@@ -40,6 +40,7 @@ pub fn spawn(
     cancel: Arc<CancelSlot>,
     parent: Option<ParentLink>,
     supervisor: ractor::ActorCell,
+    next_step: Option<i64>,
 ) -> std::pin::Pin<Box<dyn Future<Output = Result<ActorRef<ConvMsg>, String>> + Send>> {
     Box::pin(async move {
         let args = ConversationArgs {
@@ -47,6 +48,7 @@ pub fn spawn(
             handles,
             cancel,
             parent,
+            next_step,
         };
         Actor::spawn_linked(None, ConversationActor, args, supervisor)
             .await
@@ -60,6 +62,9 @@ pub struct ConversationArgs {
     pub handles: Arc<Handles>,
     pub cancel: Arc<CancelSlot>,
     pub parent: Option<ParentLink>,
+    /// The replay log's next step when the starter knows it (1 for a conversation just
+    /// written); read from the store otherwise.
+    pub next_step: Option<i64>,
 }
 
 impl std::fmt::Debug for ConversationArgs {
@@ -129,7 +134,10 @@ impl Actor for ConversationActor {
             .set_running_turn(args.record.state.turn().map(|turn| &turn.id));
         // The replay log goes on from the last stored step; this actor's first step starts a
         // segment (it carries the state it starts from and the whole context).
-        let next_step = args.handles.store.next_step(&args.record.id).await?;
+        let next_step = match args.next_step {
+            Some(next) => next,
+            None => args.handles.store.next_step(&args.record.id).await?,
+        };
         Ok(ConversationState {
             record: args.record,
             ctx,

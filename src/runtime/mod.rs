@@ -157,6 +157,18 @@ impl Conversations {
             .await
     }
 
+    /// [`start_from`](Self::start_from) for a conversation just written (created, forked or
+    /// continued), whose replay log starts at its first step without a read.
+    pub async fn start_created(
+        &self,
+        record: crate::model::ConversationRecord,
+    ) -> Result<Live, StartError> {
+        self.handles
+            .registry
+            .start_created(&self.handles, record)
+            .await
+    }
+
     /// The running actor of a conversation, if it runs.
     pub fn get(&self, id: &str) -> Option<Live> {
         self.handles.registry.get(id)

@@ -175,6 +175,7 @@ pub(crate) type Spawn =
         Arc<CancelSlot>,
         Option<ParentLink>,
         ActorCell,
+        Option<i64>,
     ) -> std::pin::Pin<Box<dyn Future<Output = Result<ActorRef<ConvMsg>, String>> + Send>>;
 
 #[derive(Debug)]
@@ -201,7 +202,7 @@ impl Registry {
         handles: &Arc<Handles>,
         id: &str,
     ) -> Result<Live, StartError> {
-        self.start(handles, id, None).await
+        self.start(handles, id, None, None).await
     }
 
     /// [`get_or_start`](Self::get_or_start) with the row when it was just read or written:
@@ -212,7 +213,20 @@ impl Registry {
         record: ConversationRecord,
     ) -> Result<Live, StartError> {
         let id = record.id.clone();
-        self.start(handles, &id, Some(record)).await
+        self.start(handles, &id, Some(record), None).await
+    }
+
+    /// [`start_from`](Self::start_from) for a conversation just written (created, forked or
+    /// continued): nothing of it was committed yet, so its replay log starts at step 1
+    /// without a read of its last stored step (a read that can find nothing, and on SQLite
+    /// a round trip to a reader whose pages the writer has just changed).
+    pub(crate) async fn start_created(
+        &self,
+        handles: &Arc<Handles>,
+        record: ConversationRecord,
+    ) -> Result<Live, StartError> {
+        let id = record.id.clone();
+        self.start(handles, &id, Some(record), Some(1)).await
     }
 
     async fn start(
@@ -220,13 +234,14 @@ impl Registry {
         handles: &Arc<Handles>,
         id: &str,
         mut known: Option<ConversationRecord>,
+        next_step: Option<i64>,
     ) -> Result<Live, StartError> {
         loop {
             let slot = self.map().entry(id.to_owned()).or_default().clone();
             let started = slot
                 .get_or_try_init(|| async {
                     let record = claim(handles, id, known.take()).await?;
-                    self.spawned(handles, record, None, handles.lifecycle.root())
+                    self.spawned(handles, record, None, handles.lifecycle.root(), next_step)
                         .await
                 })
                 .await;
@@ -253,7 +268,7 @@ impl Registry {
         let supervisor = link.supervisor.get_cell();
         let record = claim(handles, id, None).await?;
         let live = self
-            .spawned(handles, record, Some(link), supervisor)
+            .spawned(handles, record, Some(link), supervisor, None)
             .await?;
         self.insert(id, live.clone());
         Ok(live)
@@ -265,12 +280,20 @@ impl Registry {
         record: ConversationRecord,
         parent: Option<ParentLink>,
         supervisor: ActorCell,
+        next_step: Option<i64>,
     ) -> Result<Live, StartError> {
         let cancel = Arc::new(CancelSlot::default());
         let fixed = Arc::new(Fixed::from(&record));
-        let actor = (self.spawn)(handles.clone(), record, cancel.clone(), parent, supervisor)
-            .await
-            .map_err(StartError::Spawn)?;
+        let actor = (self.spawn)(
+            handles.clone(),
+            record,
+            cancel.clone(),
+            parent,
+            supervisor,
+            next_step,
+        )
+        .await
+        .map_err(StartError::Spawn)?;
         Ok(Live {
             actor,
             cancel,
