@@ -257,8 +257,8 @@ impl Registry {
         }
     }
 
-    /// Starts a sub-agent's conversation under its supervisor, which it reports to through
-    /// `link`, and registers it.
+    /// Starts a sub-agent's conversation, whose row its supervisor has just written, under
+    /// that supervisor, which it reports to through `link`, and registers it.
     pub(crate) async fn start_child(
         &self,
         handles: &Arc<Handles>,
@@ -267,8 +267,10 @@ impl Registry {
     ) -> Result<Live, StartError> {
         let supervisor = link.supervisor.get_cell();
         let record = claim(handles, id, None).await?;
+        // Its supervisor wrote its row just before: nothing of it was committed yet, so
+        // its replay log starts at step 1 (as `start_created` says).
         let live = self
-            .spawned(handles, record, Some(link), supervisor, None)
+            .spawned(handles, record, Some(link), supervisor, Some(1))
             .await?;
         self.insert(id, live.clone());
         Ok(live)

@@ -408,6 +408,18 @@ async fn sub_agents_are_aggregated_in_task_order_with_failures() {
         rt.assert_chain_valid(&conv).await;
         for child in &children {
             rt.assert_chain_valid(&child.id).await;
+            // A sub-agent's replay log starts at step 1 (its actor is started from the row
+            // its supervisor just wrote, without reading a last step) and has no gap.
+            let numbers: Vec<i64> = rt
+                .store
+                .steps_of(&child.id, i64::MAX)
+                .await
+                .expect("steps")
+                .iter()
+                .flat_map(|row| row.steps.iter().map(|step| step.n))
+                .collect();
+            assert!(!numbers.is_empty(), "{}", child.id);
+            assert_eq!(numbers, (1..=numbers.len() as i64).collect::<Vec<_>>());
         }
         rt.stop().await;
         db.drop_db().await;
