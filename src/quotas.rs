@@ -157,6 +157,9 @@ struct Tenant {
     /// How many admissions have been let go: one let go while an admission read what is
     /// stored may be counted twice (held, and stored), so that admission reads again.
     released: AtomicU64,
+    /// Told of each admission let go: an admission over its quota while others are held
+    /// waits for them (see [`settled_count`]).
+    let_go: tokio::sync::Notify,
     /// The last measurement of its workspace: when, and its bytes.
     workspace: Mutex<Option<(Instant, u64)>>,
     /// Held while its workspace is measured: one measurement at a time.
@@ -304,10 +307,45 @@ where
     Ok((count, holding))
 }
 
+/// How long an admission over its quota waits for the admissions held beside it to be let
+/// go before it is refused (see [`settled_count`]).
+const SETTLE: Duration = Duration::from_secs(2);
+
+/// [`steady_count`] until the count is under `limit`, or nothing is held: an admission held
+/// whose write is done is counted twice (stored, and held) until its holder lets it go, a
+/// moment after, so a count over the limit with admissions held waits for one to be let go
+/// (up to [`SETTLE`]) and reads again. Without it, a flood of creates at once could refuse
+/// one that fits (a count of three where two were made).
+async fn settled_count<F, E>(
+    tenant: &Tenant,
+    held: &AtomicU64,
+    stored: &impl Fn() -> F,
+    limit: u64,
+) -> Result<(u64, u64), E>
+where
+    F: Future<Output = Result<u64, E>>,
+{
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    loop {
+        // Registered before the count, so that a release during it is not missed.
+        let let_go = tenant.let_go.notified();
+        let mut let_go = std::pin::pin!(let_go);
+        let_go.as_mut().enable();
+        let (count, holding) = steady_count(tenant, held, stored).await?;
+        if count.saturating_add(holding) < limit
+            || holding == 0
+            || tokio::time::timeout_at(deadline, let_go).await.is_err()
+        {
+            return Ok((count, holding));
+        }
+    }
+}
+
 impl Drop for Held {
     fn drop(&mut self) {
         self.1.of(&self.0).fetch_sub(1, Ordering::AcqRel);
         self.0.released.fetch_add(1, Ordering::AcqRel);
+        self.0.let_go.notify_waiters();
     }
 }
 
@@ -360,6 +398,7 @@ impl Quotas {
                     making_agents: AtomicU64::new(0),
                     admitting: tokio::sync::Mutex::new(()),
                     released: AtomicU64::new(0),
+                    let_go: tokio::sync::Notify::new(),
                     workspace: Mutex::new(None),
                     measuring: tokio::sync::Mutex::new(()),
                     tracing: Arc::default(),
@@ -472,7 +511,7 @@ impl Quotas {
             .filter(|(at, _)| at.elapsed() < fresh)
             .map(|(_, count)| count + tenant.admitted_since.load(Ordering::Acquire));
         if bound.is_none_or(|bound| bound >= limit) {
-            let (count, held) = steady_count(&tenant, &tenant.creating, &stored).await?;
+            let (count, held) = settled_count(&tenant, &tenant.creating, &stored, limit).await?;
             *lock(&tenant.stored) = Some((Instant::now(), count));
             tenant.admitted_since.store(held, Ordering::Release);
             if let Err(exceeded) = self.within(Quota::Conversations, limit, count + held) {
@@ -552,7 +591,13 @@ impl Quotas {
         let held = counter.of(&tenant).load(Ordering::Acquire);
         let room = at_most.is_some_and(|bound| bound().saturating_add(held) < limit);
         if !room {
-            let (stored, held) = steady_count(&tenant, counter.of(&tenant), &in_use).await?;
+            // Turns are not waited for: a turn's admission is let go as its conversation
+            // takes it, and a refused send is told to retry in a second.
+            let (stored, held) = if matches!(counter, Counter::Starting) {
+                steady_count(&tenant, counter.of(&tenant), &in_use).await?
+            } else {
+                settled_count(&tenant, counter.of(&tenant), &in_use, limit).await?
+            };
             if let Err(exceeded) = self.within(quota, limit, stored + held) {
                 return Ok(Err(exceeded));
             }
@@ -782,12 +827,61 @@ mod tests {
             .await
             .expect("reads")
             .expect("room: one stored of two");
+        // The third waits for the second, held, to be let go (its write done: two stored)
+        // and is refused then.
+        let stored = AtomicU64::new(1);
+        let third = quotas.agent("t", || {
+            std::future::ready(Ok(stored.load(Ordering::Acquire)))
+        });
+        let written = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            stored.store(2, Ordering::Release);
+            drop(second);
+        };
+        let (third, ()) = tokio::join!(third, written);
+        assert!(
+            third.expect("reads").is_err(),
+            "one stored and one admitted reach 2"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A flood of creates at once: an admission whose write is done is counted twice
+    /// (stored, and held) until its holder lets it go, a moment later. A create that finds
+    /// the count over the limit that way waits for it and is admitted once it is let go;
+    /// without admissions held it is refused at once.
+    #[tokio::test]
+    async fn a_create_waits_for_a_written_admission_to_be_let_go() {
+        let (store, dir) = sqlite_store("quota-settle", &[]).await;
+        let workspaces =
+            Arc::new(crate::workspace::Workspaces::open(&dir.join("ws"), None).expect("a root"));
+        let mut limits = settings(2);
+        limits.agents = 2;
+        let quotas = Quotas::new(limits, false, store, workspaces);
+        let first = quotas
+            .agent("t", || std::future::ready(Ok(0)))
+            .await
+            .expect("reads")
+            .expect("room");
+        // The first is written (one stored) and still held: 1 + 1 reach the limit of 2.
+        let second = quotas.agent("t", || std::future::ready(Ok(1)));
+        let let_go = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            drop(first);
+        };
+        let (second, ()) = tokio::join!(second, let_go);
+        let second = second
+            .expect("reads")
+            .expect("room once the first is let go: one stored of two");
+        drop(second);
+        // Two stored and nothing held: refused without waiting.
+        let started = Instant::now();
         let third = quotas
-            .agent("t", || std::future::ready(Ok(1)))
+            .agent("t", || std::future::ready(Ok(2)))
             .await
             .expect("reads");
-        assert!(third.is_err(), "one stored and one admitted reach 2");
-        drop(second);
+        assert!(third.is_err());
+        assert!(started.elapsed() < SETTLE, "nothing held: no wait");
         let _ = std::fs::remove_dir_all(dir);
     }
 
