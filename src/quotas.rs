@@ -801,12 +801,10 @@ mod tests {
         let _ = std::fs::remove_dir_all(dir);
     }
 
-    /// An agent written and let go while a create reads the stored count is in both the
-    /// count and the admitted ones: the create reads again and is admitted (a flood of
-    /// creates once got one refusal too many this way). The quota still holds.
-    #[tokio::test]
-    async fn an_admission_let_go_during_the_count_is_not_counted_twice() {
-        let (store, dir) = sqlite_store("quota-agents", &[]).await;
+    /// Quotas of two agents a tenant, in a store of its own (`name`), and the first agent's
+    /// admission.
+    async fn two_agents(name: &str) -> (Quotas, Held, std::path::PathBuf) {
+        let (store, dir) = sqlite_store(name, &[]).await;
         let workspaces =
             Arc::new(crate::workspace::Workspaces::open(&dir.join("ws"), None).expect("a root"));
         let mut limits = settings(2);
@@ -817,6 +815,15 @@ mod tests {
             .await
             .expect("reads")
             .expect("room");
+        (quotas, first, dir)
+    }
+
+    /// An agent written and let go while a create reads the stored count is in both the
+    /// count and the admitted ones: the create reads again and is admitted (a flood of
+    /// creates once got one refusal too many this way). The quota still holds.
+    #[tokio::test]
+    async fn an_admission_let_go_during_the_count_is_not_counted_twice() {
+        let (quotas, first, dir) = two_agents("quota-agents").await;
         // The first is written (the count finds it) and let go during the second's count.
         let writing = Mutex::new(Some(first));
         let second = quotas
@@ -852,17 +859,7 @@ mod tests {
     /// without admissions held it is refused at once.
     #[tokio::test]
     async fn a_create_waits_for_a_written_admission_to_be_let_go() {
-        let (store, dir) = sqlite_store("quota-settle", &[]).await;
-        let workspaces =
-            Arc::new(crate::workspace::Workspaces::open(&dir.join("ws"), None).expect("a root"));
-        let mut limits = settings(2);
-        limits.agents = 2;
-        let quotas = Quotas::new(limits, false, store, workspaces);
-        let first = quotas
-            .agent("t", || std::future::ready(Ok(0)))
-            .await
-            .expect("reads")
-            .expect("room");
+        let (quotas, first, dir) = two_agents("quota-settle").await;
         // The first is written (one stored) and still held: 1 + 1 reach the limit of 2.
         let second = quotas.agent("t", || std::future::ready(Ok(1)));
         let let_go = async {
