@@ -179,6 +179,9 @@ impl ErrorLines {
     }
 }
 
+/// The end marker of an OpenAI stream.
+const DONE: &[u8] = b"[DONE]";
+
 /// The body with the idle and size limits applied, watching for `[DONE]` (and for the
 /// `error:` lines some OpenAI-compatible servers send; Anthropic's stream has neither).
 pub(super) fn limited(
@@ -227,13 +230,24 @@ pub(super) fn limited(
                             });
                             probe.fail(super::stream::stream_error(&error));
                         });
-                        // Look for the end marker, also across a chunk boundary.
-                        tail.extend_from_slice(&bytes);
-                        if tail.windows(6).any(|w| w == b"[DONE]") {
+                        // Look for the end marker in the chunk, and across its start: in
+                        // the last bytes before it (`tail`, fewer than the marker's) with its
+                        // first ones. The chunk is not copied.
+                        let short = DONE.len() - 1;
+                        tail.extend_from_slice(&bytes[..bytes.len().min(short)]);
+                        if memchr::memmem::find(&tail, DONE).is_some()
+                            || memchr::memmem::find(&bytes, DONE).is_some()
+                        {
                             probe.done.store(true, Ordering::Relaxed);
                         }
-                        let keep = tail.len().saturating_sub(5);
-                        tail.drain(..keep);
+                        if bytes.len() >= short {
+                            tail.clear();
+                            tail.extend_from_slice(&bytes[bytes.len() - short..]);
+                        } else {
+                            // A chunk shorter than that is all in `tail` now.
+                            let excess = tail.len().saturating_sub(short);
+                            tail.drain(..excess);
+                        }
                         Ok(bytes)
                     }
                 }
@@ -386,5 +400,47 @@ mod tests {
         lines.feed(b"or-ish: no\n: error: comment\n", |_| found += 1);
         assert_eq!(found, 0);
         assert!(lines.line.is_empty());
+    }
+
+    /// Whether the body's limited stream saw `[DONE]`, read in `chunks`.
+    fn saw_done(chunks: &[&[u8]]) -> bool {
+        let probe = Arc::new(Probe::default());
+        let limits = HttpLimits {
+            first_byte: Duration::from_secs(5),
+            idle: Duration::from_secs(5),
+            max_response_bytes: 1 << 20,
+        };
+        let body = futures::stream::iter(
+            chunks
+                .iter()
+                .map(|c| Ok::<_, reqwest::Error>(Bytes::copy_from_slice(c)))
+                .collect::<Vec<_>>(),
+        );
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(limited(body, limits, probe.clone()).for_each(|_| async {}));
+        probe.saw_done()
+    }
+
+    /// The end marker is seen wherever the reads cut it, even into pieces of one byte, and
+    /// not where it is not whole.
+    #[test]
+    fn the_end_marker_is_seen_however_the_reads_fall() {
+        let stream: &[u8] = b"data: {\"choices\":[]}\n\ndata: [DONE]\n\n";
+        for cut in 1..stream.len() {
+            assert!(saw_done(&[&stream[..cut], &stream[cut..]]), "cut at {cut}");
+            for second in cut + 1..stream.len() {
+                assert!(
+                    saw_done(&[&stream[..cut], &stream[cut..second], &stream[second..]]),
+                    "cut at {cut} and {second}"
+                );
+            }
+        }
+        let bytes: Vec<&[u8]> = stream.chunks(1).collect();
+        assert!(saw_done(&bytes), "a byte at a time");
+        assert!(!saw_done(&[b"data: [DON", b"", b"x]\n\n"]));
+        assert!(!saw_done(&[b"data: [DO", b"NE", b"\n\n"]));
     }
 }
