@@ -483,3 +483,85 @@ async fn the_trace_is_the_tenants_own() {
         app.cleanup(db).await;
     }
 }
+
+/// A new conversation's actor starts its log at step 1 without reading it (created, forked:
+/// nothing of it was stored). What a tenant tries first: sending to each conversation as
+/// soon as the listing shows it, while its create is still answering, so that its first
+/// message may start the actor before the create does; then forking one and sending to the
+/// fork. Whichever starts each actor, every trace is numbered from 1 without a gap or a
+/// repeat, and `bedrock replay` finds every decision the same.
+#[tokio::test]
+async fn a_new_conversations_steps_are_numbered_from_one_whoever_starts_it() {
+    for db in TestDb::each().await {
+        let app = TestApp::spawn(&db).await;
+        const CREATES: usize = 8;
+        app.llm.push((0..=CREATES).map(|_| Llm::text("ok")));
+        let created = async {
+            let mut ids = Vec::new();
+            for _ in 0..CREATES {
+                ids.push(app.conversation().await);
+            }
+            ids
+        };
+        let sender = async {
+            let mut sent: Vec<String> = Vec::new();
+            while sent.len() < CREATES {
+                let page = app.get("/v1/conversations?limit=200").await.expect(200);
+                for conv in page["conversations"].as_array().expect("a listing") {
+                    let id = conv["id"].as_str().expect("an id").to_owned();
+                    if !sent.contains(&id) {
+                        app.send(&id, "go").await;
+                        sent.push(id);
+                    }
+                }
+            }
+            sent
+        };
+        let (mut ids, mut sent) = tokio::join!(created, sender);
+        ids.sort();
+        sent.sort();
+        assert_eq!(ids, sent);
+        for id in &ids {
+            app.wait_kind(id, "idle").await;
+        }
+        let fork = app
+            .post(&format!("/v1/conversations/{}/fork", ids[0]), json!({}))
+            .await
+            .expect(201)["id"]
+            .as_str()
+            .expect("the fork's id")
+            .to_owned();
+        app.send(&fork, "go").await;
+        app.wait_kind(&fork, "idle").await;
+        ids.push(fork);
+        for id in &ids {
+            let trace = app
+                .get(&format!("/v1/conversations/{id}/trace?limit=500"))
+                .await
+                .expect(200);
+            let numbers: Vec<i64> = trace["steps"]
+                .as_array()
+                .expect("steps")
+                .iter()
+                .filter_map(|s| s["step"].as_i64())
+                .collect();
+            assert!(!numbers.is_empty(), "{trace}");
+            assert_eq!(
+                numbers,
+                (1..=numbers.len() as i64).collect::<Vec<_>>(),
+                "{trace}"
+            );
+        }
+        let target = bedrock::app::ReplayTarget {
+            all: true,
+            tenant: Some("a".into()),
+            ..Default::default()
+        };
+        let summary = bedrock::app::replay(&app.settings(), &target, &mut Vec::new(), true)
+            .await
+            .expect("a replay");
+        assert_eq!(summary.conversations, ids.len() as u64);
+        assert_eq!(summary.diverged, 0);
+        app.cleanup(db).await;
+    }
+}
