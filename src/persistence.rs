@@ -471,13 +471,15 @@ fn start_flush(myself: &ActorRef<PersistenceMsg>, state: &mut PersistenceState, 
     let store = state.store.clone();
     let metrics = state.metrics.clone();
     let myself = myself.clone();
-    tokio::spawn(async move {
+    // Boxed: the flush's future is some 7 KB (the store's writes), and a task's future is
+    // copied as the task is made and again as it ends (issue 41).
+    tokio::spawn(Box::pin(async move {
         flush(&store, &metrics, jobs, move || {
             // The actor is gone only when the server stops; then nothing waits.
             let _ = myself.cast(PersistenceMsg::Flushed);
         })
         .await;
-    });
+    }));
 }
 
 /// The urgent commits at the front of the queue.

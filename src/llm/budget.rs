@@ -63,7 +63,9 @@ impl Hold {
             at: Utc::now(),
         };
         let default = self.default;
-        tokio::spawn(async move {
+        // Boxed: a task's future is copied as the task is made and again as it ends, and
+        // this one is some 4 KB (issue 41).
+        tokio::spawn(Box::pin(async move {
             let (tenant, reservation) = (&record.tenant_id, &record.reservation);
             let recorded = retried(|| async {
                 persistence
@@ -82,7 +84,7 @@ impl Hold {
             {
                 metrics.budget_used(tenant, state.used);
             }
-        });
+        }));
     }
 }
 

@@ -251,7 +251,9 @@ impl Actor for LlmGateway {
         match message {
             GatewayMsg::Request(job) => {
                 let shared = state.shared.clone();
-                tokio::spawn(run_job(shared, *job));
+                // Boxed: a task's future is copied as the task is made and again as it
+                // ends, and a job's is some 4 KB (issue 41).
+                tokio::spawn(Box::pin(run_job(shared, *job)));
             }
         }
         Ok(())
@@ -283,7 +285,9 @@ async fn run_job(shared: Arc<Shared>, job: LlmJob) {
     let metrics = shared.metrics.clone();
     let (tenant, model) = (job.tenant_id.clone(), job.model.clone());
     let started = Instant::now();
-    let work = tokio::spawn(async move { call(&shared, &job).await }.instrument(task_span));
+    let work = tokio::spawn(Box::pin(
+        async move { call(&shared, &job).await }.instrument(task_span),
+    ));
     let abort = work.abort_handle();
     let (event, outcome) = tokio::select! {
         biased;

@@ -135,13 +135,15 @@ impl Actor for ToolRun {
             return Ok(());
         };
         let span = state.span.clone();
-        tokio::spawn(async move {
-            let task = tokio::spawn(async move { execute(run).await }.instrument(span));
+        // Boxed: a task's future is copied as the task is made and again as it ends, and a
+        // run's is some 8 KB (issue 41).
+        tokio::spawn(Box::pin(async move {
+            let task = tokio::spawn(Box::pin(async move { execute(run).await }.instrument(span)));
             let outcome = task
                 .await
                 .unwrap_or_else(|error| failed(format!("the tool run crashed: {error}")));
             let _ = myself.cast(ToolRunMsg::Done(outcome));
-        });
+        }));
         Ok(())
     }
 

@@ -205,7 +205,7 @@ impl Dispatcher {
                     .map(|a| a.delivery_id.clone())
                     .collect();
                 let this = Arc::clone(&this);
-                writing.spawn(async move {
+                writing.spawn(Box::pin(async move {
                     match this
                         .persistence
                         .write(WriteJob::WebhookResults(results))
@@ -222,7 +222,7 @@ impl Dispatcher {
                             tracing::warn!(error = %e, "webhook results could not be stored");
                         }
                     }
-                });
+                }));
             }
             // Only outbox rows to fan out or deliveries to claim make a cycle: a delivery
             // handed over as it was stored needs none before it is sent.
@@ -472,7 +472,9 @@ impl Flights {
             event = %delivery.event_type, delivery = %delivery.id,
             attempt = delivery.attempts + 1);
         let conversation_id = delivery.conversation_id.clone();
-        self.tasks.spawn(
+        // Boxed: a task's future is copied as the task is made and again as it ends, and an
+        // attempt's (the HTTP request's) is a few KB (issue 41).
+        self.tasks.spawn(Box::pin(
             async move {
                 let attempt = this.deliver(&client, &claim, delivery, &hook).await;
                 let _ = done.send(Done {
@@ -482,7 +484,7 @@ impl Flights {
                 });
             }
             .instrument(span),
-        );
+        ));
     }
 }
 
