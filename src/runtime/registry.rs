@@ -233,14 +233,19 @@ impl Registry {
         &self,
         handles: &Arc<Handles>,
         id: &str,
-        mut known: Option<ConversationRecord>,
+        known: Option<ConversationRecord>,
         next_step: Option<i64>,
     ) -> Result<Live, StartError> {
+        // The row and the first step as the caller knows them hold only for the first try:
+        // an actor found stopped ran meanwhile (it committed steps and changed the row), so
+        // a start after it reads both.
+        let mut given = Some((known, next_step));
         loop {
+            let (known, next_step) = given.take().unwrap_or((None, None));
             let slot = self.map().entry(id.to_owned()).or_default().clone();
             let started = slot
                 .get_or_try_init(|| async {
-                    let record = claim(handles, id, known.take()).await?;
+                    let record = claim(handles, id, known).await?;
                     self.spawned(handles, record, None, handles.lifecycle.root(), next_step)
                         .await
                 })
