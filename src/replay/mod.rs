@@ -175,7 +175,7 @@ impl PendingStep {
     pub fn finish(self, messages: &[MessageRecord]) -> LoggedStep {
         #[derive(Serialize)]
         struct Out<'a> {
-            e: Value,
+            e: Compact<'a>,
             #[serde(skip_serializing_if = "Option::is_none")]
             t: Option<u64>,
             #[serde(skip_serializing_if = "Option::is_none")]
@@ -185,7 +185,7 @@ impl PendingStep {
             d: &'a str,
         }
         let out = Out {
-            e: compact(&self.event, self.turn.as_ref(), messages),
+            e: Compact::of(&self.event, self.turn.as_ref(), messages),
             t: self.t,
             c: self.c.as_deref(),
             b: self.b.as_ref(),
@@ -196,6 +196,168 @@ impl PendingStep {
             json: serde_json::to_string(&out).unwrap_or_default(),
         }
     }
+}
+
+/// An event made compact, as [`compact`] makes it, written straight from the event where
+/// it has one of a turn's usual shapes (a user message, an LLM reply or a tool's result
+/// that a message of the commit holds, a step on), without building the JSON tree
+/// [`compact`] builds and cuts: the same bytes (serde_json's maps keep their keys sorted,
+/// and so do these), checked by the replay property on every step of its random runs.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Compact<'a> {
+    Tree(Value),
+    Direct(Direct<'a>),
+}
+
+/// The usual shapes, keys in sorted order.
+#[derive(Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Direct<'a> {
+    Continue {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        turn: Option<&'a crate::state_machine::TurnId>,
+    },
+    LlmResponse {
+        msg: i64,
+        reply: EndTurn,
+        request: Request<'a>,
+    },
+    ToolComplete {
+        msg: i64,
+        outcome: Empty,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        turn: Option<&'a crate::state_machine::TurnId>,
+    },
+    UserMessage {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        if_busy: Option<&'a crate::state_machine::IfBusy>,
+        msg: i64,
+        turn: &'a crate::state_machine::TurnId,
+    },
+}
+
+/// What is left of an LLM reply a message holds.
+#[derive(Serialize)]
+struct EndTurn {
+    end_turn: bool,
+}
+
+/// What is left of a tool's outcome a message holds.
+#[derive(Serialize)]
+struct Empty {}
+
+#[derive(Serialize)]
+struct Request<'a> {
+    attempt: u32,
+    step: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    turn: Option<&'a crate::state_machine::TurnId>,
+}
+
+impl<'a> Compact<'a> {
+    fn of(
+        event: &'a Event,
+        running: Option<&crate::state_machine::TurnId>,
+        messages: &[MessageRecord],
+    ) -> Self {
+        // A turn an event names is left out where it is the running one.
+        let unless_running =
+            |turn: &'a crate::state_machine::TurnId| (running != Some(turn)).then_some(turn);
+        let direct = match event {
+            Event::Continue { turn } => Some(Direct::Continue {
+                turn: unless_running(turn),
+            }),
+            Event::UserMessage {
+                turn,
+                text,
+                images,
+                if_busy,
+            } => find_user(messages, text, images).map(|msg| Direct::UserMessage {
+                if_busy: (*if_busy != crate::state_machine::IfBusy::Reject).then_some(if_busy),
+                msg,
+                turn,
+            }),
+            Event::LlmResponse { request, reply } => {
+                find_reply(messages, reply).map(|msg| Direct::LlmResponse {
+                    msg,
+                    reply: EndTurn {
+                        end_turn: reply.end_turn,
+                    },
+                    request: Request {
+                        attempt: request.attempt,
+                        step: request.step,
+                        turn: unless_running(&request.turn),
+                    },
+                })
+            }
+            Event::ToolComplete {
+                turn,
+                tool_use_id,
+                outcome,
+            } => find_result(messages, tool_use_id, outcome).map(|msg| Direct::ToolComplete {
+                msg,
+                outcome: Empty {},
+                turn: unless_running(turn),
+            }),
+            Event::UserCancel
+            | Event::SummaryRequested { .. }
+            | Event::LlmError { .. }
+            | Event::LlmAborted { .. }
+            | Event::RetryTimeout { .. }
+            | Event::SubAgentsSpawned { .. }
+            | Event::SubAgentResult { .. }
+            | Event::BackgroundResult { .. }
+            | Event::Interrupted(_)
+            | Event::TimeLimit { .. }
+            | Event::Dequeue { .. } => None,
+        };
+        match direct {
+            Some(direct) => Compact::Direct(direct),
+            None => Compact::Tree(compact(event, running, messages)),
+        }
+    }
+}
+
+/// The message of `messages` a user message's event is, by its sequence id.
+fn find_user(
+    messages: &[MessageRecord],
+    text: &str,
+    images: &[crate::state_machine::ImageRef],
+) -> Option<i64> {
+    messages
+        .iter()
+        .find(|m| {
+            matches!(&m.content, MessageContent::User { text: t, images: i } if t == text && i == images)
+        })
+        .map(|m| m.sequence_id)
+}
+
+/// The message of `messages` an LLM reply is, with its usage.
+fn find_reply(messages: &[MessageRecord], reply: &crate::state_machine::LlmReply) -> Option<i64> {
+    messages
+        .iter()
+        .find(|m| {
+            m.usage == Some(reply.usage)
+                && matches!(&m.content, MessageContent::Agent { text, tool_uses, reasoning }
+                    if *text == reply.text && *tool_uses == reply.tool_uses && *reasoning == reply.reasoning)
+        })
+        .map(|m| m.sequence_id)
+}
+
+/// The message of `messages` a tool's outcome is.
+fn find_result(
+    messages: &[MessageRecord],
+    tool_use_id: &str,
+    outcome: &crate::state_machine::ToolOutcome,
+) -> Option<i64> {
+    messages
+        .iter()
+        .find(|m| {
+            matches!(&m.content, MessageContent::Tool(r)
+                if r.tool_use_id == tool_use_id && r.output == outcome.output && r.ok == outcome.ok)
+        })
+        .map(|m| m.sequence_id)
 }
 
 /// The digest of a transition's result: XXH3-64 of the JSON of its new state, its effects
@@ -234,21 +396,15 @@ pub fn compact(
     messages: &[MessageRecord],
 ) -> Value {
     let mut value = serde_json::to_value(event).unwrap_or(Value::Null);
-    let (key, message, fields): (&str, Option<&MessageRecord>, &[&str]) = match event {
+    let (key, message, fields): (&str, Option<i64>, &[&str]) = match event {
         Event::UserMessage { text, images, .. } => (
             "user_message",
-            messages.iter().find(|m| {
-                matches!(&m.content, MessageContent::User { text: t, images: i } if t == text && i == images)
-            }),
+            find_user(messages, text, images),
             &["text", "images"],
         ),
         Event::LlmResponse { reply, .. } => (
             "llm_response",
-            messages.iter().find(|m| {
-                m.usage == Some(reply.usage)
-                    && matches!(&m.content, MessageContent::Agent { text, tool_uses, reasoning }
-                        if *text == reply.text && *tool_uses == reply.tool_uses && *reasoning == reply.reasoning)
-            }),
+            find_reply(messages, reply),
             &["text", "tool_uses", "reasoning", "usage"],
         ),
         Event::ToolComplete {
@@ -257,10 +413,7 @@ pub fn compact(
             ..
         } => (
             "tool_complete",
-            messages.iter().find(|m| {
-                matches!(&m.content, MessageContent::Tool(r)
-                    if r.tool_use_id == *tool_use_id && r.output == outcome.output && r.ok == outcome.ok)
-            }),
+            find_result(messages, tool_use_id, outcome),
             &["tool_use_id", "ok", "output"],
         ),
         Event::UserCancel
@@ -321,7 +474,7 @@ pub fn compact(
             inner.remove(*field);
         }
     }
-    body.insert("msg".into(), Value::from(message.sequence_id));
+    body.insert("msg".into(), Value::from(message));
     value
 }
 

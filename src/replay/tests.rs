@@ -94,6 +94,12 @@ fn record_run(is_sub_agent: bool, ops: &[Op], pairs: &[bool]) -> Recorded {
             );
             next_seq += 1;
         }
+        // What is stored, written straight from the event, is what the tree gives.
+        assert_eq!(
+            serde_json::to_string(&Compact::of(&step.event, step.turn.as_ref(), &messages))
+                .expect("serialises"),
+            compact(&step.event, step.turn.as_ref(), &messages).to_string(),
+        );
         pending_row.push(step.finish(&messages));
         recorded.states.push(result.new_state.clone());
         recorded.effects.push(result.effects.clone());
@@ -257,6 +263,15 @@ fn events_refer_to_their_messages_and_read_back_whole() {
         for running in [None, Some(&turn)] {
             let stored = compact(&event, running, std::slice::from_ref(&stored_message));
             let text = stored.to_string();
+            assert_eq!(
+                serde_json::to_string(&Compact::of(
+                    &event,
+                    running,
+                    std::slice::from_ref(&stored_message)
+                ))
+                .expect("serialises"),
+                text
+            );
             assert!(text.contains("\"msg\":7"), "{text}");
             assert_eq!(
                 text.contains("\"t1\""),

@@ -462,32 +462,35 @@ fn insert_steps(commits: &[&ConversationCommit]) -> Statement {
 
 /// The statement that updates the rows of `commits`, each guarded by its expected counters:
 /// the guard after it checks that it changed one row per commit.
+///
+/// One commit's is a plain `UPDATE ... WHERE id = ?`: SQLite runs an `UPDATE ... FROM` (the
+/// form several rows need) through temporary tables it makes and drops for every run, which
+/// cost a one-row update more than the update itself (issue 41).
 fn update_conversations(commits: &[Arc<ConversationCommit>]) -> Result<Statement> {
+    if let [commit] = commits {
+        // Its values in the order they appear: the nine set, then the three guarding.
+        let [id, exp_seq, exp_evt, rest @ ..] = conversation_values(commit)?;
+        let mut values = Vec::from(rest);
+        values.extend([id, exp_seq, exp_evt]);
+        return Ok(Statement::from_sql_and_values(
+            DbBackend::Sqlite,
+            "UPDATE OR FAIL conversations SET \
+               next_sequence_id = ?, next_event_id = ?, updated_at = ?, \
+               state = COALESCE(?, state), \
+               state_data = COALESCE(?, state_data), \
+               state_updated_at = COALESCE(?, state_updated_at), \
+               input_tokens = COALESCE(?, input_tokens), \
+               output_tokens = COALESCE(?, output_tokens), \
+               context_tokens = COALESCE(?, context_tokens) \
+             WHERE id = ? AND next_sequence_id = ? AND next_event_id = ?",
+            values,
+        ));
+    }
     let mut values: Vec<Value> = Vec::with_capacity(commits.len() * 12);
     let mut rows = Vec::with_capacity(commits.len());
     for commit in commits {
         rows.push("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
-        let state_data = commit
-            .state
-            .as_ref()
-            .map(serde_json::to_value)
-            .transpose()
-            .map_err(|e| StoreError::Other(format!("state does not serialise: {e}")))?;
-        let usage = commit.usage;
-        values.extend([
-            Value::from(commit.conversation_id.clone()),
-            Value::from(commit.expected_next_sequence_id),
-            Value::from(commit.expected_next_event_id),
-            Value::from(commit.next_sequence_id),
-            Value::from(commit.next_event_id),
-            Value::from(commit.at),
-            Value::String(commit.state.as_ref().map(|s| s.kind().to_owned())),
-            Value::Json(state_data.map(Box::new)),
-            Value::ChronoDateTimeUtc(commit.state.as_ref().map(|_| commit.at)),
-            Value::BigInt(usage.map(|u| to_i64(u.input_tokens))),
-            Value::BigInt(usage.map(|u| to_i64(u.output_tokens))),
-            Value::BigInt(usage.map(|u| to_i64(u.context_tokens))),
-        ]);
+        values.extend(conversation_values(commit)?);
     }
     let sql = format!(
         "WITH v(id, exp_seq, exp_evt, next_seq, next_evt, updated_at, state, state_data, state_at, \
@@ -509,6 +512,33 @@ fn update_conversations(commits: &[Arc<ConversationCommit>]) -> Result<Statement
         sql,
         values,
     ))
+}
+
+/// A commit's values for its conversation's row: its id and the two counters it expects,
+/// then the nine it sets. The state goes in as its JSON text (what SQLite stores for a JSON
+/// value), written straight from the state.
+fn conversation_values(commit: &ConversationCommit) -> Result<[Value; 12]> {
+    let state_data = commit
+        .state
+        .as_ref()
+        .map(serde_json::to_string)
+        .transpose()
+        .map_err(|e| StoreError::Other(format!("state does not serialise: {e}")))?;
+    let usage = commit.usage;
+    Ok([
+        Value::from(commit.conversation_id.clone()),
+        Value::from(commit.expected_next_sequence_id),
+        Value::from(commit.expected_next_event_id),
+        Value::from(commit.next_sequence_id),
+        Value::from(commit.next_event_id),
+        Value::from(commit.at),
+        Value::String(commit.state.as_ref().map(|s| s.kind().to_owned())),
+        Value::String(state_data),
+        Value::ChronoDateTimeUtc(commit.state.as_ref().map(|_| commit.at)),
+        Value::BigInt(usage.map(|u| to_i64(u.input_tokens))),
+        Value::BigInt(usage.map(|u| to_i64(u.output_tokens))),
+        Value::BigInt(usage.map(|u| to_i64(u.context_tokens))),
+    ])
 }
 
 fn store_error(error: sqlx::Error) -> StoreError {
