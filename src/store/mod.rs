@@ -866,6 +866,54 @@ mod tests {
         }
     }
 
+    /// A batch of 33 commits (a chunk of 32, updated by one statement, and one of one,
+    /// updated alone; issue 41): a stale guard in the large chunk fails the whole batch, and
+    /// the same batch with good counters moves every row on, on both databases.
+    #[tokio::test]
+    async fn a_large_group_commit_is_whole_too() {
+        let ids: Vec<String> = (0..33).map(|i| format!("c{i}")).collect();
+        let names: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let (store, dir) = sqlite_store("large-group-commit", &names).await;
+        large_group_commit(&store, &names).await;
+        let _ = std::fs::remove_dir_all(&dir);
+        if let Some((store, name)) = postgres_store(&names).await {
+            large_group_commit(&store, &names).await;
+            drop_postgres(store, &name).await;
+        }
+    }
+
+    async fn large_group_commit(store: &Store, ids: &[&str]) {
+        let first = row(store, ids[0]).await.next_sequence_id;
+        let batch = |stale: Option<usize>| -> Vec<Arc<ConversationCommit>> {
+            ids.iter()
+                .enumerate()
+                .map(|(i, id)| {
+                    let expected = if stale == Some(i) { first + 5 } else { first };
+                    user_turn(id, first, expected)
+                })
+                .collect()
+        };
+        let stale = store.commit_batch(&batch(Some(20))).await;
+        assert!(matches!(stale, Err(StoreError::Conflict(_))), "{stale:?}");
+        for id in ids {
+            assert_eq!(store.count_messages(id).await.expect("counts"), 0, "{id}");
+            assert_eq!(row(store, id).await.next_sequence_id, first, "{id}");
+        }
+        store
+            .commit_batch(&batch(None))
+            .await
+            .expect("a good batch goes through");
+        for id in ids {
+            assert_eq!(store.count_messages(id).await.expect("counts"), 1, "{id}");
+            let row = row(store, id).await;
+            assert_eq!(
+                (row.next_sequence_id, row.next_event_id),
+                (first + 1, first + 1),
+                "{id}"
+            );
+        }
+    }
+
     /// Issue 41: a batch's usage is summed per key and written in the batch's transaction,
     /// in statements whose text does not depend on how many responses the batch holds (on
     /// SQLite each count made a new text, parsed again and cached); the budget's spend
