@@ -264,53 +264,49 @@ impl<'a> Compact<'a> {
         // A turn an event names is left out where it is the running one.
         let unless_running =
             |turn: &'a crate::state_machine::TurnId| (running != Some(turn)).then_some(turn);
-        let direct = match event {
-            Event::Continue { turn } => Some(Direct::Continue {
+        // Any other shape goes through the tree, which is right for every event (a new
+        // kind of event included).
+        let direct = if let Event::Continue { turn } = event {
+            Some(Direct::Continue {
                 turn: unless_running(turn),
-            }),
-            Event::UserMessage {
-                turn,
-                text,
-                images,
-                if_busy,
-            } => find_user(messages, text, images).map(|msg| Direct::UserMessage {
+            })
+        } else if let Event::UserMessage {
+            turn,
+            text,
+            images,
+            if_busy,
+        } = event
+        {
+            find_user(messages, text, images).map(|msg| Direct::UserMessage {
                 if_busy: (*if_busy != crate::state_machine::IfBusy::Reject).then_some(if_busy),
                 msg,
                 turn,
-            }),
-            Event::LlmResponse { request, reply } => {
-                find_reply(messages, reply).map(|msg| Direct::LlmResponse {
-                    msg,
-                    reply: EndTurn {
-                        end_turn: reply.end_turn,
-                    },
-                    request: Request {
-                        attempt: request.attempt,
-                        step: request.step,
-                        turn: unless_running(&request.turn),
-                    },
-                })
-            }
-            Event::ToolComplete {
-                turn,
-                tool_use_id,
-                outcome,
-            } => find_result(messages, tool_use_id, outcome).map(|msg| Direct::ToolComplete {
+            })
+        } else if let Event::LlmResponse { request, reply } = event {
+            find_reply(messages, reply).map(|msg| Direct::LlmResponse {
+                msg,
+                reply: EndTurn {
+                    end_turn: reply.end_turn,
+                },
+                request: Request {
+                    attempt: request.attempt,
+                    step: request.step,
+                    turn: unless_running(&request.turn),
+                },
+            })
+        } else if let Event::ToolComplete {
+            turn,
+            tool_use_id,
+            outcome,
+        } = event
+        {
+            find_result(messages, tool_use_id, outcome).map(|msg| Direct::ToolComplete {
                 msg,
                 outcome: Empty {},
                 turn: unless_running(turn),
-            }),
-            Event::UserCancel
-            | Event::SummaryRequested { .. }
-            | Event::LlmError { .. }
-            | Event::LlmAborted { .. }
-            | Event::RetryTimeout { .. }
-            | Event::SubAgentsSpawned { .. }
-            | Event::SubAgentResult { .. }
-            | Event::BackgroundResult { .. }
-            | Event::Interrupted(_)
-            | Event::TimeLimit { .. }
-            | Event::Dequeue { .. } => None,
+            })
+        } else {
+            None
         };
         match direct {
             Some(direct) => Compact::Direct(direct),
