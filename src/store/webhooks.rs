@@ -772,10 +772,6 @@ pub(super) fn finish_statements(
                 attempt.claimed_by.clone().into(),
             ]);
         }
-        if rows == 1 {
-            // One row's text names its delivery last (see `results_sql`).
-            values[..8].rotate_left(1);
-        }
         statements.push((results_sql(rows, numbered).into_owned(), values));
     }
     // Each endpoint as its latest attempt left it: failing since the first failure after
@@ -866,20 +862,6 @@ fn results_sql(rows: usize, numbered: bool) -> std::borrow::Cow<'static, str> {
         [const { [const { std::sync::OnceLock::new() }; SHAPES] }; 2];
     let shape = rows.next_power_of_two().trailing_zeros() as usize;
     let make = || {
-        // One row: a plain update, its values in the order they appear (the delivery's id
-        // after the eight it sets): SQLite runs an `UPDATE ... FROM` through temporary
-        // tables it makes and drops each time, more than a one-row update costs (issue 41).
-        if shape == 0 {
-            let sql = format!(
-                "UPDATE{} webhook_deliveries SET status = $1, attempts = attempts + 1, \
-                 next_attempt_at = $2, claimed_by = NULL, claimed_until = NULL, \
-                 last_status = $3, last_error = $4, last_latency_ms = $5, \
-                 attempts_log = $6, updated_at = $7 \
-                 WHERE id = $8 AND claimed_by = $9 AND status = 'pending'",
-                if numbered { "" } else { " OR FAIL" },
-            );
-            return if numbered { sql } else { unnumbered(&sql) };
-        }
         let sql = format!(
             "UPDATE{} webhook_deliveries SET status = v.column2, attempts = attempts + 1, \
              next_attempt_at = v.column3, claimed_by = NULL, claimed_until = NULL, \
@@ -1332,7 +1314,7 @@ mod tests {
         for rows in [1, 2, 4, 8, 16, 32, 64] {
             assert_eq!(results_sql(rows, false).matches('?').count(), rows * 9);
             let numbered = results_sql(rows, true);
-            assert!(numbered.contains(&format!("${}", rows * 9)), "{rows}");
+            assert!(numbered.contains(&format!("${},", rows * 9 - 1)), "{rows}");
             assert!(!numbered.contains(&format!("${}", rows * 9 + 1)), "{rows}");
             assert_eq!(results_sql(rows, true), numbered, "the same text again");
         }
@@ -1386,7 +1368,7 @@ mod tests {
                 .into_iter()
                 .map(|(sql, _)| sql),
         );
-        // One attempt's result: a text of its own (a plain update).
+        // One attempt's result: a text of its own.
         let one = WebhookResults {
             attempts: vec![attempt("d4", "n2", 7, true)],
             released: Vec::new(),
