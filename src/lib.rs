@@ -5,6 +5,7 @@ pub mod api;
 pub mod app;
 pub mod cluster;
 pub mod config;
+pub mod crash;
 pub mod egress;
 pub mod hub;
 pub mod llm;

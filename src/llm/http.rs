@@ -86,7 +86,12 @@ pub async fn execute(
         probe.fail(failure.clone());
         return Err(OpenAIError::Boxed(Box::new(LayerError(failure.message))));
     }
-    let mut builder = http::Response::builder().status(status);
+    // The request's URL, kept (a response built without one has reqwest parse a URL of its
+    // own for it: issue 41).
+    let mut builder = reqwest::ResponseBuilderExt::url(
+        http::Response::builder().status(status),
+        response.url().clone(),
+    );
     if let Some(headers) = builder.headers_mut() {
         *headers = response.headers().clone();
     }

@@ -281,25 +281,19 @@ async fn run_job(shared: Arc<Shared>, job: LlmJob) {
     let request = job.request.clone();
     let reply = job.reply.clone();
     let cancel = job.cancel.clone();
-    let task_span = span.clone();
     let metrics = shared.metrics.clone();
     let (tenant, model) = (job.tenant_id.clone(), job.model.clone());
     let started = Instant::now();
-    let work = tokio::spawn(Box::pin(
-        async move { call(&shared, &job).await }.instrument(task_span),
-    ));
-    let abort = work.abort_handle();
+    // The call runs in this task, its panic caught here (issue 41: no second task a request).
+    let mut tokens = None;
+    let work = crate::crash::caught(Box::pin(call(&shared, &job).instrument(span.clone())));
     let (event, outcome) = tokio::select! {
         biased;
-        () = cancel.cancelled() => {
-            // Dropping the request releases the HTTP connection at once.
-            abort.abort();
-            (Event::LlmAborted { request }, "aborted")
-        }
+        // Dropping the call as the select ends releases the HTTP connection at once.
+        () = cancel.cancelled() => (Event::LlmAborted { request }, "aborted"),
         joined = work => match joined {
             Ok(Ok(reply)) => {
-                span.record("input_tokens", reply.usage.input_tokens);
-                span.record("output_tokens", reply.usage.output_tokens);
+                tokens = Some((reply.usage.input_tokens, reply.usage.output_tokens));
                 metrics.tokens(&tenant, &model, "input", reply.usage.input_tokens);
                 metrics.tokens(&tenant, &model, "output", reply.usage.output_tokens);
                 (Event::LlmResponse { request, reply }, "ok")
@@ -308,13 +302,26 @@ async fn run_job(shared: Arc<Shared>, job: LlmJob) {
                 let kind = failure.kind.as_str();
                 (failure.into_event(request), kind)
             }
-            Err(join) => (
-                Failure::new(ErrorKind::Unknown, format!("the gateway task crashed: {join}")).into_event(request),
+            Err(panic) => (
+                Failure::new(ErrorKind::Unknown, format!("the gateway task crashed: {panic}")).into_event(request),
                 "crashed",
             ),
         },
     };
-    span.record("outcome", outcome);
+    // One record for all: each makes the log's layer write the span's fields again.
+    match tokens {
+        Some((input, output)) => {
+            tracing::record_all!(
+                span,
+                input_tokens = input,
+                output_tokens = output,
+                outcome = outcome
+            );
+        }
+        None => {
+            span.record("outcome", outcome);
+        }
+    }
     metrics.llm_request(outcome, started.elapsed().as_secs_f64());
     reply(event);
 }

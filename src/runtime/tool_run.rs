@@ -136,10 +136,9 @@ impl Actor for ToolRun {
         };
         let span = state.span.clone();
         // Boxed: a task's future is copied as the task is made and again as it ends, and a
-        // run's is some 8 KB (issue 41).
+        // run's is some 8 KB (issue 41). A panic of the run is caught in the same task.
         tokio::spawn(Box::pin(async move {
-            let task = tokio::spawn(Box::pin(async move { execute(run).await }.instrument(span)));
-            let outcome = task
+            let outcome = crate::crash::caught(Box::pin(execute(run).instrument(span)))
                 .await
                 .unwrap_or_else(|error| failed(format!("the tool run crashed: {error}")));
             let _ = myself.cast(ToolRunMsg::Done(outcome));
@@ -155,10 +154,10 @@ impl Actor for ToolRun {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             ToolRunMsg::Done(outcome) => {
-                state.span.record("ok", outcome.ok);
-                state
-                    .span
-                    .record("duration_ms", state.started.elapsed().as_millis() as u64);
+                // One record for both: each makes the log's layer write the span's fields
+                // again.
+                let duration_ms = state.started.elapsed().as_millis() as u64;
+                tracing::record_all!(state.span, ok = outcome.ok, duration_ms = duration_ms);
                 state.handles.metrics.tool_run(&state.tool.name, outcome.ok);
                 let _ = state.conversation.cast(ConvMsg::event(Event::ToolComplete {
                     turn: state.turn.clone(),

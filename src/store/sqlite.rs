@@ -105,6 +105,26 @@ fn fdatasync(file: &std::path::Path) -> std::result::Result<(), String> {
         .map_err(|e| format!("syncing {}: {e}", file.display()))
 }
 
+/// `fdatasync` of the log through `kept`, opened first when it is not; a failure closes it.
+fn sync_kept(
+    kept: &mut Option<std::fs::File>,
+    log: &std::path::Path,
+) -> std::result::Result<(), String> {
+    let file = match kept {
+        Some(file) => file,
+        None => kept.insert(
+            std::fs::File::open(log).map_err(|e| format!("syncing {}: {e}", log.display()))?,
+        ),
+    };
+    let synced = file
+        .sync_data()
+        .map_err(|e| format!("syncing {}: {e}", log.display()));
+    if synced.is_err() {
+        *kept = None;
+    }
+    synced
+}
+
 /// [`fdatasync`] on a blocking thread.
 pub(super) async fn sync_file(file: PathBuf) -> Result<()> {
     tokio::task::spawn_blocking(move || fdatasync(&file).map_err(StoreError::Unavailable))
@@ -156,11 +176,19 @@ impl LogSync {
         std::thread::Builder::new()
             .name("bedrock-log-sync".into())
             .spawn(move || {
+                // The log, opened at the first sync (SQLite makes it at its first write) and
+                // kept: two system calls less a sync than opening it each time (issue 41).
+                // The descriptor is the file SQLite writes to for as long as the writer holds
+                // its connection, which is as long as this thread runs: SQLite deletes a
+                // log only as the database's last connection closes, and a path another
+                // process replaced would name a file SQLite does not write to. A sync that
+                // fails drops it, and the next opens the log again.
+                let mut file: Option<std::fs::File> = None;
                 // Ends when the writer drops its connection (every sender is gone).
                 while let Ok(first) = waiting.recv() {
                     let served: Vec<SyncRequest> =
                         std::iter::once(first).chain(waiting.try_iter()).collect();
-                    let outcome = fdatasync(&log);
+                    let outcome = sync_kept(&mut file, &log);
                     for request in served {
                         let _ = request.send(outcome.clone());
                     }
@@ -651,12 +679,28 @@ mod tests {
             outcome.expect("joins").expect("synced");
         }
 
+        // The log is kept open: a path replaced under it does not change what is synced,
+        // the file SQLite writes to.
         std::fs::remove_file(&log).expect("removed");
-        let failed = Durable(Some(Arc::clone(&sync))).wait().await;
+        Durable(Some(Arc::clone(&sync)))
+            .wait()
+            .await
+            .expect("the kept log is synced");
+        let _ = std::fs::remove_dir_all(&dir);
+
+        // A log that cannot be opened fails the commits waiting for it; once it is there,
+        // the next sync opens it.
+        std::fs::create_dir_all(&dir).expect("a temp dir");
+        let sync = LogSync::start(log.clone()).expect("the sync thread starts");
+        let failed = Durable(Some(Arc::new(sync))).wait().await;
         assert!(
             matches!(&failed, Err(StoreError::Unavailable(why)) if why.contains("db.sqlite-wal")),
             "{failed:?}"
         );
+        let sync = Arc::new(LogSync::start(log.clone()).expect("the sync thread starts"));
+        assert!(Durable(Some(Arc::clone(&sync))).wait().await.is_err());
+        std::fs::write(&log, b"frames").expect("a log file");
+        Durable(Some(sync)).wait().await.expect("opened and synced");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
