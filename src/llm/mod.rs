@@ -289,7 +289,8 @@ async fn run_job(shared: Arc<Shared>, job: LlmJob) {
     let work = crate::crash::caught(Box::pin(call(&shared, &job).instrument(span.clone())));
     let (event, outcome) = tokio::select! {
         biased;
-        // Dropping the call as the select ends releases the HTTP connection at once.
+        // Dropping the call as the select ends releases the HTTP connection at once (its
+        // drops, the budget's hold and the permits, do not panic: nothing catches them).
         () = cancel.cancelled() => (Event::LlmAborted { request }, "aborted"),
         joined = work => match joined {
             Ok(Ok(reply)) => {
