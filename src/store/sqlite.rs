@@ -105,24 +105,20 @@ fn fdatasync(file: &std::path::Path) -> std::result::Result<(), String> {
         .map_err(|e| format!("syncing {}: {e}", file.display()))
 }
 
-/// `fdatasync` of the log through `kept`, opened first when it is not; a failure closes it.
+/// `fdatasync` of the log through `kept`, opened first when it is not; it is kept only
+/// after a sync that succeeded.
 fn sync_kept(
     kept: &mut Option<std::fs::File>,
     log: &std::path::Path,
 ) -> std::result::Result<(), String> {
-    let file = match kept {
-        Some(file) => file,
-        None => kept.insert(
-            std::fs::File::open(log).map_err(|e| format!("syncing {}: {e}", log.display()))?,
-        ),
-    };
-    let synced = file
-        .sync_data()
-        .map_err(|e| format!("syncing {}: {e}", log.display()));
-    if synced.is_err() {
-        *kept = None;
-    }
-    synced
+    kept.take()
+        .map_or_else(|| std::fs::File::open(log), Ok)
+        .and_then(|file| {
+            file.sync_data()?;
+            *kept = Some(file);
+            Ok(())
+        })
+        .map_err(|e| format!("syncing {}: {e}", log.display()))
 }
 
 /// [`fdatasync`] on a blocking thread.
